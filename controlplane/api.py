@@ -1,0 +1,75 @@
+"""What every app's API shares: the error handler, the base viewset, the event serializer, JSON 404/500."""
+
+import logging
+
+from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import DatabaseError, IntegrityError
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions, serializers, status, viewsets
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from controlplane.access import principal
+from controlplane.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+
+def exception_handler(exc, context):
+    """DRF's handler, plus the errors services and the ORM raise: always JSON, always 4xx for bad input."""
+    if isinstance(exc, ServiceError):
+        return Response(exc.as_response_data(), status=exc.status)
+    if isinstance(exc, DjangoValidationError):
+        data = exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
+        return Response(data, status=status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, ObjectDoesNotExist):
+        exc = Http404()
+    if isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied()
+    if isinstance(exc, IntegrityError):
+        log.info("integrity error answered as 409: %s", exc)
+        return Response({"detail": "conflicts with existing data"}, status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, DatabaseError) and "value out of range" in str(exc).lower():
+        return Response({"detail": "a number is out of range"}, status=status.HTTP_400_BAD_REQUEST)
+    response = drf_exception_handler(exc, context)
+    return response
+
+
+class ScopedViewSet(viewsets.GenericViewSet):
+    """Base viewset: the queryset always comes from a selector that takes the user it reads for."""
+
+    def selector(self, *, user):  # pragma: no cover - each viewset supplies its own
+        raise NotImplementedError
+
+    def get_queryset(self):
+        return self.selector(user=self.request.user)
+
+    @property
+    def principal(self):
+        return principal(self.request.user)
+
+
+class EventSerializer(serializers.Serializer):
+    topic = serializers.CharField()
+    seq = serializers.IntegerField()
+    kind = serializers.CharField()
+    payload = serializers.JSONField()
+    url = serializers.CharField()
+    created = serializers.DateTimeField(source="created_at")
+
+
+def json_not_found(request, exception=None):
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Not found."}, status=404)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)
+
+
+def json_server_error(request):
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Server error."}, status=500)
+    from django.views.defaults import server_error
+
+    return server_error(request)

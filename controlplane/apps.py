@@ -1,0 +1,12 @@
+from django.apps import AppConfig
+
+
+class ControlplaneConfig(AppConfig):
+    name = "controlplane"
+    verbose_name = "Control plane"
+
+    def ready(self):
+        from controlplane import navigation
+
+        navigation.register("Home", "home", audience="all", order=0)
+        navigation.register("Audit", "audit-list", audience="audit", order=90)

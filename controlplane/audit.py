@@ -1,0 +1,65 @@
+"""The audit trail: services call ``audit_record`` inside the transaction of the change they make."""
+
+from django.db import models
+
+from controlplane import context
+from controlplane.models import AuditEntry
+
+
+def audit_record(
+    *,
+    actor,
+    action: str,
+    target: models.Model | None = None,
+    object_type: str = "",
+    object_id: str = "",
+    changes: dict | None = None,
+    tenant_id: int | None = None,
+) -> AuditEntry:
+    """Record who did what to which object, with the change; the source comes from the request context."""
+    ctx = context.current()
+    if target is not None:
+        object_type = object_type or target._meta.label_lower
+        object_id = object_id or str(target.pk)
+    real_actor = actor if getattr(actor, "is_authenticated", False) else None
+    return AuditEntry.objects.create(
+        actor=real_actor,
+        actor_name=real_actor.get_username() if real_actor else "system",
+        token_prefix=ctx.token_prefix,
+        source=ctx.source,
+        remote_addr=ctx.remote_addr,
+        action=action,
+        object_type=object_type,
+        object_id=object_id,
+        object_repr=str(target)[:200] if target is not None else "",
+        tenant_id=tenant_id,
+        changes=changes or {},
+    )
+
+
+def field_changes(instance: models.Model, fields: dict) -> dict:
+    """``{"field": [old, new]}`` for the fields whose value differs (JSON-safe via str for odd types)."""
+    changed = {}
+    for name, new in fields.items():
+        old = getattr(instance, name)
+        if old != new:
+            changed[name] = [_plain(old), _plain(new)]
+    return changed
+
+
+def _plain(value):
+    if value is None or isinstance(value, bool | int | float | str | list | dict):
+        return value
+    return str(value)
+
+
+def audit_prune(*, days: int | None = None) -> int:
+    """Delete audit entries older than the retention period; returns how many."""
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    days = settings.AUDIT_RETENTION_DAYS if days is None else days
+    deleted, _ = AuditEntry.objects.filter(created_at__lt=timezone.now() - timedelta(days=days)).delete()
+    return deleted

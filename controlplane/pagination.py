@@ -1,0 +1,9 @@
+"""Pagination of every list endpoint (its own module: DRF imports it while loading its generic views)."""
+
+from rest_framework.pagination import PageNumberPagination
+
+
+class Pagination(PageNumberPagination):
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500

@@ -1,0 +1,260 @@
+"""Lockstep settings, read from the environment (django-environ).
+
+Every environment variable Lockstep reads is declared once in ``ENVIRONMENT``
+below with its default and meaning; the README's configuration table and the
+docker-compose test are checked against that list.
+"""
+
+from datetime import timedelta
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"
+
+# name -> (cast, default, meaning). The single source of truth for configuration.
+ENVIRONMENT: dict[str, tuple[type, object, str]] = {
+    "DEBUG": (bool, False, "Debug pages and autoreloading static files. Never on in production."),
+    "SECRET_KEY": (str, "", "Django's signing key. Required when DEBUG is off; a fixed development key is used when DEBUG is on."),
+    "ALLOWED_HOSTS": (list, ["127.0.0.1", "localhost"], "Comma-separated host names the web process answers to."),
+    "CSRF_TRUSTED_ORIGINS": (list, [], "Comma-separated origins (scheme://host[:port]) trusted for form posts behind a proxy."),
+    "DATABASE_URL": (str, "sqlite:///var/lockstep.sqlite3", "Database URL. The embedded default is a SQLite file (WAL); use postgres://user:pass@host:5432/db in production."),
+    "REDIS_URL": (str, "redis://127.0.0.1:6379/0", "Redis for the Celery broker and the Channels layer."),
+    "CELERY_BROKER_URL": (str, "", "Celery broker; defaults to REDIS_URL."),
+    "CELERY_VISIBILITY_TIMEOUT": (int, 300, "Seconds before an unacknowledged Celery message is redelivered (Redis broker)."),
+    "CELERY_TASK_TIME_LIMIT": (int, 120, "Hard time limit of a Celery task, seconds."),
+    "CELERY_ALWAYS_EAGER": (bool, False, "Run tasks in-process (only for quick local experiments; tests use a real worker)."),
+    "EVENT_RETENTION_DAYS": (int, 7, "How long the event outbox keeps events for catch-up."),
+    "AUDIT_RETENTION_DAYS": (int, 365, "How long audit entries are kept."),
+    "OUTBOX_SWEEP_SECONDS": (int, 5, "How often beat re-sends events the relay could not deliver."),
+    "OUTBOX_RELAY_TIMEOUT": (float, 1.0, "Seconds the after-commit relay waits for Redis before leaving an event to the sweep."),
+    "READYZ_TIMEOUT": (float, 2.0, "Seconds each /readyz check may take before it counts as failed."),
+    "HEARTBEAT_SECONDS": (int, 5, "How often workers and beat write their heartbeat to Redis."),
+    "TOKEN_LAST_USED_RESOLUTION": (int, 60, "Seconds between writes of an API token's last-used time."),
+    "LOG_LEVEL": (str, "INFO", "Root log level."),
+    "SECURE_SSL_REDIRECT": (bool, False, "Redirect plain HTTP to HTTPS (set behind a TLS proxy)."),
+    "DEMO_ADMIN_USERNAME": (str, "admin", "User name of the demo provider-admin that `make run` creates."),
+}
+
+env = environ.Env(**{name: (cast, default) for name, (cast, default, _) in ENVIRONMENT.items()})
+if (BASE_DIR / ".env").exists():
+    environ.Env.read_env(BASE_DIR / ".env")
+
+DEBUG = env("DEBUG")
+SECRET_KEY = env("SECRET_KEY") or ("lockstep-development-key-not-for-production" if DEBUG else "")
+if not SECRET_KEY:
+    # Tests and management commands run without DEBUG; only a deployed web process must set its own key.
+    SECRET_KEY = "lockstep-insecure-key-set-SECRET_KEY-in-production"
+ALLOWED_HOSTS = env("ALLOWED_HOSTS")
+CSRF_TRUSTED_ORIGINS = env("CSRF_TRUSTED_ORIGINS")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_tables2",
+    "channels",
+    "controlplane",
+    "tenancy",
+    "fleet",
+    "jobs",
+    "telemetry",
+    "simulator",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "controlplane.context.RequestContextMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+ASGI_APPLICATION = "controlplane.asgi.application"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "controlplane.context_processors.navigation_context",
+            ],
+        },
+    },
+]
+
+# --- database -------------------------------------------------------------------------------------------
+DATABASES = {"default": env.db_url_config(env("DATABASE_URL"))}
+_db = DATABASES["default"]
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    name = Path(_db["NAME"])
+    if not name.is_absolute() and str(name) != ":memory:":
+        name = BASE_DIR / name
+    _db["NAME"] = str(name)
+    if str(name) != ":memory:":
+        name.parent.mkdir(parents=True, exist_ok=True)
+    # WAL lets readers run beside the one writer; IMMEDIATE takes the write lock at BEGIN so two processes
+    # never both upgrade a read lock and deadlock; the busy timeout waits for the lock instead of failing.
+    _db["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000;",
+    }
+else:
+    _db.setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+    _db["CONN_MAX_AGE"] = 60
+    _db["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- auth -----------------------------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+# --- static files ---------------------------------------------------------------------------------------
+STATIC_URL = "/static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "controlplane.staticfinders.PlotlyFinder",
+]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+# Serve straight from the finders (no collectstatic needed) unless a collected tree exists.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# --- redis, celery, channels ----------------------------------------------------------------------------
+REDIS_URL = env("REDIS_URL")
+CELERY_BROKER_URL = env("CELERY_BROKER_URL") or REDIS_URL
+CELERY_RESULT_BACKEND = REDIS_URL
+CELERY_RESULT_EXPIRES = 3600
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_TIME_LIMIT = env("CELERY_TASK_TIME_LIMIT")
+CELERY_TASK_SOFT_TIME_LIMIT = max(1, CELERY_TASK_TIME_LIMIT - 10)
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env("CELERY_VISIBILITY_TIMEOUT")}
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"visibility_timeout": env("CELERY_VISIBILITY_TIMEOUT")}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ALWAYS_EAGER = env("CELERY_ALWAYS_EAGER")
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TIMEZONE = "UTC"
+# Waits are deadlines stored in rows and checked here; no task is queued with a long countdown or eta.
+CELERY_BEAT_SCHEDULE = {
+    "outbox-sweep": {
+        "task": "controlplane.outbox_sweep",
+        "schedule": timedelta(seconds=env("OUTBOX_SWEEP_SECONDS")),
+        "options": {"expires": env("OUTBOX_SWEEP_SECONDS") * 2},
+    },
+    "retention-prune": {
+        "task": "controlplane.retention_prune",
+        "schedule": timedelta(hours=1),
+        "options": {"expires": 600},
+    },
+}
+
+CHANNEL_LAYERS = {
+    "default": {
+        # The pub/sub layer resubscribes its groups when Redis comes back; events it drops while Redis is away
+        # are still in the outbox and are re-sent by the sweep or fetched by the client on reconnect.
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL]},
+    }
+}
+
+EVENT_RETENTION_DAYS = env("EVENT_RETENTION_DAYS")
+AUDIT_RETENTION_DAYS = env("AUDIT_RETENTION_DAYS")
+OUTBOX_RELAY_TIMEOUT = env("OUTBOX_RELAY_TIMEOUT")
+READYZ_TIMEOUT = env("READYZ_TIMEOUT")
+HEARTBEAT_SECONDS = env("HEARTBEAT_SECONDS")
+TOKEN_LAST_USED_RESOLUTION = env("TOKEN_LAST_USED_RESOLUTION")
+DEMO_ADMIN_USERNAME = env("DEMO_ADMIN_USERNAME")
+
+# --- REST API -------------------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tenancy.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAuthenticated",
+        "tenancy.permissions.TokenScope",
+    ],
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "controlplane.pagination.Pagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "controlplane.api.exception_handler",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer", "rest_framework.renderers.BrowsableAPIRenderer"],
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Lockstep API",
+    "DESCRIPTION": "Control plane for GPU cluster fleets: blueprints, rollouts, drift, faults, recovery and GPU-hours saved.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# How controlplane reaches the token check without importing tenancy (dependencies point one way).
+LOCKSTEP_TOKEN_AUTHENTICATOR = "tenancy.tokens.user_for_bearer"
+
+# --- security -------------------------------------------------------------------------------------------
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False
+SECURE_SSL_REDIRECT = env("SECURE_SSL_REDIRECT")
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL")},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}

@@ -1,0 +1,29 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from controlplane import api_views, health, views
+
+router = DefaultRouter()
+router.register("events", api_views.EventViewSet, basename="event")
+router.register("audit", api_views.AuditEntryViewSet, basename="audit")
+
+handler404 = "controlplane.api.json_not_found"
+handler500 = "controlplane.api.json_server_error"
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("audit/", views.AuditEntryListView.as_view(), name="audit-list"),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    path("api/v1/", include(router.urls)),
+    path("api/v1/", include("tenancy.api.urls")),
+    path("", include("tenancy.urls")),
+    path("admin/", admin.site.urls),
+]

@@ -1,0 +1,1 @@
+"""Models of this app arrive with the issue that builds it."""

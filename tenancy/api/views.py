@@ -1,0 +1,111 @@
+from django.contrib.auth import get_user_model
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status
+from rest_framework.response import Response
+
+from controlplane.api import ScopedViewSet
+from controlplane.errors import ServiceError
+from tenancy import selectors, services
+from tenancy.api.serializers import (
+    ApiTokenCreatedSerializer,
+    ApiTokenCreateSerializer,
+    ApiTokenSerializer,
+    TenantSerializer,
+    TenantWriteSerializer,
+    UserCreatedSerializer,
+    UserCreateSerializer,
+    UserSerializer,
+)
+from tenancy.permissions import ProviderReadAdminWrite
+
+User = get_user_model()
+
+
+class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """Tenants (provider roles read; the provider admin creates and changes)."""
+
+    serializer_class = TenantSerializer
+    permission_classes = [*ScopedViewSet.permission_classes, ProviderReadAdminWrite]
+    filterset_fields = ["tier", "slug"]
+    http_method_names = ["get", "post", "patch", "head", "options"]
+
+    def selector(self, *, user):
+        return selectors.tenant_list(user=user)
+
+    @extend_schema(request=TenantWriteSerializer, responses={201: TenantSerializer})
+    def create(self, request):
+        data = TenantWriteSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        tenant = services.tenant_create(actor=request.user, **data.validated_data)
+        return Response(TenantSerializer(tenant).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=TenantWriteSerializer, responses=TenantSerializer)
+    def partial_update(self, request, pk=None):
+        tenant = self.get_object()
+        data = TenantWriteSerializer(data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        tenant = services.tenant_update(actor=request.user, tenant=tenant, **data.validated_data)
+        return Response(TenantSerializer(tenant).data)
+
+
+class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """API tokens: your own; a tenant admin also sees and manages their tenant's; DELETE revokes."""
+
+    serializer_class = ApiTokenSerializer
+    filterset_fields = ["scope"]
+    http_method_names = ["get", "post", "delete", "head", "options"]
+
+    def selector(self, *, user):
+        return selectors.token_list(user=user)
+
+    @extend_schema(request=ApiTokenCreateSerializer, responses={201: ApiTokenCreatedSerializer})
+    def create(self, request):
+        data = ApiTokenCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        owner = request.user
+        username = values.pop("user", None)
+        if username and username != request.user.get_username():
+            owner = selectors.user_list(user=request.user).filter(username=username).first()
+            if owner is None:
+                raise ServiceError("no such user that you manage", field="user")
+        token, raw = services.token_create(actor=request.user, owner=owner, **values)
+        body = ApiTokenCreatedSerializer(token).data
+        body["token"] = raw
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request, pk=None):
+        services.token_revoke(actor=request.user, token=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class UserViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """Users: the provider admin sees all, a tenant admin their tenant's, everyone else themselves. DELETE deactivates."""
+
+    serializer_class = UserSerializer
+    http_method_names = ["get", "post", "delete", "head", "options"]
+
+    def selector(self, *, user):
+        return selectors.user_list(user=user)
+
+    @extend_schema(request=UserCreateSerializer, responses={201: UserCreatedSerializer})
+    def create(self, request):
+        data = UserCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        tenant_id = values.pop("tenant", None)
+        tenant = None
+        if tenant_id is not None:
+            tenant = selectors.tenant_list(user=request.user).filter(pk=tenant_id).first()
+            if tenant is None:
+                raise ServiceError("no such tenant", field="tenant")
+        user, generated = services.user_create(actor=request.user, tenant=tenant, **values)
+        body = UserCreatedSerializer(User.objects.select_related("membership").get(pk=user.pk)).data
+        body["password"] = generated
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request, pk=None):
+        services.user_deactivate(actor=request.user, user=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+

@@ -1,0 +1,43 @@
+from django.contrib.auth import get_user_model
+from django.db.models import QuerySet
+
+from controlplane.access import Principal, Role, principal
+from tenancy.models import ApiToken, Membership, Tenant
+from tenancy.scoping import restrict
+
+User = get_user_model()
+
+
+def principal_for_user(user) -> Principal:
+    """The resolver registered with controlplane.access: a user's role and tenant from their membership."""
+    row = Membership.objects.filter(user_id=user.pk).values_list("role", "tenant_id").first()
+    if row is not None:
+        return Principal(user_id=user.pk, role=row[0], tenant_id=row[1])
+    if user.is_superuser:
+        return Principal(user_id=user.pk, role=Role.PROVIDER_ADMIN, tenant_id=None)
+    return Principal(user_id=user.pk, role=None, tenant_id=None)
+
+
+def tenant_list(*, user) -> QuerySet[Tenant]:
+    return restrict(Tenant.objects.all(), user)
+
+
+def token_list(*, user) -> QuerySet[ApiToken]:
+    """Tokens the user may manage: their own; a tenant admin's tenant's; all for the provider admin."""
+    who = principal(user)
+    rows = ApiToken.objects.select_related("user")
+    if who.is_provider_admin:
+        return rows
+    if who.is_tenant_admin:
+        return rows.filter(user__membership__tenant_id=who.tenant_id)
+    return rows.filter(user_id=user.pk) if who.is_authenticated else rows.none()
+
+
+def user_list(*, user) -> QuerySet:
+    who = principal(user)
+    rows = User.objects.select_related("membership", "membership__tenant").order_by("username")
+    if who.is_provider_admin:
+        return rows
+    if who.is_tenant_admin:
+        return rows.filter(membership__tenant_id=who.tenant_id)
+    return rows.filter(pk=user.pk) if who.is_authenticated else rows.none()

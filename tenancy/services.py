@@ -1,0 +1,145 @@
+"""Writes of the tenancy app: tenants, users and their roles, API tokens. Each audited, each in a transaction."""
+
+import secrets
+from datetime import datetime
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane import events
+from controlplane.access import PROVIDER_ROLES, principal
+from controlplane.audit import audit_record, field_changes
+from controlplane.errors import ServiceError
+from tenancy.choices import Role, TenantTier, TokenScope
+from tenancy.models import ApiToken, Membership, Tenant
+from tenancy.tokens import generate
+
+User = get_user_model()
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ServiceError(message, status=403)
+
+
+@transaction.atomic
+def tenant_create(*, actor, name: str, slug: str, tier: str = TenantTier.STANDARD) -> Tenant:
+    _require(principal(actor).is_provider_admin, "Only the provider admin may create tenants.")
+    if Tenant.objects.filter(name=name).exists():
+        raise ServiceError("a tenant with this name exists", field="name")
+    if Tenant.objects.filter(slug=slug).exists():
+        raise ServiceError("a tenant with this slug exists", field="slug")
+    tenant = Tenant.objects.create(name=name, slug=slug, tier=tier)
+    audit_record(actor=actor, action="tenant.create", target=tenant, tenant_id=tenant.pk,
+                 changes={"name": name, "slug": slug, "tier": tier})
+    events.publish([events.topic("fleet"), events.topic("tenant", tenant.pk)], "tenant.created",
+                   {"id": tenant.pk, "name": name, "tier": tier}, url=f"/api/v1/tenants/{tenant.pk}/")
+    return tenant
+
+
+@transaction.atomic
+def tenant_update(*, actor, tenant: Tenant, **fields) -> Tenant:
+    _require(principal(actor).is_provider_admin, "Only the provider admin may change tenants.")
+    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    for unique in ("name", "slug"):
+        if unique in fields and Tenant.objects.filter(**{unique: fields[unique]}).exclude(pk=tenant.pk).exists():
+            raise ServiceError(f"a tenant with this {unique} exists", field=unique)
+    changes = field_changes(tenant, fields)
+    for name, value in fields.items():
+        setattr(tenant, name, value)
+    tenant.save()
+    if changes:
+        audit_record(actor=actor, action="tenant.update", target=tenant, tenant_id=tenant.pk, changes=changes)
+        events.publish([events.topic("fleet"), events.topic("tenant", tenant.pk)], "tenant.updated",
+                       {"id": tenant.pk, "changes": changes}, url=f"/api/v1/tenants/{tenant.pk}/")
+    return tenant
+
+
+@transaction.atomic
+def user_create(
+    *, actor, username: str, role: str, tenant: Tenant | None = None, email: str = "", password: str | None = None
+) -> tuple[User, str | None]:
+    """A user with a role. Returns the user and, when no password was given, a generated one to show once."""
+    who = principal(actor)
+    if role in PROVIDER_ROLES:
+        _require(who.is_provider_admin, "Only the provider admin may create provider users.")
+        if tenant is not None:
+            raise ServiceError("provider roles belong to no tenant", field="tenant")
+    else:
+        if tenant is None:
+            raise ServiceError("tenant roles need a tenant", field="tenant")
+        _require(who.may_manage_users(tenant.pk), "You may not create users in this tenant.")
+    if User.objects.filter(username=username).exists():
+        raise ServiceError("a user with this name exists", field="username")
+    generated = None
+    if password is None:
+        generated = password = secrets.token_urlsafe(12)
+    user = User.objects.create_user(username=username, email=email, password=password)
+    Membership.objects.create(user=user, tenant=tenant, role=role)
+    audit_record(actor=actor, action="user.create", target=user, tenant_id=tenant.pk if tenant else None,
+                 changes={"username": username, "role": role, "tenant": tenant.pk if tenant else None})
+    return user, generated
+
+
+@transaction.atomic
+def user_deactivate(*, actor, user) -> None:
+    membership = Membership.objects.filter(user=user).first()
+    tenant_id = membership.tenant_id if membership else None
+    who = principal(actor)
+    _require(who.is_provider_admin or (tenant_id is not None and who.may_manage_users(tenant_id)),
+             "You may not deactivate this user.")
+    if user.pk == getattr(actor, "pk", None):
+        raise ServiceError("you cannot deactivate yourself", status=409)
+    User.objects.filter(pk=user.pk).update(is_active=False)
+    ApiToken.objects.filter(user=user, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    audit_record(actor=actor, action="user.deactivate", target=user, tenant_id=tenant_id, changes={"is_active": [True, False]})
+
+
+def may_manage_tokens_of(actor, owner) -> bool:
+    if getattr(actor, "pk", None) == owner.pk:
+        return True
+    who = principal(actor)
+    owner_tenant = Membership.objects.filter(user=owner).values_list("tenant_id", flat=True).first()
+    return who.is_provider_admin or (owner_tenant is not None and who.may_manage_users(owner_tenant))
+
+
+@transaction.atomic
+def token_create(
+    *, actor, owner, name: str, scope: str = TokenScope.READ, expires_at: datetime | None = None
+) -> tuple[ApiToken, str]:
+    """A new token for ``owner``. Returns the row and the token itself, which is never retrievable again."""
+    _require(may_manage_tokens_of(actor, owner), "You may not create tokens for this user.")
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ServiceError("the expiry must be in the future", field="expires_at")
+    raw, prefix, digest = generate()
+    token = ApiToken.objects.create(user=owner, name=name, prefix=prefix, digest=digest, scope=scope, expires_at=expires_at)
+    tenant_id = Membership.objects.filter(user=owner).values_list("tenant_id", flat=True).first()
+    audit_record(actor=actor, action="token.create", target=token, tenant_id=tenant_id,
+                 changes={"owner": owner.get_username(), "name": name, "scope": scope,
+                          "expires_at": expires_at.isoformat() if expires_at else None})
+    return token, raw
+
+
+@transaction.atomic
+def token_revoke(*, actor, token: ApiToken) -> ApiToken:
+    token = ApiToken.objects.select_for_update().select_related("user").get(pk=token.pk)
+    _require(may_manage_tokens_of(actor, token.user), "You may not revoke this token.")
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+        tenant_id = Membership.objects.filter(user=token.user).values_list("tenant_id", flat=True).first()
+        audit_record(actor=actor, action="token.revoke", target=token, tenant_id=tenant_id, changes={"revoked": True})
+    return token
+
+
+@transaction.atomic
+def demo_admin_ensure(*, username: str) -> str | None:
+    """Create the demo provider admin if missing; returns its generated password (shown once) or None."""
+    if User.objects.filter(username=username).exists():
+        return None
+    password = secrets.token_urlsafe(12)
+    user = User.objects.create_superuser(username=username, email="", password=password)
+    Membership.objects.create(user=user, role=Role.PROVIDER_ADMIN)
+    audit_record(actor=None, action="user.create", target=user, changes={"username": username, "role": Role.PROVIDER_ADMIN})
+    return password

@@ -16,7 +16,7 @@ VAR_DIR = BASE_DIR / "var"
 # name -> (cast, default, meaning). The single source of truth for configuration.
 ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "DEBUG": (bool, False, "Debug pages and autoreloading static files. Never on in production."),
-    "SECRET_KEY": (str, "", "Django's signing key. Required when DEBUG is off; a fixed development key is used when DEBUG is on."),
+    "SECRET_KEY": (str, "", "Django's signing key. Set it in production: without it a fixed insecure key is used, which `manage.py check --deploy` reports."),
     "ALLOWED_HOSTS": (list, ["127.0.0.1", "localhost"], "Comma-separated host names the web process answers to."),
     "CSRF_TRUSTED_ORIGINS": (list, [], "Comma-separated origins (scheme://host[:port]) trusted for form posts behind a proxy."),
     "DATABASE_URL": (str, "sqlite:///var/lockstep.sqlite3", "Database URL. The embedded default is a SQLite file (WAL); use postgres://user:pass@host:5432/db in production."),
@@ -42,10 +42,8 @@ if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env")
 
 DEBUG = env("DEBUG")
-SECRET_KEY = env("SECRET_KEY") or ("lockstep-development-key-not-for-production" if DEBUG else "")
-if not SECRET_KEY:
-    # Tests and management commands run without DEBUG; only a deployed web process must set its own key.
-    SECRET_KEY = "lockstep-insecure-key-set-SECRET_KEY-in-production"
+# Without SECRET_KEY a fixed key serves development and tests; `check --deploy` flags it (django-insecure-).
+SECRET_KEY = env("SECRET_KEY") or "django-insecure-lockstep-development-key-set-SECRET_KEY-in-production"
 ALLOWED_HOSTS = env("ALLOWED_HOSTS")
 CSRF_TRUSTED_ORIGINS = env("CSRF_TRUSTED_ORIGINS")
 

@@ -35,7 +35,7 @@ class Membership(models.Model):
     class Meta:
         constraints = [
             models.CheckConstraint(
-                condition=(Q(role__in=list(PROVIDER_ROLES), tenant__isnull=True) | Q(role__in=list(TENANT_ROLES), tenant__isnull=False)),
+                condition=(Q(role__in=sorted(PROVIDER_ROLES), tenant__isnull=True) | Q(role__in=sorted(TENANT_ROLES), tenant__isnull=False)),
                 name="membership_role_matches_tenant",
             )
         ]

@@ -1,0 +1,1 @@
+"""Shared test machinery: role fixtures, real processes (uvicorn, Celery, Redis) and API helpers."""

@@ -1,0 +1,62 @@
+# Lockstep developer tasks.  `make help` lists them.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+# make run
+PORT ?= 8000
+
+.DEFAULT_GOAL := help
+.PHONY: help install run test lint clean
+
+help:
+	@echo "make install   create $(VENV) and install Lockstep with its test extras (quick when nothing changed)"
+	@echo "make run       migrate, create the demo admin, start web + worker + beat (+ redis) on http://127.0.0.1:$(PORT)/"
+	@echo "make test      run the test suite (PostgreSQL and Redis; see DATABASE_URL / REDIS_URL); PYTEST_ARGS=... passes through"
+	@echo "make lint      ruff check"
+	@echo "make clean     remove caches, collected static files and the beat schedule (keeps $(VENV) and the database)"
+
+# --- install: redone only when pyproject.toml is newer than the stamp --------------------------------------
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@if [ ! -x $(PY) ]; then \
+	  $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+	    || { echo "Lockstep needs Python 3.11+; $(PYTHON) is $$($(PYTHON) --version 2>&1). Try: make install PYTHON=python3.11" >&2; exit 1; }; \
+	  echo "$(PYTHON) -m venv $(VENV)"; \
+	  $(PYTHON) -m venv $(VENV); \
+	fi
+	$(PY) -m pip install -e '.[test]'
+	@touch $@
+
+# --- run: the whole stack under honcho; Ctrl-C stops every process -----------------------------------------
+run: export DEBUG ?= true
+run: export WEB_PORT := $(PORT)
+run: export PATH := $(abspath $(VENV))/bin:$(PATH)
+run: install
+	mkdir -p var
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py ensure_demo_admin
+	@answer=$$(bin/ensure-redis) || exit 1; \
+	procs="web worker beat"; \
+	if [ "$$(printf '%s\n' "$$answer" | tail -n 1)" = local ]; then \
+	  procs="redis $$procs"; \
+	  REDIS_PORT=$$(bin/ensure-redis --port); export REDIS_PORT; \
+	fi; \
+	echo "Starting $$procs; open http://127.0.0.1:$(PORT)/ (Ctrl-C stops everything)"; \
+	exec $(VENV)/bin/honcho start -f Procfile $$procs
+
+# --- test: against PostgreSQL and a real Redis (DB 14 keeps away from a dev stack on DB 0) ------------------
+test: export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/lockstep
+test: export REDIS_URL ?= redis://127.0.0.1:6379/14
+test: install
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf staticfiles .pytest_cache .ruff_cache test-artifacts build *.egg-info var/celerybeat-schedule*
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -exec rm -rf {} +

@@ -1,0 +1,108 @@
+import itertools
+
+import pytest
+import redis
+from channels.layers import channel_layers
+from django.conf import settings
+from rest_framework.test import APIClient
+
+from controlplane.access import Role
+from controlplane.testing.processes import PrivateRedis
+from tenancy import services
+from tenancy.models import Membership, Tenant
+
+_counter = itertools.count(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fast_password_hashing():
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _clean_test_redis():
+    """The suite owns its Redis database (REDIS_URL, DB 14 by default): start it empty."""
+    redis.Redis.from_url(settings.REDIS_URL).flushdb()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _terminate_stray_connections(django_db_setup, django_db_blocker):
+    """Threads (websocket consumers, readyz checks) keep connections; end them so the test database can go."""
+    yield
+    with django_db_blocker.unblock():
+        from django.db import connection
+
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+
+
+@pytest.fixture(autouse=True)
+def _fresh_channel_layers():
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
+def make_tenant(name: str | None = None, **fields) -> Tenant:
+    n = next(_counter)
+    name = name or f"tenant-{n}"
+    return Tenant.objects.create(name=name, slug=fields.pop("slug", f"{name.lower().replace(' ', '-')}-{n}"), **fields)
+
+
+def make_user(role: str, tenant: Tenant | None = None, username: str | None = None, password: str = "correct-horse-9"):
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.create_user(username=username or f"{role}-{next(_counter)}", password=password)
+    Membership.objects.create(user=user, tenant=tenant, role=role)
+    return user
+
+
+def token_header(user, scope: str = "write", **kwargs) -> dict:
+    _, raw = services.token_create(actor=user, owner=user, name=f"t{next(_counter)}", scope=scope, **kwargs)
+    return {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
+
+
+@pytest.fixture
+def tenant_a(db):
+    return make_tenant("Acme")
+
+
+@pytest.fixture
+def tenant_b(db):
+    return make_tenant("Globex")
+
+
+@pytest.fixture
+def users(db, tenant_a, tenant_b):
+    """One user per role, and a second tenant's admin and viewer for isolation checks."""
+    return {
+        "provider-admin": make_user(Role.PROVIDER_ADMIN),
+        "operator": make_user(Role.OPERATOR),
+        "tenant-admin": make_user(Role.TENANT_ADMIN, tenant_a),
+        "tenant-viewer": make_user(Role.TENANT_VIEWER, tenant_a),
+        "other-admin": make_user(Role.TENANT_ADMIN, tenant_b),
+        "other-viewer": make_user(Role.TENANT_VIEWER, tenant_b),
+    }
+
+
+@pytest.fixture
+def api():
+    """An API client; call ``api.as_token(user, scope)`` to authenticate with a real bearer token."""
+
+    class Client(APIClient):
+        def as_token(self, user, scope="write"):
+            self.credentials(**token_header(user, scope))
+            return self
+
+    return Client()
+
+
+@pytest.fixture
+def private_redis():
+    server = PrivateRedis().start()
+    yield server
+    server.stop()

@@ -7,6 +7,8 @@ class FleetConfig(AppConfig):
 
     def ready(self):
         from controlplane import events
+        from fleet.selectors import may_see_cluster_topic
 
         # Fleet-wide figures and events are for provider roles (DESIGN's permission table).
         events.register_topic("fleet", keyed=False, may_subscribe=lambda who, key: who.sees_fleet)
+        events.register_topic("cluster", keyed=True, may_subscribe=may_see_cluster_topic)

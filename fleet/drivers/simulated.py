@@ -1,0 +1,143 @@
+"""The simulated driver: a fake cluster whose state lives in the database (SimulatedAddon, SimulatedOperation).
+
+Timings and failures come from the cluster's ``connection`` settings, so tests and the demo can set them:
+
+    apply_seconds (3), nic_failover_seconds (1), migration_pause_seconds (30), gpu_reset_seconds (20),
+    restart_seconds (60), snapshot_seconds_per_gpu (0.05) with snapshot_base_seconds (2),
+    bad_charts ([]) — charts whose release fails, unreachable (false) — every call raises.
+"""
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from fleet.choices import HealthStatus
+from fleet.drivers.base import ClusterDriver, DriverError, ObservedState, Operation, OperationResult
+
+DEFAULTS = {
+    "apply_seconds": 3.0,
+    "nic_failover_seconds": 1.0,
+    "migration_pause_seconds": 30.0,
+    "gpu_reset_seconds": 20.0,
+    "restart_seconds": 60.0,
+    "snapshot_base_seconds": 2.0,
+    "snapshot_seconds_per_gpu": 0.05,
+}
+
+
+def _health(row, now) -> str:
+    if row.failed:
+        return HealthStatus.DEGRADED
+    return HealthStatus.HEALTHY if row.ready_at <= now else HealthStatus.PROGRESSING
+
+
+class SimulatedDriver(ClusterDriver):
+    name = "simulated"
+    supports = frozenset(Operation)
+
+    def setting(self, key: str):
+        return (self.cluster.connection or {}).get(key, DEFAULTS.get(key))
+
+    def _reachable(self):
+        if (self.cluster.connection or {}).get("unreachable"):
+            raise DriverError(f"cluster {self.cluster.name} is unreachable", transient=True)
+
+    def _operation(self, operation: Operation, target: str, seconds: float, **params) -> OperationResult:
+        from fleet.models import SimulatedOperation
+
+        self._reachable()
+        done_at = timezone.now() + timedelta(seconds=float(seconds))
+        row = SimulatedOperation.objects.create(cluster=self.cluster, operation=operation.value, target=target,
+                                                params=params, done_at=done_at)
+        return OperationResult(handle=f"sim-{row.pk}", done_at=done_at, detail=f"{operation.value} {target}")
+
+    def operation_status(self, handle: str) -> str:
+        from fleet.models import SimulatedOperation
+
+        row = SimulatedOperation.objects.filter(pk=int(handle.removeprefix("sim-")), cluster=self.cluster).first()
+        if row is None:
+            return "failed"
+        if row.fails:
+            return "failed"
+        return "succeeded" if row.done_at <= timezone.now() else "running"
+
+    # add-ons
+    def apply_addon(self, addon: dict) -> OperationResult:
+        from fleet.models import SimulatedAddon
+
+        self._reachable()
+        now = timezone.now()
+        ready_at = now + timedelta(seconds=float(self.setting("apply_seconds")))
+        failed = addon.get("chart", "") in (self.setting("bad_charts") or [])
+        SimulatedAddon.objects.update_or_create(
+            cluster=self.cluster, name=addon["name"],
+            defaults={"chart": addon.get("chart", ""), "version": str(addon.get("version", "")),
+                      "namespace": addon.get("namespace", ""), "values": addon.get("values") or {},
+                      "ready_at": ready_at, "failed": failed},
+        )
+        return OperationResult(handle=f"addon-{self.cluster.pk}-{addon['name']}", done_at=ready_at)
+
+    def remove_addon(self, name: str, namespace: str = "") -> OperationResult:
+        from fleet.models import SimulatedAddon
+
+        self._reachable()
+        SimulatedAddon.objects.filter(cluster=self.cluster, name=name).delete()
+        return OperationResult(handle=f"remove-{self.cluster.pk}-{name}", done_at=timezone.now())
+
+    def observe_addons(self) -> list[ObservedState]:
+        return self.observe_many([self.cluster])[self.cluster.pk]
+
+    @classmethod
+    def observe_many(cls, clusters) -> dict[int, list[ObservedState]]:
+        """One query for any number of simulated clusters."""
+        from fleet.models import SimulatedAddon
+
+        clusters = list(clusters)
+        for cluster in clusters:
+            if (cluster.connection or {}).get("unreachable"):
+                raise DriverError(f"cluster {cluster.name} is unreachable", transient=True)
+        now = timezone.now()
+        found: dict[int, list[ObservedState]] = {cluster.pk: [] for cluster in clusters}
+        rows = SimulatedAddon.objects.filter(cluster_id__in=found.keys()).order_by("cluster_id", "name")
+        for row in rows.iterator(chunk_size=5000):
+            found[row.cluster_id].append(ObservedState(
+                name=row.name, chart=row.chart, version=row.version, namespace=row.namespace,
+                values=row.values, health=_health(row, now),
+            ))
+        return found
+
+    # nodes: the simulated cluster carries the change out at once; Lockstep's Node row records the state.
+    def cordon(self, node) -> OperationResult:
+        return self._operation(Operation.CORDON, node.hostname, 0)
+
+    def uncordon(self, node) -> OperationResult:
+        return self._operation(Operation.UNCORDON, node.hostname, 0)
+
+    def drain(self, node) -> OperationResult:
+        return self._operation(Operation.DRAIN, node.hostname, self.setting("migration_pause_seconds"))
+
+    def taint(self, node, key: str, value: str, effect: str) -> OperationResult:
+        return self._operation(Operation.TAINT, node.hostname, 0, key=key, value=value, effect=effect)
+
+    # fault tolerance
+    def fail_over_nic(self, node, nic_name: str, to_nic_name: str) -> OperationResult:
+        return self._operation(Operation.NIC_FAILOVER, f"{node.hostname}/{nic_name}",
+                               self.setting("nic_failover_seconds"), to=to_nic_name)
+
+    def migrate_worker(self, job_ref: str, from_node, to_node, gpus: int) -> OperationResult:
+        return self._operation(Operation.MIGRATE_WORKER, job_ref, self.setting("migration_pause_seconds"),
+                               source=from_node.hostname, destination=to_node.hostname, gpus=gpus)
+
+    def reset_gpu(self, node, gpu_index: int) -> OperationResult:
+        return self._operation(Operation.GPU_RESET, f"{node.hostname}/gpu{gpu_index}", self.setting("gpu_reset_seconds"))
+
+    def restart_from_checkpoint(self, job_ref: str) -> OperationResult:
+        return self._operation(Operation.RESTART_FROM_CHECKPOINT, job_ref, self.setting("restart_seconds"))
+
+    def snapshot(self, job_ref: str, gpus: int) -> OperationResult:
+        seconds = float(self.setting("snapshot_base_seconds")) + float(self.setting("snapshot_seconds_per_gpu")) * gpus
+        return self._operation(Operation.SNAPSHOT, job_ref, seconds, gpus=gpus)
+
+    def restore_from_snapshot(self, job_ref: str, snapshot_ref: str) -> OperationResult:
+        return self._operation(Operation.RESTORE_FROM_SNAPSHOT, job_ref, self.setting("migration_pause_seconds"),
+                               snapshot=snapshot_ref)

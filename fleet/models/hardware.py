@@ -1,0 +1,139 @@
+"""Fleets, clusters and their hardware: nodes, GPUs, NICs on rails and leaf switches."""
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from fleet.choices import AutomationMode, ClusterKind, DriverName, GPUHealth, LinkState, NodeState
+
+# Published restart-from-checkpoint overheads run 5–20 minutes (shared/data/failures/checkpoint_restart_figures.csv);
+# the default takes the middle of that range. See docs/gpu-hours.md.
+DEFAULT_RESTART_OVERHEAD_MINUTES = 10.0
+
+
+class Fleet(models.Model):
+    """A named group of clusters run by the provider (a region, say)."""
+
+    name = models.CharField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    automation = models.CharField(max_length=10, choices=AutomationMode.choices, default=AutomationMode.ACTIVE)
+    # Fleet-wide caps on disruption: how many nodes may be cordoned or draining at once.
+    max_cordoned_nodes = models.PositiveIntegerField(default=64)
+    max_draining_nodes = models.PositiveIntegerField(default=16)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class Cluster(models.Model):
+    """A Kubernetes (or Slurm-on-Kubernetes) GPU cluster, reached through a driver."""
+
+    fleet = models.ForeignKey(Fleet, on_delete=models.PROTECT, related_name="clusters")
+    name = models.CharField(max_length=100, unique=True)
+    dedicated_tenant = models.ForeignKey(
+        "tenancy.Tenant", null=True, blank=True, on_delete=models.PROTECT, related_name="dedicated_clusters"
+    )
+    region = models.CharField(max_length=50, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    kind = models.CharField(max_length=30, choices=ClusterKind.choices, default=ClusterKind.KUBERNETES)
+    driver = models.CharField(max_length=20, choices=DriverName.choices, default=DriverName.SIMULATED)
+    # Connection settings and credentials for the driver. Never rendered in pages or the API.
+    connection = models.JSONField(default=dict, blank=True)
+    restart_overhead_minutes = models.FloatField(
+        default=DEFAULT_RESTART_OVERHEAD_MINUTES, validators=[MinValueValidator(0), MaxValueValidator(24 * 60)]
+    )
+    automation = models.CharField(max_length=10, choices=AutomationMode.choices, default=AutomationMode.ACTIVE)
+    max_concurrent_migrations = models.PositiveIntegerField(default=8)
+    max_migrations_per_leaf = models.PositiveIntegerField(default=4)
+    # Blueprint assignment: a pinned version, or track the latest active version of a blueprint.
+    blueprint = models.ForeignKey(
+        "fleet.Blueprint", null=True, blank=True, on_delete=models.PROTECT, related_name="clusters"
+    )
+    blueprint_version = models.ForeignKey(
+        "fleet.BlueprintVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="clusters",
+        help_text="the version the cluster should carry now",
+    )
+    track_latest = models.BooleanField(default=False)
+    pinned_reason = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    tenant_scope = "dedicated_tenant_id"
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def effective_automation(self) -> str:
+        """The stricter of the cluster's and its fleet's automation mode."""
+        order = [AutomationMode.ACTIVE, AutomationMode.DRY_RUN, AutomationMode.PAUSED]
+        return max(self.automation, self.fleet.automation, key=order.index)
+
+
+class Node(models.Model):
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    hostname = models.CharField(max_length=100)
+    rack = models.CharField(max_length=50, blank=True)
+    leaf_switch = models.CharField(max_length=50, blank=True)
+    spine_switch = models.CharField(max_length=50, blank=True)
+    gpu_model = models.CharField(max_length=30)
+    state = models.CharField(max_length=10, choices=NodeState.choices, default=NodeState.READY)
+    taints = models.JSONField(default=list, blank=True)
+    # Written by telemetry's predictor; read by the planner (so jobs needs no telemetry import).
+    risk_score = models.FloatField(default=0.0)
+    risk_updated_at = models.DateTimeField(null=True, blank=True)
+    # No job is migrated onto this node again before this time (anti-thrash).
+    cooldown_until = models.DateTimeField(null=True, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+    state_reason = models.CharField(max_length=300, blank=True)
+
+    tenant_scope = "cluster__dedicated_tenant_id"
+
+    class Meta:
+        ordering = ["cluster_id", "hostname"]
+        constraints = [models.UniqueConstraint(fields=["cluster", "hostname"], name="node_hostname_unique_per_cluster")]
+        indexes = [models.Index(fields=["cluster", "state"]), models.Index(fields=["cluster", "leaf_switch"])]
+
+    def __str__(self):
+        return self.hostname
+
+
+class GPU(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=64, unique=True)
+    model = models.CharField(max_length=30)
+    health = models.CharField(max_length=10, choices=GPUHealth.choices, default=GPUHealth.HEALTHY)
+    health_reason = models.CharField(max_length=300, blank=True)
+
+    tenant_scope = "node__cluster__dedicated_tenant_id"
+
+    class Meta:
+        ordering = ["node_id", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_index_unique_per_node")]
+
+    def __str__(self):
+        return f"{self.node_id}/gpu{self.index}"
+
+
+class NIC(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="nics")
+    name = models.CharField(max_length=30)
+    rail = models.PositiveSmallIntegerField()
+    switch_port = models.CharField(max_length=60, blank=True)
+    link_state = models.CharField(max_length=10, choices=LinkState.choices, default=LinkState.UP)
+
+    tenant_scope = "node__cluster__dedicated_tenant_id"
+
+    class Meta:
+        ordering = ["node_id", "rail", "name"]
+        constraints = [models.UniqueConstraint(fields=["node", "name"], name="nic_name_unique_per_node")]
+
+    def __str__(self):
+        return f"{self.node_id}/{self.name}"

@@ -1,0 +1,54 @@
+"""Reads of the fleet app, each scoped to the user it reads for."""
+
+from dataclasses import dataclass
+
+from django.db.models import QuerySet
+
+from fleet.choices import HealthStatus, SyncStatus
+from fleet.models import Cluster, Node, ObservedAddon
+from fleet.models.blueprints import PROTECTION_ADDONS
+from tenancy.scoping import restrict
+
+
+@dataclass(frozen=True)
+class Protection:
+    protected: bool
+    reason: str
+
+
+def cluster_protection(*, cluster: Cluster, observed: list[ObservedAddon] | None = None) -> Protection:
+    """Is a job on this cluster protected? DESIGN: the policy turns protection on *and* the protection
+    add-ons are observed InSync and Healthy. The reason says what is missing when not."""
+    version = cluster.blueprint_version
+    if version is None:
+        return Protection(False, "the cluster carries no blueprint version")
+    enabled = version.protection_enabled()
+    if not all(enabled.values()):
+        off = ", ".join(key.replace("_", " ") for key, on in enabled.items() if not on)
+        return Protection(False, f"blueprint {version} does not turn on {off}")
+    if observed is None:
+        observed = list(ObservedAddon.objects.filter(cluster=cluster, name__in=PROTECTION_ADDONS.values()))
+    by_name = {row.name: row for row in observed}
+    for addon in PROTECTION_ADDONS.values():
+        row = by_name.get(addon)
+        if row is None:
+            return Protection(False, f"add-on {addon} is not observed on the cluster")
+        if row.sync != SyncStatus.IN_SYNC or row.health != HealthStatus.HEALTHY:
+            return Protection(False, f"add-on {addon} is {row.sync}/{row.health}, not InSync/Healthy")
+    return Protection(True, "protection add-ons are InSync and Healthy")
+
+
+def may_see_cluster_topic(who, cluster_id: int) -> bool:
+    """Provider roles see every cluster topic; a tenant sees the topics of its dedicated clusters only."""
+    if who.is_provider:
+        return True
+    return who.tenant_id is not None and Cluster.objects.filter(pk=cluster_id, dedicated_tenant_id=who.tenant_id).exists()
+
+
+def cluster_list(*, user) -> QuerySet[Cluster]:
+    """Clusters the user sees in full: all for provider roles, a tenant's dedicated clusters for its users."""
+    return restrict(Cluster.objects.select_related("fleet", "blueprint_version__blueprint"), user)
+
+
+def node_list(*, user) -> QuerySet[Node]:
+    return restrict(Node.objects.select_related("cluster"), user)

@@ -108,7 +108,9 @@
   window.LockstepLive = {
     connect: function () {
       var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
-      return new Live(scheme + window.location.host + "/ws/events/");
+      var live = new Live(scheme + window.location.host + "/ws/events/");
+      window.LockstepLive.current = live;
+      return live;
     },
     localTimes: localTimes,
   };

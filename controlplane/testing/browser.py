@@ -1,0 +1,54 @@
+"""Headless Chromium driven by Playwright: Debian's /usr/bin/chromium, kept off the network.
+
+Playwright's own browser download does not work here, so the suite uses the distribution's Chromium with
+the flags that stop it from calling home. Screenshots go to test-artifacts/.
+"""
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from django.conf import settings
+
+CHROMIUM = os.environ.get("LOCKSTEP_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+]
+ARTIFACTS = Path(settings.BASE_DIR) / "test-artifacts"
+
+
+@contextmanager
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def screenshot(page, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def usable_password(user, password: str) -> None:
+    """Hash the password with the server's default hasher (the test process uses a fast one the server lacks)."""
+    from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+    hasher = PBKDF2PasswordHasher()
+    user.password = hasher.encode(password, hasher.salt())
+    user.save(update_fields=["password"])
+
+
+def log_in(page, base_url: str, username: str, password: str) -> None:
+    page.goto(f"{base_url}/accounts/login/")
+    page.get_by_label("User name").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(f"{base_url}/")

@@ -1,0 +1,3 @@
+from lockstep_agent.cli import main
+
+raise SystemExit(main())

@@ -163,6 +163,8 @@ class GPUCollector:
                 data = nvml.nvmlEventSetWait(self.event_set, remaining_ms)
             except nvml.NVMLError as error:
                 if getattr(error, "value", None) == nvml.NVML_ERROR_TIMEOUT:
+                    # Never return early, or the caller's wait loop would spin.
+                    time.sleep(max(0.0, deadline - time.monotonic()))
                     return
                 log.warning("waiting for NVML events failed: %s", error)
                 time.sleep(max(0.0, deadline - time.monotonic()))

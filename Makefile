@@ -21,14 +21,14 @@ help:
 # --- install: redone only when pyproject.toml is newer than the stamp --------------------------------------
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml agent/pyproject.toml
 	@if [ ! -x $(PY) ]; then \
 	  $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 	    || { echo "Lockstep needs Python 3.11+; $(PYTHON) is $$($(PYTHON) --version 2>&1). Try: make install PYTHON=python3.11" >&2; exit 1; }; \
 	  echo "$(PYTHON) -m venv $(VENV)"; \
 	  $(PYTHON) -m venv $(VENV); \
 	fi
-	$(PY) -m pip install -e '.[test]'
+	$(PY) -m pip install -e '.[test]' -e './agent[redfish,test]'
 	@touch $@
 
 # --- run: the whole stack under honcho; Ctrl-C stops every process -----------------------------------------

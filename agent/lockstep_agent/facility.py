@@ -146,7 +146,7 @@ class FacilityCollector:
             try:
                 client = _Client(source)
             except RedfishError as error:
-                log.warning("Redfish source not reachable: %s", error)
+                log.warning("Redfish source skipped this round (unreachable or refused): %s", error)
                 continue
             try:
                 if source.kind == KIND_BMC:

@@ -3,6 +3,7 @@ Redfish server (sushy-tools' emulator) and a server of recorded Redfish response
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -226,16 +227,25 @@ def _wait_for(url: str, seconds: float = 20.0) -> None:
         time.sleep(0.1)
 
 
-@pytest.fixture(scope="module")
-def sushy_emulator(tmp_path_factory):
-    """sushy-tools' Redfish emulator with its fake systems driver, on a spare loopback port."""
-    directory = tmp_path_factory.mktemp("sushy")
+@contextlib.contextmanager
+def running_sushy_emulator(directory: Path, users: dict[str, str] | None = None):
+    """sushy-tools' Redfish emulator with its fake systems driver, on a spare loopback port; with `users`
+    (name -> password) it requires HTTP basic auth, from an htpasswd file of bcrypt hashes."""
+    settings = [
+        "SUSHY_EMULATOR_FAKE_DRIVER = True",
+        f"SUSHY_EMULATOR_STATE_DIR = {str(directory / 'state')!r}",
+        "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'",
+    ]
+    if users:
+        import bcrypt
+
+        htpasswd = directory / "htpasswd"
+        htpasswd.write_text(
+            "".join(f"{name}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()}\n" for name, password in users.items())
+        )
+        settings.append(f"SUSHY_EMULATOR_AUTH_FILE = {str(htpasswd)!r}")
     config = directory / "emulator.conf"
-    config.write_text(
-        "SUSHY_EMULATOR_FAKE_DRIVER = True\n"
-        f"SUSHY_EMULATOR_STATE_DIR = {str(directory / 'state')!r}\n"
-        "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\n"
-    )
+    config.write_text("\n".join(settings) + "\n")
     port = free_port()
     emulator = Path(sys.executable).with_name("sushy-emulator")
     command = [str(emulator)] if emulator.exists() else [sys.executable, "-m", "sushy_tools.emulator.main"]
@@ -254,6 +264,18 @@ def sushy_emulator(tmp_path_factory):
         except subprocess.TimeoutExpired:
             process.kill()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def sushy_emulator(tmp_path_factory):
+    with running_sushy_emulator(tmp_path_factory.mktemp("sushy")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def sushy_emulator_with_auth(tmp_path_factory):
+    with running_sushy_emulator(tmp_path_factory.mktemp("sushy-auth"), users={"lockstep": "bmc-secret-1"}) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

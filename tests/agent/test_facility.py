@@ -116,7 +116,7 @@ def test_an_unreachable_source_is_skipped_and_the_rest_are_read(redfish_mockup, 
     dead = RedfishSource(url=f"http://127.0.0.1:{free_port()}", target="gpu-009", timeout=1)
     points = FacilityCollector([dead, RedfishSource(url=sushy_emulator, target="gpu-001")]).collect()
     assert {p["target"] for p in points} == {"gpu-001"}
-    assert "not reachable" in caplog.text
+    assert "unreachable or refused" in caplog.text
 
 
 def test_the_command_sends_facility_series(redfish_mockup, sushy_emulator, sysfs, tmp_path, batch_validator):
@@ -133,3 +133,21 @@ def test_the_command_sends_facility_series(redfish_mockup, sushy_emulator, sysfs
     assert {"inlet_temperature_celsius", "exhaust_temperature_celsius", "fan_speed_rpm", "power_draw_watts", "psu_ok",
             "cdu_supply_pressure_pascals", "cdu_flow_cubic_meters_per_second", "pdu_current_amperes"} <= metrics
     assert {p["scope"] for p in batch["facility"]} == {"node", "rack", "row"}
+
+
+def test_bmc_credentials_with_basic_auth(sushy_emulator_with_auth, caplog):
+    assert requests.get(f"{sushy_emulator_with_auth}/redfish/v1/Chassis", timeout=5).status_code == 401
+    good = RedfishSource(url=sushy_emulator_with_auth, target="gpu-001", username="lockstep", password="bmc-secret-1")
+    assert points_by(FacilityCollector([good]).collect(), "inlet_temperature_celsius")
+
+    wrong = RedfishSource(url=sushy_emulator_with_auth, target="gpu-001", username="lockstep", password="nope")
+    assert FacilityCollector([wrong]).collect() == []
+    assert "Invalid credentials" in caplog.text
+
+
+def test_credentials_from_the_environment_in_the_config_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("BMC_PASSWORD", "from-env")
+    path = tmp_path / "facility.json"
+    path.write_text(json.dumps({"bmcs": [{"url": "https://127.0.0.1:1", "username": "root", "password_env": "BMC_PASSWORD"}]}))
+    (source,) = load_sources(str(path), default_node="gpu-007")
+    assert (source.kind, source.scope, source.target, source.username, source.password) == ("bmc", "node", "gpu-007", "root", "from-env")

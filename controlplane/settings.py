@@ -35,6 +35,14 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "LOG_LEVEL": (str, "INFO", "Root log level."),
     "SECURE_SSL_REDIRECT": (bool, False, "Redirect plain HTTP to HTTPS (set behind a TLS proxy)."),
     "DEMO_ADMIN_USERNAME": (str, "admin", "User name of the demo provider-admin that `make run` creates."),
+    "XID_CATALOG": (str, "", "Path of NVIDIA's Xid catalogue CSV that fault triage reads; empty: ../shared/data/xid/nvidia_xid_catalog.csv next to the project."),
+    "FAULT_CORRELATION_SECONDS": (float, 60.0, "Reports of the same node, device, fault kind and code within this many seconds are one FaultEvent."),
+    "FAULT_SWEEP_SECONDS": (int, 3, "How often beat re-enqueues fault events still new, and how old they must be."),
+    "RECOVERY_ADVANCE_SECONDS": (int, 1, "How often beat advances running recovery actions, snapshots and the escalation ladder."),
+    "ESCALATION_STRIKES": (int, 3, "Non-fatal faults on one node within ESCALATION_WINDOW_SECONDS that quarantine it."),
+    "ESCALATION_WINDOW_SECONDS": (int, 3600, "The window in which repeated non-fatal faults escalate."),
+    "NODE_COOLDOWN_SECONDS": (int, 1800, "After a job migrates off a node, no job is migrated onto it for this long (anti-thrash)."),
+    "NIC_REPAIR_SECONDS": (int, 1800, "Expected time until a failed-over NIC is repaired: how long a job runs degraded in the ledger."),
 }
 
 env = environ.Env(**{name: (cast, default) for name, (cast, default, _) in ENVIRONMENT.items()})
@@ -183,6 +191,21 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=env("OUTBOX_SWEEP_SECONDS")),
         "options": {"expires": env("OUTBOX_SWEEP_SECONDS") * 2},
     },
+    "jobs-fault-sweep": {
+        "task": "jobs.fault_sweep",
+        "schedule": timedelta(seconds=env("FAULT_SWEEP_SECONDS")),
+        "options": {"expires": env("FAULT_SWEEP_SECONDS") * 2},
+    },
+    "jobs-recovery-advance": {
+        "task": "jobs.recovery_advance",
+        "schedule": timedelta(seconds=env("RECOVERY_ADVANCE_SECONDS")),
+        "options": {"expires": max(2, env("RECOVERY_ADVANCE_SECONDS") * 2)},
+    },
+    "jobs-snapshot-schedule": {
+        "task": "jobs.snapshot_schedule",
+        "schedule": timedelta(seconds=30),
+        "options": {"expires": 60},
+    },
     "retention-prune": {
         "task": "controlplane.retention_prune",
         "schedule": timedelta(hours=1),
@@ -206,6 +229,16 @@ READYZ_TIMEOUT = env("READYZ_TIMEOUT")
 HEARTBEAT_SECONDS = env("HEARTBEAT_SECONDS")
 TOKEN_LAST_USED_RESOLUTION = env("TOKEN_LAST_USED_RESOLUTION")
 DEMO_ADMIN_USERNAME = env("DEMO_ADMIN_USERNAME")
+
+# --- Fault tolerance (jobs) ----------------------------------------------------------------------------
+XID_CATALOG = env("XID_CATALOG") or str(BASE_DIR.parent / "shared" / "data" / "xid" / "nvidia_xid_catalog.csv")
+FAULT_CORRELATION_SECONDS = env("FAULT_CORRELATION_SECONDS")
+FAULT_SWEEP_SECONDS = env("FAULT_SWEEP_SECONDS")
+ESCALATION_STRIKES = env("ESCALATION_STRIKES")
+ESCALATION_WINDOW_SECONDS = env("ESCALATION_WINDOW_SECONDS")
+NODE_COOLDOWN_SECONDS = env("NODE_COOLDOWN_SECONDS")
+NIC_REPAIR_SECONDS = env("NIC_REPAIR_SECONDS")
+
 
 # --- REST API -------------------------------------------------------------------------------------------
 REST_FRAMEWORK = {

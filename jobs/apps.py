@@ -3,3 +3,18 @@ from django.apps import AppConfig
 
 class JobsConfig(AppConfig):
     name = "jobs"
+    verbose_name = "Jobs"
+
+    def ready(self):
+        from controlplane import events, navigation
+        from fleet import hooks
+        from jobs.selectors import may_see_job_topic
+        from jobs.services.escalation import drain_guard
+        from jobs.services.faults import count_faults
+
+        # DESIGN: provider roles see every job; a tenant's users see their own tenant's jobs.
+        events.register_topic("job", keyed=True, may_subscribe=may_see_job_topic)
+        hooks.register_fault_counter(count_faults)
+        hooks.register_drain_guard(drain_guard)
+        navigation.register("Jobs", "job-list", audience="all", order=20)
+        navigation.register("Faults", "fault-overview", audience="all", order=25)

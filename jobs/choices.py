@@ -1,0 +1,104 @@
+from django.db import models
+
+
+class JobState(models.TextChoices):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RECOVERING = "Recovering"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+ACTIVE_JOB_STATES = (JobState.PENDING, JobState.RUNNING, JobState.RECOVERING)
+
+
+class JobPhaseKind(models.TextChoices):
+    RUNNING = "running", "Running"
+    RECOVERING = "recovering", "Recovering"
+    DEGRADED = "degraded", "Degraded"
+
+
+class FaultKind(models.TextChoices):
+    NIC_DOWN = "nic_down"
+    LINK_FLAP = "link_flap"
+    LINK_DEGRADED = "link_degraded"
+    GPU_XID = "gpu_xid"
+    ECC_UNCORRECTABLE = "ecc_uncorrectable"
+    NVLINK_ERROR = "nvlink_error"
+    NODE_UNREACHABLE = "node_unreachable"
+    THERMAL = "thermal"
+    FACILITY = "facility"
+    STRAGGLER = "straggler"
+    PREDICTED_FAILURE = "predicted_failure"
+    SOFTWARE_CRASH = "software_crash"
+
+
+class FaultSource(models.TextChoices):
+    AGENT = "agent"
+    ALERTMANAGER = "alertmanager"
+    SIMULATOR = "simulator"
+    PREDICTOR = "predictor"
+    API = "api"
+
+
+class Severity(models.TextChoices):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+class FaultState(models.TextChoices):
+    NEW = "new"
+    HANDLED = "handled"
+    IGNORED = "ignored"
+
+
+class ActionKind(models.TextChoices):
+    NIC_FAILOVER = "nic_failover"
+    INTRA_NODE_MIGRATION = "intra_node_migration"
+    LIVE_MIGRATION = "live_migration"
+    PROACTIVE_MIGRATION = "proactive_migration"
+    GPU_RESET = "gpu_reset"
+    CORDON = "cordon"
+    DRAIN = "drain"
+    RESTORE_FROM_SNAPSHOT = "restore_from_snapshot"
+    RESTART_FROM_CHECKPOINT = "restart_from_checkpoint"
+    RETURN_TO_SERVICE = "return_to_service"
+
+
+MIGRATION_KINDS = (ActionKind.INTRA_NODE_MIGRATION, ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION)
+# Migrations to another node count against the cluster's and the leaf switch's disruption budgets.
+BUDGETED_KINDS = (ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION)
+
+
+class ActionState(models.TextChoices):
+    PLANNED = "planned"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class SnapshotState(models.TextChoices):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class SnapshotReason(models.TextChoices):
+    OPERATOR = "operator"
+    SCHEDULE = "schedule"
+    PLANNER = "planner"
+
+
+class EscalationStage(models.TextChoices):
+    """The per-node ladder: quarantine → drain → remediate → (failed → repaired) → validated → returned."""
+
+    WATCHING = "watching", "Watching"
+    QUARANTINED = "quarantined", "Quarantined (cordoned)"
+    DRAINING = "draining", "Draining"
+    REMEDIATING = "remediating", "Remediating (GPU reset)"
+    FAILED = "failed", "Failed (needs repair)"
+    REPAIRED = "repaired", "Repaired"
+    VALIDATED = "validated", "Validated"
+    RETURNED = "returned", "Returned to the spare pool"

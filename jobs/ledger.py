@@ -1,0 +1,46 @@
+"""The GPU-hours ledger: the formula users rely on, written down once in docs/gpu-hours.md.
+
+Counted from the moment the fault was detected, for a job of G GPUs:
+
+    baseline = G × (time since the last checkpoint + restart overhead)
+    actual   = G × (pause + work lost since the restore point used + slowdown × time degraded)
+    saved    = baseline − actual
+
+Times are in seconds here and GPU-hours come out (÷ 3600).
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Ledger:
+    baseline: float
+    actual: float
+
+    @property
+    def saved(self) -> float:
+        return self.baseline - self.actual
+
+
+def baseline_gpu_hours(*, gpus: int, seconds_since_checkpoint: float, restart_overhead_seconds: float) -> float:
+    """What restart-from-checkpoint would lose: every GPU redoes the work since the checkpoint and waits out
+    the restart (docs/gpu-hours.md)."""
+    return gpus * (max(0.0, seconds_since_checkpoint) + max(0.0, restart_overhead_seconds)) / 3600.0
+
+
+def actual_gpu_hours(*, gpus: int, pause_seconds: float, work_lost_seconds: float = 0.0,
+                     degraded_seconds: float = 0.0, slowdown: float = 0.0) -> float:
+    """What a recovery loses: the pause (from detection until the job runs again), the work redone since the
+    restore point used, and the fraction of speed lost while degraded (docs/gpu-hours.md)."""
+    return gpus * (max(0.0, pause_seconds) + max(0.0, work_lost_seconds)
+                   + max(0.0, degraded_seconds) * max(0.0, slowdown)) / 3600.0
+
+
+def ledger(*, gpus: int, seconds_since_checkpoint: float, restart_overhead_seconds: float, pause_seconds: float,
+           work_lost_seconds: float = 0.0, degraded_seconds: float = 0.0, slowdown: float = 0.0) -> Ledger:
+    return Ledger(
+        baseline=baseline_gpu_hours(gpus=gpus, seconds_since_checkpoint=seconds_since_checkpoint,
+                                    restart_overhead_seconds=restart_overhead_seconds),
+        actual=actual_gpu_hours(gpus=gpus, pause_seconds=pause_seconds, work_lost_seconds=work_lost_seconds,
+                                degraded_seconds=degraded_seconds, slowdown=slowdown),
+    )

@@ -1,1 +1,0 @@
-"""Models of this app arrive with the issue that builds it."""

@@ -1,0 +1,116 @@
+"""Recovery actions (what Lockstep did about a fault, and why), spare bookings, and the per-node ladder."""
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from jobs.choices import ActionKind, ActionState, EscalationStage
+
+
+class RecoveryAction(models.Model):
+    """One recovery for one job (or one node-level step of the escalation ladder, with no job).
+
+    At most one action per fault and job; ``alternatives`` are the options the planner weighed, with their
+    expected GPU-hours lost. The ledger fields follow docs/gpu-hours.md.
+    """
+
+    TRANSITIONS = {
+        ActionState.PLANNED: {ActionState.RUNNING, ActionState.SUCCEEDED, ActionState.FAILED},
+        ActionState.RUNNING: {ActionState.SUCCEEDED, ActionState.FAILED},
+        ActionState.SUCCEEDED: set(),
+        ActionState.FAILED: set(),
+    }
+
+    fault = models.ForeignKey("jobs.FaultEvent", null=True, blank=True, on_delete=models.CASCADE,
+                              related_name="actions")
+    job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.CASCADE, related_name="actions")
+    cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="recovery_actions")
+    kind = models.CharField(max_length=24, choices=ActionKind.choices)
+    state = models.CharField(max_length=10, choices=ActionState.choices, default=ActionState.PLANNED)
+    dry_run = models.BooleanField(default=False, help_text="decided and recorded; nothing was done")
+    node = models.ForeignKey("fleet.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    to_node = models.ForeignKey("fleet.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    gpu_index = models.PositiveSmallIntegerField(null=True, blank=True)
+    to_gpu_index = models.PositiveSmallIntegerField(null=True, blank=True)
+    nic_name = models.CharField(max_length=30, blank=True)
+    to_nic_name = models.CharField(max_length=30, blank=True)
+    snapshot = models.ForeignKey("jobs.JobSnapshot", null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="+")
+    handle = models.CharField(max_length=100, blank=True)
+    detected_at = models.DateTimeField(help_text="when the fault was detected: the ledger's clock starts here")
+    planned_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    done_at = models.DateTimeField(null=True, blank=True, help_text="when the driver expects it to finish")
+    ended_at = models.DateTimeField(null=True, blank=True)
+    # Ledger, in GPU-hours (docs/gpu-hours.md).
+    gpus = models.PositiveIntegerField(default=0)
+    pause_seconds = models.FloatField(default=0.0)
+    work_lost_seconds = models.FloatField(default=0.0)
+    degraded_seconds = models.FloatField(default=0.0)
+    slowdown = models.FloatField(default=0.0)
+    restore_iteration = models.PositiveBigIntegerField(null=True, blank=True)
+    gpu_hours_lost = models.FloatField(default=0.0)
+    gpu_hours_baseline = models.FloatField(default=0.0)
+    gpu_hours_saved = models.FloatField(default=0.0)
+    gpu_hours_at_stake = models.FloatField(default=0.0)
+    reason = models.TextField(blank=True)
+    alternatives = models.JSONField(default=list, blank=True)
+    error = models.CharField(max_length=300, blank=True)
+
+    tenant_scope = "job__tenant_id"
+
+    class Meta:
+        ordering = ["-planned_at", "-id"]
+        indexes = [models.Index(fields=["cluster", "state", "kind"]), models.Index(fields=["state", "done_at"])]
+        constraints = [
+            models.UniqueConstraint(fields=["fault", "job"], condition=Q(job__isnull=False, fault__isnull=False),
+                                    name="one_action_per_fault_and_job"),
+            models.UniqueConstraint(fields=["fault", "kind", "node"],
+                                    condition=Q(job__isnull=True, fault__isnull=False),
+                                    name="one_node_step_per_fault"),
+        ]
+
+    def __str__(self):
+        return f"{self.kind} for job {self.job_id} ({self.state})"
+
+    def may_become(self, state: str) -> bool:
+        return state in self.TRANSITIONS[self.state]
+
+
+class SpareBooking(models.Model):
+    """A spare node (or one spare GPU of a node) reserved for one action; the database allows one at a time."""
+
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="spare_bookings")
+    gpu_index = models.PositiveSmallIntegerField(default=0, help_text="0 for a whole node")
+    whole_node = models.BooleanField(default=True)
+    action = models.OneToOneField(RecoveryAction, on_delete=models.CASCADE, related_name="booking")
+    booked_at = models.DateTimeField(default=timezone.now)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node", "gpu_index"], condition=Q(released_at__isnull=True),
+                                    name="spare_booked_once"),
+        ]
+
+
+class NodeEscalation(models.Model):
+    """Where a node stands on the escalation ladder, moved one step at a time by beat (jobs.escalation)."""
+
+    node = models.OneToOneField("fleet.Node", on_delete=models.CASCADE, related_name="escalation")
+    stage = models.CharField(max_length=12, choices=EscalationStage.choices, default=EscalationStage.WATCHING)
+    reason = models.CharField(max_length=300, blank=True)
+    fault = models.ForeignKey("jobs.FaultEvent", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    gpu_index = models.PositiveSmallIntegerField(null=True, blank=True)
+    remediation = models.CharField(max_length=40, blank=True, help_text="the catalogue's recommended action")
+    strikes = models.JSONField(default=list, blank=True, help_text="times of recent non-fatal faults")
+    handle = models.CharField(max_length=100, blank=True)
+    done_at = models.DateTimeField(null=True, blank=True)
+    needs_human = models.BooleanField(default=False)
+    blocked = models.CharField(max_length=300, blank=True, help_text="why the next step waits")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    tenant_scope = "node__cluster__dedicated_tenant_id"
+
+    def __str__(self):
+        return f"{self.node_id}: {self.stage}"

@@ -1,0 +1,182 @@
+"""Training jobs, where they run (allocations with rank ranges), their phases, progress, snapshots and tokens."""
+
+import math
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from jobs.choices import JobPhaseKind, JobState, SnapshotReason, SnapshotState
+
+
+class Job(models.Model):
+    """A distributed training job on a cluster.
+
+    A *simulated* job advances by the clock: ``iteration`` was reached at ``iteration_at`` and, while Running,
+    one more iteration completes every ``seconds_per_iteration`` (slower by ``slowdown`` while degraded); it
+    checkpoints every ``checkpoint_interval`` iterations. A real job reports both through the progress API.
+    """
+
+    TRANSITIONS = {
+        JobState.PENDING: {JobState.RUNNING, JobState.CANCELLED, JobState.FAILED},
+        JobState.RUNNING: {JobState.RECOVERING, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED},
+        JobState.RECOVERING: {JobState.RUNNING, JobState.FAILED, JobState.CANCELLED},
+        JobState.COMPLETED: set(),
+        JobState.FAILED: set(),
+        JobState.CANCELLED: set(),
+    }
+
+    tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.PROTECT, related_name="jobs")
+    cluster = models.ForeignKey("fleet.Cluster", on_delete=models.PROTECT, related_name="jobs")
+    name = models.CharField(max_length=100)
+    gpus = models.PositiveIntegerField()
+    simulated = models.BooleanField(default=True)
+    state = models.CharField(max_length=12, choices=JobState.choices, default=JobState.PENDING)
+    seconds_per_iteration = models.FloatField(default=1.0)
+    checkpoint_interval = models.PositiveIntegerField(default=1000, help_text="iterations between checkpoints")
+    iteration = models.PositiveBigIntegerField(default=0)
+    iteration_at = models.DateTimeField(default=timezone.now)
+    last_checkpoint_iteration = models.PositiveBigIntegerField(default=0)
+    last_checkpoint_at = models.DateTimeField(null=True, blank=True)
+    total_iterations = models.PositiveBigIntegerField(null=True, blank=True)
+    slowdown = models.FloatField(default=0.0, help_text="fraction of speed lost while degraded (0 = full speed)")
+    degraded_until = models.DateTimeField(null=True, blank=True)
+    submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    tenant_scope = "tenant_id"
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["cluster", "state"]), models.Index(fields=["tenant", "state"])]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def ref(self) -> str:
+        """How drivers name the job."""
+        return f"job-{self.pk}"
+
+    def may_become(self, state: str) -> bool:
+        return state in self.TRANSITIONS[self.state]
+
+    def iteration_now(self, now=None) -> int:
+        """The iteration reached now: for a running simulated job, extrapolated from the clock."""
+        if not self.simulated or self.state != JobState.RUNNING:
+            return self.iteration
+        now = now or timezone.now()
+        elapsed = max(0.0, (now - self.iteration_at).total_seconds())
+        speed = 1.0 - (self.slowdown if self.degraded_until and self.degraded_until > now else 0.0)
+        done = self.iteration + int(elapsed * speed / max(self.seconds_per_iteration, 1e-6))
+        return min(done, self.total_iterations) if self.total_iterations else done
+
+    def checkpoint_iteration_now(self, now=None) -> int:
+        """The last checkpointed iteration: for a simulated job, the last multiple of the interval reached."""
+        if not self.simulated:
+            return self.last_checkpoint_iteration
+        interval = max(1, self.checkpoint_interval)
+        return max(self.last_checkpoint_iteration, math.floor(self.iteration_now(now) / interval) * interval)
+
+
+class JobAllocation(models.Model):
+    """The GPUs of one node a job holds, and the ranks they run. Released (not deleted) when the job moves."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
+    node = models.ForeignKey("fleet.Node", on_delete=models.PROTECT, related_name="job_allocations")
+    gpu_indices = models.JSONField(default=list)
+    rank_start = models.PositiveIntegerField()
+    rank_end = models.PositiveIntegerField(help_text="inclusive")
+    created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    tenant_scope = "job__tenant_id"
+
+    class Meta:
+        ordering = ["job_id", "rank_start"]
+        indexes = [models.Index(fields=["node"], condition=Q(released_at__isnull=True), name="allocation_active_node")]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "rank_start"], condition=Q(released_at__isnull=True),
+                                    name="allocation_rank_unique_while_active"),
+        ]
+
+    def __str__(self):
+        return f"{self.job_id}@{self.node_id} ranks {self.rank_start}-{self.rank_end}"
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpu_indices)
+
+
+class JobPhase(models.Model):
+    """One stretch of a job's life on its timeline: running, recovering or degraded."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="phases")
+    kind = models.CharField(max_length=12, choices=JobPhaseKind.choices)
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    reason = models.CharField(max_length=200, blank=True)
+
+    tenant_scope = "job__tenant_id"
+
+    class Meta:
+        ordering = ["job_id", "started_at", "id"]
+
+
+class JobProgress(models.Model):
+    """A point on the job's iteration curve: reported by the job, or recorded at each state change."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="progress")
+    at = models.DateTimeField()
+    iteration = models.PositiveBigIntegerField()
+    step_seconds = models.FloatField(null=True, blank=True)
+    checkpoint = models.BooleanField(default=False)
+
+    tenant_scope = "job__tenant_id"
+
+    class Meta:
+        ordering = ["job_id", "at", "id"]
+        indexes = [models.Index(fields=["job", "at"])]
+
+
+class JobSnapshot(models.Model):
+    """A platform snapshot of all of a job's workers: a restore point newer than its last checkpoint."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="snapshots")
+    state = models.CharField(max_length=10, choices=SnapshotState.choices, default=SnapshotState.RUNNING)
+    reason = models.CharField(max_length=10, choices=SnapshotReason.choices, default=SnapshotReason.OPERATOR)
+    iteration = models.PositiveBigIntegerField()
+    handle = models.CharField(max_length=100, blank=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    done_at = models.DateTimeField(null=True, blank=True, help_text="when the driver expects it to finish")
+    ended_at = models.DateTimeField(null=True, blank=True)
+    error = models.CharField(max_length=300, blank=True)
+
+    tenant_scope = "job__tenant_id"
+
+    class Meta:
+        ordering = ["job_id", "-started_at", "-id"]
+
+    @property
+    def seconds(self) -> float | None:
+        return (self.ended_at - self.started_at).total_seconds() if self.ended_at else None
+
+
+class JobToken(models.Model):
+    """A bearer token bound to one job, for the job's own progress reports. Only a SHA-256 digest is kept."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="tokens")
+    prefix = models.CharField(max_length=16, unique=True)
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    tenant_scope = "job__tenant_id"
+
+    def __str__(self):
+        return f"job {self.job_id} token {self.prefix}…"

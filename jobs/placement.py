@@ -1,0 +1,127 @@
+"""Global placement: spares, disruption budgets and cooldown, decided under the cluster's row lock.
+
+Every recovery handler of a cluster takes ``lock_cluster`` first, so placement is one decision at a time per
+cluster (never one per event racing another). Spare rows are also taken with ``SELECT … FOR UPDATE SKIP
+LOCKED`` and booked in SpareBooking, whose partial unique constraint lets a spare be booked only once.
+"""
+
+import math
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import connection
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from fleet.choices import GPUHealth, NodeState
+from fleet.models import GPU, Cluster, Node
+from jobs.choices import BUDGETED_KINDS, ActionState
+from jobs.models import JobAllocation, RecoveryAction, SpareBooking
+
+DEFAULT_RISK_THRESHOLD = 0.8
+
+
+def lock_cluster(cluster_id: int) -> Cluster:
+    return Cluster.objects.select_for_update(of=("self",)).select_related("fleet").get(pk=cluster_id)
+
+
+def _skip_locked(queryset):
+    if connection.features.has_select_for_update_skip_locked:
+        return queryset.select_for_update(skip_locked=True, of=("self",))
+    return queryset.select_for_update()
+
+
+def risk_threshold(cluster: Cluster) -> float:
+    """A node at or above this risk score is never a migration target (blueprint policy ``risk_threshold``)."""
+    version = cluster.blueprint_version
+    if version is None:
+        return DEFAULT_RISK_THRESHOLD
+    try:
+        return float(version.effective_policy().get("risk_threshold", DEFAULT_RISK_THRESHOLD))
+    except (TypeError, ValueError):
+        return DEFAULT_RISK_THRESHOLD
+
+
+@dataclass(frozen=True)
+class Budget:
+    cluster_running: int
+    cluster_cap: int
+    leaf_running: dict[str, int]
+    leaf_cap: int
+    queued: int
+
+    def room(self, leaf: str) -> bool:
+        return self.cluster_running < self.cluster_cap and self.leaf_running.get(leaf, 0) < self.leaf_cap
+
+    def wait_seconds(self, pause: float) -> float:
+        """Expected wait before one more migration may start, with ``queued`` ones ahead of it."""
+        if self.cluster_cap <= 0:
+            return math.inf
+        ahead = self.cluster_running + self.queued
+        if ahead < self.cluster_cap:
+            return 0.0
+        return math.floor(ahead / self.cluster_cap) * pause
+
+
+def migration_budget(cluster: Cluster) -> Budget:
+    """Running migrations to other nodes, in the cluster and per target leaf switch; and those queued."""
+    rows = RecoveryAction.objects.filter(cluster=cluster, kind__in=BUDGETED_KINDS, dry_run=False)
+    running = rows.filter(state=ActionState.RUNNING)
+    per_leaf = dict(running.values_list("to_node__leaf_switch").annotate(n=Count("id")).values_list("to_node__leaf_switch", "n"))
+    return Budget(
+        cluster_running=sum(per_leaf.values()),
+        cluster_cap=cluster.max_concurrent_migrations,
+        leaf_running=per_leaf,
+        leaf_cap=cluster.max_migrations_per_leaf,
+        queued=rows.filter(state=ActionState.PLANNED).count(),
+    )
+
+
+def busy_node_ids(cluster_id: int) -> set[int]:
+    return set(JobAllocation.objects.filter(node__cluster_id=cluster_id, released_at__isnull=True)
+               .values_list("node_id", flat=True))
+
+
+def find_spare_node(*, cluster: Cluster, near: Node, gpus: int, exclude: set[int] = frozenset()) -> Node | None:
+    """The best spare node for a worker leaving ``near``: same GPU model, all GPUs healthy, below the risk
+    threshold, out of cooldown, not booked; same leaf switch first, then lowest risk. Row-locked, skipping
+    rows another handler holds."""
+    now = timezone.now()
+    booked = SpareBooking.objects.filter(released_at__isnull=True, whole_node=True).values("node_id")
+    unhealthy = GPU.objects.exclude(health=GPUHealth.HEALTHY).values("node_id")
+    rows = (Node.objects.filter(cluster=cluster, state=NodeState.SPARE, gpu_model=near.gpu_model,
+                                risk_score__lt=risk_threshold(cluster))
+            .filter(Q(cooldown_until__isnull=True) | Q(cooldown_until__lte=now))
+            .exclude(pk__in=booked).exclude(pk__in=unhealthy).exclude(pk=near.pk).exclude(pk__in=list(exclude)))
+    candidates = list(_skip_locked(rows.order_by("risk_score", "hostname"))[:64])
+    candidates = [node for node in candidates if node.gpus.count() >= gpus] if gpus > 8 else candidates
+    if not candidates:
+        return None
+    candidates.sort(key=lambda node: (node.leaf_switch != near.leaf_switch, node.rack != near.rack, node.risk_score))
+    return candidates[0]
+
+
+def spare_gpus_on_node(node: Node) -> list[int]:
+    """Healthy GPUs of a node that no job holds and no action has booked."""
+    held = set()
+    for indices in JobAllocation.objects.filter(node=node, released_at__isnull=True).values_list("gpu_indices", flat=True):
+        held.update(indices)
+    booked = set(SpareBooking.objects.filter(node=node, released_at__isnull=True, whole_node=False)
+                 .values_list("gpu_index", flat=True))
+    healthy = GPU.objects.filter(node=node, health=GPUHealth.HEALTHY).values_list("index", flat=True)
+    return [index for index in healthy if index not in held and index not in booked]
+
+
+def book(*, action: RecoveryAction, node: Node, gpu_index: int | None = None) -> SpareBooking:
+    """Reserve a spare node (or one spare GPU) for an action. The unique constraint refuses a second booking."""
+    return SpareBooking.objects.create(action=action, node=node, gpu_index=gpu_index or 0,
+                                       whole_node=gpu_index is None)
+
+
+def release(action: RecoveryAction) -> None:
+    SpareBooking.objects.filter(action=action, released_at__isnull=True).update(released_at=timezone.now())
+
+
+def cool_down(node: Node, seconds: float) -> None:
+    """No job is migrated onto this node for a while (anti-thrash); the Node field exists for this."""
+    Node.objects.filter(pk=node.pk).update(cooldown_until=timezone.now() + timedelta(seconds=seconds))

@@ -1,0 +1,190 @@
+"""The cost-ranked planner: plain functions, no database.
+
+For one affected job, list every recovery (feasible or not, and why), price each in expected GPU-hours lost
+with the ledger's formula (docs/gpu-hours.md), and choose the cheapest feasible one. Unprotected jobs can
+only restart from checkpoint.
+"""
+
+from dataclasses import asdict, dataclass, field
+
+from jobs.ledger import actual_gpu_hours, baseline_gpu_hours
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    gpus: int
+    gpus_affected: int
+    seconds_since_checkpoint: float
+    protected: bool
+    restart_overhead_seconds: float
+    seconds_since_snapshot: float | None = None   # None: no snapshot newer than the checkpoint
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What the fault did and what the cluster offers right now."""
+
+    impact: str                       # triage.FaultVerdict.job_impact
+    healthy_nic: bool = False
+    spare_gpus_on_node: int = 0
+    spare_node: bool = False
+    spare_wait_seconds: float = 0.0   # expected wait for the migration budget
+    gpu_reset: bool = False           # the catalogue recommends a reset and the driver can do it
+    risk: float = 0.5                 # probability the node fails soon (predicted failures)
+    supports: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """Expected durations (seconds) and slowdowns; from the cluster's driver settings."""
+
+    nic_failover: float = 1.0
+    migration_pause: float = 30.0
+    intra_node_pause: float = 10.0
+    gpu_reset: float = 20.0
+    restore_pause: float = 30.0
+    nic_degraded_seconds: float = 1800.0   # until the failed NIC is repaired
+    nic_slowdown: float = 0.01             # one rail fewer: the job runs slightly slower
+    link_degraded_slowdown: float = 0.30   # a degraded link slows every collective of the job
+
+
+@dataclass(frozen=True)
+class Option:
+    kind: str
+    feasible: bool
+    gpu_hours_lost: float
+    pause_seconds: float = 0.0
+    work_lost_seconds: float = 0.0
+    degraded_seconds: float = 0.0
+    slowdown: float = 0.0
+    why: str = ""
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data["gpu_hours_lost"] = round(self.gpu_hours_lost, 4)
+        return data
+
+
+@dataclass(frozen=True)
+class Plan:
+    chosen: Option | None
+    options: list[Option] = field(default_factory=list)
+    baseline: float = 0.0
+
+    @property
+    def reason(self) -> str:
+        if self.chosen is None:
+            return "no recovery needed"
+        others = [o for o in self.options if o is not self.chosen]
+        weighed = "; ".join(f"{o.kind} {o.gpu_hours_lost:.2f}" + ("" if o.feasible else f" (not possible: {o.why})")
+                            for o in others)
+        return (f"{self.chosen.kind}: {self.chosen.gpu_hours_lost:.2f} GPU-h expected lost "
+                f"(restart baseline {self.baseline:.2f}); {self.chosen.why}" + (f". Weighed: {weighed}" if weighed else ""))
+
+
+def _option(kind, feasible, why, job, *, pause, work=0.0, degraded=0.0, slowdown=0.0) -> Option:
+    cost = actual_gpu_hours(gpus=job.gpus, pause_seconds=pause, work_lost_seconds=work,
+                            degraded_seconds=degraded, slowdown=slowdown)
+    return Option(kind, feasible, cost, pause, work, degraded, slowdown, why)
+
+
+def options_for(job: JobFacts, situation: Situation, est: Estimates) -> list[Option]:
+    """Every recovery for this job and fault, priced; infeasible ones say why."""
+    impact = situation.impact
+    if impact == "none":
+        return []
+    protected = job.protected
+    unprotected = "the job is not protected"
+    restart = _option("restart_from_checkpoint", True, "always possible", job,
+                      pause=job.restart_overhead_seconds, work=job.seconds_since_checkpoint)
+    if impact in ("degraded", "risk") and not protected:
+        return []   # the job still runs; restarting it would only lose more
+    found: list[Option] = []
+    snap = job.seconds_since_snapshot
+    if impact in ("restart", "device", "node", "nic"):
+        found.append(restart)
+        ok = protected and snap is not None
+        found.append(_option("restore_from_snapshot", ok,
+                             "a snapshot newer than the checkpoint" if ok else
+                             (unprotected if not protected else "no snapshot newer than the checkpoint"),
+                             job, pause=est.restore_pause, work=snap or 0.0))
+    if impact == "device":
+        ok = protected and situation.spare_gpus_on_node >= max(1, job.gpus_affected)
+        found.append(_option("intra_node_migration", ok,
+                             "a spare GPU on the same node" if ok else (unprotected if not protected else "no spare GPU on the node"),
+                             job, pause=est.intra_node_pause))
+        ok = protected and situation.gpu_reset
+        restore = snap if snap is not None else job.seconds_since_checkpoint
+        found.append(_option("gpu_reset", ok, "the catalogue recommends a reset" if ok else
+                             (unprotected if not protected else "the catalogue does not recommend a reset"),
+                             job, pause=est.gpu_reset + job.restart_overhead_seconds, work=restore))
+    if impact in ("device", "node", "nic"):
+        ok = protected and situation.spare_node
+        why = "a spare node" + (f", after ~{situation.spare_wait_seconds:.0f} s for the migration budget"
+                                if situation.spare_wait_seconds else "")
+        found.append(_option("live_migration", ok, why if ok else (unprotected if not protected else "no spare node"),
+                             job, pause=est.migration_pause + situation.spare_wait_seconds))
+    if impact in ("nic", "degraded"):
+        ok = protected and situation.healthy_nic
+        found.append(_option("nic_failover", ok, "a healthy NIC remains on the node" if ok else
+                             (unprotected if not protected else "no healthy NIC left on the node"),
+                             job, pause=est.nic_failover, degraded=est.nic_degraded_seconds, slowdown=est.nic_slowdown))
+    if impact == "degraded":
+        # Staying on the degraded link is the do-nothing choice; an action must beat it to be chosen.
+        stay = _option("stay_degraded", True, "keep running on the degraded link", job,
+                       pause=0.0, degraded=est.nic_degraded_seconds, slowdown=est.link_degraded_slowdown)
+        found.append(stay)
+    if impact == "risk":
+        ok = situation.spare_node
+        found.append(_option("proactive_migration", ok, "move off the node before it fails" if ok else "no spare node",
+                             job, pause=est.migration_pause + situation.spare_wait_seconds))
+        expected = situation.risk * baseline_gpu_hours(gpus=job.gpus, seconds_since_checkpoint=job.seconds_since_checkpoint,
+                                                       restart_overhead_seconds=job.restart_overhead_seconds) * 3600 / max(job.gpus, 1)
+        found.append(_option("stay_at_risk", True, f"wait and see (risk {situation.risk:.2f})", job, pause=expected))
+    if situation.supports:
+        found = [o if o.kind.startswith("stay_") or o.kind in situation.supports or not o.feasible
+                 else Option(o.kind, False, o.gpu_hours_lost, o.pause_seconds, o.work_lost_seconds,
+                             o.degraded_seconds, o.slowdown, "the cluster's driver cannot do this")
+                 for o in found]
+    return found
+
+
+def plan(job: JobFacts, situation: Situation, est: Estimates) -> Plan:
+    """Choose the feasible option with the fewest expected GPU-hours lost (ties: the order listed).
+
+    ``chosen`` is None when nothing needs doing, or when staying put is cheapest (``stay_*``)."""
+    options = options_for(job, situation, est)
+    baseline = baseline_gpu_hours(gpus=job.gpus, seconds_since_checkpoint=job.seconds_since_checkpoint,
+                                  restart_overhead_seconds=job.restart_overhead_seconds)
+    ranked = sorted(options, key=lambda o: (not o.feasible, o.gpu_hours_lost))
+    chosen = ranked[0] if ranked and ranked[0].feasible else None
+    if chosen is not None and chosen.kind.startswith("stay_"):
+        return Plan(None, ranked, baseline)
+    return Plan(chosen, ranked, baseline)
+
+
+def gpu_hours_at_stake(job: JobFacts) -> float:
+    """What the job would lose if it had to restart from checkpoint: the order spares are handed out in."""
+    return baseline_gpu_hours(gpus=job.gpus, seconds_since_checkpoint=job.seconds_since_checkpoint,
+                              restart_overhead_seconds=job.restart_overhead_seconds)
+
+
+TIER_WEIGHT = {"resilient": 2.0, "standard": 1.0}
+
+
+def fair_order(requests: list[tuple[int, str, float, object]]) -> list[object]:
+    """The order in which jobs get spares: weighted fair queuing between tenants by tier (a resilient tenant
+    gets two turns for a standard tenant's one), and within a tenant the most GPU-hours at stake first.
+
+    ``requests`` are (tenant_id, tier, gpu_hours_at_stake, key); returns the keys in order."""
+    by_tenant: dict[int, list[tuple[float, object]]] = {}
+    tiers: dict[int, str] = {}
+    for tenant_id, tier, stake, key in requests:
+        by_tenant.setdefault(tenant_id, []).append((stake, key))
+        tiers[tenant_id] = tier
+    slots = []
+    for tenant_id, items in by_tenant.items():
+        weight = TIER_WEIGHT.get(tiers[tenant_id], 1.0)
+        for turn, (stake, key) in enumerate(sorted(items, key=lambda item: -item[0])):
+            slots.append(((turn + 1) / weight, -stake, tenant_id, turn, key))
+    return [slot[-1] for slot in sorted(slots, key=lambda slot: slot[:4])]

@@ -1,0 +1,251 @@
+"""Carrying recovery actions out through the cluster driver, one step per call, level-triggered by beat.
+
+``action_start`` calls the driver and stores its handle and deadline; ``recovery_advance`` (beat) asks the
+driver about running actions whose deadline passed, completes them (ledger, job state, allocations) and
+starts planned ones as the migration budget frees, highest stake first. Callers hold the cluster lock.
+"""
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from controlplane.audit import audit_record
+from controlplane.errors import ServiceError
+from fleet.choices import NodeState
+from fleet.drivers import DriverError, driver_for
+from fleet.models import Cluster
+from jobs import placement
+from jobs.choices import BUDGETED_KINDS, ActionKind, ActionState, JobPhaseKind, JobState
+from jobs.ledger import ledger
+from jobs.models import JobAllocation, RecoveryAction
+from jobs.services.common import phase_end, phase_start, publish_action, publish_job, record_progress
+
+log = logging.getLogger(__name__)
+
+# Which driver call carries out each kind of action.
+CALLS = {
+    ActionKind.NIC_FAILOVER: lambda d, a: d.fail_over_nic(a.node, a.nic_name, a.to_nic_name),
+    ActionKind.INTRA_NODE_MIGRATION: lambda d, a: d.migrate_worker(a.job.ref, a.node, a.node, 1),
+    ActionKind.LIVE_MIGRATION: lambda d, a: d.migrate_worker(a.job.ref, a.node, a.to_node, _gpus_on(a)),
+    ActionKind.PROACTIVE_MIGRATION: lambda d, a: d.migrate_worker(a.job.ref, a.node, a.to_node, _gpus_on(a)),
+    ActionKind.GPU_RESET: lambda d, a: d.reset_gpu(a.node, a.gpu_index or 0),
+    ActionKind.RESTORE_FROM_SNAPSHOT: lambda d, a: d.restore_from_snapshot(a.job.ref, a.snapshot.handle if a.snapshot else ""),
+    ActionKind.RESTART_FROM_CHECKPOINT: lambda d, a: d.restart_from_checkpoint(a.job.ref),
+}
+
+
+def _gpus_on(action: RecoveryAction) -> int:
+    allocation = JobAllocation.objects.filter(job_id=action.job_id, node_id=action.node_id, released_at__isnull=True).first()
+    return allocation.gpu_count if allocation else 1
+
+
+def action_start(*, action: RecoveryAction, cluster: Cluster) -> bool:
+    """Start a planned action through the driver, within the migration budgets. Returns whether it started;
+    an action over budget, or refused by a transient driver error, stays planned for beat to retry."""
+    if action.dry_run or action.state != ActionState.PLANNED:
+        return False
+    if action.kind in BUDGETED_KINDS:
+        budget = placement.migration_budget(cluster)
+        leaf = action.to_node.leaf_switch if action.to_node_id else ""
+        if not budget.room(leaf):
+            note = (f"waiting for the migration budget ({budget.cluster_running}/{budget.cluster_cap} in the cluster, "
+                    f"{budget.leaf_running.get(leaf, 0)}/{budget.leaf_cap} on {leaf or 'the leaf'})")
+            if action.error != note:
+                RecoveryAction.objects.filter(pk=action.pk).update(error=note)
+                action.error = note
+            return False
+    call = CALLS.get(action.kind)
+    now = timezone.now()
+    if call is None:
+        result_handle, done_at = "", now
+    else:
+        try:
+            with transaction.atomic():
+                result = call(driver_for(cluster), action)
+            result_handle, done_at = result.handle, result.done_at or now
+        except (DriverError, NotImplementedError) as error:
+            transient = getattr(error, "transient", False)
+            if transient:
+                RecoveryAction.objects.filter(pk=action.pk).update(error=str(error)[:300])
+                return False
+            if action.kind == ActionKind.RESTART_FROM_CHECKPOINT:
+                # No driver support: the job's own launcher restarts it; the record stands.
+                result_handle, done_at = "", now
+            else:
+                _fail(action, f"the driver refused: {error}")
+                return False
+    action.state = ActionState.RUNNING
+    action.handle, action.done_at, action.started_at, action.error = result_handle, done_at, now, ""
+    action.save(update_fields=["state", "handle", "done_at", "started_at", "error"])
+    job = action.job
+    if action.kind == ActionKind.PROACTIVE_MIGRATION and job.state == JobState.RUNNING:
+        job.iteration, job.iteration_at, job.state = job.iteration_now(now), now, JobState.RECOVERING
+        job.save(update_fields=["iteration", "iteration_at", "state"])
+        phase_start(job, JobPhaseKind.RECOVERING, reason="proactive migration", at=now)
+        record_progress(job, at=now, iteration=job.iteration)
+    publish_action(action, "action.started")
+    return True
+
+
+def _fail(action: RecoveryAction, error: str) -> None:
+    action.state, action.error, action.ended_at = ActionState.FAILED, error[:300], timezone.now()
+    action.gpu_hours_saved = 0.0
+    action.save(update_fields=["state", "error", "ended_at", "gpu_hours_saved"])
+    placement.release(action)
+    audit_record(actor=None, action="recovery.fail", target=action, tenant_id=action.job.tenant_id if action.job_id else None,
+                 changes={"error": error})
+    publish_action(action, "action.failed")
+
+
+def _move_allocation(action: RecoveryAction) -> None:
+    rows = JobAllocation.objects.filter(job_id=action.job_id, node_id=action.node_id, released_at__isnull=True)
+    if action.kind == ActionKind.INTRA_NODE_MIGRATION:
+        for allocation in rows:
+            allocation.gpu_indices = [action.to_gpu_index if i == action.gpu_index else i for i in allocation.gpu_indices]
+            allocation.save(update_fields=["gpu_indices"])
+        return
+    now = timezone.now()
+    for allocation in rows:
+        allocation.released_at = now
+        allocation.save(update_fields=["released_at"])
+        JobAllocation.objects.create(job_id=action.job_id, node=action.to_node,
+                                     gpu_indices=list(range(allocation.gpu_count)),
+                                     rank_start=allocation.rank_start, rank_end=allocation.rank_end)
+
+
+def _complete(action: RecoveryAction) -> None:
+    """The driver finished: write the ledger (docs/gpu-hours.md), move the job, return it to Running."""
+    from fleet.services.nodes import node_uncordon
+
+    now = timezone.now()
+    job = type(action.job).objects.select_for_update(of=("self",)).get(pk=action.job_id)
+    overhead = action.cluster.restart_overhead_minutes * 60.0
+    detected = action.detected_at
+    # The baseline was fixed when the fault was detected (stored at planning); only the actual part is measured.
+    pause = max(0.0, (now - detected).total_seconds())
+    work = 0.0
+    degraded, slowdown = 0.0, 0.0
+    if action.kind == ActionKind.RESTART_FROM_CHECKPOINT:
+        pause, work = overhead, action.work_lost_seconds   # the baseline itself: nothing saved, by definition
+    elif action.kind in (ActionKind.RESTORE_FROM_SNAPSHOT, ActionKind.GPU_RESET):
+        work = action.work_lost_seconds
+    elif action.kind == ActionKind.NIC_FAILOVER:
+        degraded, slowdown = action.degraded_seconds, action.slowdown
+    result = ledger(gpus=action.gpus, seconds_since_checkpoint=0, restart_overhead_seconds=0, pause_seconds=pause,
+                    work_lost_seconds=work, degraded_seconds=degraded, slowdown=slowdown)
+    action.pause_seconds, action.work_lost_seconds = pause, work
+    action.gpu_hours_lost = result.actual
+    action.gpu_hours_saved = action.gpu_hours_baseline - result.actual
+    action.state, action.ended_at = ActionState.SUCCEEDED, now
+    action.save(update_fields=["pause_seconds", "work_lost_seconds", "gpu_hours_lost", "gpu_hours_saved", "state",
+                               "ended_at"])
+    placement.release(action)
+    if action.kind in (ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION, ActionKind.INTRA_NODE_MIGRATION):
+        _move_allocation(action)
+    if action.kind in (ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION):
+        placement.cool_down(action.node, settings.NODE_COOLDOWN_SECONDS)
+        target = action.to_node
+        if target.state == NodeState.SPARE:
+            try:
+                node_uncordon(actor=None, node=target, reason=f"joined job {job.pk} as a replacement")
+            except ServiceError as error:
+                log.warning("spare %s stays spare: %s", target, error.detail)
+    if action.restore_iteration is not None and action.kind in (ActionKind.RESTART_FROM_CHECKPOINT,
+                                                                ActionKind.RESTORE_FROM_SNAPSHOT):
+        job.iteration = action.restore_iteration
+    if action.kind == ActionKind.NIC_FAILOVER:
+        job.slowdown, job.degraded_until = action.slowdown, now + timedelta(seconds=action.degraded_seconds)
+        phase_start(job, JobPhaseKind.DEGRADED, reason=f"running on {action.to_nic_name}", at=now)
+    still = RecoveryAction.objects.filter(job=job, dry_run=False, kind__in=list(CALLS),
+                                          state__in=(ActionState.PLANNED, ActionState.RUNNING)).exclude(pk=action.pk)
+    still = still.exclude(kind=ActionKind.PROACTIVE_MIGRATION, state=ActionState.PLANNED)
+    if job.state == JobState.RECOVERING and not still.exists():
+        job.state = JobState.RUNNING
+        phase_start(job, JobPhaseKind.RUNNING, reason=f"recovered by {action.kind}", at=now)
+    job.iteration_at = now
+    job.save(update_fields=["iteration", "iteration_at", "state", "slowdown", "degraded_until"])
+    record_progress(job, at=now, iteration=job.iteration)
+    audit_record(actor=None, action="recovery.complete", target=action, tenant_id=job.tenant_id,
+                 changes={"gpu_hours_saved": round(action.gpu_hours_saved, 4)})
+    action.job = job
+    publish_action(action, "action.succeeded")
+    publish_job(job, "job.state", gpu_hours_saved=round(action.gpu_hours_saved, 4))
+
+
+def action_advance(*, action_id: int) -> str:
+    """One step for one running action (caller holds its cluster lock): complete it, fail it, or wait."""
+    action = (RecoveryAction.objects.select_for_update(of=("self",), skip_locked=True)
+              .select_related("job", "cluster", "node", "to_node", "snapshot").filter(pk=action_id).first())
+    if action is None or action.state != ActionState.RUNNING:
+        return "skipped"
+    if action.done_at and action.done_at > timezone.now():
+        return "running"
+    status = "succeeded"
+    if action.handle:
+        try:
+            status = driver_for(action.cluster).operation_status(action.handle)
+        except (DriverError, NotImplementedError) as error:
+            log.warning("status of %s unknown: %s", action.handle, error)
+            return "running"
+    if status == "succeeded":
+        if action.job_id:
+            _complete(action)
+        else:
+            action.state, action.ended_at = ActionState.SUCCEEDED, timezone.now()
+            action.save(update_fields=["state", "ended_at"])
+            publish_action(action, "action.succeeded")
+    elif status == "failed":
+        _fail(action, "the cluster reported the operation failed")
+    return status
+
+
+def recovery_advance(*, cluster_ids: list[int] | None = None) -> dict:
+    """Beat's step for recovery: finish what the driver finished, start what the budget now allows,
+    and move the escalation ladder and snapshots on. Returns counts."""
+    from jobs.services.escalation import escalation_advance
+    from jobs.services.snapshots import snapshots_advance
+
+    now = timezone.now()
+    active = RecoveryAction.objects.filter(dry_run=False).filter(
+        Q(state=ActionState.RUNNING, done_at__lte=now) | Q(state=ActionState.PLANNED))
+    if cluster_ids is not None:
+        active = active.filter(cluster_id__in=cluster_ids)
+    counts = {"completed": 0, "started": 0}
+    for cluster_id in sorted(set(active.values_list("cluster_id", flat=True))):
+        with transaction.atomic():
+            cluster = placement.lock_cluster(cluster_id)
+            due = active.filter(cluster_id=cluster_id, state=ActionState.RUNNING).order_by("done_at")
+            for action_id in due.values_list("pk", flat=True)[:500]:
+                counts["completed"] += action_advance(action_id=action_id) == "succeeded"
+            waiting = (RecoveryAction.objects.filter(cluster_id=cluster_id, state=ActionState.PLANNED, dry_run=False)
+                       .select_related("job", "node", "to_node", "snapshot", "cluster")
+                       .order_by("-gpu_hours_at_stake", "planned_at"))
+            for action in waiting[:200]:
+                counts["started"] += action_start(action=action, cluster=cluster)
+    counts["ladder"] = escalation_advance(cluster_ids=cluster_ids)
+    counts["snapshots"] = snapshots_advance()
+    _complete_finished_jobs()
+    return counts
+
+
+def _complete_finished_jobs() -> None:
+    from jobs.models import Job
+
+    for job in Job.objects.filter(simulated=True, state=JobState.RUNNING, total_iterations__isnull=False):
+        if job.iteration_now() >= job.total_iterations:
+            with transaction.atomic():
+                locked = Job.objects.select_for_update(of=("self",)).get(pk=job.pk)
+                if locked.state != JobState.RUNNING:
+                    continue
+                now = timezone.now()
+                locked.iteration, locked.iteration_at = locked.iteration_now(now), now
+                locked.state, locked.ended_at = JobState.COMPLETED, now
+                locked.save(update_fields=["iteration", "iteration_at", "state", "ended_at"])
+                JobAllocation.objects.filter(job=locked, released_at__isnull=True).update(released_at=now)
+                phase_end(locked, at=now)
+                record_progress(locked, at=now, iteration=locked.iteration)
+                publish_job(locked, "job.state")

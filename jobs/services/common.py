@@ -1,0 +1,146 @@
+"""What the jobs services share: topics, event payloads, phases, protection and driver estimates."""
+
+from django.conf import settings
+from django.utils import timezone
+
+from controlplane import events
+from fleet.drivers import driver_for
+from fleet.selectors import cluster_protection
+from jobs.choices import JobPhaseKind
+from jobs.models import FaultEvent, Job, JobPhase, JobProgress, RecoveryAction
+from jobs.planner import Estimates
+
+
+def job_topics(job: Job) -> list[str]:
+    """Every event about a job goes to its own topic, its cluster's, its tenant's and the fleet's."""
+    return [events.topic("job", job.pk), events.topic("cluster", job.cluster_id),
+            events.topic("tenant", job.tenant_id), events.topic("fleet")]
+
+
+def cluster_topics(cluster_id: int, tenant_id: int | None = None) -> list[str]:
+    names = [events.topic("cluster", cluster_id), events.topic("fleet")]
+    if tenant_id:
+        names.append(events.topic("tenant", tenant_id))
+    return names
+
+
+def fault_payload(fault: FaultEvent) -> dict:
+    return {
+        "fault": fault.pk, "kind": fault.kind, "xid": fault.xid, "severity": fault.severity, "state": fault.state,
+        "state_reason": fault.state_reason, "node": fault.node_id, "hostname": fault.node.hostname,
+        "cluster": fault.cluster_id, "device": fault.device, "sources": fault.sources,
+        "detected_at": fault.detected_at.isoformat(), "needs_human": fault.needs_human,
+        "summary": f"{fault.kind}{' ' + str(fault.xid) if fault.xid is not None else ''} on {fault.node.hostname}"
+                   f"{' ' + fault.device if fault.device else ''}",
+    }
+
+
+def action_payload(action: RecoveryAction) -> dict:
+    return {
+        "action": action.pk, "kind": action.kind, "state": action.state, "dry_run": action.dry_run,
+        "job": action.job_id, "fault": action.fault_id, "cluster": action.cluster_id,
+        "node": action.node_id, "to_node": action.to_node_id,
+        "detected_at": action.detected_at.isoformat(),
+        "planned_at": action.planned_at.isoformat(),
+        "started_at": action.started_at.isoformat() if action.started_at else None,
+        "ended_at": action.ended_at.isoformat() if action.ended_at else None,
+        "pause_seconds": round(action.pause_seconds, 3),
+        "gpu_hours_lost": round(action.gpu_hours_lost, 4),
+        "gpu_hours_baseline": round(action.gpu_hours_baseline, 4),
+        "gpu_hours_saved": round(action.gpu_hours_saved, 4),
+        "restore_iteration": action.restore_iteration,
+        "summary": f"{action.kind.replace('_', ' ')} {action.state}" + (" (dry run)" if action.dry_run else ""),
+        "reason": action.reason[:500],
+    }
+
+
+def publish_action(action: RecoveryAction, kind: str) -> None:
+    if action.job_id:
+        topics = job_topics(action.job)
+    else:
+        topics = cluster_topics(action.cluster_id, action.cluster.dedicated_tenant_id)
+    events.publish(topics, kind, action_payload(action), url=f"/api/v1/actions/{action.pk}/")
+
+
+def job_payload(job: Job, **extra) -> dict:
+    return {"job": job.pk, "name": job.name, "state": job.state, "iteration": job.iteration_now(),
+            "at": timezone.now().isoformat(), **extra}
+
+
+def publish_job(job: Job, kind: str, **extra) -> None:
+    events.publish(job_topics(job), kind, job_payload(job, **extra), url=f"/api/v1/jobs/{job.pk}/")
+
+
+def phase_start(job: Job, kind: str, reason: str = "", at=None) -> None:
+    """End the open phase of this kind family and open a new one (a job has one open phase at a time,
+    plus at most one open degraded phase)."""
+    at = at or timezone.now()
+    family = [kind] if kind == JobPhaseKind.DEGRADED else [JobPhaseKind.RUNNING, JobPhaseKind.RECOVERING]
+    JobPhase.objects.filter(job=job, kind__in=family, ended_at__isnull=True).update(ended_at=at)
+    JobPhase.objects.create(job=job, kind=kind, started_at=at, reason=reason[:200])
+
+
+def phase_end(job: Job, kinds=None, at=None) -> None:
+    rows = JobPhase.objects.filter(job=job, ended_at__isnull=True)
+    if kinds:
+        rows = rows.filter(kind__in=kinds)
+    rows.update(ended_at=at or timezone.now())
+
+
+def record_progress(job: Job, *, at=None, iteration: int | None = None, step_seconds=None, checkpoint=False) -> None:
+    JobProgress.objects.create(job=job, at=at or timezone.now(),
+                               iteration=job.iteration_now(at) if iteration is None else iteration,
+                               step_seconds=step_seconds, checkpoint=checkpoint)
+
+
+_protection_cache: dict[int, tuple[float, object]] = {}
+
+
+def protection_of(cluster, *, max_age: float = 0.0):
+    """cluster_protection for a cluster (fleet.selectors), optionally cached for ``max_age`` seconds."""
+    import time
+
+    if max_age:
+        hit = _protection_cache.get(cluster.pk)
+        if hit and time.monotonic() - hit[0] < max_age:
+            return hit[1]
+    found = cluster_protection(cluster=cluster)
+    _protection_cache[cluster.pk] = (time.monotonic(), found)
+    return found
+
+
+def estimates_for(cluster) -> Estimates:
+    """Expected durations from the cluster's driver settings (the simulated driver's, when it is one)."""
+    driver = driver_for(cluster)
+    setting = getattr(driver, "setting", lambda key: None)
+    def get(key, default):
+        value = setting(key)
+        return float(value) if value is not None else default
+    pause = get("migration_pause_seconds", 30.0)
+    return Estimates(
+        nic_failover=get("nic_failover_seconds", 1.0),
+        migration_pause=pause,
+        intra_node_pause=max(1.0, pause / 3),
+        gpu_reset=get("gpu_reset_seconds", 20.0),
+        restore_pause=pause,
+        nic_degraded_seconds=float(settings.NIC_REPAIR_SECONDS),
+        nic_slowdown=get("nic_slowdown", 0.01),
+    )
+
+
+def supported_operations(cluster) -> frozenset[str]:
+    """Action kinds the cluster's driver can carry out."""
+    from fleet.drivers.base import Operation
+
+    ops = driver_for(cluster).supports
+    # Restart from checkpoint is always possible: without driver support the job's own launcher restarts it.
+    kinds = {"restart_from_checkpoint"}
+    if Operation.NIC_FAILOVER in ops:
+        kinds.add("nic_failover")
+    if Operation.MIGRATE_WORKER in ops:
+        kinds |= {"live_migration", "intra_node_migration", "proactive_migration"}
+    if Operation.GPU_RESET in ops:
+        kinds.add("gpu_reset")
+    if Operation.RESTORE_FROM_SNAPSHOT in ops:
+        kinds.add("restore_from_snapshot")
+    return frozenset(kinds)

@@ -1,0 +1,236 @@
+"""The per-node escalation ladder (NVSentinel's detect → quarantine → drain → remediate, with escalation):
+
+    watching → quarantined (cordon) → draining → remediating (GPU reset) → repaired → validated → returned
+                                               ↘ failed (reboot or a human) → repaired ↗
+
+A fault that takes a GPU or the node out of service quarantines the node at once; non-fatal faults that
+count toward escalation quarantine it when ESCALATION_STRIKES of them fall within ESCALATION_WINDOW_SECONDS.
+Each later step is taken by beat (``escalation_advance``), one step per call, through the fleet's node
+services (which enforce the fleet-wide cordon and drain caps: a step refused over a cap waits and retries).
+"""
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane import events
+from controlplane.audit import audit_record
+from controlplane.errors import ServiceError
+from fleet.choices import GPUHealth, LinkState, NodeState
+from fleet.drivers import DriverError, driver_for
+from fleet.models import GPU, NIC, Node
+from fleet.services import nodes as node_services
+from jobs.choices import ActionKind, ActionState, EscalationStage, JobState
+from jobs.models import FaultEvent, JobAllocation, NodeEscalation, RecoveryAction
+from jobs.services.common import cluster_topics, publish_action
+from jobs.triage import FaultVerdict
+
+OPEN_STAGES = (EscalationStage.QUARANTINED, EscalationStage.DRAINING, EscalationStage.REMEDIATING,
+               EscalationStage.REPAIRED, EscalationStage.VALIDATED)
+
+
+def _strikes(escalation: NodeEscalation, now: datetime) -> list[str]:
+    window = timedelta(seconds=settings.ESCALATION_WINDOW_SECONDS)
+    kept = [t for t in escalation.strikes if datetime.fromisoformat(t) >= now - window]
+    return [*kept, now.isoformat()]
+
+
+def _publish(escalation: NodeEscalation, kind: str) -> None:
+    node = escalation.node
+    events.publish(cluster_topics(node.cluster_id, node.cluster.dedicated_tenant_id), kind,
+                   {"node": node.pk, "hostname": node.hostname, "stage": escalation.stage, "reason": escalation.reason,
+                    "needs_human": escalation.needs_human, "blocked": escalation.blocked},
+                   url=f"/api/v1/nodes/{node.pk}/")
+
+
+def _node_step(escalation: NodeEscalation, kind: str, *, handle: str = "", done_at=None) -> RecoveryAction:
+    """Record a node-level step of the ladder as a RecoveryAction with no job (one per fault and kind)."""
+    action, _ = RecoveryAction.objects.get_or_create(
+        fault=escalation.fault, job=None, kind=kind, node=escalation.node,
+        defaults={"cluster_id": escalation.node.cluster_id, "detected_at": escalation.fault.detected_at
+                  if escalation.fault else timezone.now(), "state": ActionState.SUCCEEDED if not handle else ActionState.RUNNING,
+                  "started_at": timezone.now(), "ended_at": None if handle else timezone.now(), "handle": handle,
+                  "done_at": done_at, "reason": escalation.reason},
+    ) if escalation.fault else (RecoveryAction.objects.create(
+        fault=None, job=None, kind=kind, node=escalation.node, cluster_id=escalation.node.cluster_id,
+        detected_at=timezone.now(), state=ActionState.SUCCEEDED, started_at=timezone.now(), ended_at=timezone.now(),
+        reason=escalation.reason), True)
+    publish_action(action, f"action.{action.state}")
+    return action
+
+
+def on_fault(*, fault: FaultEvent, verdict: FaultVerdict, cluster, dry_run: bool) -> str:
+    """Record the fault on its node's ladder; quarantine (cordon) the node when the fault is fatal to a
+    device or the node, or when strikes add up. Returns what happened, in words ("" for nothing)."""
+    if not (verdict.out_of_service or verdict.escalates):
+        return ""
+    now = timezone.now()
+    escalation, _ = NodeEscalation.objects.select_for_update().get_or_create(node_id=fault.node_id)
+    escalation.node = fault.node
+    if escalation.stage in OPEN_STAGES or escalation.stage == EscalationStage.FAILED:
+        return f"ladder already at {escalation.stage}"
+    if escalation.stage == EscalationStage.RETURNED:
+        escalation.stage = EscalationStage.WATCHING
+    escalation.strikes = _strikes(escalation, now)
+    escalation.needs_human = escalation.needs_human or verdict.needs_human
+    fatal = verdict.out_of_service
+    if not fatal and len(escalation.strikes) < settings.ESCALATION_STRIKES:
+        escalation.save()
+        return f"strike {len(escalation.strikes)} of {settings.ESCALATION_STRIKES}"
+    escalation.fault = fault
+    escalation.gpu_index = fault.gpu_index
+    escalation.remediation = verdict.remediation
+    escalation.reason = (verdict.explanation if fatal else
+                         f"{len(escalation.strikes)} faults within {settings.ESCALATION_WINDOW_SECONDS} s")[:300]
+    if dry_run:
+        escalation.save()
+        return "quarantined (dry run: the node was not cordoned)"
+    escalation.stage = EscalationStage.QUARANTINED
+    escalation.strikes = []
+    escalation.blocked = ""
+    try:
+        node_services.node_cordon(actor=None, node=fault.node, reason=f"quarantine: {escalation.reason}")
+        _node_step(escalation, ActionKind.CORDON)
+    except ServiceError as error:
+        escalation.blocked = f"cordon waits: {error.detail}"[:300]
+    escalation.save()
+    _publish(escalation, "node.escalation")
+    return "quarantined" + (f" ({escalation.blocked})" if escalation.blocked else "")
+
+
+def _jobs_still_on(node: Node) -> list[int]:
+    return list(JobAllocation.objects.filter(node=node, released_at__isnull=True,
+                                             job__state__in=(JobState.RUNNING, JobState.RECOVERING))
+                .values_list("job_id", flat=True).distinct())
+
+
+def _step(escalation: NodeEscalation) -> str:
+    node = Node.objects.select_related("cluster__fleet").get(pk=escalation.node_id)
+    escalation.node = node
+    stage = escalation.stage
+    if stage == EscalationStage.QUARANTINED:
+        if node.state not in (NodeState.CORDONED, NodeState.DRAINING, NodeState.FAILED):
+            try:
+                node_services.node_cordon(actor=None, node=node, reason=f"quarantine: {escalation.reason}")
+                _node_step(escalation, ActionKind.CORDON)
+            except ServiceError as error:
+                escalation.blocked = f"cordon waits: {error.detail}"[:300]
+                return "blocked"
+        jobs = _jobs_still_on(node)
+        moving = RecoveryAction.objects.filter(job_id__in=jobs, node=node,
+                                               state__in=(ActionState.PLANNED, ActionState.RUNNING)).exists()
+        if moving:
+            escalation.blocked = f"waits for job(s) {', '.join(map(str, jobs))} to leave the node"[:300]
+            return "blocked"
+        try:
+            node_services.node_drain(actor=None, node=node, reason=f"drain: {escalation.reason}")
+        except ServiceError as error:
+            escalation.blocked = f"drain waits: {error.detail}"[:300]
+            return "blocked"
+        step = _node_step(escalation, ActionKind.DRAIN)
+        escalation.stage, escalation.blocked, escalation.done_at = EscalationStage.DRAINING, "", step.done_at
+        return "draining"
+    if stage == EscalationStage.DRAINING:
+        if escalation.remediation == "gpu_reset" and escalation.gpu_index is not None:
+            try:
+                result = driver_for(node.cluster).reset_gpu(node, escalation.gpu_index)
+            except DriverError as error:
+                escalation.blocked = f"GPU reset refused: {error}"[:300]
+                return "blocked"
+            escalation.handle, escalation.done_at = result.handle, result.done_at
+            _node_step(escalation, ActionKind.GPU_RESET, handle=result.handle, done_at=result.done_at)
+            escalation.stage, escalation.blocked = EscalationStage.REMEDIATING, ""
+            return "remediating"
+        node_services.node_mark_failed(actor=None, node=node, reason=f"needs {escalation.remediation or 'a human'}: "
+                                                                      f"{escalation.reason}")
+        escalation.stage, escalation.needs_human = EscalationStage.FAILED, True
+        escalation.blocked = f"waits for a repair ({escalation.remediation or 'a human'}); then POST repaired"
+        return "failed"
+    if stage == EscalationStage.REMEDIATING:
+        if escalation.done_at and escalation.done_at > timezone.now():
+            return "running"
+        status = driver_for(node.cluster).operation_status(escalation.handle)
+        if status == "running":
+            return "running"
+        RecoveryAction.objects.filter(handle=escalation.handle, job__isnull=True, state=ActionState.RUNNING).update(
+            state=ActionState.SUCCEEDED if status == "succeeded" else ActionState.FAILED, ended_at=timezone.now())
+        if status == "succeeded":
+            GPU.objects.filter(node=node, index=escalation.gpu_index).update(health=GPUHealth.HEALTHY, health_reason="reset")
+            escalation.stage = EscalationStage.REPAIRED
+            return "repaired"
+        node_services.node_mark_failed(actor=None, node=node, reason="GPU reset failed")
+        escalation.stage, escalation.needs_human = EscalationStage.FAILED, True
+        return "failed"
+    if stage == EscalationStage.REPAIRED:
+        # The health check: every GPU healthy and every NIC up.
+        bad_gpus = GPU.objects.filter(node=node).exclude(health=GPUHealth.HEALTHY).count()
+        bad_nics = NIC.objects.filter(node=node).exclude(link_state=LinkState.UP).count()
+        if bad_gpus or bad_nics:
+            escalation.blocked = f"health check: {bad_gpus} GPU(s) and {bad_nics} NIC(s) not healthy"
+            return "blocked"
+        escalation.stage, escalation.blocked = EscalationStage.VALIDATED, ""
+        return "validated"
+    if stage == EscalationStage.VALIDATED:
+        try:
+            node_services.node_return_to_service(actor=None, node=node, reason="validated by health check", as_spare=True)
+        except ServiceError as error:
+            escalation.blocked = f"return waits: {error.detail}"[:300]
+            return "blocked"
+        _node_step(escalation, ActionKind.RETURN_TO_SERVICE)
+        escalation.stage, escalation.blocked, escalation.needs_human = EscalationStage.RETURNED, "", False
+        escalation.strikes = []
+        return "returned"
+    return "idle"
+
+
+def escalation_advance(*, cluster_ids: list[int] | None = None) -> int:
+    """Move every open ladder one step (beat). Returns how many moved."""
+    from jobs.placement import lock_cluster
+
+    rows = NodeEscalation.objects.filter(stage__in=OPEN_STAGES)
+    if cluster_ids is not None:
+        rows = rows.filter(node__cluster_id__in=cluster_ids)
+    moved = 0
+    for escalation_id, cluster_id in rows.values_list("pk", "node__cluster_id")[:500]:
+        with transaction.atomic():
+            lock_cluster(cluster_id)
+            escalation = NodeEscalation.objects.select_for_update(skip_locked=True).filter(pk=escalation_id).first()
+            if escalation is None or escalation.stage not in OPEN_STAGES:
+                continue
+            before = escalation.stage
+            _step(escalation)
+            escalation.save()
+            if escalation.stage != before:
+                moved += 1
+                audit_record(actor=None, action="node.escalation", target=escalation.node,
+                             tenant_id=escalation.node.cluster.dedicated_tenant_id,
+                             changes={"stage": [before, escalation.stage]})
+                _publish(escalation, "node.escalation")
+    return moved
+
+
+@transaction.atomic
+def escalation_repaired(*, actor, node: Node, reason: str = "") -> NodeEscalation:
+    """An operator repaired a failed node (rebooted, replaced a part): its GPUs and NICs count as healthy
+    again, and the ladder goes on to validation and the spare pool."""
+    escalation = NodeEscalation.objects.select_for_update().filter(node=node).first()
+    if escalation is None or escalation.stage != EscalationStage.FAILED:
+        raise ServiceError("the node is not waiting for a repair", status=409)
+    GPU.objects.filter(node=node).update(health=GPUHealth.HEALTHY, health_reason=reason[:300] or "repaired")
+    NIC.objects.filter(node=node).update(link_state=LinkState.UP)
+    escalation.stage, escalation.blocked, escalation.node = EscalationStage.REPAIRED, "", node
+    escalation.save()
+    audit_record(actor=actor, action="node.repaired", target=node, tenant_id=node.cluster.dedicated_tenant_id,
+                 changes={"reason": reason})
+    _publish(escalation, "node.escalation")
+    return escalation
+
+
+def drain_guard(node: Node) -> tuple[bool, str]:
+    """fleet.hooks drain guard: a node may be drained unless a running job there has not been moved yet."""
+    jobs = _jobs_still_on(node)
+    if not jobs:
+        return True, ""
+    return False, f"job(s) {', '.join(map(str, jobs[:5]))} still run on {node.hostname}; they are moved first"

@@ -1,0 +1,168 @@
+"""Fault intake and handling: a fault is stored first, then handled once, by a task queued on commit."""
+
+import hashlib
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from controlplane import events
+from controlplane.audit import audit_record
+from controlplane.errors import ServiceError
+from fleet.choices import AutomationMode
+from jobs.choices import FaultKind, FaultSource, FaultState, Severity
+from jobs.models import FaultEvent, JobAllocation
+from jobs.services.common import cluster_topics, fault_payload, job_topics
+from jobs.triage import classify_fault
+
+DEFAULT_SEVERITY = {
+    FaultKind.NODE_UNREACHABLE: Severity.CRITICAL, FaultKind.GPU_XID: Severity.CRITICAL,
+    FaultKind.ECC_UNCORRECTABLE: Severity.CRITICAL, FaultKind.NIC_DOWN: Severity.CRITICAL,
+    FaultKind.NVLINK_ERROR: Severity.CRITICAL,
+}
+
+
+def correlation_key(*, node_id: int, kind: str, gpu_index: int | None, nic_name: str | None, xid: int | None) -> str:
+    device = f"gpu{gpu_index}" if gpu_index is not None else (nic_name or "")
+    return f"{node_id}:{device}:{kind}:{'' if xid is None else xid}"
+
+
+def _advisory_lock(key: str) -> None:
+    """Serialise reports of the same fault so concurrent duplicates merge instead of racing (PostgreSQL)."""
+    if connection.vendor != "postgresql":
+        return
+    number = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big", signed=True)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [number])
+
+
+def _merge(fault: FaultEvent, *, source: str, details: dict | None, now: datetime) -> FaultEvent:
+    fault = FaultEvent.objects.select_for_update(of=("self",)).select_related("node").get(pk=fault.pk)
+    if source not in fault.sources:
+        fault.sources = [*fault.sources, source]
+    fault.report_count += 1
+    fault.last_reported_at = now
+    if details:
+        fault.details = {**fault.details, **details}
+    fault.save(update_fields=["sources", "report_count", "last_reported_at", "details"])
+    return fault
+
+
+def _validate(source, kind, severity, gpu_index, nic_name, node):
+    if kind not in FaultKind.values:
+        raise ServiceError(f"unknown fault kind {kind!r}", field="kind")
+    if source not in FaultSource.values:
+        raise ServiceError(f"unknown source {source!r}", field="source")
+    if severity and severity not in Severity.values:
+        raise ServiceError(f"unknown severity {severity!r}", field="severity")
+    if gpu_index is not None and not node.gpus.filter(index=gpu_index).exists():
+        raise ServiceError(f"node {node.hostname} has no GPU {gpu_index}", field="gpu_index")
+    if nic_name and not node.nics.filter(name=nic_name).exists():
+        raise ServiceError(f"node {node.hostname} has no NIC {nic_name}", field="nic_name")
+
+
+def fault_ingest(*, source: str, kind: str, node, gpu_index: int | None = None, nic_name: str | None = None,
+                 xid: int | None = None, severity: str = "", detected_at=None, details: dict | None = None,
+                 idempotency_key: str | None = None, actor=None) -> tuple[FaultEvent, bool]:
+    """Store a fault report durably, before anything acts on it, and queue its handling on commit.
+
+    Returns (fault, created). ``created`` is False when the report joined an existing fault: one with the
+    same idempotency key, or the same node, device, kind and code within FAULT_CORRELATION_SECONDS (its
+    source is added to the fault's sources). Only a new fault is handled; merging never acts twice.
+    """
+    _validate(source, kind, severity, gpu_index, nic_name, node)
+    now = timezone.now()
+    detected_at = detected_at or now
+    if detected_at > now + timedelta(minutes=5):
+        raise ServiceError("detected_at is in the future", field="detected_at")
+    key = correlation_key(node_id=node.pk, kind=kind, gpu_index=gpu_index, nic_name=nic_name, xid=xid)
+    with transaction.atomic():
+        _advisory_lock(idempotency_key or key)
+        if idempotency_key:
+            existing = FaultEvent.objects.filter(idempotency_key=idempotency_key).first()
+            if existing is not None:
+                return _merge(existing, source=source, details=details, now=now), False
+            _advisory_lock(key)
+        window = timedelta(seconds=settings.FAULT_CORRELATION_SECONDS)
+        existing = (FaultEvent.objects.filter(correlation_key=key, received_at__gte=now - window)
+                    .order_by("-received_at").first())
+        if existing is not None:
+            return _merge(existing, source=source, details=details, now=now), False
+        verdict = classify_fault(kind, xid=xid, details=details)
+        try:
+            with transaction.atomic():
+                fault = FaultEvent.objects.create(
+                    kind=kind, xid=xid, severity=severity or DEFAULT_SEVERITY.get(kind, Severity.WARNING),
+                    cluster_id=node.cluster_id, node=node, gpu_index=gpu_index, nic_name=nic_name or "",
+                    rack=node.rack, sources=[source], detected_at=detected_at, received_at=now,
+                    last_reported_at=now, triage=verdict.as_dict(), needs_human=verdict.needs_human,
+                    correlation_key=key, idempotency_key=idempotency_key or None, details=details or {},
+                )
+        except IntegrityError:
+            existing = FaultEvent.objects.get(idempotency_key=idempotency_key)
+            return _merge(existing, source=source, details=details, now=now), False
+        fault.node = node
+        tenant_id = node.cluster.dedicated_tenant_id if hasattr(node, "cluster") else None
+        audit_record(actor=actor, action="fault.ingest", target=fault, tenant_id=tenant_id,
+                     changes={"source": source, "kind": kind, "xid": xid, "triage": verdict.explanation})
+        topics = cluster_topics(fault.cluster_id, tenant_id)
+        for allocation in JobAllocation.objects.filter(node=node, released_at__isnull=True).select_related("job"):
+            topics += job_topics(allocation.job)
+        events.publish(topics, "fault.reported", fault_payload(fault), url=f"/api/v1/faults/{fault.pk}/")
+        fault_id = fault.pk
+        transaction.on_commit(lambda: _enqueue(fault_id))
+    return fault, True
+
+
+def _enqueue(fault_id: int) -> None:
+    from jobs.tasks import fault_handle_task
+
+    try:
+        fault_handle_task.delay(fault_id)
+    except Exception:  # the broker is away: the fault is stored and the sweep enqueues it again
+        import logging
+
+        logging.getLogger(__name__).warning("could not queue fault %s; the sweep will", fault_id)
+
+
+def fault_handle(*, fault_id: int) -> list[int]:
+    """Decide and start the recovery for a fault (and any other new faults of its cluster, as one global
+    decision). Idempotent: a fault that is no longer new is left alone; returns the ids of actions created."""
+    from jobs.services.recovery import decide
+
+    with transaction.atomic():
+        fault = FaultEvent.objects.select_for_update(of=("self",)).filter(pk=fault_id).first()
+        if fault is None or fault.state != FaultState.NEW:
+            return []
+        from jobs.placement import _skip_locked, lock_cluster
+
+        cluster = lock_cluster(fault.cluster_id)
+        mode = cluster.effective_automation
+        if mode == AutomationMode.PAUSED:
+            reason = f"held: automation is paused on {cluster.name} or its fleet"
+            if fault.state_reason != reason:
+                FaultEvent.objects.filter(pk=fault.pk).update(state_reason=reason)
+            return []
+        others = list(_skip_locked(FaultEvent.objects.filter(cluster=cluster, state=FaultState.NEW)
+                                   .exclude(pk=fault.pk).order_by("received_at"))[:200])
+        return decide(cluster=cluster, faults=[fault, *others], dry_run=mode == AutomationMode.DRY_RUN)
+
+
+def fault_sweep(*, min_age_seconds: float | None = None, limit: int = 500) -> int:
+    """Queue again the faults still new after a few seconds (their message was lost, or a worker died);
+    faults held by paused automation stay where they are. Returns how many were queued."""
+    age = settings.FAULT_SWEEP_SECONDS if min_age_seconds is None else min_age_seconds
+    cutoff = timezone.now() - timedelta(seconds=age)
+    rows = (FaultEvent.objects.filter(state=FaultState.NEW, received_at__lte=cutoff)
+            .exclude(cluster__automation=AutomationMode.PAUSED).exclude(cluster__fleet__automation=AutomationMode.PAUSED)
+            .order_by("received_at").values_list("pk", flat=True)[:limit])
+    ids = list(rows)
+    for fault_id in ids:
+        _enqueue(fault_id)
+    return len(ids)
+
+
+def count_faults(cluster_ids: list[int], since: datetime, until: datetime) -> int:
+    """fleet.hooks fault counter: faults detected on these clusters in [since, until)."""
+    return FaultEvent.objects.filter(cluster_id__in=cluster_ids, detected_at__gte=since, detected_at__lt=until).count()

@@ -1,0 +1,144 @@
+"""Jobs: submit (simulated clusters place the job; real launchers name their nodes), cancel, progress."""
+
+import hashlib
+import math
+import secrets
+
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane import events
+from controlplane.audit import audit_record
+from controlplane.errors import ServiceError
+from fleet.choices import DriverName, GPUHealth, NodeState
+from fleet.models import Cluster, Node
+from jobs.choices import ACTIVE_JOB_STATES, ActionState, JobPhaseKind, JobState
+from jobs.models import Job, JobAllocation, JobToken, RecoveryAction
+from jobs.placement import busy_node_ids, lock_cluster
+from jobs.services.common import job_payload, phase_end, phase_start, publish_job, record_progress
+
+TOKEN_PREFIX = "lsj"
+
+
+def token_digest(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def job_token_create(*, job: Job) -> str:
+    """A new job token (shown once): ``lsj_<prefix>_<secret>``; only its digest is stored."""
+    prefix = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(8))
+    raw = f"{TOKEN_PREFIX}_{prefix}_{secrets.token_urlsafe(32)}"
+    JobToken.objects.create(job=job, prefix=prefix, digest=token_digest(raw))
+    return raw
+
+
+def _pick_nodes(cluster: Cluster, nodes_needed: int, gpu_model: str | None) -> list[Node]:
+    busy = busy_node_ids(cluster.pk)
+    rows = (Node.objects.filter(cluster=cluster, state=NodeState.READY).exclude(pk__in=busy)
+            .exclude(gpus__health__in=[GPUHealth.FAILED, GPUHealth.DEGRADED]).order_by("leaf_switch", "hostname"))
+    if gpu_model:
+        rows = rows.filter(gpu_model=gpu_model)
+    picked = list(rows.distinct()[:nodes_needed])
+    if len(picked) < nodes_needed:
+        raise ServiceError(f"cluster {cluster.name} has {len(picked)} free ready nodes; the job needs {nodes_needed}",
+                           field="gpus", status=409)
+    return picked
+
+
+@transaction.atomic
+def job_submit(*, actor, tenant, cluster: Cluster, name: str, gpus: int, gpus_per_node: int = 8,
+               seconds_per_iteration: float = 1.0, checkpoint_interval: int = 1000, total_iterations: int | None = None,
+               hostnames: list[str] | None = None, gpu_model: str | None = None) -> tuple[Job, str]:
+    """Start a job: on a simulated cluster Lockstep places it on free ready nodes; a job on a real cluster is
+    registered by its launcher with the hostnames it runs on. Returns (job, job token shown once)."""
+    if gpus < 1 or gpus_per_node < 1:
+        raise ServiceError("a job needs at least one GPU", field="gpus")
+    if seconds_per_iteration <= 0:
+        raise ServiceError("must be positive", field="seconds_per_iteration")
+    if cluster.dedicated_tenant_id not in (None, tenant.pk):
+        raise ServiceError("that cluster is dedicated to another tenant", field="cluster", status=403)
+    cluster = lock_cluster(cluster.pk)
+    if hostnames:
+        nodes = list(Node.objects.filter(cluster=cluster, hostname__in=hostnames))
+        if len(nodes) != len(set(hostnames)):
+            raise ServiceError("unknown host names on this cluster", field="hostnames")
+        per_node = math.ceil(gpus / len(nodes))
+    else:
+        if cluster.driver != DriverName.SIMULATED:
+            raise ServiceError("on a real cluster, name the hosts the job runs on", field="hostnames")
+        per_node = min(gpus, gpus_per_node)
+        nodes = _pick_nodes(cluster, math.ceil(gpus / per_node), gpu_model)
+    now = timezone.now()
+    job = Job.objects.create(tenant=tenant, cluster=cluster, name=name, gpus=gpus, simulated=not hostnames,
+                             state=JobState.RUNNING, seconds_per_iteration=seconds_per_iteration,
+                             checkpoint_interval=checkpoint_interval, total_iterations=total_iterations,
+                             iteration_at=now, started_at=now, submitted_by=actor if getattr(actor, "pk", None) else None)
+    rank, left = 0, gpus
+    allocations = []
+    for node in nodes:
+        count = min(per_node, left)
+        allocations.append(JobAllocation(job=job, node=node, gpu_indices=list(range(count)), rank_start=rank,
+                                         rank_end=rank + count - 1))
+        rank, left = rank + count, left - count
+    JobAllocation.objects.bulk_create(allocations)
+    phase_start(job, JobPhaseKind.RUNNING, reason="submitted", at=now)
+    record_progress(job, at=now, iteration=0)
+    raw = job_token_create(job=job)
+    audit_record(actor=actor, action="job.submit", target=job, tenant_id=tenant.pk,
+                 changes={"gpus": gpus, "cluster": cluster.name, "nodes": len(nodes)})
+    publish_job(job, "job.submitted")
+    return job, raw
+
+
+@transaction.atomic
+def job_cancel(*, actor, job: Job) -> Job:
+    """Stop a job: its GPUs are released, planned recoveries are dropped."""
+    job = Job.objects.select_for_update(of=("self",)).get(pk=job.pk)
+    if job.state not in ACTIVE_JOB_STATES:
+        raise ServiceError(f"job {job.pk} is already {job.state}", status=409)
+    now = timezone.now()
+    job.iteration, job.iteration_at = job.iteration_now(now), now
+    old, job.state, job.ended_at = job.state, JobState.CANCELLED, now
+    job.save(update_fields=["iteration", "iteration_at", "state", "ended_at"])
+    JobAllocation.objects.filter(job=job, released_at__isnull=True).update(released_at=now)
+    for action in RecoveryAction.objects.filter(job=job, state=ActionState.PLANNED):
+        action.state, action.ended_at, action.error = ActionState.FAILED, now, "the job was cancelled"
+        action.save(update_fields=["state", "ended_at", "error"])
+        from jobs.placement import release
+
+        release(action)
+    phase_end(job, at=now)
+    record_progress(job, at=now, iteration=job.iteration)
+    audit_record(actor=actor, action="job.cancel", target=job, tenant_id=job.tenant_id, changes={"state": [old, job.state]})
+    publish_job(job, "job.state")
+    return job
+
+
+@transaction.atomic
+def job_progress(*, job: Job, iteration: int, step_seconds: float | None = None, checkpoint: bool = False,
+                 actor=None) -> Job:
+    """A job reports its own progress: the iteration it reached, its step time, and whether it just saved a
+    checkpoint. The planner and the ledger then work from the job's own figures."""
+    if iteration < 0:
+        raise ServiceError("must not be negative", field="iteration")
+    if step_seconds is not None and not 0 < step_seconds < 86400:
+        raise ServiceError("must be between 0 and 86400", field="step_seconds")
+    job = Job.objects.select_for_update(of=("self",)).get(pk=job.pk)
+    if job.state not in ACTIVE_JOB_STATES:
+        raise ServiceError(f"job {job.pk} is {job.state}", status=409)
+    now = timezone.now()
+    job.iteration, job.iteration_at = iteration, now
+    if step_seconds:
+        # A moving average, so one slow step does not swing the planner's estimates.
+        job.seconds_per_iteration = 0.8 * job.seconds_per_iteration + 0.2 * step_seconds if job.progress.exists() else step_seconds
+    if checkpoint:
+        job.last_checkpoint_iteration, job.last_checkpoint_at = iteration, now
+    if job.simulated:
+        job.simulated = False   # once a job reports, its own figures replace the clock
+    job.save(update_fields=["iteration", "iteration_at", "seconds_per_iteration", "last_checkpoint_iteration",
+                            "last_checkpoint_at", "simulated"])
+    record_progress(job, at=now, iteration=iteration, step_seconds=step_seconds, checkpoint=checkpoint)
+    # Progress is frequent: it goes to the job's own topic only.
+    events.publish([events.topic("job", job.pk)], "job.progress",
+                   job_payload(job, checkpoint=checkpoint, step_seconds=step_seconds), url=f"/api/v1/jobs/{job.pk}/")
+    return job

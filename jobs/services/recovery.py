@@ -1,0 +1,195 @@
+"""The decision for a batch of new faults of one cluster: triage, ladder, cost-ranked plan, placement.
+
+Called by ``fault_handle`` with the cluster row locked, so it is the one placement decision of the cluster
+at this moment. Everything happens in the caller's transaction: if the worker dies mid-way nothing is kept,
+the faults stay new, and the sweep hands them out again.
+"""
+
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane import events
+from controlplane.audit import audit_record
+from fleet.choices import GPUHealth, LinkState
+from fleet.models import GPU, NIC
+from jobs import placement
+from jobs.choices import BUDGETED_KINDS, ActionKind, FaultState, JobPhaseKind, JobState
+from jobs.models import FaultEvent, Job, JobAllocation, JobSnapshot, RecoveryAction
+from jobs.planner import JobFacts, Situation, fair_order, gpu_hours_at_stake, plan
+from jobs.services import escalation
+from jobs.services.actions import action_start
+from jobs.services.common import (
+    cluster_topics,
+    estimates_for,
+    fault_payload,
+    job_topics,
+    phase_start,
+    protection_of,
+    publish_action,
+    record_progress,
+    supported_operations,
+)
+from jobs.triage import FaultVerdict
+
+STOPS_JOB = {ActionKind.INTRA_NODE_MIGRATION, ActionKind.LIVE_MIGRATION, ActionKind.GPU_RESET,
+             ActionKind.RESTORE_FROM_SNAPSHOT, ActionKind.RESTART_FROM_CHECKPOINT, ActionKind.NIC_FAILOVER}
+
+
+def _affected(fault: FaultEvent, impact: str) -> list[JobAllocation]:
+    rows = JobAllocation.objects.filter(released_at__isnull=True, job__state__in=(JobState.RUNNING, JobState.RECOVERING))
+    if fault.kind == "facility" and fault.rack:
+        rows = rows.filter(node__cluster_id=fault.cluster_id, node__rack=fault.rack)
+    else:
+        rows = rows.filter(node_id=fault.node_id)
+    found = list(rows.select_related("job", "node"))
+    if impact == "device" and fault.gpu_index is not None:
+        found = [a for a in found if fault.gpu_index in a.gpu_indices]
+    return found
+
+
+def _facts(job: Job, allocation: JobAllocation, impact: str, fault: FaultEvent, protected: bool,
+           overhead: float) -> tuple[JobFacts, JobSnapshot | None]:
+    at = min(fault.detected_at, timezone.now())
+    iteration = job.iteration_now(at)
+    checkpoint = job.checkpoint_iteration_now(at)
+    since_checkpoint = max(0, iteration - checkpoint) * job.seconds_per_iteration
+    snapshot = (JobSnapshot.objects.filter(job=job, state="succeeded", iteration__gt=checkpoint, iteration__lte=iteration)
+                .order_by("-iteration").first())
+    since_snapshot = (iteration - snapshot.iteration) * job.seconds_per_iteration if snapshot else None
+    affected = 1 if impact == "device" else allocation.gpu_count
+    return JobFacts(gpus=job.gpus, gpus_affected=affected, seconds_since_checkpoint=since_checkpoint,
+                    protected=protected, restart_overhead_seconds=overhead, seconds_since_snapshot=since_snapshot), snapshot
+
+
+def _mark_hardware(fault: FaultEvent, verdict: FaultVerdict) -> None:
+    """Record on the fleet's rows what the fault took out: the GPU, or the NIC's link."""
+    if verdict.out_of_service and fault.gpu_index is not None:
+        GPU.objects.filter(node_id=fault.node_id, index=fault.gpu_index).update(
+            health=GPUHealth.FAILED, health_reason=verdict.explanation[:300])
+    if fault.nic_name and verdict.job_impact in ("nic", "degraded"):
+        state = LinkState.DOWN if verdict.job_impact == "nic" else LinkState.DEGRADED
+        NIC.objects.filter(node_id=fault.node_id, name=fault.nic_name).update(link_state=state)
+
+
+def _close(fault: FaultEvent, state: str, reason: str) -> None:
+    fault.state = state
+    fault.state_reason = reason[:300]
+    fault.handled_at = timezone.now()
+    fault.save(update_fields=["state", "state_reason", "handled_at"])
+
+
+def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
+    """Plan (and, unless dry-run, start) one recovery per affected job and fault; close the faults."""
+    now = timezone.now()
+    est = estimates_for(cluster)
+    supports = supported_operations(cluster)
+    protection = protection_of(cluster, max_age=2.0)
+    overhead = cluster.restart_overhead_minutes * 60.0
+    tenant_id = cluster.dedicated_tenant_id
+    pairs = []
+    outcome: dict[int, list[str]] = {}
+    for fault in faults:
+        verdict = FaultVerdict(**fault.triage) if fault.triage else FaultVerdict("none", False, True, True, "")
+        impact = verdict.job_impact
+        if not dry_run:
+            _mark_hardware(fault, verdict)
+        ladder = escalation.on_fault(fault=fault, verdict=verdict, cluster=cluster, dry_run=dry_run)
+        outcome[fault.pk] = [ladder] if ladder else []
+        if impact == "none" and ladder.startswith("quarantined"):
+            impact = "risk"     # repeated non-fatal faults: move protected jobs off before the node fails
+        if impact == "none":
+            continue
+        for allocation in _affected(fault, impact):
+            pairs.append((fault, impact, allocation))
+    done = set(RecoveryAction.objects.filter(fault__in=faults, job__isnull=False).values_list("fault_id", "job_id"))
+    pairs = [p for p in pairs if (p[0].pk, p[2].job_id) not in done]
+    jobs = {job.pk: job for job in Job.objects.select_for_update(of=("self",)).select_related("tenant")
+            .filter(pk__in={p[2].job_id for p in pairs}).order_by("pk")}
+    priced = []
+    for fault, impact, allocation in pairs:
+        job = jobs[allocation.job_id]
+        facts, snapshot = _facts(job, allocation, impact, fault, protection.protected, overhead)
+        priced.append((fault, impact, allocation, job, facts, snapshot, gpu_hours_at_stake(facts)))
+    # Spares go first to the jobs with the most GPU-hours at stake, shared between tenants by tier.
+    ordered = fair_order([(p[3].tenant_id, p[3].tenant.tier, p[6], i) for i, p in enumerate(priced)])
+    budget = placement.migration_budget(cluster)
+    queued = budget.queued
+    booked: set[int] = set()
+    created: list[RecoveryAction] = []
+    for index in ordered:
+        fault, impact, allocation, job, facts, snapshot, stake = priced[index]
+        node = allocation.node
+        spare = None
+        if impact in ("device", "node", "nic", "risk") and facts.protected:
+            spare = placement.find_spare_node(cluster=cluster, near=node, gpus=allocation.gpu_count, exclude=booked)
+        spare_gpus = placement.spare_gpus_on_node(node) if impact == "device" and facts.protected else []
+        healthy_nic = (impact in ("nic", "degraded") and NIC.objects.filter(node=node, link_state=LinkState.UP)
+                       .exclude(name=fault.nic_name).exists())
+        wait = placement.Budget(budget.cluster_running, budget.cluster_cap, budget.leaf_running, budget.leaf_cap,
+                                queued).wait_seconds(est.migration_pause)
+        situation = Situation(impact=impact, healthy_nic=healthy_nic, spare_gpus_on_node=len(spare_gpus),
+                              spare_node=spare is not None and wait != float("inf"), spare_wait_seconds=min(wait, 1e9),
+                              gpu_reset=(fault.triage or {}).get("remediation") == "gpu_reset",
+                              risk=max(node.risk_score, 0.5), supports=supports)
+        decision = plan(facts, situation, est)
+        if decision.chosen is None:
+            outcome[fault.pk].append(f"job {job.pk}: {decision.options[0].why if decision.options else 'nothing to do'}"
+                                     if decision.options else f"job {job.pk}: no action needed")
+            continue
+        chosen = decision.chosen
+        action = RecoveryAction(
+            fault=fault, job=job, cluster=cluster, kind=chosen.kind, dry_run=dry_run, node=node,
+            detected_at=fault.detected_at, planned_at=now, gpus=job.gpus, pause_seconds=chosen.pause_seconds,
+            work_lost_seconds=chosen.work_lost_seconds, degraded_seconds=chosen.degraded_seconds,
+            slowdown=chosen.slowdown, gpu_hours_lost=chosen.gpu_hours_lost, gpu_hours_baseline=decision.baseline,
+            gpu_hours_saved=decision.baseline - chosen.gpu_hours_lost, gpu_hours_at_stake=stake,
+            reason=decision.reason, alternatives=[o.as_dict() for o in decision.options],
+            gpu_index=fault.gpu_index, nic_name=fault.nic_name,
+        )
+        if chosen.kind in (ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION):
+            action.to_node = spare
+        if chosen.kind == ActionKind.INTRA_NODE_MIGRATION:
+            action.to_node, action.to_gpu_index = node, spare_gpus[0]
+        if chosen.kind == ActionKind.NIC_FAILOVER:
+            nic = NIC.objects.filter(node=node, link_state=LinkState.UP).exclude(name=fault.nic_name).order_by("rail").first()
+            action.to_nic_name = nic.name
+        if chosen.kind == ActionKind.RESTORE_FROM_SNAPSHOT:
+            action.snapshot, action.restore_iteration = snapshot, snapshot.iteration
+        if chosen.kind == ActionKind.RESTART_FROM_CHECKPOINT:
+            action.restore_iteration = job.checkpoint_iteration_now(min(fault.detected_at, now))
+        action.save()
+        if action.to_node_id and chosen.kind != ActionKind.INTRA_NODE_MIGRATION:
+            placement.book(action=action, node=spare)
+            booked.add(spare.pk)
+        elif chosen.kind == ActionKind.INTRA_NODE_MIGRATION:
+            placement.book(action=action, node=node, gpu_index=action.to_gpu_index)
+        if chosen.kind in BUDGETED_KINDS:
+            queued += 1
+        if not dry_run and chosen.kind in STOPS_JOB and job.state == JobState.RUNNING:
+            job.iteration, job.iteration_at = job.iteration_now(now), now
+            job.state = JobState.RECOVERING
+            job.save(update_fields=["iteration", "iteration_at", "state"])
+            phase_start(job, JobPhaseKind.RECOVERING, reason=f"{fault.kind} → {chosen.kind}", at=now)
+            record_progress(job, at=now, iteration=job.iteration)
+        audit_record(actor=None, action="recovery.plan", target=action, tenant_id=job.tenant_id,
+                     changes={"kind": chosen.kind, "dry_run": dry_run, "fault": fault.pk})
+        publish_action(action, "action.planned")
+        outcome[fault.pk].append(f"job {job.pk}: {chosen.kind}" + (" (dry run)" if dry_run else ""))
+        created.append(action)
+    for fault in faults:
+        notes = outcome.get(fault.pk) or []
+        ignore = (fault.triage or {}).get("ignore") or not notes
+        text = "; ".join(notes) or "no job affected; nothing to do"
+        if (fault.triage or {}).get("ignore"):
+            text = f"the catalogue says {fault.triage.get('recommended_action')}: " + text
+        _close(fault, FaultState.IGNORED if ignore else FaultState.HANDLED, text)
+        topics = cluster_topics(fault.cluster_id, tenant_id)
+        for job_id in {p[2].job_id for p in pairs if p[0].pk == fault.pk}:
+            topics += job_topics(jobs[job_id])
+        events.publish(topics, "fault.handled", fault_payload(fault), url=f"/api/v1/faults/{fault.pk}/")
+    if not dry_run:
+        # Highest stake first; migrations over the budget stay planned and start from beat as room frees.
+        for action in sorted(created, key=lambda a: -a.gpu_hours_at_stake):
+            action_start(action=action, cluster=cluster)
+    transaction.on_commit(lambda: None)
+    return [action.pk for action in created]

@@ -1,0 +1,29 @@
+"""Thin Celery tasks: each takes ids, calls one service, and can run twice with the same result."""
+
+from celery import shared_task
+
+from jobs.services import faults as fault_services
+
+
+@shared_task(name="jobs.fault_handle", ignore_result=True, time_limit=60, soft_time_limit=50)
+def fault_handle_task(fault_id: int) -> list[int]:
+    return fault_services.fault_handle(fault_id=fault_id)
+
+
+@shared_task(name="jobs.fault_sweep", ignore_result=True, time_limit=30, soft_time_limit=25)
+def fault_sweep_task() -> int:
+    return fault_services.fault_sweep()
+
+
+@shared_task(name="jobs.recovery_advance", ignore_result=True, time_limit=60, soft_time_limit=50)
+def recovery_advance_task() -> dict:
+    from jobs.services.actions import recovery_advance
+
+    return recovery_advance()
+
+
+@shared_task(name="jobs.snapshot_schedule", ignore_result=True, time_limit=60, soft_time_limit=50)
+def snapshot_schedule_task() -> int:
+    from jobs.services.snapshots import snapshot_schedule
+
+    return snapshot_schedule()

@@ -3,7 +3,9 @@
 Three kinds of source, each polled with one Redfish client:
 
 - a BMC: every chassis's Thermal (inlet, exhaust and other temperatures, fan speeds) and Power (power
-  draw, power supply state and input/output watts); series scoped to a node;
+  draw, power supply state and input/output watts), or, where a BMC has only the newer resources,
+  ThermalSubsystem (ThermalMetrics, Fans), PowerSubsystem (PowerSupplies and their Metrics) and
+  EnvironmentMetrics (power draw); series scoped to a node;
 - a CDU (Redfish CoolingUnit, e.g. /redfish/v1/ThermalEquipment/CDUs/1): the coolant connectors' supply
   and return pressure, differential pressure, flow and temperatures; series scoped to a rack or row;
 - a rack PDU (Redfish PowerDistribution, e.g. /redfish/v1/PowerEquipment/RackPDUs/1): mains circuit
@@ -120,6 +122,10 @@ class _Client:
                 pass
 
 
+def _link(resource: dict, key: str) -> str | None:
+    return (resource.get(key) or {}).get("@odata.id")
+
+
 def _reading(value: Any) -> float | None:
     """A number, or a Redfish sensor excerpt {"Reading": n}; None when there is no reading."""
     if isinstance(value, dict):
@@ -190,12 +196,72 @@ class FacilityCollector:
         for member in collection.get("Members", []):
             uri = member["@odata.id"]
             chassis = client.get(uri)
-            thermal = (chassis.get("Thermal") or {}).get("@odata.id")
-            power = (chassis.get("Power") or {}).get("@odata.id")
+            thermal = _link(chassis, "Thermal")
+            power = _link(chassis, "Power")
+            # Legacy Thermal/Power where the BMC has them; else the newer ThermalSubsystem/PowerSubsystem.
             if thermal:
                 points.extend(self._thermal(client.get(thermal), source, uri))
+            elif _link(chassis, "ThermalSubsystem"):
+                points.extend(self._thermal_subsystem(client, client.get(_link(chassis, "ThermalSubsystem")), source, uri))
             if power:
                 points.extend(self._power(client.get(power), source, uri))
+            else:
+                if _link(chassis, "PowerSubsystem"):
+                    points.extend(self._power_subsystem(client, client.get(_link(chassis, "PowerSubsystem")), source, uri))
+                if _link(chassis, "EnvironmentMetrics"):
+                    value = _reading(client.get(_link(chassis, "EnvironmentMetrics")).get("PowerWatts"))
+                    if value is not None:
+                        points.append(self._point(source, uri, "power_draw_watts", value, sensor="EnvironmentMetrics"))
+        return points
+
+    def _thermal_subsystem(self, client: _Client, subsystem: dict, source: RedfishSource, device: str) -> list[dict]:
+        points = []
+        metrics = _link(subsystem, "ThermalMetrics")
+        if metrics:
+            thermal = client.get(metrics)
+            summary = thermal.get("TemperatureSummaryCelsius") or {}
+            for key, metric in (("Intake", "inlet_temperature_celsius"), ("Exhaust", "exhaust_temperature_celsius")):
+                value = _reading(summary.get(key))
+                if value is None and key == "Intake":
+                    value = _reading(summary.get("Ambient"))
+                if value is not None:
+                    points.append(self._point(source, device, metric, value, sensor=f"TemperatureSummaryCelsius/{key}"))
+            for item in thermal.get("TemperatureReadingsCelsius") or []:
+                value = _reading(item)
+                if value is not None:
+                    name = item.get("DeviceName") or item.get("DataSourceUri")
+                    points.append(self._point(source, device, "temperature_celsius", value, sensor=name))
+        fans = _link(subsystem, "Fans")
+        for member in client.get(fans).get("Members", []) if fans else []:
+            fan = client.get(member["@odata.id"])
+            if _status(fan)[0] == "Absent":
+                continue
+            speed = fan.get("SpeedPercent") or {}
+            name = fan.get("Name") or fan.get("Id")
+            if _reading(speed) is not None:
+                points.append(self._point(source, device, "fan_speed_percent", _reading(speed), sensor=name, item=fan))
+            if _reading(speed.get("SpeedRPM")) is not None:
+                points.append(self._point(source, device, "fan_speed_rpm", _reading(speed.get("SpeedRPM")), sensor=name, item=fan))
+        return points
+
+    def _power_subsystem(self, client: _Client, subsystem: dict, source: RedfishSource, device: str) -> list[dict]:
+        points = []
+        supplies = _link(subsystem, "PowerSupplies")
+        for member in client.get(supplies).get("Members", []) if supplies else []:
+            supply = client.get(member["@odata.id"])
+            state, health = _status(supply)
+            if state == "Absent":
+                continue
+            name = supply.get("Name") or supply.get("Id")
+            ok = 1.0 if state == "Enabled" and health == "OK" else 0.0
+            points.append(self._point(source, device, "psu_ok", ok, sensor=name, item=supply))
+            metrics = _link(supply, "Metrics")
+            if metrics:
+                values = client.get(metrics)
+                for redfish_name, metric in (("InputPowerWatts", "psu_input_watts"), ("OutputPowerWatts", "psu_output_watts")):
+                    value = _reading(values.get(redfish_name))
+                    if value is not None:
+                        points.append(self._point(source, device, metric, value, sensor=name, item=supply))
         return points
 
     def _thermal(self, thermal: dict, source: RedfishSource, device: str) -> list[dict]:

@@ -46,7 +46,8 @@ def test_what_the_sushy_emulator_does_not_serve(sushy_emulator):
 
 
 def test_chassis_thermal_and_power_from_recorded_responses(redfish_mockup, batch_validator):
-    points = FacilityCollector([RedfishSource(url=redfish_mockup, target="gpu-001")]).collect()
+    every = FacilityCollector([RedfishSource(url=redfish_mockup, target="gpu-001")]).collect()
+    points = [p for p in every if p["device"] == "/redfish/v1/Chassis/1U"]
 
     assert [p["value"] for p in points_by(points, "inlet_temperature_celsius")] == [24.5]
     (exhaust,) = points_by(points, "exhaust_temperature_celsius")
@@ -64,7 +65,24 @@ def test_chassis_thermal_and_power_from_recorded_responses(redfish_mockup, batch
     assert supplies["Power Supply Bay 2"]["state"] == "UnavailableOffline"
     assert [p["value"] for p in points_by(points, "psu_input_watts") if p["sensor"] == "Power Supply Bay 1"] == [2750]
     assert [p["value"] for p in points_by(points, "psu_output_watts") if p["sensor"] == "Power Supply Bay 1"] == [2640]
-    batch_validator.validate(make_batch(node="gpu-001", gpu_status="ok", facility=points))
+    batch_validator.validate(make_batch(node="gpu-001", gpu_status="ok", facility=every))
+
+
+def test_a_chassis_with_only_the_newer_subsystem_resources(redfish_mockup):
+    """BMCs that dropped the deprecated Thermal and Power resources: ThermalSubsystem (ThermalMetrics,
+    Fans), PowerSubsystem (PowerSupplies and their Metrics) and EnvironmentMetrics."""
+    every = FacilityCollector([RedfishSource(url=redfish_mockup, target="gpu-001")]).collect()
+    points = [p for p in every if p["device"] == "/redfish/v1/Chassis/GPUTray"]
+
+    assert [p["value"] for p in points_by(points, "inlet_temperature_celsius")] == [27.0]
+    assert [p["value"] for p in points_by(points, "exhaust_temperature_celsius")] == [58.5]
+    assert [(p["sensor"], p["value"]) for p in points_by(points, "temperature_celsius")] == [("GPU_SXM_1", 61.0)]
+    assert [(p["sensor"], p["value"]) for p in points_by(points, "fan_speed_percent")] == [("Fan Bay 1", 72)]
+    assert [(p["sensor"], p["value"]) for p in points_by(points, "fan_speed_rpm")] == [("Fan Bay 1", 9800)]
+    assert {p["sensor"]: p["value"] for p in points_by(points, "psu_ok")} == {"Tray PSU 0": 1, "Tray PSU 1": 0}
+    assert [p["value"] for p in points_by(points, "psu_input_watts")] == [3100.0]
+    assert [p["value"] for p in points_by(points, "psu_output_watts")] == [2950.0]
+    assert [p["value"] for p in points_by(points, "power_draw_watts")] == [5600.0]
 
 
 def write_config(tmp_path, redfish_mockup, **extra):

@@ -93,6 +93,9 @@ class SpareBooking(models.Model):
                                     name="spare_booked_once"),
         ]
 
+    def __str__(self):
+        return f"node {self.node_id} booked for action {self.action_id}"
+
 
 class NodeEscalation(models.Model):
     """Where a node stands on the escalation ladder, moved one step at a time by beat (jobs.escalation)."""

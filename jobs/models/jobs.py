@@ -126,6 +126,9 @@ class JobPhase(models.Model):
     class Meta:
         ordering = ["job_id", "started_at", "id"]
 
+    def __str__(self):
+        return f"job {self.job_id} {self.kind} from {self.started_at:%H:%M:%S}"
+
 
 class JobProgress(models.Model):
     """A point on the job's iteration curve: reported by the job, or recorded at each state change."""
@@ -141,6 +144,9 @@ class JobProgress(models.Model):
     class Meta:
         ordering = ["job_id", "at", "id"]
         indexes = [models.Index(fields=["job", "at"])]
+
+    def __str__(self):
+        return f"job {self.job_id} at iteration {self.iteration}"
 
 
 class JobSnapshot(models.Model):
@@ -160,6 +166,9 @@ class JobSnapshot(models.Model):
 
     class Meta:
         ordering = ["job_id", "-started_at", "-id"]
+
+    def __str__(self):
+        return f"snapshot of job {self.job_id} at iteration {self.iteration} ({self.state})"
 
     @property
     def seconds(self) -> float | None:

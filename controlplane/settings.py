@@ -35,6 +35,12 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "LOG_LEVEL": (str, "INFO", "Root log level."),
     "SECURE_SSL_REDIRECT": (bool, False, "Redirect plain HTTP to HTTPS (set behind a TLS proxy)."),
     "DEMO_ADMIN_USERNAME": (str, "admin", "User name of the demo provider-admin that `make run` creates."),
+    "TELEMETRY_MAX_BATCH_BYTES": (int, 8 * 1024 * 1024, "Largest telemetry batch accepted, bytes (413 above)."),
+    "TELEMETRY_MAX_SKEW_SECONDS": (int, 300, "How far an agent's clock may be from the server's before its batch is refused."),
+    "TELEMETRY_RAW_RETENTION_HOURS": (int, 24, "How long raw GPU samples are kept (and the oldest reading a batch may carry)."),
+    "TELEMETRY_HISTORY_DAYS": (int, 30, "How long the per-node, per-minute history for charts is kept."),
+    "TELEMETRY_THERMAL_CELSIUS": (float, 90.0, "GPU temperature at which ingest reports a thermal fault."),
+    "TELEMETRY_SYMBOL_ERRORS_PER_HOUR": (float, 100.0, "NIC symbol-error rate above which a link counts as degraded."),
     "XID_CATALOG": (str, "", "Path of NVIDIA's Xid catalogue CSV that fault triage reads; empty: ../shared/data/xid/nvidia_xid_catalog.csv next to the project."),
     "FAULT_CORRELATION_SECONDS": (float, 60.0, "Reports of the same node, device, fault kind and code within this many seconds are one FaultEvent."),
     "FAULT_SWEEP_SECONDS": (int, 3, "How often beat re-enqueues fault events still new, and how old they must be."),
@@ -228,6 +234,12 @@ OUTBOX_RELAY_TIMEOUT = env("OUTBOX_RELAY_TIMEOUT")
 READYZ_TIMEOUT = env("READYZ_TIMEOUT")
 HEARTBEAT_SECONDS = env("HEARTBEAT_SECONDS")
 TOKEN_LAST_USED_RESOLUTION = env("TOKEN_LAST_USED_RESOLUTION")
+TELEMETRY_MAX_BATCH_BYTES = env("TELEMETRY_MAX_BATCH_BYTES")
+TELEMETRY_MAX_SKEW_SECONDS = env("TELEMETRY_MAX_SKEW_SECONDS")
+TELEMETRY_RAW_RETENTION_HOURS = env("TELEMETRY_RAW_RETENTION_HOURS")
+TELEMETRY_HISTORY_DAYS = env("TELEMETRY_HISTORY_DAYS")
+TELEMETRY_THERMAL_CELSIUS = env("TELEMETRY_THERMAL_CELSIUS")
+TELEMETRY_SYMBOL_ERRORS_PER_HOUR = env("TELEMETRY_SYMBOL_ERRORS_PER_HOUR")
 DEMO_ADMIN_USERNAME = env("DEMO_ADMIN_USERNAME")
 
 # --- Fault tolerance (jobs) ----------------------------------------------------------------------------

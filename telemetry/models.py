@@ -1,1 +1,173 @@
-"""Models of this app arrive with the issue that builds it."""
+"""Telemetry: agent tokens, the latest state and prediction features per GPU and NIC, raw samples kept for a
+short retention, a per-node per-minute history for charts, and facility series per rack or row."""
+
+from django.conf import settings
+from django.db import models
+
+
+class AgentToken(models.Model):
+    """A node agent's bearer token, bound to one cluster: it may report only for that cluster's nodes and racks."""
+
+    cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="agent_tokens")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True)
+    digest = models.CharField(max_length=64, unique=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self):
+        return f"{self.name} ({self.prefix}…) for {self.cluster_id}"
+
+
+class IngestBatch(models.Model):
+    """A batch already taken in: its id makes a replayed or retried batch change nothing."""
+
+    batch_id = models.UUIDField(unique=True)
+    cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="+")
+    received_at = models.DateTimeField(db_index=True)
+    readings = models.PositiveIntegerField(default=0)
+    nics = models.PositiveIntegerField(default=0)
+    events = models.PositiveIntegerField(default=0)
+    facility = models.PositiveIntegerField(default=0)
+    faults = models.PositiveIntegerField(default=0)
+
+    def __str__(self):
+        return str(self.batch_id)
+
+
+class GPUState(models.Model):
+    """The latest reading of a GPU and the prediction features updated as readings arrive (docs/prediction.md)."""
+
+    gpu = models.OneToOneField("fleet.GPU", on_delete=models.CASCADE, primary_key=True, related_name="state")
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="gpu_states")
+    ts = models.DateTimeField()
+    fields = models.JSONField(default=dict)
+    temperature = models.FloatField(null=True)
+    power = models.FloatField(null=True)
+    utilization = models.FloatField(null=True)
+    sbe_total = models.BigIntegerField(default=0)
+    dbe_total = models.BigIntegerField(default=0)
+    remapped_rows = models.BigIntegerField(default=0)
+    nvlink_errors = models.BigIntegerField(default=0)
+    nvlink_recovery_errors = models.BigIntegerField(default=0)
+    throttle_reasons = models.BigIntegerField(default=0)
+    recovery_action = models.CharField(max_length=30, blank=True)
+    # features (exponentially weighted, per hour where a rate)
+    temperature_ewma = models.FloatField(null=True)
+    temperature_trend = models.FloatField(default=0.0, help_text="°C per hour, EWMA")
+    sbe_rate = models.FloatField(default=0.0, help_text="corrected ECC errors per hour, EWMA")
+    remap_rate = models.FloatField(default=0.0, help_text="remapped rows per hour, EWMA")
+    nvlink_rate = models.FloatField(default=0.0, help_text="NVLink errors per hour, EWMA")
+    throttle_share = models.FloatField(default=0.0, help_text="share of readings with a thermal/power throttle, EWMA")
+    samples = models.PositiveIntegerField(default=0)
+
+    def __str__(self):
+        return f"gpu {self.gpu_id} @ {self.ts:%H:%M:%S}"
+
+
+class NICState(models.Model):
+    nic = models.OneToOneField("fleet.NIC", on_delete=models.CASCADE, primary_key=True, related_name="state")
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="nic_states")
+    ts = models.DateTimeField()
+    link_state = models.CharField(max_length=10)
+    fields = models.JSONField(default=dict)
+    link_downed = models.BigIntegerField(default=0)
+    symbol_errors = models.BigIntegerField(default=0)
+    link_error_recovery = models.BigIntegerField(default=0)
+    port_rcv_errors = models.BigIntegerField(default=0)
+    # features
+    symbol_rate = models.FloatField(default=0.0, help_text="symbol errors per hour, EWMA")
+    recovery_rate = models.FloatField(default=0.0, help_text="link error recoveries per hour, EWMA")
+    rcv_error_rate = models.FloatField(default=0.0, help_text="port receive errors per hour, EWMA")
+    down_seconds = models.FloatField(default=0.0, help_text="cumulative time observed down")
+    flaps = models.PositiveIntegerField(default=0)
+
+    def __str__(self):
+        return f"nic {self.nic_id} {self.link_state}"
+
+
+class GPUSample(models.Model):
+    """One raw GPU reading, kept for TELEMETRY_RAW_RETENTION_HOURS."""
+
+    ts = models.DateTimeField()
+    gpu_id = models.BigIntegerField()
+    temperature = models.FloatField(null=True)
+    power = models.FloatField(null=True)
+    utilization = models.FloatField(null=True)
+    sbe_total = models.BigIntegerField(null=True)
+    dbe_total = models.BigIntegerField(null=True)
+    nvlink_errors = models.BigIntegerField(null=True)
+    throttle_reasons = models.BigIntegerField(null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["gpu_id", "ts"]), models.Index(fields=["ts"])]
+
+    def __str__(self):
+        return f"gpu {self.gpu_id} @ {self.ts}"
+
+
+class NodeMinute(models.Model):
+    """Per node and minute: the downsampled history charts read, kept for TELEMETRY_HISTORY_DAYS."""
+
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="minutes")
+    minute = models.DateTimeField()
+    samples = models.PositiveIntegerField(default=0)
+    temperature_max = models.FloatField(null=True)
+    temperature_sum = models.FloatField(default=0.0)
+    power_sum = models.FloatField(default=0.0)
+    utilization_sum = models.FloatField(default=0.0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "minute"], name="node_minute_unique")]
+        indexes = [models.Index(fields=["minute"])]
+
+    def __str__(self):
+        return f"{self.node_id} {self.minute:%H:%M}"
+
+
+class FacilitySample(models.Model):
+    """A facility reading (Redfish chassis, CDU, PDU) for a node, rack or row."""
+
+    cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="facility_samples")
+    ts = models.DateTimeField()
+    source = models.CharField(max_length=20)
+    scope = models.CharField(max_length=10)
+    target = models.CharField(max_length=100)
+    device = models.CharField(max_length=200, blank=True)
+    sensor = models.CharField(max_length=200, blank=True)
+    metric = models.CharField(max_length=60)
+    value = models.FloatField()
+    health = models.CharField(max_length=20, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["cluster", "scope", "target", "metric", "ts"]), models.Index(fields=["ts"])]
+
+    def __str__(self):
+        return f"{self.scope}:{self.target} {self.metric}={self.value}"
+
+
+class FacilityState(models.Model):
+    """The latest value and trend of one facility series (per cluster, scope, target, device, sensor, metric)."""
+
+    cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="facility_states")
+    scope = models.CharField(max_length=10)
+    target = models.CharField(max_length=100)
+    series = models.CharField(max_length=420, help_text="device|sensor|metric")
+    metric = models.CharField(max_length=60)
+    ts = models.DateTimeField()
+    value = models.FloatField()
+    ewma = models.FloatField()
+    trend = models.FloatField(default=0.0, help_text="units per hour, EWMA")
+    baseline = models.FloatField(help_text="slow EWMA: what the series normally reads")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["cluster", "scope", "target", "series"], name="facility_state_unique")]
+
+    def __str__(self):
+        return f"{self.scope}:{self.target} {self.series}"

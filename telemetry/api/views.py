@@ -1,0 +1,125 @@
+from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiExample, extend_schema, inline_serializer
+from rest_framework import exceptions, mixins, permissions, serializers, status
+from rest_framework.decorators import action
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.api import ScopedViewSet
+from controlplane.errors import ServiceError
+from fleet.selectors import cluster_list
+from telemetry import selectors
+from telemetry.services.ingest import telemetry_ingest
+from telemetry.tokens import (
+    AgentPrincipal,
+    AgentTokenAuthentication,
+    agent_token_create,
+    agent_token_revoke,
+    agent_token_rotate,
+)
+from tenancy.permissions import IsProvider
+
+
+class IsAgent(permissions.BasePermission):
+    message = "This endpoint takes an agent token (lsa_…), bound to one cluster."
+
+    def has_permission(self, request, view):
+        return isinstance(request.user, AgentPrincipal)
+
+
+class RawBodyParser:
+    """Leave the body as bytes: the whole batch is validated at once against the compiled schema."""
+
+    media_type = "application/json"
+
+    def parse(self, stream, media_type=None, parser_context=None):  # pragma: no cover - never asked to parse
+        return stream.read()
+
+
+IngestResultSerializer = inline_serializer("IngestResult", {
+    "batch_id": serializers.UUIDField(), "duplicate": serializers.BooleanField(),
+    "readings": serializers.IntegerField(), "nics": serializers.IntegerField(), "events": serializers.IntegerField(),
+    "facility": serializers.IntegerField(), "faults": serializers.ListField(child=serializers.IntegerField()),
+})
+
+
+class TelemetryIngestView(APIView):
+    """Batched node telemetry and facility series from agents (docs/ingest-schema.md).
+
+    An agent token may report only for its own cluster's nodes and racks. A rejected batch stores nothing;
+    a batch whose id was seen before changes nothing and answers ``"duplicate": true``.
+    """
+
+    authentication_classes = [AgentTokenAuthentication]
+    permission_classes = [IsAgent]
+    parser_classes = [RawBodyParser]
+
+    @extend_schema(request={"application/json": OpenApiTypes.OBJECT}, responses={200: IngestResultSerializer},
+                   examples=[OpenApiExample("schema", value={"see": "agent/lockstep_agent/schema/telemetry-batch.schema.json"})])
+    def post(self, request):
+        if request.content_type.split(";")[0].strip() != "application/json":
+            raise exceptions.UnsupportedMediaType(request.content_type)
+        try:
+            length = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        limit = settings.TELEMETRY_MAX_BATCH_BYTES
+        if length > limit:
+            return Response({"detail": f"batch of {length} bytes is over the {limit}-byte limit"},
+                            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        body = request.stream.read(limit + 1) if request.stream is not None else b""
+        if len(body) > limit:
+            return Response({"detail": f"batch is over the {limit}-byte limit"}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        result = telemetry_ingest(cluster=request.auth.cluster, body=body)
+        return Response(result.as_dict())
+
+
+class AgentTokenSerializer(serializers.Serializer):
+    id = serializers.IntegerField(read_only=True)
+    cluster = serializers.IntegerField(source="cluster_id")
+    name = serializers.CharField(max_length=100)
+    prefix = serializers.CharField(read_only=True)
+    created_at = serializers.DateTimeField(read_only=True)
+    last_used_at = serializers.DateTimeField(read_only=True)
+    revoked_at = serializers.DateTimeField(read_only=True)
+
+
+class AgentTokenCreatedSerializer(AgentTokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="shown once; only its digest is stored")
+
+
+class AgentTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """Agent tokens, each bound to one cluster (provider roles). DELETE revokes; ``rotate/`` revokes and reissues."""
+
+    serializer_class = AgentTokenSerializer
+    permission_classes = [*ScopedViewSet.permission_classes, IsProvider]
+    filterset_fields = ["cluster"]
+    http_method_names = ["get", "post", "delete", "head", "options"]
+
+    def selector(self, *, user):
+        return selectors.agent_token_list(user=user)
+
+    @extend_schema(request=AgentTokenSerializer, responses={201: AgentTokenCreatedSerializer})
+    def create(self, request):
+        data = AgentTokenSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        cluster = cluster_list(user=request.user).filter(pk=data.validated_data["cluster_id"]).first()
+        if cluster is None:
+            raise ServiceError("no such cluster", field="cluster")
+        token, raw = agent_token_create(actor=request.user, cluster=cluster, name=data.validated_data["name"])
+        body = AgentTokenSerializer(token).data
+        body["token"] = raw
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request, pk=None):
+        agent_token_revoke(actor=request.user, token=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=None, responses={201: AgentTokenCreatedSerializer})
+    @action(detail=True, methods=["post"])
+    def rotate(self, request, pk=None):
+        token, raw = agent_token_rotate(actor=request.user, token=self.get_object())
+        body = AgentTokenSerializer(token).data
+        body["token"] = raw
+        return Response(body, status=status.HTTP_201_CREATED)

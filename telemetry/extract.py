@@ -1,0 +1,158 @@
+"""Hard faults and features from successive readings: pure functions, no database.
+
+A *fault candidate* is handed to jobs' ``fault_ingest``, whose triage (the Xid catalogue, the NIC rules)
+decides what it means. Features are exponentially weighted so the predictor reads them without going back
+to the raw samples (docs/prediction.md).
+"""
+
+from dataclasses import dataclass, field
+
+# Half-life of the EWMA features, in readings (about ten minutes at one reading every ten seconds).
+EWMA_ALPHA = 0.1
+THROTTLE_THERMAL_OR_POWER = 0x4 | 0x20 | 0x40 | 0x80  # SW power cap, SW thermal, HW thermal, HW power brake
+
+NVLINK_FIELDS = (
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+)
+
+
+@dataclass
+class FaultCandidate:
+    kind: str
+    node_id: int
+    ts: float
+    gpu_index: int | None = None
+    nic_name: str | None = None
+    xid: int | None = None
+    details: dict = field(default_factory=dict)
+
+
+def _ewma(old: float | None, new: float, alpha: float = EWMA_ALPHA) -> float:
+    return new if old is None else old + alpha * (new - old)
+
+
+def _per_hour(delta: float, seconds: float) -> float:
+    return delta * 3600.0 / seconds if seconds > 0 else 0.0
+
+
+def nvlink_total(fields: dict) -> int | None:
+    """All NVLink error counters of a reading added up, or None when it carries none."""
+    present = [fields[name] for name in NVLINK_FIELDS if name in fields]
+    return int(sum(present)) if present else None
+
+
+def gpu_step(prev: dict | None, ts: float, fields: dict, *, thermal_limit: float) -> tuple[dict, list[tuple[str, dict]]]:
+    """Fold one GPU reading into its state. Returns the new state and (kind, details) fault candidates."""
+    temperature = fields.get("DCGM_FI_DEV_GPU_TEMP")
+    sbe = fields.get("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL")
+    dbe = fields.get("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL")
+    remapped = fields.get("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS")
+    nvlink = nvlink_total(fields)
+    recovery_errors = fields.get("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL")
+    throttle = int(fields.get("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS") or 0)
+    state = dict(prev) if prev else {
+        "ts": None, "temperature_ewma": None, "temperature_trend": 0.0, "sbe_rate": 0.0, "remap_rate": 0.0,
+        "nvlink_rate": 0.0, "throttle_share": 0.0, "samples": 0, "sbe_total": 0, "dbe_total": 0,
+        "remapped_rows": 0, "nvlink_errors": 0, "temperature": None, "recovery_errors": 0,
+    }
+    faults: list[tuple[str, dict]] = []
+    seconds = ts - state["ts"] if state["ts"] is not None else 0.0
+    first = state["ts"] is None
+    if temperature is not None:
+        if not first and state["temperature"] is not None and seconds > 0:
+            state["temperature_trend"] = _ewma(state["temperature_trend"], _per_hour(temperature - state["temperature"], seconds))
+        state["temperature_ewma"] = _ewma(state["temperature_ewma"], temperature)
+        if temperature >= thermal_limit and (state["temperature"] is None or state["temperature"] < thermal_limit):
+            faults.append(("thermal", {"temperature_celsius": temperature, "limit_celsius": thermal_limit}))
+        state["temperature"] = temperature
+    if sbe is not None:
+        if not first and seconds > 0:
+            state["sbe_rate"] = _ewma(state["sbe_rate"], _per_hour(max(0, sbe - state["sbe_total"]), seconds))
+        state["sbe_total"] = sbe
+    if dbe is not None:
+        if not first and dbe > state["dbe_total"]:
+            faults.append(("ecc_uncorrectable", {"dbe_before": state["dbe_total"], "dbe_now": dbe}))
+        state["dbe_total"] = dbe
+    if remapped is not None:
+        if not first and seconds > 0:
+            state["remap_rate"] = _ewma(state["remap_rate"], _per_hour(max(0, remapped - state["remapped_rows"]), seconds))
+        state["remapped_rows"] = remapped
+    if nvlink is not None:
+        if not first and seconds > 0:
+            state["nvlink_rate"] = _ewma(state["nvlink_rate"], _per_hour(max(0, nvlink - state["nvlink_errors"]), seconds))
+        state["nvlink_errors"] = nvlink
+    if recovery_errors is not None:
+        if not first and recovery_errors > state.get("recovery_errors", 0):
+            faults.append(("nvlink_error", {"recovery_errors_before": state.get("recovery_errors", 0),
+                                            "recovery_errors_now": recovery_errors}))
+        state["recovery_errors"] = recovery_errors
+    state["throttle_share"] = _ewma(state["throttle_share"], 1.0 if throttle & THROTTLE_THERMAL_OR_POWER else 0.0)
+    state["throttle_reasons"] = throttle
+    state["samples"] += 1
+    state["ts"] = ts
+    return state, faults
+
+
+def nic_step(prev: dict | None, ts: float, link_state: str, fields: dict, *,
+             symbol_rate_limit: float) -> tuple[dict, list[tuple[str, dict]]]:
+    """Fold one NIC reading into its state: any increase in link-downed is fatal; symbol errors above a rate or
+    repeated link error recovery mean degraded; time spent down accumulates (it counts more than flaps)."""
+    state = dict(prev) if prev else {
+        "ts": None, "link_state": "up", "link_downed": 0, "symbol_errors": 0, "link_error_recovery": 0,
+        "port_rcv_errors": 0, "symbol_rate": 0.0, "recovery_rate": 0.0, "rcv_error_rate": 0.0,
+        "down_seconds": 0.0, "flaps": 0,
+    }
+    faults: list[tuple[str, dict]] = []
+    first = state["ts"] is None
+    seconds = ts - state["ts"] if not first else 0.0
+    downed = fields.get("link_downed")
+    symbols = fields.get("symbol_error")
+    recoveries = fields.get("link_error_recovery")
+    rcv = fields.get("port_rcv_errors")
+    if not first and state["link_state"] == "down" and seconds > 0:
+        state["down_seconds"] += seconds
+    if downed is not None:
+        if not first and downed > state["link_downed"]:
+            state["flaps"] += int(downed - state["link_downed"])
+            faults.append(("nic_down", {"link_downed_before": state["link_downed"], "link_downed_now": downed}))
+        state["link_downed"] = downed
+    if link_state == "down" and state["link_state"] != "down" and not any(k == "nic_down" for k, _ in faults):
+        faults.append(("nic_down", {"link_state": "down"}))
+    rate_before = state["symbol_rate"]
+    if symbols is not None:
+        if not first and seconds > 0:
+            state["symbol_rate"] = _ewma(state["symbol_rate"], _per_hour(max(0, symbols - state["symbol_errors"]), seconds))
+        state["symbol_errors"] = symbols
+    if recoveries is not None:
+        if not first and seconds > 0:
+            state["recovery_rate"] = _ewma(state["recovery_rate"], _per_hour(max(0, recoveries - state["link_error_recovery"]), seconds))
+        repeated = not first and recoveries - state["link_error_recovery"] >= 2
+        state["link_error_recovery"] = recoveries
+    else:
+        repeated = False
+    if rcv is not None:
+        if not first and seconds > 0:
+            state["rcv_error_rate"] = _ewma(state["rcv_error_rate"], _per_hour(max(0, rcv - state["port_rcv_errors"]), seconds))
+        state["port_rcv_errors"] = rcv
+    crossed = rate_before <= symbol_rate_limit < state["symbol_rate"]  # report the crossing, not every reading
+    if link_state == "up" and (repeated or crossed) and not faults:
+        faults.append(("link_degraded", {"symbol_rate_per_hour": round(state["symbol_rate"], 1),
+                                         "link_error_recovery": state["link_error_recovery"]}))
+    state["link_state"] = link_state
+    state["ts"] = ts
+    return state, faults
+
+
+def facility_step(prev: dict | None, ts: float, value: float) -> dict:
+    """Latest value, a fast EWMA, a slow baseline and the trend per hour of a facility series."""
+    if prev is None:
+        return {"ts": ts, "value": value, "ewma": value, "baseline": value, "trend": 0.0}
+    seconds = ts - prev["ts"]
+    trend = prev["trend"]
+    if seconds > 0:
+        trend = _ewma(prev["trend"], _per_hour(value - prev["value"], seconds))
+    return {"ts": ts, "value": value, "ewma": _ewma(prev["ewma"], value), "baseline": _ewma(prev["baseline"], value, 0.01),
+            "trend": trend}

@@ -13,6 +13,7 @@ API_LIST_MATRIX: dict[str, dict[str, int]] = {
     "tenant-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
     "token-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
     "user-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
+    "agent-token-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
     "audit-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
     # Tenant users must name a topic they may see; without one the list is refused as a bad request.
     "event-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 400, "tenant-viewer": 400},

@@ -130,3 +130,30 @@ def test_no_gpus_flag_skips_nvml(sysfs, batch_validator):
     batch_validator.validate(batch)
     assert batch["agent"]["gpu_status"] == "disabled"
     assert GPU_MESSAGE not in result.stderr
+
+
+@pytest.mark.parametrize("fake", [{}, {"fail": "library_not_found"}], ids=["with-gpus", "without-gpus"])
+def test_sigterm_ends_the_loop_cleanly(sysfs, fake):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.agent.conftest import FAKE_NVML_DIR
+
+    environment = dict(os.environ, PYTHONPATH=str(FAKE_NVML_DIR), FAKE_NVML_CONFIG=json.dumps(fake))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "lockstep_agent", "--dry-run", "--interval", "30", "--sysfs-root", str(sysfs)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment,
+    )
+    try:
+        assert process.stdout.readline().startswith("{")  # the first batch is out; now it waits
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(10) == 0
+        assert time.monotonic() - started < 5
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -171,3 +171,22 @@ class FacilityState(models.Model):
 
     def __str__(self):
         return f"{self.scope}:{self.target} {self.series}"
+
+
+class AlertRecord(models.Model):
+    """One Alertmanager alert (fingerprint + start) and the fault its firing opened."""
+
+    fingerprint = models.CharField(max_length=64)
+    starts_at = models.DateTimeField(null=True, blank=True)
+    alertname = models.CharField(max_length=200, blank=True)
+    fault = models.ForeignKey("jobs.FaultEvent", null=True, blank=True, on_delete=models.SET_NULL, related_name="alerts")
+    status = models.CharField(max_length=10)
+    received_at = models.DateTimeField(auto_now_add=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    labels = models.JSONField(default=dict)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["fingerprint", "starts_at"], name="alert_fingerprint_start_unique")]
+
+    def __str__(self):
+        return f"{self.alertname} {self.fingerprint} {self.status}"

@@ -1,12 +1,13 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from telemetry.api.views import AgentTokenViewSet, TelemetryIngestView
+from telemetry.api.views import AgentTokenViewSet, AlertmanagerWebhookView, TelemetryIngestView
 
 router = SimpleRouter()
 router.register("agent-tokens", AgentTokenViewSet, basename="agent-token")
 
 urlpatterns = [
     path("ingest/telemetry/", TelemetryIngestView.as_view(), name="ingest-telemetry"),
+    path("ingest/alertmanager/", AlertmanagerWebhookView.as_view(), name="ingest-alertmanager"),
     *router.urls,
 ]

@@ -123,3 +123,16 @@ class AgentTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Scoped
         body = AgentTokenSerializer(token).data
         body["token"] = raw
         return Response(body, status=status.HTTP_201_CREATED)
+
+
+class AlertmanagerWebhookView(APIView):
+    """Prometheus Alertmanager webhook (payload version 4). Authenticate with a provider user's write token
+    (``http_config.authorization.credentials`` in the receiver). Each alert's outcome is returned."""
+
+    permission_classes = [*APIView.permission_classes, IsProvider]
+
+    @extend_schema(request={"application/json": OpenApiTypes.OBJECT}, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request):
+        from telemetry.services.alerts import alertmanager_ingest
+
+        return Response(alertmanager_ingest(actor=request.user, payload=request.data))

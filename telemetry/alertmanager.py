@@ -1,0 +1,86 @@
+"""Prometheus Alertmanager webhook (payload version 4) → FaultEvents.
+
+Each alert maps to a fault kind from its ``alertname`` and labels (dcgm-exporter's metric names such as
+DCGM_FI_DEV_XID_ERRORS, node-exporter and kube-state-metrics alerts); a ``lockstep_kind`` label overrides the
+guess. The node comes from ``Hostname`` (dcgm-exporter), ``hostname``, ``node`` or ``instance``; the GPU from
+``gpu``; the Xid code from an ``xid`` label or the ``value`` annotation. An alert is deduplicated on its
+fingerprint and start time; a resolved alert closes what its firing opened.
+"""
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+# (pattern on alertname and metric-ish labels, fault kind). First match wins.
+KIND_RULES: list[tuple[re.Pattern, str]] = [
+    (re.compile(r"xid", re.I), "gpu_xid"),
+    (re.compile(r"dbe|uncorrect|ecc|remap", re.I), "ecc_uncorrectable"),
+    (re.compile(r"nvlink", re.I), "nvlink_error"),
+    (re.compile(r"temp|thermal|throttl", re.I), "thermal"),
+    (re.compile(r"symbol|linkdegrad|link_degrad|linkerror", re.I), "link_degraded"),
+    (re.compile(r"flap", re.I), "link_flap"),
+    (re.compile(r"nic|infiniband|linkdown|link_down|network.*down|carrier", re.I), "nic_down"),
+    (re.compile(r"nodedown|node_down|notready|unreachable|instancedown|^up$|targetdown", re.I), "node_unreachable"),
+    (re.compile(r"cdu|pdu|coolant|facility|power.?supply|psu", re.I), "facility"),
+]
+NODE_LABELS = ("Hostname", "hostname", "node", "kubernetes_node", "instance")
+
+
+@dataclass
+class MappedAlert:
+    fingerprint: str
+    status: str
+    starts_at: datetime | None
+    ends_at: datetime | None
+    kind: str | None
+    hostname: str | None
+    gpu_index: int | None
+    nic_name: str | None
+    xid: int | None
+    labels: dict
+    annotations: dict
+    problem: str = ""
+
+
+def _time(value) -> datetime | None:
+    if not value or str(value).startswith("0001-01-01"):
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _int(value) -> int | None:
+    try:
+        return int(float(str(value).strip()))
+    except (TypeError, ValueError):
+        return None
+
+
+def map_alert(alert: dict) -> MappedAlert:
+    labels = {str(k): str(v) for k, v in (alert.get("labels") or {}).items()}
+    annotations = {str(k): str(v) for k, v in (alert.get("annotations") or {}).items()}
+    subject = " ".join([labels.get("alertname", ""), labels.get("__name__", ""), labels.get("metric", "")])
+    kind = labels.get("lockstep_kind")
+    if not kind:
+        kind = next((k for pattern, k in KIND_RULES if pattern.search(subject)), None)
+    hostname = next((labels[name] for name in NODE_LABELS if labels.get(name)), None)
+    if hostname and labels.get("instance") == hostname:
+        hostname = hostname.rsplit(":", 1)[0]  # instance carries host:port
+    xid = _int(labels.get("xid") or labels.get("err_code") or annotations.get("xid") or annotations.get("value"))
+    mapped = MappedAlert(
+        fingerprint=str(alert.get("fingerprint") or ""), status=str(alert.get("status") or ""),
+        starts_at=_time(alert.get("startsAt")), ends_at=_time(alert.get("endsAt")), kind=kind, hostname=hostname,
+        gpu_index=_int(labels.get("gpu")), nic_name=labels.get("device") or labels.get("interface") or None,
+        xid=xid if kind == "gpu_xid" else None, labels=labels, annotations=annotations,
+    )
+    if not mapped.fingerprint:
+        mapped.problem = "alert has no fingerprint"
+    elif mapped.status not in ("firing", "resolved"):
+        mapped.problem = f"unknown status {mapped.status!r}"
+    elif kind is None:
+        mapped.problem = f"no fault kind for alert {labels.get('alertname', '')!r} (set a lockstep_kind label)"
+    elif not hostname:
+        mapped.problem = "no node label (Hostname, hostname, node or instance)"
+    return mapped

@@ -1,0 +1,101 @@
+import pytest
+
+from jobs.models import FaultEvent
+from telemetry.models import AlertRecord
+from tests.fleet_factories import make_cluster, make_node
+
+pytestmark = pytest.mark.django_db
+
+URL = "/api/v1/ingest/alertmanager/"
+
+
+def alert(status="firing", fingerprint="f1", starts="2026-11-30T05:00:00Z", **labels):
+    base = {"alertname": "GPUXidError", "Hostname": "dgx-7", "gpu": "2", "UUID": "GPU-abc"}
+    base.update(labels)
+    return {"status": status, "labels": base, "annotations": {"value": "79", "summary": "Xid 79 on dgx-7"},
+            "startsAt": starts, "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-11-30T05:10:00Z",
+            "generatorURL": "http://prometheus/graph", "fingerprint": fingerprint}
+
+
+def webhook(*alerts, status="firing"):
+    return {"version": "4", "groupKey": "{}:{alertname=\"GPUXidError\"}", "truncatedAlerts": 0, "status": status,
+            "receiver": "lockstep", "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {},
+            "externalURL": "http://alertmanager:9093", "alerts": list(alerts)}
+
+
+@pytest.fixture
+def node():
+    return make_node(make_cluster(), "dgx-7")
+
+
+def test_dcgm_xid_alert_opens_one_fault_and_dedupes(api, users, node):
+    api.as_token(users["operator"])
+    first = api.post(URL, webhook(alert()), format="json")
+    assert first.status_code == 200, first.content
+    assert first.json()["alerts"][0]["outcome"] == "opened"
+    fault = FaultEvent.objects.get()
+    assert (fault.kind, fault.xid, fault.gpu_index, fault.sources) == ("gpu_xid", 79, 2, ["alertmanager"])
+    again = api.post(URL, webhook(alert()), format="json")
+    assert again.json()["alerts"][0]["outcome"] == "duplicate"
+    assert FaultEvent.objects.count() == 1
+
+
+def test_resolved_alert_closes_what_its_firing_opened(api, users, node):
+    api.as_token(users["operator"])
+    api.post(URL, webhook(alert()), format="json")
+    resolved = api.post(URL, webhook(alert(status="resolved"), status="resolved"), format="json")
+    assert resolved.json()["alerts"][0]["outcome"] == "resolved"
+    record = AlertRecord.objects.get()
+    assert record.status == "resolved" and record.resolved_at is not None
+    assert "alert_resolved_at" in FaultEvent.objects.get().details
+
+
+def test_same_fault_from_agent_and_alertmanager_is_one_fault_event(api, users, node):
+    from jobs.services.faults import fault_ingest
+
+    fault_ingest(source="agent", kind="gpu_xid", node=node, gpu_index=2, xid=79)
+    api.as_token(users["operator"])
+    response = api.post(URL, webhook(alert()),
+                        format="json")
+    assert response.json()["alerts"][0]["outcome"] == "merged"
+    fault = FaultEvent.objects.get()
+    assert sorted(fault.sources) == ["agent", "alertmanager"]
+
+
+@pytest.mark.parametrize("labels, kind", [
+    ({"alertname": "GPUHighTemperature"}, "thermal"),
+    ({"alertname": "DCGMDoubleBitECC"}, "ecc_uncorrectable"),
+    ({"alertname": "NodeNotReady", "Hostname": "", "node": "dgx-7"}, "node_unreachable"),
+    ({"alertname": "InfinibandLinkDown", "device": "mlx5_3"}, "nic_down"),
+    ({"alertname": "Whatever", "lockstep_kind": "nvlink_error"}, "nvlink_error"),
+])
+def test_alert_kinds(api, users, node, labels, kind):
+    api.as_token(users["operator"])
+    response = api.post(URL, webhook(alert(**labels)), format="json")
+    assert response.json()["alerts"][0]["outcome"] == "opened", response.json()
+    assert FaultEvent.objects.get().kind == kind
+
+
+def test_unplaceable_alerts_are_skipped_not_refused(api, users, node):
+    api.as_token(users["operator"])
+    body = webhook(alert(fingerprint="a", Hostname="ghost"), alert(fingerprint="b", alertname="DiskFull"), alert(fingerprint="c"))
+    outcomes = [a["outcome"] for a in api.post(URL, body, format="json").json()["alerts"]]
+    assert outcomes == ["skipped", "skipped", "opened"]
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"version": "3", "alerts": []}, "version"),
+    ({"version": "4", "alerts": "x"}, "alerts"),
+    ({"version": "4"}, "alerts"),
+    ([], "detail"),
+])
+def test_bad_payloads_are_400(api, users, node, body, field):
+    api.as_token(users["operator"])
+    response = api.post(URL, body, format="json")
+    assert response.status_code == 400 and field in response.json()
+
+
+@pytest.mark.parametrize("role, status", [("tenant-admin", 403), ("tenant-viewer", 403), ("provider-admin", 200)])
+def test_only_provider_roles_may_post(api, users, node, role, status):
+    api.as_token(users[role])
+    assert api.post(URL, webhook(alert()), format="json").status_code == status

@@ -103,20 +103,23 @@ class GPUCollector:
             self.driver_version = _text(nvml.nvmlSystemGetDriverVersion())
         except nvml.NVMLError:
             self.driver_version = None
-        count = nvml.nvmlDeviceGetCount()
-        if count == 0:
-            raise GPUUnavailable("no_gpus", "NVML is loaded but sees no GPU")
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as error:
+            raise GPUUnavailable("no_nvml", f"NVML cannot count the GPUs: {error}") from error
         self.devices = []
         for index in range(count):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            self.devices.append(
-                _Device(
-                    index=index,
-                    handle=handle,
-                    uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
-                    model=_text(nvml.nvmlDeviceGetName(handle)),
-                )
-            )
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid, model = _text(nvml.nvmlDeviceGetUUID(handle)), _text(nvml.nvmlDeviceGetName(handle))
+            except nvml.NVMLError as error:
+                # A GPU that has fallen off the bus cannot be named; the others are still worth reading,
+                # and the server sees the missing index.
+                log.error("GPU %d cannot be opened through NVML (%s); reporting the others", index, error)
+                continue
+            self.devices.append(_Device(index=index, handle=handle, uuid=uuid, model=model))
+        if not self.devices:
+            raise GPUUnavailable("no_gpus", "NVML is loaded but sees no GPU" if count == 0 else "NVML cannot open any GPU")
         self._register_xid_events()
 
     def _register_xid_events(self) -> None:

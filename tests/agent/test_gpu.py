@@ -165,6 +165,18 @@ def test_no_nvml_is_reported_with_the_reason(fake_nvml, fail, status, words):
     assert words in raised.value.reason
 
 
+def test_a_gpu_that_fell_off_the_bus_is_left_out_and_the_rest_are_read(fake_nvml, caplog):
+    fake_nvml.configure(gpus=[{}, {"lost": True}, {}])
+    readings = open_collector().collect()
+    assert [r["gpu"] for r in readings] == [0, 2]
+    assert "GPU 1 cannot be opened" in caplog.text
+
+    fake_nvml.configure(gpus=[{"lost": True}])
+    with pytest.raises(GPUUnavailable) as raised:
+        open_collector()
+    assert raised.value.status == "no_gpus"
+
+
 def test_nvml_without_gpus(fake_nvml):
     fake_nvml.configure(gpus=[])
     with pytest.raises(GPUUnavailable) as raised:

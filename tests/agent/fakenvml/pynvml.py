@@ -23,6 +23,7 @@ NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
 
 NVML_TEMPERATURE_GPU = 0
 NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
@@ -65,6 +66,7 @@ _MESSAGES = {
     NVML_ERROR_TIMEOUT: "Timeout",
     NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
     NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
+    NVML_ERROR_GPU_IS_LOST: "GPU is lost",
 }
 
 
@@ -94,6 +96,7 @@ DEFAULT_GPU = {
     "pcie_replays": 0,
     "recovery_action": 0,  # None: the driver predates NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
     "xid_events": True,
+    "lost": False,  # fallen off the bus: NVML cannot open it
 }
 
 _state: dict = {}
@@ -162,6 +165,8 @@ def nvmlDeviceGetCount():
 
 def nvmlDeviceGetHandleByIndex(index):
     _ready()
+    if _state["devices"][index].lost:
+        raise NVMLError(NVML_ERROR_GPU_IS_LOST)
     return _state["devices"][index]
 
 

@@ -125,10 +125,15 @@ def main(argv: list[str] | None = None) -> int:
         from lockstep_agent.sender import Sender
         from lockstep_agent.spool import Spool
 
+        try:
+            spool = Spool(args.spool_dir)
+        except OSError as error:
+            print(f"lockstep-agent: cannot use the spool directory {args.spool_dir}: {error} (see --spool-dir)", file=sys.stderr)
+            return EXIT_USAGE
         sender = Sender(
             url=args.url,
             token=args.token,
-            spool=Spool(args.spool_dir),
+            spool=spool,
             timeout=args.timeout,
             attempts=args.retries,
             backoff=args.backoff,

@@ -36,6 +36,8 @@ class Spool:
     def __init__(self, directory: str | os.PathLike):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        if not os.access(self.directory, os.W_OK | os.X_OK):
+            raise PermissionError(f"{self.directory} is not writable")
         self.path = self.directory / "spool.jsonl"
         self.offset_path = self.directory / "spool.offset"
         self.rejected_path = self.directory / "rejected.jsonl"

@@ -107,7 +107,6 @@ class Receiver:
             def log_message(self, *args):
                 pass
 
-        ThreadingHTTPServer.allow_reuse_address = True
         self._server = ThreadingHTTPServer((LOOPBACK, self.port), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()

@@ -123,6 +123,15 @@ def test_a_url_is_needed_unless_dry_run(sysfs):
     assert "--url" in result.stderr
 
 
+def test_an_unusable_spool_directory_is_a_usage_error(sysfs, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = run_agent("--once", "--url", "http://127.0.0.1:9", "--spool-dir", str(blocker / "spool"), "--sysfs-root", str(sysfs),
+                       fake_nvml={})
+    assert result.returncode == 64
+    assert "cannot use the spool directory" in result.stderr
+
+
 def test_no_gpus_flag_skips_nvml(sysfs, batch_validator):
     result = run_agent("--once", "--dry-run", "--no-gpus", "--sysfs-root", str(sysfs), fake_nvml={"fail": "library_not_found"})
     assert result.returncode == 0

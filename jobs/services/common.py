@@ -37,7 +37,7 @@ def fault_payload(fault: FaultEvent) -> dict:
 
 def action_payload(action: RecoveryAction) -> dict:
     return {
-        "action": action.pk, "kind": action.kind, "state": action.state, "dry_run": action.dry_run,
+        "action": action.pk, "kind": action.kind, "state": action.state, "dry_run": action.dry_run, "gpus": action.gpus,
         "job": action.job_id, "fault": action.fault_id, "cluster": action.cluster_id,
         "node": action.node_id, "to_node": action.to_node_id,
         "detected_at": action.detected_at.isoformat(),

@@ -1,0 +1,192 @@
+"""The jobs API: jobs, faults, recovery actions and stats; each action calls one service or selector."""
+
+from datetime import timedelta
+
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import exceptions, mixins, status
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from controlplane.api import ScopedViewSet
+from fleet.models import Cluster, Node
+from jobs import figures, selectors
+from jobs.api.serializers import (
+    FaultReportSerializer, FaultSerializer, JobSerializer, JobSubmitSerializer, ProgressSerializer,
+    RecoveryActionSerializer, SnapshotSerializer,
+)
+from jobs.authentication import JobTokenAuthentication
+from jobs.filtersets import FaultEventFilterSet, JobFilterSet, RecoveryActionFilterSet
+from jobs.models import Job, JobToken
+from jobs.services import faults as fault_services
+from jobs.services import jobs as job_services
+from jobs.services.snapshots import snapshot_take
+from tenancy.authentication import BearerTokenAuthentication
+from tenancy.models import Tenant
+
+
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """Training jobs. Submit on a simulated cluster (Lockstep places it) or register a job that runs on a real
+    cluster (name its hosts); the answer carries the job token, shown once, for ``progress/``."""
+
+    serializer_class = JobSerializer
+    filterset_class = JobFilterSet
+
+    def selector(self, *, user):
+        return selectors.job_list(user=user).prefetch_related("allocations__node")
+
+    def get_authenticators(self):
+        # progress/ also takes the job's own token; everything else the usual bearer and session.
+        if getattr(self, "action", None) == "progress" or self.request.path.endswith("/progress/"):
+            return [JobTokenAuthentication(), BearerTokenAuthentication(), SessionAuthentication()]
+        return super().get_authenticators()
+
+    @extend_schema(request=JobSubmitSerializer, responses=JobSerializer)
+    def create(self, request):
+        data = JobSubmitSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        who = self.principal
+        if who.is_provider:
+            if "tenant" not in values:
+                raise exceptions.ValidationError({"tenant": ["provider roles name the tenant the job runs for"]})
+            tenant = get_object_or_404(Tenant, pk=values["tenant"])
+        else:
+            tenant = get_object_or_404(Tenant, pk=who.tenant_id) if who.tenant_id else None
+        if tenant is None or not who.may_submit_jobs(tenant.pk):
+            raise exceptions.PermissionDenied("you may not submit jobs for this tenant")
+        cluster = Cluster.objects.filter(pk=values["cluster"]).first()
+        if cluster is None or cluster.dedicated_tenant_id not in (None, tenant.pk):
+            raise exceptions.ValidationError({"cluster": ["no such cluster for this tenant"]})
+        job, token = job_services.job_submit(
+            actor=request.user, tenant=tenant, cluster=cluster, name=values["name"], gpus=values["gpus"],
+            gpus_per_node=values["gpus_per_node"], seconds_per_iteration=values["seconds_per_iteration"],
+            checkpoint_interval=values["checkpoint_interval"], total_iterations=values.get("total_iterations"),
+            hostnames=values.get("hostnames"), gpu_model=values.get("gpu_model"))
+        body = JobSerializer(Job.objects.prefetch_related("allocations__node").get(pk=job.pk), context={}).data
+        return Response({**body, "token": token}, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=JobSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        job = self.get_object()
+        if not self.principal.may_submit_jobs(job.tenant_id):
+            raise exceptions.PermissionDenied("you may not cancel this job")
+        job = job_services.job_cancel(actor=request.user, job=job)
+        return Response(JobSerializer(job, context={}).data)
+
+    @extend_schema(request=ProgressSerializer, responses=JobSerializer)
+    @action(detail=True, methods=["post"])
+    def progress(self, request, pk=None):
+        """The job reports its progress: with its job token, or as a user who may submit its tenant's jobs."""
+        if isinstance(request.auth, JobToken):
+            if str(request.auth.job_id) != str(pk):
+                raise exceptions.PermissionDenied("this job token belongs to another job")
+            job = request.auth.job
+        else:
+            job = self.get_object()
+            if not self.principal.may_submit_jobs(job.tenant_id):
+                raise exceptions.PermissionDenied("you may not report progress for this job")
+        data = ProgressSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        job = job_services.job_progress(job=job, actor=None, **data.validated_data)
+        return Response({"id": job.pk, "state": job.state, "iteration": job.iteration,
+                         "last_checkpoint_iteration": job.last_checkpoint_iteration})
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["get"])
+    def timeline(self, request, pk=None):
+        """Phases, faults, actions, snapshots, iterations against the restart-from-checkpoint counterfactual."""
+        return Response(figures.job_timeline(self.get_object()))
+
+    @extend_schema(request=None, responses=SnapshotSerializer(many=True))
+    @action(detail=True, methods=["get", "post"])
+    def snapshots(self, request, pk=None):
+        job = self.get_object()
+        if request.method == "POST":
+            if not self.principal.may_operate:
+                raise exceptions.PermissionDenied("only provider roles take snapshots")
+            snapshot = snapshot_take(actor=request.user, job=job)
+            return Response(SnapshotSerializer(snapshot).data, status=status.HTTP_201_CREATED)
+        return Response(SnapshotSerializer(selectors.snapshot_list(user=request.user, job=job)[:200], many=True).data)
+
+
+@extend_schema(parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,
+                                            description="makes retries of a POST safe")])
+class FaultViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """Fault events. POST reports one (provider roles); reports of the same fault merge into one event."""
+
+    serializer_class = FaultSerializer
+    filterset_class = FaultEventFilterSet
+
+    def selector(self, *, user):
+        return selectors.fault_list(user=user)
+
+    @extend_schema(request=FaultReportSerializer, responses=FaultSerializer)
+    def create(self, request):
+        if not self.principal.may_operate:
+            raise exceptions.PermissionDenied("only provider roles report faults")
+        data = FaultReportSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        node = Node.objects.select_related("cluster").filter(pk=values.pop("node")).first()
+        if node is None:
+            raise exceptions.ValidationError({"node": ["no such node"]})
+        key = (request.headers.get("Idempotency-Key") or "").strip() or None
+        if key and len(key) > 200:
+            raise exceptions.ValidationError({"Idempotency-Key": ["at most 200 characters"]})
+        fault, created = fault_services.fault_ingest(node=node, idempotency_key=key, actor=request.user, **values)
+        body = FaultSerializer(fault).data
+        return Response({**body, "created": created}, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class RecoveryActionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """Recovery actions, with the alternatives the planner weighed and the GPU-hours ledger."""
+
+    serializer_class = RecoveryActionSerializer
+    filterset_class = RecoveryActionFilterSet
+
+    def selector(self, *, user):
+        return selectors.action_list(user=user)
+
+
+@extend_schema(parameters=[
+    OpenApiParameter("group", OpenApiTypes.STR, enum=list(figures.GROUPS), description="totals per job, cluster, tenant or fleet"),
+    OpenApiParameter("bucket", OpenApiTypes.STR, enum=list(figures.BUCKETS), description="time buckets of the series"),
+    OpenApiParameter("hours", OpenApiTypes.INT, description="only the last N hours"),
+], responses=OpenApiTypes.OBJECT)
+class StatsViewSet(ScopedViewSet):
+    """GPU-hours saved, lost and at baseline, faults and actions: totals per group and over time. Tenant users
+    get their own jobs' figures (per job or tenant); fleet and cluster figures are for provider roles."""
+
+    def selector(self, *, user):
+        return selectors.action_list(user=user)
+
+    def list(self, request):
+        group = request.query_params.get("group", "fleet" if self.principal.is_provider else "tenant")
+        bucket = request.query_params.get("bucket", "hour")
+        if group not in figures.GROUPS:
+            raise exceptions.ValidationError({"group": [f"one of {', '.join(figures.GROUPS)}"]})
+        if bucket not in figures.BUCKETS:
+            raise exceptions.ValidationError({"bucket": [f"one of {', '.join(figures.BUCKETS)}"]})
+        if group in ("fleet", "cluster") and not self.principal.is_provider:
+            raise exceptions.PermissionDenied("fleet and cluster figures are for provider roles")
+        since = None
+        if request.query_params.get("hours"):
+            try:
+                hours = int(request.query_params["hours"])
+                if not 0 < hours <= 24 * 366:
+                    raise ValueError
+            except ValueError as error:
+                raise exceptions.ValidationError({"hours": ["a whole number of hours, 1 to 8784"]}) from error
+            since = timezone.now() - timedelta(hours=hours)
+        return Response(figures.gpu_hours_stats(actions=self.get_queryset(), faults=self._faults(request.user),
+                                                group=group, bucket=bucket, since=since))
+
+    def _faults(self, user):
+        if self.principal.is_provider:
+            return selectors.fault_list(user=user)
+        return selectors.fault_list(user=user).filter(actions__job__tenant_id=self.principal.tenant_id).distinct()

@@ -1,0 +1,98 @@
+"""Data → figures: the job timeline (phases, faults, actions, snapshots, iterations against the
+restart-from-checkpoint counterfactual) and GPU-hours saved over time. Plain data, rendered by static/js."""
+
+from django.db.models import Count, Sum
+from django.db.models.functions import TruncDay, TruncHour, TruncMinute
+from django.utils import timezone
+
+from jobs.choices import ActionState, JobState
+from jobs.models import FaultEvent, Job, JobPhase, JobProgress, JobSnapshot, RecoveryAction
+from jobs.services.common import action_payload, fault_payload
+
+
+def _iso(value):
+    return value.isoformat() if value else None
+
+
+def counterfactual(points: list[tuple], savings: list[tuple], seconds_per_iteration: float) -> list[tuple]:
+    """Iterations the job would have reached had every recovery been a restart from checkpoint: at each
+    point, the actual iteration less the seconds each earlier recovery saved (docs/gpu-hours.md), in iterations.
+    ``points`` are (time, iteration); ``savings`` are (time, seconds saved per GPU)."""
+    out = []
+    for at, iteration in points:
+        lost = sum(seconds for when, seconds in savings if when <= at)
+        out.append((at, max(0, iteration - int(lost / max(seconds_per_iteration, 1e-6)))))
+    return out
+
+
+def job_timeline(job: Job) -> dict:
+    """Everything the job page draws, from the database (so a reload loses nothing)."""
+    now = timezone.now()
+    phases = [{"kind": p.kind, "start": _iso(p.started_at), "end": _iso(p.ended_at), "reason": p.reason}
+              for p in JobPhase.objects.filter(job=job).order_by("started_at", "id")]
+    actions = list(RecoveryAction.objects.filter(job=job).select_related("job", "cluster").order_by("planned_at", "id"))
+    fault_ids = {a.fault_id for a in actions if a.fault_id}
+    faults = [fault_payload(f) for f in FaultEvent.objects.filter(pk__in=fault_ids).select_related("node")
+              .order_by("detected_at")]
+    snapshots = [{"snapshot": s.pk, "state": s.state, "iteration": s.iteration, "reason": s.reason,
+                  "start": _iso(s.started_at), "end": _iso(s.ended_at), "seconds": s.seconds}
+                 for s in JobSnapshot.objects.filter(job=job).order_by("started_at")]
+    points = list(JobProgress.objects.filter(job=job).order_by("at", "id").values_list("at", "iteration"))
+    if job.state == JobState.RUNNING:
+        points.append((now, job.iteration_now(now)))
+    savings = [(a.ended_at, a.gpu_hours_saved * 3600 / max(a.gpus, 1)) for a in actions
+               if a.state == ActionState.SUCCEEDED and a.ended_at and not a.dry_run]
+    counter = counterfactual(points, savings, job.seconds_per_iteration)
+    saved = sum(a.gpu_hours_saved for a in actions if a.state == ActionState.SUCCEEDED and not a.dry_run)
+    return {
+        "job": job.pk, "state": job.state, "now": _iso(now),
+        "seconds_per_iteration": job.seconds_per_iteration,
+        "phases": phases, "faults": faults, "actions": [action_payload(a) for a in actions], "snapshots": snapshots,
+        "iterations": {"t": [_iso(at) for at, _ in points], "actual": [it for _, it in points],
+                       "counterfactual": [it for _, it in counter]},
+        "gpu_hours_saved": round(saved, 4),
+    }
+
+
+GROUPS = {
+    "job": ("job_id", "job__name"),
+    "cluster": ("cluster_id", "cluster__name"),
+    "tenant": ("job__tenant_id", "job__tenant__name"),
+    "fleet": ("cluster__fleet_id", "cluster__fleet__name"),
+}
+BUCKETS = {"minute": TruncMinute, "hour": TruncHour, "day": TruncDay}
+
+
+def gpu_hours_stats(*, actions, faults, group: str, bucket: str, since=None) -> dict:
+    """Totals of the ledger per group, and GPU-hours saved per time bucket (with a running total).
+    ``actions`` and ``faults`` are querysets already scoped to the reader."""
+    done = actions.filter(state=ActionState.SUCCEEDED, dry_run=False, job__isnull=False)
+    if since is not None:
+        done = done.filter(ended_at__gte=since)
+        faults = faults.filter(detected_at__gte=since)
+    key, name = GROUPS[group]
+    rows = (done.values(key, name).annotate(actions=Count("id"), saved=Sum("gpu_hours_saved"), lost=Sum("gpu_hours_lost"),
+                                            baseline=Sum("gpu_hours_baseline")).order_by("-saved"))
+    groups = [{"id": row[key], "name": row[name], "actions": row["actions"], "gpu_hours_saved": round(row["saved"] or 0, 4),
+               "gpu_hours_lost": round(row["lost"] or 0, 4), "gpu_hours_baseline": round(row["baseline"] or 0, 4)}
+              for row in rows[:500]]
+    series_rows = (done.annotate(bucket=BUCKETS[bucket]("ended_at")).values("bucket")
+                   .annotate(saved=Sum("gpu_hours_saved"), actions=Count("id")).order_by("bucket"))
+    total, series = 0.0, []
+    for row in series_rows:
+        total += row["saved"] or 0
+        series.append({"t": _iso(row["bucket"]), "gpu_hours_saved": round(row["saved"] or 0, 4),
+                       "cumulative": round(total, 4), "actions": row["actions"]})
+    totals = done.aggregate(saved=Sum("gpu_hours_saved"), lost=Sum("gpu_hours_lost"), baseline=Sum("gpu_hours_baseline"),
+                            actions=Count("id"))
+    return {
+        "group": group, "bucket": bucket, "since": _iso(since),
+        "totals": {"faults": faults.count(), "actions": totals["actions"],
+                   "gpu_hours_saved": round(totals["saved"] or 0, 4), "gpu_hours_lost": round(totals["lost"] or 0, 4),
+                   "gpu_hours_baseline": round(totals["baseline"] or 0, 4)},
+        "groups": groups, "series": series,
+    }
+
+
+def faults_for_feed(faults, limit: int = 50) -> list[dict]:
+    return [fault_payload(f) for f in faults.order_by("-received_at")[:limit]]

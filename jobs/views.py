@@ -1,0 +1,61 @@
+"""Pages: the job list, the job page (live Plotly timeline) and the fault overview (live feed, GPU-hours saved)."""
+
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.mixins import LoginRequiredMixin
+from django.db.models import Q, Sum
+from django.shortcuts import get_object_or_404, render
+from django.views.generic import ListView
+
+from controlplane.access import principal
+from controlplane.selectors import topic_seq
+from jobs import figures, selectors
+from jobs.services.common import protection_of
+
+
+class JobListView(LoginRequiredMixin, ListView):
+    template_name = "jobs/job_list.html"
+    paginate_by = 50
+    context_object_name = "jobs"
+
+    def get_queryset(self):
+        saved = Sum("actions__gpu_hours_saved", filter=Q(actions__state="succeeded", actions__dry_run=False))
+        rows = selectors.job_list(user=self.request.user).annotate(gpu_hours_saved=saved)
+        state = self.request.GET.get("state")
+        return rows.filter(state=state) if state else rows
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        who = principal(self.request.user)
+        topic = "fleet" if who.is_provider else (f"tenant-{who.tenant_id}" if who.tenant_id else "")
+        context.update(topic=topic, after=topic_seq(topic), who=who)
+        return context
+
+
+@login_required
+def job_detail(request, pk: int):
+    job = get_object_or_404(selectors.job_list(user=request.user), pk=pk)
+    topic = f"job-{job.pk}"
+    after = topic_seq(topic)   # read before the snapshot: events after it are applied on top, duplicates dropped
+    timeline = figures.job_timeline(job)
+    return render(request, "jobs/job.html", {
+        "job": job, "timeline": timeline, "topic": topic, "after": after, "protection": protection_of(job.cluster),
+        "allocations": job.allocations.filter(released_at__isnull=True).select_related("node"),
+        "actions": selectors.action_list(user=request.user).filter(job=job).order_by("-planned_at")[:50],
+        "who": principal(request.user),
+    })
+
+
+@login_required
+def fault_overview(request):
+    """Live fault feed and GPU-hours saved over time: the fleet's for provider roles, the tenant's own otherwise."""
+    who = principal(request.user)
+    topic = "fleet" if who.is_provider else (f"tenant-{who.tenant_id}" if who.tenant_id else "")
+    after = topic_seq(topic)
+    faults = selectors.fault_list(user=request.user)
+    if not who.is_provider:
+        faults = faults.filter(actions__job__tenant_id=who.tenant_id).distinct()
+    stats = figures.gpu_hours_stats(actions=selectors.action_list(user=request.user), faults=faults,
+                                    group="fleet" if who.is_provider else "tenant", bucket="minute")
+    return render(request, "jobs/fault_overview.html", {
+        "topic": topic, "after": after, "faults": faults.order_by("-received_at")[:50], "stats": stats, "who": who,
+    })

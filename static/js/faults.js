@@ -1,0 +1,53 @@
+/* The fault overview: a live fault feed and GPU-hours saved over time (grown with Plotly.extendTraces). */
+(function () {
+  "use strict";
+  var feed = document.getElementById("fault-feed");
+  var statsEl = document.getElementById("stats-data");
+  if (!feed || !statsEl || !window.Plotly) { return; }
+  var stats = JSON.parse(statsEl.textContent);
+  var savedEl = document.getElementById("gpu-hours-saved");
+  var faultsEl = document.getElementById("total-faults");
+  var actionsEl = document.getElementById("total-actions");
+  var cumulative = stats.totals.gpu_hours_saved || 0;
+  var seen = {};
+  Plotly.newPlot("saved-chart", [{
+    x: stats.series.map(function (r) { return r.t; }), y: stats.series.map(function (r) { return r.cumulative; }),
+    mode: "lines+markers", name: "GPU-hours saved", line: { shape: "hv", color: "#2ea043" }
+  }], { margin: { l: 60, r: 20, t: 10, b: 40 }, height: 260, xaxis: { type: "date" }, yaxis: { title: "GPU-hours saved" } },
+  { displaylogo: false, responsive: true });
+
+  function item(p, kind) {
+    var li = document.createElement("li");
+    var when = document.createElement("time");
+    when.setAttribute("datetime", p.detected_at);
+    when.textContent = new Date(p.detected_at).toLocaleTimeString();
+    var code = document.createElement("code");
+    code.textContent = kind === "fault" ? (p.kind + (p.xid !== null && p.xid !== undefined ? " " + p.xid : "")) : p.kind;
+    li.appendChild(when); li.appendChild(document.createTextNode(" ")); li.appendChild(code);
+    li.appendChild(document.createTextNode(" " + (p.summary || "") + (p.state_reason ? " — " + p.state_reason : "")));
+    return li;
+  }
+  function add(li) {
+    var empty = feed.querySelector(".empty");
+    if (empty) { empty.remove(); }
+    feed.insertBefore(li, feed.firstChild);
+    while (feed.children.length > 100) { feed.removeChild(feed.lastChild); }
+  }
+  function onEvent(event) {
+    var p = event.payload || {};
+    if (event.kind === "fault.reported" && !seen["f" + p.fault]) {
+      seen["f" + p.fault] = true;
+      add(item(p, "fault"));
+      if (faultsEl) { faultsEl.textContent = Number(faultsEl.textContent) + 1; }
+    } else if (event.kind === "fault.handled") {
+      var li = item(p, "fault"); li.className = "handled"; add(li);
+    } else if (event.kind === "action.succeeded" && p.job && !p.dry_run && !seen["a" + p.action]) {
+      seen["a" + p.action] = true;
+      cumulative += p.gpu_hours_saved || 0;
+      if (savedEl) { savedEl.textContent = cumulative.toFixed(2); }
+      if (actionsEl) { actionsEl.textContent = Number(actionsEl.textContent) + 1; }
+      Plotly.extendTraces("saved-chart", { x: [[p.ended_at]], y: [[cumulative]] }, [0]);
+    }
+  }
+  window.LockstepLive.connect().subscribe(feed.dataset.topic, feed.dataset.after, onEvent);
+})();

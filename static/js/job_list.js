@@ -1,0 +1,19 @@
+/* The job list: each row's state follows the live events of the reader's fleet or tenant topic. */
+(function () {
+  "use strict";
+  var table = document.getElementById("job-table");
+  if (!table || !table.dataset.topic) { return; }
+  window.LockstepLive.connect().subscribe(table.dataset.topic, table.dataset.after, function (event) {
+    var p = event.payload || {};
+    if (!p.job) { return; }
+    var row = table.querySelector('tr[data-job="' + p.job + '"]');
+    if (!row) { return; }
+    if (event.kind.indexOf("job.") === 0 && p.state) {
+      var cell = row.querySelector(".state"); cell.textContent = p.state; cell.dataset.state = p.state;
+    }
+    if (event.kind === "action.succeeded" && !p.dry_run) {
+      var saved = row.querySelector(".saved");
+      saved.textContent = (parseFloat(saved.textContent || "0") + (p.gpu_hours_saved || 0)).toFixed(2);
+    }
+  });
+})();

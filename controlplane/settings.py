@@ -35,6 +35,9 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "LOG_LEVEL": (str, "INFO", "Root log level."),
     "SECURE_SSL_REDIRECT": (bool, False, "Redirect plain HTTP to HTTPS (set behind a TLS proxy)."),
     "DEMO_ADMIN_USERNAME": (str, "admin", "User name of the demo provider-admin that `make run` creates."),
+    "DRIFT_SWEEP_SECONDS": (int, 60, "How often beat runs the drift sweep over every cluster."),
+    "DRIFT_MAX_CORRECTIONS": (int, 3, "Failed corrections of one drift finding before it is reported and left alone."),
+    "ROLLOUT_TICK_SECONDS": (int, 5, "How often beat moves every running rollout one step (and re-queues lost steps)."),
     "TELEMETRY_MAX_BATCH_BYTES": (int, 8 * 1024 * 1024, "Largest telemetry batch accepted, bytes (413 above)."),
     "TELEMETRY_MAX_SKEW_SECONDS": (int, 300, "How far an agent's clock may be from the server's before its batch is refused."),
     "TELEMETRY_RAW_RETENTION_HOURS": (int, 24, "How long raw GPU samples are kept (and the oldest reading a batch may carry)."),
@@ -212,6 +215,16 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=30),
         "options": {"expires": 60},
     },
+    "fleet-drift-sweep": {
+        "task": "fleet.drift_sweep",
+        "schedule": timedelta(seconds=env("DRIFT_SWEEP_SECONDS")),
+        "options": {"expires": env("DRIFT_SWEEP_SECONDS")},
+    },
+    "fleet-rollout-sweep": {
+        "task": "fleet.rollout_sweep",
+        "schedule": timedelta(seconds=env("ROLLOUT_TICK_SECONDS")),
+        "options": {"expires": env("ROLLOUT_TICK_SECONDS") * 2},
+    },
     "retention-prune": {
         "task": "controlplane.retention_prune",
         "schedule": timedelta(hours=1),
@@ -241,6 +254,9 @@ TELEMETRY_HISTORY_DAYS = env("TELEMETRY_HISTORY_DAYS")
 TELEMETRY_THERMAL_CELSIUS = env("TELEMETRY_THERMAL_CELSIUS")
 TELEMETRY_SYMBOL_ERRORS_PER_HOUR = env("TELEMETRY_SYMBOL_ERRORS_PER_HOUR")
 DEMO_ADMIN_USERNAME = env("DEMO_ADMIN_USERNAME")
+DRIFT_SWEEP_SECONDS = env("DRIFT_SWEEP_SECONDS")
+DRIFT_MAX_CORRECTIONS = env("DRIFT_MAX_CORRECTIONS")
+ROLLOUT_TICK_SECONDS = env("ROLLOUT_TICK_SECONDS")
 
 # --- Fault tolerance (jobs) ----------------------------------------------------------------------------
 XID_CATALOG = env("XID_CATALOG") or str(BASE_DIR.parent / "shared" / "data" / "xid" / "nvidia_xid_catalog.csv")

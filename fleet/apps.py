@@ -12,3 +12,5 @@ class FleetConfig(AppConfig):
         # Fleet-wide figures and events are for provider roles (DESIGN's permission table).
         events.register_topic("fleet", keyed=False, may_subscribe=lambda who, key: who.sees_fleet)
         events.register_topic("cluster", keyed=True, may_subscribe=may_see_cluster_topic)
+        # Rollouts are for provider roles (DESIGN's permission table).
+        events.register_topic("rollout", keyed=True, may_subscribe=lambda who, key: who.is_provider)

@@ -4,9 +4,14 @@ Timings and failures come from the cluster's ``connection`` settings, so tests a
 
     apply_seconds (3), nic_failover_seconds (1), migration_pause_seconds (30), gpu_reset_seconds (20),
     restart_seconds (60), snapshot_seconds_per_gpu (0.05) with snapshot_base_seconds (2),
-    bad_charts ([]) — charts whose release fails, unreachable (false) — every call raises.
+    bad_charts ([]) — charts whose release fails, unreachable (false) — every call raises,
+    apply_fails (false) — every Helm apply or removal is refused (a correction that keeps failing),
+    call_latency_seconds (0) — how long each apply blocks its caller, as a slow cluster API would.
+
+``simulate_drift`` changes a simulated cluster's state out of band (``manage.py simulate drift``).
 """
 
+import time
 from datetime import timedelta
 
 from django.utils import timezone
@@ -62,10 +67,18 @@ class SimulatedDriver(ClusterDriver):
         return "succeeded" if row.done_at <= timezone.now() else "running"
 
     # add-ons
+    def _refuse_if_configured(self, what: str):
+        if self.setting("apply_fails"):
+            raise DriverError(f"{what} refused by cluster {self.cluster.name}")
+        latency = float(self.setting("call_latency_seconds") or 0)
+        if latency:
+            time.sleep(latency)
+
     def apply_addon(self, addon: dict) -> OperationResult:
         from fleet.models import SimulatedAddon
 
         self._reachable()
+        self._refuse_if_configured(f"helm upgrade {addon['name']}")
         now = timezone.now()
         ready_at = now + timedelta(seconds=float(self.setting("apply_seconds")))
         failed = addon.get("chart", "") in (self.setting("bad_charts") or [])
@@ -81,6 +94,7 @@ class SimulatedDriver(ClusterDriver):
         from fleet.models import SimulatedAddon
 
         self._reachable()
+        self._refuse_if_configured(f"helm uninstall {name}")
         SimulatedAddon.objects.filter(cluster=self.cluster, name=name).delete()
         return OperationResult(handle=f"remove-{self.cluster.pk}-{name}", done_at=timezone.now())
 
@@ -141,3 +155,43 @@ class SimulatedDriver(ClusterDriver):
     def restore_from_snapshot(self, job_ref: str, snapshot_ref: str) -> OperationResult:
         return self._operation(Operation.RESTORE_FROM_SNAPSHOT, job_ref, self.setting("migration_pause_seconds"),
                                snapshot=snapshot_ref)
+
+
+DRIFT_KINDS = ("version", "values", "remove", "extra", "degrade")
+
+
+def simulate_drift(cluster, *, addon: str | None = None, kind: str = "version", version: str = "") -> str:
+    """Change what is 'really' on a simulated cluster behind Lockstep's back; returns what was done.
+
+    kinds: version (bump the chart version), values (change a value), remove (uninstall), extra (install an
+    add-on nobody asked for), degrade (the release fails).
+    """
+    from fleet.models import SimulatedAddon
+
+    if cluster.driver != "simulated":
+        raise DriverError(f"cluster {cluster.name} is not simulated")
+    if kind not in DRIFT_KINDS:
+        raise DriverError(f"unknown drift kind {kind!r}; one of {', '.join(DRIFT_KINDS)}")
+    now = timezone.now()
+    if kind == "extra":
+        name = addon or "rogue-exporter"
+        SimulatedAddon.objects.update_or_create(
+            cluster=cluster, name=name,
+            defaults={"chart": name, "version": version or "0.1.0", "namespace": "default", "values": {},
+                      "ready_at": now, "failed": False})
+        return f"installed {name} on {cluster.name}"
+    rows = SimulatedAddon.objects.filter(cluster=cluster).exclude(name__startswith="node-software.").order_by("name")
+    row = rows.filter(name=addon).first() if addon else rows.first()
+    if row is None:
+        raise DriverError(f"cluster {cluster.name} carries no add-on {addon or ''}".strip())
+    if kind == "version":
+        row.version = version or f"{row.version}-drift"
+    elif kind == "values":
+        row.values = {**row.values, "driftedBy": "simulate"}
+    elif kind == "degrade":
+        row.failed = True
+    else:
+        row.delete()
+        return f"removed {row.name} from {cluster.name}"
+    row.save()
+    return f"{kind} drift on {cluster.name}/{row.name}"

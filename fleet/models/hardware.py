@@ -4,6 +4,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from fleet.choices import AutomationMode, ClusterKind, DriverName, GPUHealth, LinkState, NodeState
+from tenancy.choices import TenantTier
 
 # Published restart-from-checkpoint overheads run 5–20 minutes (shared/data/failures/checkpoint_restart_figures.csv);
 # the default takes the middle of that range. See docs/gpu-hours.md.
@@ -37,6 +38,8 @@ class Cluster(models.Model):
         "tenancy.Tenant", null=True, blank=True, on_delete=models.PROTECT, related_name="dedicated_clusters"
     )
     region = models.CharField(max_length=50, blank=True)
+    # The tier of tenants a shared cluster serves; tenants see a shared cluster's name, tier and version only.
+    tier = models.CharField(max_length=20, choices=TenantTier.choices, default=TenantTier.STANDARD)
     labels = models.JSONField(default=dict, blank=True)
     kind = models.CharField(max_length=30, choices=ClusterKind.choices, default=ClusterKind.KUBERNETES)
     driver = models.CharField(max_length=20, choices=DriverName.choices, default=DriverName.SIMULATED)

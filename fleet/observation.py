@@ -1,0 +1,70 @@
+"""Observing clusters through their drivers, batched per driver class, and recording what was seen."""
+
+from collections import defaultdict
+
+from fleet.choices import HealthStatus, SyncStatus
+from fleet.desired import AddonCheck
+from fleet.drivers import DriverError
+from fleet.drivers.base import ObservedState, driver_class
+from fleet.models import ObservedAddon
+
+
+def observe(clusters) -> tuple[dict[int, list[ObservedState]], dict[int, str]]:
+    """``(observed by cluster id, error by cluster id)``: one ``observe_many`` per driver class; when a batch
+    fails, its clusters are observed one by one so one unreachable cluster does not blind the sweep."""
+    by_driver = defaultdict(list)
+    for cluster in clusters:
+        by_driver[cluster.driver].append(cluster)
+    observed: dict[int, list[ObservedState]] = {}
+    errors: dict[int, str] = {}
+    for name, group in by_driver.items():
+        cls = driver_class(name)
+        try:
+            observed.update(cls.observe_many(group))
+            continue
+        except DriverError:
+            pass
+        for cluster in group:
+            try:
+                observed.update(cls.observe_many([cluster]))
+            except DriverError as error:
+                errors[cluster.pk] = str(error)
+    return observed, errors
+
+
+def record(checks: dict[int, list[AddonCheck]], unreachable: set[int], now) -> int:
+    """Write the observed axes of every add-on of these clusters in a fixed number of queries; returns rows written.
+
+    Rows whose content did not change only get their ``observed_at`` touched (one UPDATE); unreachable clusters'
+    rows become Unknown on both axes.
+    """
+    cluster_ids = set(checks) | unreachable
+    existing = {(row["cluster_id"], row["name"]): row for row in ObservedAddon.objects.filter(
+        cluster_id__in=cluster_ids).values("id", "cluster_id", "name", "chart", "version", "namespace", "values",
+                                           "sync", "health")}
+    upserts, keep = [], set()
+    for cluster_id, cluster_checks in checks.items():
+        for check in cluster_checks:
+            have, want = check.observed, check.desired or {}
+            row = {"chart": have.chart if have else want.get("chart", ""),
+                   "version": have.version if have else "",
+                   "namespace": have.namespace if have else want.get("namespace", ""),
+                   "values": have.values if have else {}, "sync": check.sync, "health": check.health}
+            keep.add((cluster_id, check.name))
+            old = existing.get((cluster_id, check.name))
+            if old is None or any(old[key] != value for key, value in row.items()):
+                upserts.append(ObservedAddon(cluster_id=cluster_id, name=check.name, observed_at=now, **row))
+    if upserts:
+        ObservedAddon.objects.bulk_create(
+            upserts, update_conflicts=True, unique_fields=["cluster", "name"],
+            update_fields=["chart", "version", "namespace", "values", "sync", "health", "observed_at"],
+        )
+    gone = [row["id"] for key, row in existing.items() if key[0] in checks and key not in keep]
+    if gone:
+        ObservedAddon.objects.filter(pk__in=gone).delete()
+    if checks:
+        ObservedAddon.objects.filter(cluster_id__in=list(checks)).exclude(observed_at=now).update(observed_at=now)
+    if unreachable:
+        ObservedAddon.objects.filter(cluster_id__in=unreachable).update(
+            sync=SyncStatus.UNKNOWN, health=HealthStatus.UNKNOWN, observed_at=now)
+    return len(upserts)

@@ -1,0 +1,260 @@
+"""One step of a running rollout: start the next batch, advance its clusters, check the health gate, stop on a
+spent failure budget and roll back if asked. Level-triggered: the step reads the rows, moves one step and can run
+twice (the rollout row is locked for the step; a second caller finds it locked and leaves)."""
+
+from datetime import timedelta
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from controlplane.audit import audit_record
+from controlplane.errors import ServiceError
+from fleet import hooks
+from fleet.choices import NodeState, RolloutClusterStatus, RolloutState
+from fleet.desired import compare, desired_state, is_node_software, load_versions
+from fleet.drivers import DriverError
+from fleet.models import Cluster, Node, Rollout, RolloutBatch, RolloutCluster
+from fleet.models.rollouts import DONE_CLUSTER_STATES, FAILED_CLUSTER_STATES
+from fleet.observation import observe, record
+from fleet.services.applying import apply_version, supports_addons
+from fleet.services.publishing import publish
+from fleet.services.rollouts import _move, roll_back_locked, rollout_url
+from fleet.specs import in_change_window
+
+Status = RolloutClusterStatus
+BatchStatus = RolloutBatch.Status
+
+
+def rollout_step(*, rollout_id: int, now=None) -> str:
+    """Move the rollout one step; returns what it did ("busy", "gone", "idle", "batch-started", ...)."""
+    with transaction.atomic():
+        rows = Rollout.objects.select_related("version__blueprint").filter(pk=rollout_id)
+        if connection.features.has_select_for_update_skip_locked:
+            rows = rows.select_for_update(skip_locked=True, of=("self",))
+        else:
+            rows = rows.select_for_update(of=("self",))
+        rollout = rows.first()
+        if rollout is None:
+            return "busy-or-gone"
+        now = now or timezone.now()
+        if rollout.state == RolloutState.PENDING:
+            _move(rollout, RolloutState.RUNNING, actor=None, reason="started", action="rollout.run")
+            rollout.started_at = now
+            rollout.save(update_fields=["started_at"])
+        if rollout.state != RolloutState.RUNNING:
+            return "idle"
+        rollout.last_step_at = now
+        rollout.save(update_fields=["last_step_at"])
+        batch = rollout.batches.filter(index=rollout.current_batch).first()
+        if batch is None or batch.status in (BatchStatus.PASSED, BatchStatus.FAILED):
+            return _start_next_batch(rollout, now)
+        if batch.status == BatchStatus.PROGRESSING:
+            return _advance(rollout, batch, now)
+        if batch.status == BatchStatus.SOAKING:
+            return _soak(rollout, batch, now)
+        return "idle"
+
+
+def _start_next_batch(rollout: Rollout, now) -> str:
+    batch = rollout.batches.filter(index__gt=rollout.current_batch).order_by("index").first()
+    if batch is None:
+        _move(rollout, RolloutState.SUCCEEDED, actor=None, reason="every batch passed its health gate",
+              action="rollout.succeed")
+        return "succeeded"
+    if not in_change_window(rollout.change_window, now):
+        if rollout.reason != "waiting for the change window":
+            rollout.reason = "waiting for the change window"
+            rollout.save(update_fields=["reason"])
+        return "outside-change-window"
+    rollout.current_batch = batch.index
+    rollout.reason = ""
+    rollout.save(update_fields=["current_batch", "reason"])
+    batch.status, batch.started_at = BatchStatus.PROGRESSING, now
+    batch.save(update_fields=["status", "started_at"])
+    rollout.clusters.filter(batch_index=batch.index, status=Status.TO_APPLY).update(
+        deadline_at=now + timedelta(seconds=rollout.progress_deadline_seconds))
+    publish("rollout.batch_started", {"rollout": rollout.pk, "batch": batch.index, "canary": batch.canary},
+            rollout_url(rollout), rollout=rollout.pk)
+    _advance(rollout, batch, now)
+    return "batch-started"
+
+
+def _finish(row: RolloutCluster, status: str, reason: str, now) -> None:
+    row.status, row.reason, row.finished_at = status, reason[:500], now
+    row.save(update_fields=["status", "reason", "finished_at", "healthy_at"])
+    publish("rollout.cluster", {"rollout": row.rollout_id, "cluster": row.cluster_id, "batch": row.batch_index,
+                                "status": status, "reason": reason[:200]},
+            rollout_url(row.rollout), clusters=[row.cluster_id], rollout=row.rollout_id)
+
+
+def _advance(rollout: Rollout, batch: RolloutBatch, now) -> str:
+    """Apply the batch's waiting clusters, then observe the ones in flight."""
+    rows = list(rollout.clusters.filter(batch_index=batch.index).exclude(status__in=DONE_CLUSTER_STATES)
+                .select_related("cluster__fleet", "previous_version").order_by("cluster_id"))
+    for row in rows:
+        row.rollout = rollout
+        if row.status == Status.TO_APPLY:
+            _apply(rollout, row, now)
+    in_flight = [row for row in rows if row.status == Status.PROGRESSING]
+    _observe_rows(rollout, in_flight, now)
+    for row in rows:
+        if row.status == Status.TO_APPLY and row.deadline_at and now >= row.deadline_at:
+            _finish(row, Status.TIMED_OUT, f"not applied before the progress deadline ({row.reason})", now)
+    if rollout.clusters.filter(batch_index=batch.index).exclude(status__in=DONE_CLUSTER_STATES).exists():
+        return "batch-progressing"
+    if _budget_spent(rollout, now):
+        return "stopped"
+    batch.status = BatchStatus.SOAKING
+    batch.soak_until = now + timedelta(seconds=rollout.soak_seconds)
+    batch.save(update_fields=["status", "soak_until"])
+    publish("rollout.batch_soaking", {"rollout": rollout.pk, "batch": batch.index,
+                                      "soak_until": batch.soak_until.isoformat()}, rollout_url(rollout),
+            rollout=rollout.pk)
+    return "batch-soaking"
+
+
+def _apply(rollout: Rollout, row: RolloutCluster, now) -> None:
+    """Move one cluster to the rollout's version: first node software node by node (drained within the disruption
+    budget, never under a protected job that cannot move), then the add-ons. Stays ToApply while it must wait."""
+    version = rollout.version
+    cluster = Cluster.objects.select_for_update().get(pk=row.cluster_id)
+    if not supports_addons(cluster):
+        _finish(row, Status.SKIPPED, f"the {cluster.driver} driver cannot apply add-ons", now)
+        return
+    new_software = version.effective_node_software()
+    old_software = row.previous_version.effective_node_software() if row.previous_version else {}
+    if new_software != old_software and not _roll_nodes(rollout, row, cluster, now):
+        return
+    try:
+        applied = apply_version(cluster=cluster, version=version, previous=row.previous_version)
+    except DriverError as error:
+        if error.transient:
+            row.reason = f"waiting: {error}"[:500]
+            row.save(update_fields=["reason"])
+        else:
+            _finish(row, Status.FAILED, f"the cluster refused: {error}", now)
+        return
+    cluster.blueprint = version.blueprint
+    cluster.blueprint_version = version
+    cluster.save(update_fields=["blueprint", "blueprint_version"])
+    row.status, row.applied_at, row.reason = Status.PROGRESSING, now, ""
+    row.save(update_fields=["status", "applied_at", "reason"])
+    audit_record(actor=None, action="rollout.cluster_apply", target=cluster, tenant_id=cluster.dedicated_tenant_id,
+                 changes={"rollout": rollout.pk, "blueprint_version": [
+                     str(row.previous_version) if row.previous_version else None, str(version)], "applied": applied})
+    publish("rollout.cluster", {"rollout": rollout.pk, "cluster": cluster.pk, "name": cluster.name,
+                                "batch": row.batch_index, "status": row.status, "version": version.number},
+            rollout_url(rollout), clusters=[cluster.pk], rollout=rollout.pk)
+
+
+def _roll_nodes(rollout: Rollout, row: RolloutCluster, cluster: Cluster, now) -> bool:
+    """Update node software on up to ``max_unavailable_nodes`` nodes this step; True once every node is done."""
+    from fleet.services.nodes import node_drain, node_uncordon
+
+    budget = int(rollout.version.effective_policy().get("disruption", {}).get("max_unavailable_nodes", 1))
+    done = set(row.nodes_updated)
+    pending = list(Node.objects.filter(cluster=cluster).exclude(pk__in=done).order_by("hostname"))
+    for node in pending[:budget]:
+        if node.state == NodeState.READY:
+            allowed, why = hooks.may_drain(node)
+            if not allowed:
+                row.reason = f"waiting: {node.hostname}: {why}"[:500]
+                row.nodes_updated = sorted(done)
+                row.save(update_fields=["reason", "nodes_updated"])
+                return False
+            try:
+                node_drain(actor=None, node=node, reason=f"node software for {rollout.version}")
+                # The simulated drain completes within the step; a real driver's drain is awaited the same way.
+                node_uncordon(actor=None, node=node, reason=f"node software {rollout.version} in place")
+            except ServiceError as error:
+                row.reason = f"waiting: {node.hostname}: {error.detail}"[:500]
+                row.nodes_updated = sorted(done)
+                row.save(update_fields=["reason", "nodes_updated"])
+                return False
+        done.add(node.pk)
+    row.nodes_updated = sorted(done)
+    row.reason = "" if len(pending) <= budget else f"node software: {len(done)} nodes updated"
+    row.save(update_fields=["nodes_updated", "reason"])
+    return len(pending) <= budget
+
+
+def _observe_rows(rollout: Rollout, rows: list[RolloutCluster], now) -> dict[int, bool]:
+    """Observe the rows' clusters once; settle each: Succeeded when InSync and Healthy, Failed when Degraded,
+    TimedOut past its deadline. Returns {cluster id: ready}."""
+    if not rows:
+        return {}
+    clusters = [row.cluster for row in rows]
+    observed, errors = observe(clusters)
+    desired = desired_state(load_versions([rollout.version_id])[rollout.version_id])
+    checks = {cid: compare(desired, states) for cid, states in observed.items()}
+    record(checks, set(errors), now)
+    ready = {}
+    for row in rows:
+        found = checks.get(row.cluster_id)
+        ready[row.cluster_id] = bool(found) and all(c.ready for c in found)
+        degraded = [c.name for c in found or [] if c.health == "Degraded" and not is_node_software(c.name)]
+        if row.status != Status.PROGRESSING:
+            continue
+        if ready[row.cluster_id]:
+            row.healthy_at = now
+            _finish(row, Status.SUCCEEDED, "InSync and Healthy", now)
+        elif degraded:
+            _finish(row, Status.FAILED, f"degraded: {', '.join(degraded)}", now)
+        elif row.deadline_at and now >= row.deadline_at:
+            waiting = [f"{c.name} {c.sync}/{c.health}" for c in found or [] if not c.ready]
+            _finish(row, Status.TIMED_OUT, f"not healthy by the deadline: {', '.join(waiting[:5]) or errors.get(row.cluster_id, '')}", now)
+    return ready
+
+
+def _soak(rollout: Rollout, batch: RolloutBatch, now) -> str:
+    """While soaking every cluster of the batch must stay InSync and Healthy; at the end the fault rate since the
+    batch started must not be worse than in an equal window before it."""
+    rows = list(rollout.clusters.filter(batch_index=batch.index, status=Status.SUCCEEDED)
+                .select_related("cluster"))
+    for row in rows:
+        row.rollout = rollout
+    ready = _observe_rows(rollout, rows, now)
+    for row in rows:
+        if not ready.get(row.cluster_id):
+            _finish(row, Status.FAILED, "lost health while soaking", now)
+    if _budget_spent(rollout, now):
+        return "stopped"
+    if now < batch.soak_until:
+        return "soaking"
+    cluster_ids = [row.cluster_id for row in rows if ready.get(row.cluster_id)]
+    window = max(now - batch.started_at, timedelta(seconds=1))
+    batch.faults_before = hooks.count_faults(cluster_ids, batch.started_at - window, batch.started_at)
+    batch.faults_after = hooks.count_faults(cluster_ids, batch.started_at, now)
+    if batch.faults_after > batch.faults_before:
+        batch.gate = f"fault rate rose: {batch.faults_after} faults since the change against {batch.faults_before} before"
+        for row in rows:
+            if ready.get(row.cluster_id):
+                _finish(row, Status.FAILED, batch.gate, now)
+        batch.status, batch.finished_at = BatchStatus.FAILED, now
+        batch.save(update_fields=["status", "finished_at", "faults_before", "faults_after", "gate"])
+        if _budget_spent(rollout, now):
+            return "stopped"
+        return "batch-failed"
+    batch.gate = (f"healthy for {rollout.soak_seconds}s; faults {batch.faults_after} since the change, "
+                  f"{batch.faults_before} before")
+    batch.status, batch.finished_at = BatchStatus.PASSED, now
+    batch.save(update_fields=["status", "finished_at", "faults_before", "faults_after", "gate"])
+    publish("rollout.batch_passed", {"rollout": rollout.pk, "batch": batch.index, "gate": batch.gate},
+            rollout_url(rollout), rollout=rollout.pk)
+    return "batch-passed"
+
+
+def _budget_spent(rollout: Rollout, now) -> bool:
+    """More failed clusters than the budget allows: the rollout fails, and rolls back if its strategy says so."""
+    failed = rollout.clusters.filter(status__in=FAILED_CLUSTER_STATES).count()
+    if failed <= rollout.max_failures:
+        return False
+    RolloutBatch.objects.filter(rollout=rollout, index=rollout.current_batch).exclude(
+        status=BatchStatus.PASSED).update(status=BatchStatus.FAILED, finished_at=now)
+    reason = f"{failed} clusters failed (budget {rollout.max_failures})"
+    rollout.clusters.filter(status=Status.TO_APPLY).update(status=Status.SKIPPED, reason="rollout stopped",
+                                                           finished_at=now)
+    _move(rollout, RolloutState.FAILED, actor=None, reason=reason, action="rollout.fail")
+    if rollout.auto_rollback:
+        roll_back_locked(rollout, actor=None, reason=f"automatic: {reason}")
+    return True

@@ -1,0 +1,268 @@
+"""Rollouts: batches, health gates, the failure budget, automatic rollback, pause/resume/cancel."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from controlplane.errors import ServiceError
+from controlplane.models import AuditEntry, Event
+from fleet import hooks
+from fleet.choices import RolloutClusterStatus, RolloutState
+from fleet.models import Rollout, RolloutBatch, SimulatedAddon
+from fleet.services.blueprints import version_create, version_disable
+from fleet.services.rollout_steps import rollout_step
+from fleet.services.rollouts import (
+    rollout_cancel,
+    rollout_pause,
+    rollout_resume,
+    rollout_rollback,
+    rollout_start,
+)
+from tests.fleet.helpers import ADDONS, blueprint, bump, clusters_on
+
+pytestmark = pytest.mark.django_db
+
+
+def run_to_end(rollout, limit=60, now=None):
+    steps = []
+    for _ in range(limit):
+        steps.append(rollout_step(rollout_id=rollout.pk, now=now))
+        rollout.refresh_from_db()
+        if rollout.state not in (RolloutState.PENDING, RolloutState.RUNNING):
+            return steps
+    raise AssertionError(f"rollout did not finish: {steps[-5:]}")
+
+
+def test_activation_starts_a_rollout_that_moves_tracking_clusters_batch_by_batch(users):
+    actor = users["operator"]
+    bp, v1 = blueprint(actor)
+    tracking = clusters_on(v1, 5)
+    pinned = clusters_on(v1, 1, track_latest=False)[0]
+    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    rollout = Rollout.objects.get(version=v2)
+    assert rollout.state == RolloutState.PENDING
+    assert rollout.clusters.count() == 5 and not rollout.clusters.filter(cluster=pinned).exists()
+    assert list(rollout.batches.values_list("index", flat=True)) == [0, 1, 2]
+    for cluster in tracking:  # nothing moved yet
+        cluster.refresh_from_db()
+        assert cluster.blueprint_version == v1
+    steps = run_to_end(rollout)
+    assert rollout.state == RolloutState.SUCCEEDED, steps
+    assert set(rollout.clusters.values_list("status", flat=True)) == {RolloutClusterStatus.SUCCEEDED}
+    for cluster in tracking:
+        cluster.refresh_from_db()
+        assert cluster.blueprint_version == v2
+        assert SimulatedAddon.objects.get(cluster=cluster, name="gpu-operator").version == "24.9.1"
+    pinned.refresh_from_db()
+    assert pinned.blueprint_version == v1
+    # batches started in order, each after the previous one passed
+    batches = list(rollout.batches.order_by("index"))
+    assert all(b.status == RolloutBatch.Status.PASSED for b in batches)
+    for earlier, later in zip(batches, batches[1:], strict=False):
+        assert later.started_at >= earlier.finished_at
+    assert AuditEntry.objects.filter(action="rollout.cluster_apply").count() == 5
+    topics = set(Event.objects.filter(kind="rollout.cluster").values_list("topic", flat=True))
+    assert "fleet" in topics and f"cluster-{tracking[0].pk}" in topics and f"rollout-{rollout.pk}" in topics
+
+
+def test_a_step_is_safe_to_run_twice_and_on_a_gone_rollout(users):
+    actor = users["operator"]
+    bp, v1 = blueprint(actor, auto_rollout=False)
+    clusters_on(v1, 2)
+    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True}, strategy={"batch_size": 1})
+    rollout_step(rollout_id=rollout.pk)
+    rollout_step(rollout_id=rollout.pk)
+    assert AuditEntry.objects.filter(action="rollout.cluster_apply").count() == 1
+    assert rollout_step(rollout_id=10**9) == "busy-or-gone"
+
+
+def test_canary_goes_first_and_percentage_batches(users):
+    actor = users["operator"]
+    bp, v1 = blueprint(actor, auto_rollout=False)
+    clusters = clusters_on(v1, 9)
+    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    rollout = rollout_start(actor=actor, version=v2, targets={"fleet": clusters[0].fleet_id},
+                            strategy={"canary": [clusters[4].name], "batch_size": "50%", "soak_seconds": 0})
+    assert list(rollout.clusters.filter(batch_index=0).values_list("cluster_id", flat=True)) == [clusters[4].pk]
+    assert rollout.batches.count() == 3  # canary, then 5 and 3 (50% of 9, rounded up)
+    assert rollout.batches.get(index=0).canary
+
+
+def test_soak_time_holds_the_next_batch(users):
+    actor = users["operator"]
+    bp, v1 = blueprint(actor, auto_rollout=False)
+    clusters_on(v1, 2)
+    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True},
+                            strategy={"batch_size": 1, "soak_seconds": 300})
+    now = timezone.now()
+    assert rollout_step(rollout_id=rollout.pk, now=now) == "batch-started"  # applied, healthy at once: soaking
+    assert rollout.batches.get(index=0).status == RolloutBatch.Status.SOAKING
+    assert rollout_step(rollout_id=rollout.pk, now=now + timedelta(seconds=10)) == "soaking"
+    assert rollout_step(rollout_id=rollout.pk, now=now + timedelta(seconds=301)) == "batch-passed"
+    assert rollout_step(rollout_id=rollout.pk, now=now + timedelta(seconds=302)) == "batch-started"
+
+
+def test_a_failing_canary_spends_the_budget_and_rolls_back_with_a_pinned_reason(users):
+    actor = users["operator"]
+    bp, v1 = blueprint(actor, auto_rollout=False)
+    clusters = clusters_on(v1, 4)
+    clusters[0].connection = {"apply_seconds": 0, "bad_charts": ["gpu-operator-bad"]}
+    clusters[0].save()
+    bad = [{**a, "chart": "gpu-operator-bad"} if a["name"] == "gpu-operator" else a for a in ADDONS]
+    v2 = version_create(actor=actor, blueprint=bp, addons=bad, activate=True)
+    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True},
+                            strategy={"canary": 1, "batch_size": 2, "soak_seconds": 0, "auto_rollback": True})
+    run_to_end(rollout)
+    assert rollout.state == RolloutState.ROLLED_BACK and "1 clusters failed" in rollout.reason
+    clusters[0].refresh_from_db()
+    assert clusters[0].blueprint_version == v1 and not clusters[0].track_latest
+    assert "rolled back from" in clusters[0].pinned_reason
+    assert SimulatedAddon.objects.get(cluster=clusters[0], name="gpu-operator").chart == "gpu-operator"
+    for other in clusters[1:]:  # never touched: still tracking v1
+        other.refresh_from_db()
+        assert other.blueprint_version == v1 and other.track_latest
+    assert rollout.clusters.filter(status=RolloutClusterStatus.SKIPPED).count() == 3
+
+
+def test_progress_deadline_times_clusters_out(users):
+    actor = users["operator"]
+    bp, v1 = blueprint(actor, auto_rollout=False)
+    (cluster,) = clusters_on(v1, 1)
+    cluster.connection = {"apply_seconds": 3600}
+    cluster.save()
+    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True},
+                            strategy={"progress_deadline_seconds": 60, "auto_rollback": False, "max_failures": 0})
+    now = timezone.now()
+    rollout_step(rollout_id=rollout.pk, now=now)
+    assert rollout_step(rollout_id=rollout.pk, now=now + timedelta(seconds=30)) == "batch-progressing"
+    assert rollout_step(rollout_id=rollout.pk, now=now + timedelta(seconds=61)) == "stopped"
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.FAILED
+    assert rollout.clusters.get().status == RolloutClusterStatus.TIMED_OUT
+
+
+def test_fault_rate_gate_fails_a_batch_whose_faults_rose(users):
+    actor = users["operator"]
+    bp, v1 = blueprint(actor, auto_rollout=False)
+    clusters_on(v1, 2)
+    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True},
+                            strategy={"batch_size": 1, "soak_seconds": 60, "auto_rollback": True})
+    previous = hooks._fault_counter
+    start = timezone.now()
+    hooks.register_fault_counter(lambda ids, since, until: 5 if since >= start - timedelta(seconds=1) else 1)
+    try:
+        now = timezone.now()
+        rollout_step(rollout_id=rollout.pk, now=now)
+        rollout_step(rollout_id=rollout.pk, now=now)
+        assert rollout_step(rollout_id=rollout.pk, now=now + timedelta(seconds=61)) == "stopped"
+    finally:
+        hooks.register_fault_counter(previous)
+    rollout.refresh_from_db()
+    batch = rollout.batches.get(index=0)
+    assert batch.faults_after == 5 and batch.faults_before == 1 and "fault rate rose" in batch.gate
+    assert rollout.state == RolloutState.ROLLED_BACK
+
+
+def test_node_software_drains_within_budget_and_waits_for_protected_jobs(users):
+    from fleet.choices import NodeState
+    from tests.fleet_factories import make_node
+
+    actor = users["operator"]
+    bp, v1 = blueprint(actor, auto_rollout=False, node_software={"gpu_driver": "550.90.07"})
+    (cluster,) = clusters_on(v1, 1)
+    nodes = [make_node(cluster) for _ in range(3)]
+    v2 = version_create(actor=actor, blueprint=bp, addons=ADDONS, node_software={"gpu_driver": "560.35.03"},
+                        policy={"disruption": {"max_unavailable_nodes": 2}}, activate=True)
+    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True}, strategy={"soak_seconds": 0})
+    previous = hooks._drain_guard
+    hooks.register_drain_guard(lambda node: (node.pk != nodes[2].pk, "protected job j-7 cannot move yet"))
+    try:
+        rollout_step(rollout_id=rollout.pk)
+        row = rollout.clusters.get()
+        assert row.status == RolloutClusterStatus.TO_APPLY and sorted(row.nodes_updated) == sorted(
+            [nodes[0].pk, nodes[1].pk])
+        rollout_step(rollout_id=rollout.pk)
+        row.refresh_from_db()
+        assert "protected job j-7" in row.reason and row.status == RolloutClusterStatus.TO_APPLY
+    finally:
+        hooks.register_drain_guard(previous)
+    run_to_end(rollout)
+    assert rollout.state == RolloutState.SUCCEEDED
+    assert set(cluster.nodes.values_list("state", flat=True)) == {NodeState.READY}
+    assert AuditEntry.objects.filter(action="node.drain").count() == 3
+    assert SimulatedAddon.objects.get(cluster=cluster, name="node-software.gpu_driver").version == "560.35.03"
+
+
+def test_pause_resume_cancel_and_manual_rollback(users):
+    actor = users["operator"]
+    bp, v1 = blueprint(actor, auto_rollout=False)
+    clusters = clusters_on(v1, 4)
+    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True}, strategy={"batch_size": 2})
+    rollout_step(rollout_id=rollout.pk)
+    rollout_pause(actor=actor, rollout=rollout)
+    assert rollout_step(rollout_id=rollout.pk) == "idle"
+    rollout_resume(actor=actor, rollout=rollout)
+    rollout_step(rollout_id=rollout.pk)
+    rollout_rollback(actor=actor, rollout=rollout, reason="latency regression")
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.ROLLED_BACK
+    touched = rollout.clusters.filter(rolled_back_at__isnull=False)
+    assert touched.count() == 2
+    for row in touched:
+        row.cluster.refresh_from_db()
+        assert row.cluster.blueprint_version == v1 and "latency regression" in row.cluster.pinned_reason
+    with pytest.raises(ServiceError):
+        rollout_cancel(actor=actor, rollout=rollout)
+    # the clusters are free again for another rollout
+    again = rollout_start(actor=actor, version=v2, targets={"clusters": [c.pk for c in clusters]})
+    rollout_cancel(actor=actor, rollout=again)
+    again.refresh_from_db()
+    assert again.state == RolloutState.CANCELLED
+    assert set(again.clusters.values_list("status", flat=True)) == {RolloutClusterStatus.SKIPPED}
+
+
+def test_start_refuses_bad_input_and_writes_nothing(users):
+    actor = users["operator"]
+    bp, v1 = blueprint(actor, auto_rollout=False)
+    clusters = clusters_on(v1, 2)
+    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"))
+    cases = [
+        (dict(version=v2, targets={"tracking": True}), "version"),  # a draft
+        (dict(version=v1, targets={"labels": {"nope": "x"}}), "targets"),
+        (dict(version=v1, targets={"clusters": ["no-such"]}), "targets.clusters"),
+        (dict(version=v1, targets={"tracking": True}, strategy={"batch_size": 0}), "strategy.batch_size"),
+        (dict(version=v1, targets={"tracking": True}, strategy={"bogus": 1}), "strategy"),
+    ]
+    for kwargs, field in cases:
+        with pytest.raises(ServiceError) as refused:
+            rollout_start(actor=actor, **kwargs)
+        assert refused.value.field == field, (kwargs, refused.value.detail)
+    version_disable(actor=actor, version=v1)
+    with pytest.raises(ServiceError) as refused:
+        rollout_start(actor=actor, version=v1, targets={"tracking": True})
+    assert refused.value.field == "version"
+    v2.state = "active"
+    v2.save()
+    rollout_start(actor=actor, version=v2, targets={"clusters": [clusters[0].pk]})
+    with pytest.raises(ServiceError) as refused:
+        rollout_start(actor=actor, version=v2, targets={"clusters": [clusters[0].pk, clusters[1].pk]})
+    assert refused.value.field == "targets" and clusters[0].name in refused.value.detail
+    assert Rollout.objects.count() == 1
+
+
+def test_change_window_defers_the_next_batch(users):
+    actor = users["operator"]
+    bp, v1 = blueprint(actor, auto_rollout=False)
+    clusters_on(v1, 1)
+    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    monday_night = timezone.now().replace(year=2026, month=11, day=30, hour=23, minute=0)
+    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True},
+                            strategy={"change_window": {"days": [1], "start": "01:00", "end": "05:00"}})
+    assert rollout_step(rollout_id=rollout.pk, now=monday_night) == "outside-change-window"
+    assert rollout_step(rollout_id=rollout.pk, now=monday_night + timedelta(hours=3)) == "batch-started"

@@ -35,15 +35,15 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "LOG_LEVEL": (str, "INFO", "Root log level."),
     "SECURE_SSL_REDIRECT": (bool, False, "Redirect plain HTTP to HTTPS (set behind a TLS proxy)."),
     "DEMO_ADMIN_USERNAME": (str, "admin", "User name of the demo provider-admin that `make run` creates."),
-    "DRIFT_SWEEP_SECONDS": (int, 60, "How often beat runs the drift sweep over every cluster."),
-    "DRIFT_MAX_CORRECTIONS": (int, 3, "Failed corrections of one drift finding before it is reported and left alone."),
-    "ROLLOUT_TICK_SECONDS": (int, 5, "How often beat moves every running rollout one step (and re-queues lost steps)."),
     "TELEMETRY_MAX_BATCH_BYTES": (int, 8 * 1024 * 1024, "Largest telemetry batch accepted, bytes (413 above)."),
     "TELEMETRY_MAX_SKEW_SECONDS": (int, 300, "How far an agent's clock may be from the server's before its batch is refused."),
     "TELEMETRY_RAW_RETENTION_HOURS": (int, 24, "How long raw GPU samples are kept (and the oldest reading a batch may carry)."),
     "TELEMETRY_HISTORY_DAYS": (int, 30, "How long the per-node, per-minute history for charts is kept."),
     "TELEMETRY_THERMAL_CELSIUS": (float, 90.0, "GPU temperature at which ingest reports a thermal fault."),
     "TELEMETRY_SYMBOL_ERRORS_PER_HOUR": (float, 100.0, "NIC symbol-error rate above which a link counts as degraded."),
+    "DRIFT_SWEEP_SECONDS": (int, 60, "How often beat runs the drift sweep over every cluster."),
+    "DRIFT_MAX_CORRECTIONS": (int, 3, "Failed corrections of one drift finding before it is reported and left alone."),
+    "ROLLOUT_TICK_SECONDS": (int, 5, "How often beat moves every running rollout one step (and re-queues lost steps)."),
     "XID_CATALOG": (str, "", "Path of NVIDIA's Xid catalogue CSV that fault triage reads; empty: ../shared/data/xid/nvidia_xid_catalog.csv next to the project."),
     "FAULT_CORRELATION_SECONDS": (float, 60.0, "Reports of the same node, device, fault kind and code within this many seconds are one FaultEvent."),
     "FAULT_SWEEP_SECONDS": (int, 3, "How often beat re-enqueues fault events still new, and how old they must be."),
@@ -225,6 +225,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=env("ROLLOUT_TICK_SECONDS")),
         "options": {"expires": env("ROLLOUT_TICK_SECONDS") * 2},
     },
+    "telemetry-retention-prune": {
+        "task": "telemetry.retention_prune",
+        "schedule": timedelta(hours=1),
+        "options": {"expires": 1800},
+    },
     "retention-prune": {
         "task": "controlplane.retention_prune",
         "schedule": timedelta(hours=1),
@@ -266,7 +271,6 @@ ESCALATION_STRIKES = env("ESCALATION_STRIKES")
 ESCALATION_WINDOW_SECONDS = env("ESCALATION_WINDOW_SECONDS")
 NODE_COOLDOWN_SECONDS = env("NODE_COOLDOWN_SECONDS")
 NIC_REPAIR_SECONDS = env("NIC_REPAIR_SECONDS")
-
 
 # --- REST API -------------------------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -1,7 +1,7 @@
 from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, extend_schema, inline_serializer
-from rest_framework import exceptions, mixins, permissions, serializers, status
+from rest_framework import exceptions, mixins, permissions, renderers, serializers, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -136,3 +136,27 @@ class AlertmanagerWebhookView(APIView):
         from telemetry.services.alerts import alertmanager_ingest
 
         return Response(alertmanager_ingest(actor=request.user, payload=request.data))
+
+
+class PrometheusRenderer(renderers.BaseRenderer):
+    media_type = "text/plain"
+    format = "prometheus"
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        return data if isinstance(data, bytes) else str(data).encode()
+
+
+class MetricsView(APIView):
+    """Prometheus exposition (provider roles: scrape with a read token in ``authorization.credentials``)."""
+
+    permission_classes = [*APIView.permission_classes, IsProvider]
+    renderer_classes = [PrometheusRenderer, renderers.JSONRenderer]
+
+    @extend_schema(responses={(200, "text/plain"): OpenApiTypes.STR})
+    def get(self, request):
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        from telemetry.metrics import exposition
+
+        return Response(exposition(), content_type=CONTENT_TYPE_LATEST)

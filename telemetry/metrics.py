@@ -1,0 +1,89 @@
+"""Prometheus exposition at /metrics: Lockstep's figures read from the database at scrape time.
+
+Reading the database (instead of counting in each process) gives every web process the same answer, needs
+no multiprocess mode, and survives restarts. Names follow Prometheus conventions: the ``lockstep_`` prefix,
+base units (seconds, so GPU-hours are exposed as GPU-seconds), ``_total`` for counters.
+"""
+
+from datetime import timedelta
+
+from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Q, Sum
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from fleet.models import GPU, Node
+from fleet.models.drift import DriftFinding
+from fleet.models.rollouts import Rollout
+from jobs.models import FaultEvent, RecoveryAction
+
+DECISION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def _by(queryset, field: str) -> list[tuple[str, int]]:
+    return list(queryset.values_list(field).annotate(n=Count("pk")).order_by(field))
+
+
+class LockstepCollector:
+    def collect(self):
+        gpus = GaugeMetricFamily("lockstep_gpus", "GPUs by health", labels=["health"])
+        for health, n in _by(GPU.objects.all(), "health"):
+            gpus.add_metric([health], n)
+        yield gpus
+
+        nodes = GaugeMetricFamily("lockstep_nodes", "Nodes by state", labels=["state"])
+        for state, n in _by(Node.objects.all(), "state"):
+            nodes.add_metric([state], n)
+        yield nodes
+
+        faults = CounterMetricFamily("lockstep_faults", "Fault events stored, by kind", labels=["kind"])
+        for kind, n in _by(FaultEvent.objects.all(), "kind"):
+            faults.add_metric([kind], n)
+        yield faults
+
+        actions = CounterMetricFamily("lockstep_recovery_actions", "Recovery actions by kind and outcome",
+                                      labels=["kind", "outcome"])
+        rows = RecoveryAction.objects.values_list("kind", "state").annotate(n=Count("pk")).order_by("kind", "state")
+        for kind, state, n in rows:
+            actions.add_metric([kind, state], n)
+        yield actions
+
+        saved = RecoveryAction.objects.filter(state="succeeded").aggregate(
+            saved=Sum("gpu_hours_saved"), lost=Sum("gpu_hours_lost"))
+        yield CounterMetricFamily("lockstep_gpu_seconds_saved", "GPU time saved against restart from checkpoint",
+                                  value=(saved["saved"] or 0.0) * 3600)
+        yield CounterMetricFamily("lockstep_gpu_seconds_lost", "GPU time lost to faults despite recovery",
+                                  value=(saved["lost"] or 0.0) * 3600)
+
+        latency = ExpressionWrapper(F("planned_at") - F("fault__received_at"), output_field=DurationField())
+        decided = RecoveryAction.objects.filter(fault__isnull=False).annotate(latency=latency)
+        counts = decided.aggregate(
+            total=Count("pk"),
+            **{f"le_{i}": Count("pk", filter=Q(latency__lte=timedelta(seconds=b))) for i, b in enumerate(DECISION_BUCKETS)},
+        )
+        histogram = HistogramMetricFamily(
+            "lockstep_fault_to_decision_seconds", "From a fault's receipt to its recovery action being recorded",
+            buckets=[(str(b), counts[f"le_{i}"]) for i, b in enumerate(DECISION_BUCKETS)] + [("+Inf", counts["total"])],
+            sum_value=_latency_sum(decided),
+        )
+        yield histogram
+
+        rollouts = GaugeMetricFamily("lockstep_rollouts", "Rollouts by state", labels=["state"])
+        for state, n in _by(Rollout.objects.all(), "state"):
+            rollouts.add_metric([state], n)
+        yield rollouts
+
+        drift = GaugeMetricFamily("lockstep_drift_findings_open", "Open drift findings by kind", labels=["kind"])
+        for kind, n in _by(DriftFinding.objects.filter(resolved_at__isnull=True), "kind"):
+            drift.add_metric([kind], n)
+        yield drift
+
+
+def _latency_sum(decided) -> float:
+    row = decided.aggregate(avg=Avg("latency"), n=Count("pk"))
+    return row["avg"].total_seconds() * row["n"] if row["avg"] is not None else 0.0
+
+
+def exposition() -> bytes:
+    registry = CollectorRegistry()
+    registry.register(LockstepCollector())
+    return generate_latest(registry)

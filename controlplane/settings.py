@@ -225,6 +225,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=env("ROLLOUT_TICK_SECONDS")),
         "options": {"expires": env("ROLLOUT_TICK_SECONDS") * 2},
     },
+    "telemetry-notifications": {
+        "task": "telemetry.notifications",
+        "schedule": timedelta(seconds=5),
+        "options": {"expires": 10},
+    },
     "telemetry-retention-prune": {
         "task": "telemetry.retention_prune",
         "schedule": timedelta(hours=1),

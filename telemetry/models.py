@@ -190,3 +190,65 @@ class AlertRecord(models.Model):
 
     def __str__(self):
         return f"{self.alertname} {self.fingerprint} {self.status}"
+
+
+class NotificationChannel(models.Model):
+    """Where Lockstep tells humans what they must see: a generic JSON webhook or a Slack-compatible one."""
+
+    class Kind(models.TextChoices):
+        GENERIC = "generic", "Generic JSON webhook"
+        SLACK = "slack", "Slack-compatible webhook"
+
+    name = models.CharField(max_length=100, unique=True)
+    kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.GENERIC)
+    url = models.URLField(max_length=500)
+    # Which notices (telemetry.notifications.RULES); empty means all of them.
+    rules = models.JSONField(default=list, blank=True)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class NotificationCursor(models.Model):
+    """How far the dispatcher has read the ``fleet`` topic of the event outbox."""
+
+    name = models.CharField(max_length=40, primary_key=True)
+    last_seq = models.BigIntegerField(default=0)
+
+    def __str__(self):
+        return f"{self.name}@{self.last_seq}"
+
+
+class NotificationDelivery(models.Model):
+    """One notice to one channel: the delivery log, with retries on deadlines kept in the row."""
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        DELIVERED = "delivered", "Delivered"
+        FAILED = "failed", "Failed"
+
+    channel = models.ForeignKey(NotificationChannel, on_delete=models.CASCADE, related_name="deliveries")
+    event_id = models.BigIntegerField()
+    rule = models.CharField(max_length=40)
+    summary = models.CharField(max_length=500)
+    payload = models.JSONField(default=dict)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    last_status = models.IntegerField(null=True, blank=True)
+    last_error = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["channel", "event_id"], name="delivery_once_per_event")]
+        indexes = [models.Index(fields=["state", "next_attempt_at"])]
+
+    def __str__(self):
+        return f"{self.rule} → {self.channel_id} ({self.state})"

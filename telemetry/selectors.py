@@ -9,3 +9,17 @@ def agent_token_list(*, user) -> QuerySet[AgentToken]:
     if not principal(user).is_provider:
         return AgentToken.objects.none()
     return AgentToken.objects.select_related("cluster")
+
+
+def notification_channel_list(*, user):
+    from telemetry.models import NotificationChannel
+
+    return NotificationChannel.objects.all() if principal(user).is_provider else NotificationChannel.objects.none()
+
+
+def notification_delivery_list(*, user):
+    from telemetry.models import NotificationDelivery
+
+    if not principal(user).is_provider:
+        return NotificationDelivery.objects.none()
+    return NotificationDelivery.objects.select_related("channel")

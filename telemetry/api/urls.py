@@ -1,10 +1,18 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from telemetry.api.views import AgentTokenViewSet, AlertmanagerWebhookView, TelemetryIngestView
+from telemetry.api.views import (
+    AgentTokenViewSet,
+    AlertmanagerWebhookView,
+    NotificationChannelViewSet,
+    NotificationDeliveryViewSet,
+    TelemetryIngestView,
+)
 
 router = SimpleRouter()
 router.register("agent-tokens", AgentTokenViewSet, basename="agent-token")
+router.register("notification-channels", NotificationChannelViewSet, basename="notification-channel")
+router.register("notification-deliveries", NotificationDeliveryViewSet, basename="notification-delivery")
 
 urlpatterns = [
     path("ingest/telemetry/", TelemetryIngestView.as_view(), name="ingest-telemetry"),

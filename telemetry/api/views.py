@@ -10,6 +10,8 @@ from controlplane.api import ScopedViewSet
 from controlplane.errors import ServiceError
 from fleet.selectors import cluster_list
 from telemetry import selectors
+from telemetry.models import NotificationChannel
+from telemetry.notifications import RULES
 from telemetry.services.ingest import telemetry_ingest
 from telemetry.tokens import (
     AgentPrincipal,
@@ -18,7 +20,7 @@ from telemetry.tokens import (
     agent_token_revoke,
     agent_token_rotate,
 )
-from tenancy.permissions import IsProvider
+from tenancy.permissions import IsProvider, ProviderReadAdminWrite
 
 
 class IsAgent(permissions.BasePermission):
@@ -160,3 +162,66 @@ class MetricsView(APIView):
         from telemetry.metrics import exposition
 
         return Response(exposition(), content_type=CONTENT_TYPE_LATEST)
+
+
+class NotificationChannelSerializer(serializers.ModelSerializer):
+    rules = serializers.ListField(child=serializers.ChoiceField(choices=sorted(RULES)), required=False)
+
+    class Meta:
+        model = NotificationChannel
+        fields = ["id", "name", "kind", "url", "rules", "enabled", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+
+class NotificationChannelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                                 mixins.UpdateModelMixin, mixins.DestroyModelMixin, ScopedViewSet):
+    """Webhooks for what a human must see: failed recoveries, nodes that need support, rollouts that stopped
+    or rolled back, automation paused. Provider roles read; the provider admin changes."""
+
+    serializer_class = NotificationChannelSerializer
+    permission_classes = [*ScopedViewSet.permission_classes, ProviderReadAdminWrite]
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def selector(self, *, user):
+        return selectors.notification_channel_list(user=user)
+
+    def perform_create(self, serializer):
+        from telemetry.services.channels import channel_create
+
+        serializer.instance = channel_create(actor=self.request.user, **serializer.validated_data)
+
+    def perform_update(self, serializer):
+        from telemetry.services.channels import channel_update
+
+        serializer.instance = channel_update(actor=self.request.user, channel=serializer.instance,
+                                             **serializer.validated_data)
+
+    def perform_destroy(self, instance):
+        from telemetry.services.channels import channel_delete
+
+        channel_delete(actor=self.request.user, channel=instance)
+
+
+class NotificationDeliverySerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    channel = serializers.CharField(source="channel.name")
+    rule = serializers.CharField()
+    summary = serializers.CharField()
+    state = serializers.CharField()
+    attempts = serializers.IntegerField()
+    last_status = serializers.IntegerField(allow_null=True)
+    last_error = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    delivered_at = serializers.DateTimeField(allow_null=True)
+    next_attempt_at = serializers.DateTimeField()
+
+
+class NotificationDeliveryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """The delivery log (provider roles)."""
+
+    serializer_class = NotificationDeliverySerializer
+    permission_classes = [*ScopedViewSet.permission_classes, IsProvider]
+    filterset_fields = ["state", "rule", "channel"]
+
+    def selector(self, *, user):
+        return selectors.notification_delivery_list(user=user)

@@ -1,0 +1,131 @@
+"""Notifications to a real HTTP receiver on loopback: delivered, retried, given up, never twice."""
+
+import json
+import threading
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.utils import timezone
+
+from controlplane import events
+from telemetry.models import NotificationChannel, NotificationDelivery
+from telemetry.notifications import MAX_ATTEMPTS, notifications_deliver, notifications_dispatch
+from telemetry.services.channels import channel_create
+
+pytestmark = pytest.mark.django_db
+
+
+class Receiver:
+    def __init__(self, status=200):
+        self.status = status
+        self.bodies = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length", 0))
+                outer.bodies.append(json.loads(self.rfile.read(length)))
+                self.send_response(outer.status)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    running = Receiver()
+    yield running
+    running.close()
+
+
+def failed_action():
+    events.publish(["fleet"], "action.failed", {"summary": "live migration failed", "job": 7, "node": 3,
+                                                "reason": "no spare"})
+
+
+def test_failed_recovery_reaches_generic_and_slack_webhooks_once(users, receiver):
+    admin = users["provider-admin"]
+    channel_create(actor=admin, name="ops", url=receiver.url)
+    channel_create(actor=admin, name="slack", url=receiver.url, kind="slack")
+    events.publish(["fleet"], "tenant.created", {"name": "not interesting"})
+    failed_action()
+    assert notifications_dispatch() == 2
+    assert notifications_dispatch() == 0  # the cursor moved: dispatching again writes nothing
+    counts = notifications_deliver()
+    assert counts["delivered"] == 2
+    generic = next(b for b in receiver.bodies if "rule" in b)
+    slack = next(b for b in receiver.bodies if "text" in b)
+    assert generic["rule"] == "recovery_failed" and generic["kind"] == "action.failed" and generic["payload"]["job"] == 7
+    assert "live migration failed" in slack["text"] and slack["blocks"]
+    assert notifications_deliver()["delivered"] == 0
+    assert len(receiver.bodies) == 2
+
+
+def test_failing_receiver_is_retried_with_backoff_then_given_up(users):
+    down = Receiver(status=500)
+    try:
+        channel_create(actor=users["provider-admin"], name="flaky", url=down.url)
+        failed_action()
+        notifications_dispatch()
+        now = timezone.now()
+        assert notifications_deliver(now=now)["retry"] == 1
+        delivery = NotificationDelivery.objects.get()
+        assert delivery.attempts == 1 and delivery.last_status == 500 and delivery.next_attempt_at > now
+        assert notifications_deliver(now=now)["retry"] == 0  # not due yet
+        for _ in range(MAX_ATTEMPTS - 1):
+            now += timedelta(hours=2)
+            notifications_deliver(now=now)
+        delivery.refresh_from_db()
+        assert delivery.state == "failed" and delivery.attempts == MAX_ATTEMPTS
+        assert len(down.bodies) == MAX_ATTEMPTS
+    finally:
+        down.close()
+
+
+def test_unreachable_receiver_is_logged(users):
+    channel_create(actor=users["provider-admin"], name="gone", url="http://127.0.0.1:9/hook")
+    failed_action()
+    notifications_dispatch()
+    notifications_deliver()
+    delivery = NotificationDelivery.objects.get()
+    assert delivery.state == "pending" and "ConnectionError" in delivery.last_error
+
+
+def test_channel_rules_filter_and_rollout_and_needs_human_notices(users, receiver):
+    channel_create(actor=users["provider-admin"], name="rollouts-only", url=receiver.url, rules=["rollout_stopped"])
+    failed_action()
+    events.publish(["fleet"], "rollout.rolledback", {"rollout": 4, "state": "RolledBack", "reason": "failure budget spent"})
+    events.publish(["fleet"], "node.escalation", {"node": 9, "hostname": "dgx-9", "stage": "failed", "needs_human": True})
+    assert notifications_dispatch() == 1
+    assert NotificationDelivery.objects.get().rule == "rollout_stopped"
+    channel_create(actor=users["provider-admin"], name="all", url=receiver.url)
+    events.publish(["fleet"], "node.escalation", {"node": 9, "hostname": "dgx-9", "stage": "failed", "needs_human": True})
+    assert notifications_dispatch() == 1
+    assert NotificationDelivery.objects.filter(rule="needs_human").count() == 1
+
+
+def test_channel_api_is_for_the_provider_admin(api, users, receiver):
+    api.as_token(users["operator"])
+    assert api.post("/api/v1/notification-channels/", {"name": "x", "url": receiver.url}, format="json").status_code == 403
+    api.as_token(users["provider-admin"])
+    created = api.post("/api/v1/notification-channels/", {"name": "x", "url": receiver.url, "kind": "slack",
+                                                          "rules": ["recovery_failed"]}, format="json")
+    assert created.status_code == 201, created.content
+    bad = api.post("/api/v1/notification-channels/", {"name": "y", "url": "not a url", "rules": ["nope"]}, format="json")
+    assert bad.status_code == 400 and {"url", "rules"} <= set(bad.json())
+    assert NotificationChannel.objects.count() == 1
+    assert api.get("/api/v1/notification-deliveries/").status_code == 200

@@ -30,3 +30,25 @@ def test_metrics_are_fleet_wide_figures_for_providers(api, users, role, status):
 
 def test_metrics_need_credentials(api, db):
     assert api.get("/metrics").status_code == 401
+
+
+def test_grafana_dashboard_reads_only_metrics_lockstep_exposes(api, users):
+    import json
+    import re
+    from pathlib import Path
+
+    from django.conf import settings
+
+    dashboard = json.loads((Path(settings.BASE_DIR) / "docs" / "grafana-lockstep.json").read_text())
+    api.as_token(users["operator"], "read")
+    exposed = {line.split(" ")[2] for line in api.get("/metrics").content.decode().splitlines() if line.startswith("# TYPE")}
+    series = set()
+    for name in exposed:
+        series |= {name, f"{name}_total", f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    used = set()
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            used |= set(re.findall(r"lockstep_[a-z_]+", target["expr"]))
+    assert used and used <= series, used - series
+    titles = [p["title"] for p in dashboard["panels"]]
+    assert any("Failover timeline" in t for t in titles) and any("GPU-hours saved" in t for t in titles)

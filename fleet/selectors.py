@@ -2,8 +2,10 @@
 
 from dataclasses import dataclass
 
-from django.db.models import QuerySet
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q, QuerySet
 
+from controlplane.access import principal
 from fleet.choices import HealthStatus, SyncStatus
 from fleet.models import Cluster, Node, ObservedAddon
 from fleet.models.blueprints import PROTECTION_ADDONS
@@ -52,3 +54,59 @@ def cluster_list(*, user) -> QuerySet[Cluster]:
 
 def node_list(*, user) -> QuerySet[Node]:
     return restrict(Node.objects.select_related("cluster"), user)
+
+
+def fleet_list(*, user) -> QuerySet:
+    """All fleets for provider roles; for tenant users, the fleets that hold one of their dedicated clusters."""
+    from fleet.models import Fleet
+
+    who = principal(user)
+    if who.is_provider:
+        return Fleet.objects.all()
+    if not who.is_authenticated or who.tenant_id is None:
+        return Fleet.objects.none()
+    return Fleet.objects.filter(pk__in=Cluster.objects.filter(dedicated_tenant_id=who.tenant_id).values("fleet_id"))
+
+
+def cluster_catalog(*, user) -> QuerySet[Cluster]:
+    """Clusters the user may know of: ``cluster_list`` plus, for tenant users, shared clusters (of which they
+    are shown only name, tier and blueprint version)."""
+    who = principal(user)
+    base = Cluster.objects.select_related("fleet", "blueprint_version__blueprint")
+    if who.is_provider:
+        return base
+    if not who.is_authenticated or who.tenant_id is None:
+        return base.none()
+    return base.filter(Q(dedicated_tenant_id=who.tenant_id) | Q(dedicated_tenant__isnull=True))
+
+
+def sees_in_full(user, cluster: Cluster) -> bool:
+    who = principal(user)
+    return who.is_provider or (who.tenant_id is not None and cluster.dedicated_tenant_id == who.tenant_id)
+
+
+def blueprint_list(*, user) -> QuerySet:
+    """Blueprints and versions are for provider roles (DESIGN); PermissionDenied for anyone else."""
+    from fleet.models import Blueprint
+
+    _provider_only(user, "blueprints")
+    return Blueprint.objects.all()
+
+
+def rollout_list(*, user) -> QuerySet:
+    from fleet.models import Rollout
+
+    _provider_only(user, "rollouts")
+    return Rollout.objects.select_related("version__blueprint")
+
+
+def drift_list(*, user) -> QuerySet:
+    """Drift findings of the clusters the user sees in full."""
+    from fleet.models import DriftFinding
+
+    return restrict(DriftFinding.objects.select_related("cluster"), user)
+
+
+def _provider_only(user, what: str) -> None:
+    if not principal(user).is_provider:
+        raise PermissionDenied(f"{what} are for provider roles")

@@ -1,0 +1,96 @@
+"""Rollouts (provider roles) and drift findings (scoped like clusters)."""
+
+from collections import Counter
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from controlplane.api import ScopedViewSet
+from controlplane.errors import ServiceError
+from fleet import selectors
+from fleet.api.serializers import (
+    DriftFindingSerializer,
+    RolloutActionSerializer,
+    RolloutCreateSerializer,
+    RolloutDetailSerializer,
+    RolloutSerializer,
+)
+from fleet.filtersets import DriftFindingFilterSet, RolloutFilterSet
+from fleet.models import BlueprintVersion, Rollout
+from fleet.services import rollouts as services
+
+
+def rollout_body(rollout) -> dict:
+    rollout = type(rollout).objects.select_related("version__blueprint").prefetch_related(
+        "batches", "clusters__cluster", "clusters__previous_version").get(pk=rollout.pk)
+    counts: dict[int, Counter] = {}
+    for row in rollout.clusters.all():
+        counts.setdefault(row.batch_index, Counter())[row.status] += 1
+    return RolloutDetailSerializer(rollout, context={"counts": {k: dict(v) for k, v in counts.items()}}).data
+
+
+class RolloutViewSet(mixins.ListModelMixin, ScopedViewSet):
+    """Rollouts: start one, follow it per batch and cluster, pause, resume, cancel or roll it back."""
+
+    serializer_class = RolloutSerializer
+    filterset_class = RolloutFilterSet
+    http_method_names = ["get", "post", "head", "options"]
+
+    def selector(self, *, user):
+        if getattr(self, "swagger_fake_view", False):  # schema generation: no user to read for
+            return Rollout.objects.none()
+        return selectors.rollout_list(user=user)
+
+    @extend_schema(responses=RolloutDetailSerializer)
+    def retrieve(self, request, pk=None):
+        return Response(rollout_body(self.get_object()))
+
+    @extend_schema(request=RolloutCreateSerializer, responses={201: RolloutDetailSerializer})
+    def create(self, request):
+        data = RolloutCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        version = BlueprintVersion.objects.filter(blueprint_id=values["blueprint"], number=values["version"]).first()
+        if version is None:
+            raise ServiceError("no such version of that blueprint", field="version")
+        rollout = services.rollout_start(actor=request.user, version=version, targets=values["targets"],
+                                         strategy=values["strategy"])
+        return Response(rollout_body(rollout), status=status.HTTP_201_CREATED)
+
+    def _act(self, request, service, with_reason=True):
+        data = RolloutActionSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        kwargs = {"reason": data.validated_data["reason"]} if with_reason else {}
+        return Response(rollout_body(service(actor=request.user, rollout=self.get_object(), **kwargs)))
+
+    @extend_schema(request=RolloutActionSerializer, responses=RolloutDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def pause(self, request, pk=None):
+        return self._act(request, services.rollout_pause)
+
+    @extend_schema(request=None, responses=RolloutDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def resume(self, request, pk=None):
+        return self._act(request, services.rollout_resume, with_reason=False)
+
+    @extend_schema(request=RolloutActionSerializer, responses=RolloutDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        return self._act(request, services.rollout_cancel)
+
+    @extend_schema(request=RolloutActionSerializer, responses=RolloutDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def rollback(self, request, pk=None):
+        return self._act(request, services.rollout_rollback)
+
+
+class DriftFindingViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """Drift findings, open and resolved, of the clusters the user sees in full."""
+
+    serializer_class = DriftFindingSerializer
+    filterset_class = DriftFindingFilterSet
+
+    def selector(self, *, user):
+        return selectors.drift_list(user=user)

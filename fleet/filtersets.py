@@ -1,0 +1,73 @@
+"""One FilterSet per model, serving both its list page and its API endpoint."""
+
+import django_filters
+from django.db.models import Q
+
+from fleet.choices import DriftKind, RolloutState, VersionState
+from fleet.models import Blueprint, Cluster, DriftFinding, Fleet, Node, Rollout
+
+
+class FleetFilterSet(django_filters.FilterSet):
+    name = django_filters.CharFilter(lookup_expr="icontains")
+
+    class Meta:
+        model = Fleet
+        fields = ["name", "automation"]
+
+
+class ClusterFilterSet(django_filters.FilterSet):
+    q = django_filters.CharFilter(method="search", label="Search")
+    label = django_filters.CharFilter(method="by_label", label="Label (key=value)")
+    blueprint = django_filters.CharFilter(field_name="blueprint__name")
+    version = django_filters.NumberFilter(field_name="blueprint_version__number")
+
+    class Meta:
+        model = Cluster
+        fields = ["fleet", "region", "tier", "kind", "driver", "track_latest", "dedicated_tenant"]
+
+    def search(self, queryset, name, value):
+        return queryset.filter(Q(name__icontains=value) | Q(region__icontains=value))
+
+    def by_label(self, queryset, name, value):
+        key, _, wanted = value.partition("=")
+        return queryset.filter(labels__contains={key: wanted}) if wanted else queryset.filter(labels__has_key=key)
+
+
+class NodeFilterSet(django_filters.FilterSet):
+    hostname = django_filters.CharFilter(lookup_expr="icontains")
+
+    class Meta:
+        model = Node
+        fields = ["cluster", "state", "rack", "leaf_switch", "gpu_model"]
+
+
+class BlueprintFilterSet(django_filters.FilterSet):
+    name = django_filters.CharFilter(lookup_expr="icontains")
+
+    class Meta:
+        model = Blueprint
+        fields = ["name", "drift_mode", "auto_rollout"]
+
+
+class RolloutFilterSet(django_filters.FilterSet):
+    state = django_filters.MultipleChoiceFilter(choices=RolloutState.choices)
+    blueprint = django_filters.CharFilter(field_name="version__blueprint__name")
+    cluster = django_filters.NumberFilter(field_name="clusters__cluster", distinct=True)
+
+    class Meta:
+        model = Rollout
+        fields = ["state", "version"]
+
+
+class DriftFindingFilterSet(django_filters.FilterSet):
+    open = django_filters.BooleanFilter(field_name="resolved_at", lookup_expr="isnull", label="Open")
+    kind = django_filters.ChoiceFilter(choices=DriftKind.choices)
+    addon = django_filters.CharFilter()
+    since = django_filters.IsoDateTimeFilter(field_name="detected_at", lookup_expr="gte")
+
+    class Meta:
+        model = DriftFinding
+        fields = ["cluster", "kind", "addon", "resolution"]
+
+
+VERSION_STATES = VersionState.choices

@@ -22,12 +22,21 @@ DEFAULT_RISK_THRESHOLD = 0.8
 
 
 def lock_cluster(cluster_id: int) -> Cluster:
-    return Cluster.objects.select_for_update(of=("self",)).select_related("fleet").get(pk=cluster_id)
+    """The cluster row, locked (FOR NO KEY UPDATE: rows that merely refer to it are not held up)."""
+    immediate_constraints()
+    return Cluster.objects.select_for_update(of=("self",), no_key=True).select_related("fleet").get(pk=cluster_id)
+
+
+def lock_nodes(node_ids) -> None:
+    """Lock node rows (as fleet's node services do), in id order so two lockers never wait on each other."""
+    ids = sorted({pk for pk in node_ids if pk})
+    if ids:
+        list(Node.objects.select_for_update(of=("self",)).filter(pk__in=ids).order_by("pk").values_list("pk", flat=True))
 
 
 def _skip_locked(queryset):
     if connection.features.has_select_for_update_skip_locked:
-        return queryset.select_for_update(skip_locked=True, of=("self",))
+        return queryset.select_for_update(skip_locked=True, of=("self",), no_key=True)
     return queryset.select_for_update()
 
 
@@ -125,3 +134,14 @@ def release(action: RecoveryAction) -> None:
 def cool_down(node: Node, seconds: float) -> None:
     """No job is migrated onto this node for a while (anti-thrash); the Node field exists for this."""
     Node.objects.filter(pk=node.pk).update(cooldown_until=timezone.now() + timedelta(seconds=seconds))
+
+
+def immediate_constraints() -> None:
+    """Check foreign keys as rows are written, not at COMMIT (PostgreSQL defers them by default).
+
+    A deferred check takes its KEY SHARE row locks at COMMIT, after this transaction already holds the
+    event-sequence rows of its topics; another transaction holding the referenced row and waiting for those
+    sequence rows would then deadlock with it. Checking at once takes the row locks first."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")

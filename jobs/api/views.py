@@ -15,8 +15,13 @@ from controlplane.api import ScopedViewSet
 from fleet.models import Cluster, Node
 from jobs import figures, selectors
 from jobs.api.serializers import (
-    FaultReportSerializer, FaultSerializer, JobSerializer, JobSubmitSerializer, ProgressSerializer,
-    RecoveryActionSerializer, SnapshotSerializer,
+    FaultReportSerializer,
+    FaultSerializer,
+    JobSerializer,
+    JobSubmitSerializer,
+    ProgressSerializer,
+    RecoveryActionSerializer,
+    SnapshotSerializer,
 )
 from jobs.authentication import JobTokenAuthentication
 from jobs.filtersets import FaultEventFilterSet, JobFilterSet, RecoveryActionFilterSet

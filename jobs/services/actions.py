@@ -122,7 +122,7 @@ def _complete(action: RecoveryAction) -> None:
     from fleet.services.nodes import node_uncordon
 
     now = timezone.now()
-    job = type(action.job).objects.select_for_update(of=("self",)).get(pk=action.job_id)
+    job = type(action.job).objects.select_for_update(of=("self",), no_key=True).get(pk=action.job_id)
     overhead = action.cluster.restart_overhead_minutes * 60.0
     detected = action.detected_at
     # The baseline was fixed when the fault was detected (stored at planning); only the actual part is measured.
@@ -178,7 +178,7 @@ def _complete(action: RecoveryAction) -> None:
 
 def action_advance(*, action_id: int) -> str:
     """One step for one running action (caller holds its cluster lock): complete it, fail it, or wait."""
-    action = (RecoveryAction.objects.select_for_update(of=("self",), skip_locked=True)
+    action = (RecoveryAction.objects.select_for_update(of=("self",), skip_locked=True, no_key=True)
               .select_related("job", "cluster", "node", "to_node", "snapshot").filter(pk=action_id).first())
     if action is None or action.state != ActionState.RUNNING:
         return "skipped"
@@ -219,6 +219,7 @@ def recovery_advance(*, cluster_ids: list[int] | None = None) -> dict:
         with transaction.atomic():
             cluster = placement.lock_cluster(cluster_id)
             due = active.filter(cluster_id=cluster_id, state=ActionState.RUNNING).order_by("done_at")
+            placement.lock_nodes([n for pair in due.values_list("node_id", "to_node_id")[:500] for n in pair])
             for action_id in due.values_list("pk", flat=True)[:500]:
                 counts["completed"] += action_advance(action_id=action_id) == "succeeded"
             waiting = (RecoveryAction.objects.filter(cluster_id=cluster_id, state=ActionState.PLANNED, dry_run=False)
@@ -238,7 +239,7 @@ def _complete_finished_jobs() -> None:
     for job in Job.objects.filter(simulated=True, state=JobState.RUNNING, total_iterations__isnull=False):
         if job.iteration_now() >= job.total_iterations:
             with transaction.atomic():
-                locked = Job.objects.select_for_update(of=("self",)).get(pk=job.pk)
+                locked = Job.objects.select_for_update(of=("self",), no_key=True).get(pk=job.pk)
                 if locked.state != JobState.RUNNING:
                     continue
                 now = timezone.now()

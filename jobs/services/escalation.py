@@ -67,7 +67,7 @@ def on_fault(*, fault: FaultEvent, verdict: FaultVerdict, cluster, dry_run: bool
     if not (verdict.out_of_service or verdict.escalates):
         return ""
     now = timezone.now()
-    escalation, _ = NodeEscalation.objects.select_for_update().get_or_create(node_id=fault.node_id)
+    escalation, _ = NodeEscalation.objects.select_for_update(no_key=True).get_or_create(node_id=fault.node_id)
     escalation.node = fault.node
     if escalation.stage in OPEN_STAGES or escalation.stage == EscalationStage.FAILED:
         return f"ladder already at {escalation.stage}"
@@ -196,7 +196,7 @@ def escalation_advance(*, cluster_ids: list[int] | None = None) -> int:
     for escalation_id, cluster_id in rows.values_list("pk", "node__cluster_id")[:500]:
         with transaction.atomic():
             lock_cluster(cluster_id)
-            escalation = NodeEscalation.objects.select_for_update(skip_locked=True).filter(pk=escalation_id).first()
+            escalation = NodeEscalation.objects.select_for_update(skip_locked=True, no_key=True).filter(pk=escalation_id).first()
             if escalation is None or escalation.stage not in OPEN_STAGES:
                 continue
             before = escalation.stage
@@ -215,7 +215,7 @@ def escalation_advance(*, cluster_ids: list[int] | None = None) -> int:
 def escalation_repaired(*, actor, node: Node, reason: str = "") -> NodeEscalation:
     """An operator repaired a failed node (rebooted, replaced a part): its GPUs and NICs count as healthy
     again, and the ladder goes on to validation and the spare pool."""
-    escalation = NodeEscalation.objects.select_for_update().filter(node=node).first()
+    escalation = NodeEscalation.objects.select_for_update(no_key=True).filter(node=node).first()
     if escalation is None or escalation.stage != EscalationStage.FAILED:
         raise ServiceError("the node is not waiting for a repair", status=409)
     GPU.objects.filter(node=node).update(health=GPUHealth.HEALTHY, health_reason=reason[:300] or "repaired")

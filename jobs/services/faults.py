@@ -13,6 +13,7 @@ from controlplane.errors import ServiceError
 from fleet.choices import AutomationMode
 from jobs.choices import FaultKind, FaultSource, FaultState, Severity
 from jobs.models import FaultEvent, JobAllocation
+from jobs.placement import immediate_constraints
 from jobs.services.common import cluster_topics, fault_payload, job_topics
 from jobs.triage import classify_fault
 
@@ -38,7 +39,7 @@ def _advisory_lock(key: str) -> None:
 
 
 def _merge(fault: FaultEvent, *, source: str, details: dict | None, now: datetime) -> FaultEvent:
-    fault = FaultEvent.objects.select_for_update(of=("self",)).select_related("node").get(pk=fault.pk)
+    fault = FaultEvent.objects.select_for_update(of=("self",), no_key=True).select_related("node").get(pk=fault.pk)
     if source not in fault.sources:
         fault.sources = [*fault.sources, source]
     fault.report_count += 1
@@ -78,6 +79,7 @@ def fault_ingest(*, source: str, kind: str, node, gpu_index: int | None = None, 
         raise ServiceError("detected_at is in the future", field="detected_at")
     key = correlation_key(node_id=node.pk, kind=kind, gpu_index=gpu_index, nic_name=nic_name, xid=xid)
     with transaction.atomic():
+        immediate_constraints()
         _advisory_lock(idempotency_key or key)
         if idempotency_key:
             existing = FaultEvent.objects.filter(idempotency_key=idempotency_key).first()
@@ -132,7 +134,8 @@ def fault_handle(*, fault_id: int) -> list[int]:
     from jobs.services.recovery import decide
 
     with transaction.atomic():
-        fault = FaultEvent.objects.select_for_update(of=("self",)).filter(pk=fault_id).first()
+        immediate_constraints()
+        fault = FaultEvent.objects.select_for_update(of=("self",), no_key=True).filter(pk=fault_id).first()
         if fault is None or fault.state != FaultState.NEW:
             return []
         from jobs.placement import _skip_locked, lock_cluster

@@ -14,7 +14,7 @@ from fleet.choices import DriverName, GPUHealth, NodeState
 from fleet.models import Cluster, Node
 from jobs.choices import ACTIVE_JOB_STATES, ActionState, JobPhaseKind, JobState
 from jobs.models import Job, JobAllocation, JobToken, RecoveryAction
-from jobs.placement import busy_node_ids, lock_cluster
+from jobs.placement import busy_node_ids, immediate_constraints, lock_cluster
 from jobs.services.common import job_payload, phase_end, phase_start, publish_job, record_progress
 
 TOKEN_PREFIX = "lsj"
@@ -93,7 +93,7 @@ def job_submit(*, actor, tenant, cluster: Cluster, name: str, gpus: int, gpus_pe
 @transaction.atomic
 def job_cancel(*, actor, job: Job) -> Job:
     """Stop a job: its GPUs are released, planned recoveries are dropped."""
-    job = Job.objects.select_for_update(of=("self",)).get(pk=job.pk)
+    job = Job.objects.select_for_update(of=("self",), no_key=True).get(pk=job.pk)
     if job.state not in ACTIVE_JOB_STATES:
         raise ServiceError(f"job {job.pk} is already {job.state}", status=409)
     now = timezone.now()
@@ -123,7 +123,8 @@ def job_progress(*, job: Job, iteration: int, step_seconds: float | None = None,
         raise ServiceError("must not be negative", field="iteration")
     if step_seconds is not None and not 0 < step_seconds < 86400:
         raise ServiceError("must be between 0 and 86400", field="step_seconds")
-    job = Job.objects.select_for_update(of=("self",)).get(pk=job.pk)
+    immediate_constraints()
+    job = Job.objects.select_for_update(of=("self",), no_key=True).get(pk=job.pk)
     if job.state not in ACTIVE_JOB_STATES:
         raise ServiceError(f"job {job.pk} is {job.state}", status=409)
     now = timezone.now()

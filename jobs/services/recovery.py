@@ -86,6 +86,9 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     protection = protection_of(cluster, max_age=2.0)
     overhead = cluster.restart_overhead_minutes * 60.0
     tenant_id = cluster.dedicated_tenant_id
+    # Lock the faulty nodes before anything publishes: node services lock them too, and a transaction must not
+    # wait for a row lock while it holds its topics' event-sequence rows (see placement.immediate_constraints).
+    placement.lock_nodes({fault.node_id for fault in faults})
     pairs = []
     outcome: dict[int, list[str]] = {}
     for fault in faults:
@@ -103,7 +106,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
             pairs.append((fault, impact, allocation))
     done = set(RecoveryAction.objects.filter(fault__in=faults, job__isnull=False).values_list("fault_id", "job_id"))
     pairs = [p for p in pairs if (p[0].pk, p[2].job_id) not in done]
-    jobs = {job.pk: job for job in Job.objects.select_for_update(of=("self",)).select_related("tenant")
+    jobs = {job.pk: job for job in Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant")
             .filter(pk__in={p[2].job_id for p in pairs}).order_by("pk")}
     priced = []
     for fault, impact, allocation in pairs:

@@ -9,6 +9,7 @@ from controlplane.errors import ServiceError
 from fleet.drivers import DriverError, driver_for
 from jobs.choices import JobState, SnapshotReason, SnapshotState
 from jobs.models import Job, JobSnapshot
+from jobs.placement import immediate_constraints
 from jobs.services.common import job_topics, protection_of
 
 
@@ -25,7 +26,8 @@ def _publish(snapshot: JobSnapshot, kind: str) -> None:
 def snapshot_take(*, actor, job: Job, reason: str = SnapshotReason.OPERATOR) -> JobSnapshot:
     """Start a snapshot of every worker of a running, protected job (no change to model code). It takes
     seconds, growing with the job's size; beat marks it done."""
-    job = Job.objects.select_for_update(of=("self",)).select_related("cluster").get(pk=job.pk)
+    immediate_constraints()
+    job = Job.objects.select_for_update(of=("self",), no_key=True).select_related("cluster").get(pk=job.pk)
     if job.state != JobState.RUNNING:
         raise ServiceError(f"job {job.pk} is {job.state}; only a running job can be snapshotted", status=409)
     protection = protection_of(job.cluster)
@@ -51,7 +53,8 @@ def snapshots_advance() -> int:
     due = JobSnapshot.objects.filter(state=SnapshotState.RUNNING, done_at__lte=timezone.now()).values_list("pk", flat=True)
     for snapshot_id in list(due[:200]):
         with transaction.atomic():
-            snapshot = (JobSnapshot.objects.select_for_update(skip_locked=True, of=("self",))
+            immediate_constraints()
+            snapshot = (JobSnapshot.objects.select_for_update(skip_locked=True, of=("self",), no_key=True)
                         .select_related("job__cluster").filter(pk=snapshot_id).first())
             if snapshot is None or snapshot.state != SnapshotState.RUNNING:
                 continue

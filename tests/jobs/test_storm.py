@@ -1,0 +1,148 @@
+"""The storm, with a real prefork Celery worker against PostgreSQL: 64 of 1,024 nodes fail within one second,
+32 spares, a budget of 8 concurrent migrations (4 per leaf switch)."""
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import close_old_connections, connection, connections
+from django.db.models import Count
+from django.utils import timezone
+
+from controlplane.testing.processes import celery_worker, wait_for
+from fleet.choices import NodeState
+from jobs.choices import ActionKind, ActionState, FaultState, JobState
+from jobs.models import FaultEvent, Job, JobAllocation, RecoveryAction, SpareBooking
+from jobs.services.actions import recovery_advance
+from jobs.services.faults import fault_ingest, fault_sweep
+from tests.fleet_factories import make_cluster, make_fleet
+from tests.jobs.helpers import bulk_nodes, protect
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+BUDGET, PER_LEAF = 8, 4
+
+
+def build(tenant):
+    fleet = make_fleet(max_cordoned_nodes=64, max_draining_nodes=16)
+    cluster = make_cluster(fleet, max_concurrent_migrations=BUDGET, max_migrations_per_leaf=PER_LEAF,
+                           connection={"migration_pause_seconds": 1.5, "restart_seconds": 1, "nic_failover_seconds": 0.5})
+    protect(cluster)
+    nodes = bulk_nodes(cluster, 1024, prefix="gpu", per_leaf=32)
+    bulk_nodes(cluster, 32, state=NodeState.SPARE, prefix="spare", per_leaf=4)
+    now = timezone.now()
+    # 128 jobs of 8 nodes (64 GPUs); job i has run 10 × i seconds longer since its checkpoint than job 0.
+    jobs = Job.objects.bulk_create([
+        Job(tenant=tenant, cluster=cluster, name=f"storm-{i}", gpus=64, state=JobState.RUNNING, seconds_per_iteration=1.0,
+            checkpoint_interval=10**9, iteration_at=now - timedelta(seconds=600 + 10 * i), started_at=now)
+        for i in range(128)])
+    JobAllocation.objects.bulk_create([
+        JobAllocation(job=job, node=nodes[8 * i + k], gpu_indices=list(range(8)), rank_start=8 * k, rank_end=8 * k + 7)
+        for i, job in enumerate(jobs) for k in range(8)])
+    return cluster, jobs, nodes
+
+
+def max_overlap(intervals):
+    """The most intervals open at one instant."""
+    points = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    open_now = peak = 0
+    for _, step in points:
+        open_now += step
+        peak = max(peak, open_now)
+    return peak
+
+
+def test_storm_books_each_spare_once_keeps_the_budget_and_restarts_the_rest(tmp_path, tenant_a):
+    cluster, jobs, nodes = build(tenant_a)
+    failing = [nodes[8 * i + 3] for i in range(64)]          # one node of each of 64 jobs
+    samples, stop = [], threading.Event()
+
+    def sample_budget():
+        try:
+            while not stop.is_set():
+                running = RecoveryAction.objects.filter(cluster=cluster, state=ActionState.RUNNING,
+                                                        kind=ActionKind.LIVE_MIGRATION)
+                per_leaf = list(running.values("to_node__leaf_switch").annotate(n=Count("id")).values_list("n", flat=True))
+                samples.append((sum(per_leaf), max(per_leaf, default=0)))
+                time.sleep(0.02)
+        finally:
+            connection.close()
+
+    def beat():
+        try:
+            while not stop.is_set():
+                close_old_connections()
+                recovery_advance(cluster_ids=[cluster.pk])
+                fault_sweep(min_age_seconds=3)
+                time.sleep(0.2)
+        finally:
+            connection.close()
+
+    t0 = timezone.now()
+
+    def report(chunk):
+        try:
+            for node in chunk:
+                # The simulator's detection times: all 64 within one second.
+                detected = t0 + timedelta(milliseconds=(node.pk * 7919) % 1000)
+                fault_ingest(source="simulator", kind="node_unreachable", node=node, detected_at=detected)
+        finally:
+            connection.close()
+
+    with celery_worker(tmp_path, concurrency=4) as worker:
+        watchers = [threading.Thread(target=sample_budget), threading.Thread(target=beat)]
+        for thread in watchers:
+            thread.start()
+        started = time.monotonic()
+        reporters = [threading.Thread(target=report, args=(failing[i::8],)) for i in range(8)]
+        for thread in reporters:
+            thread.start()
+        for thread in reporters:
+            thread.join()
+        reported_in = time.monotonic() - started
+        try:
+            wait_for(lambda: not FaultEvent.objects.filter(state=FaultState.NEW).exists(), 60, 0.2, what="every fault handled")
+            wait_for(lambda: RecoveryAction.objects.filter(job__isnull=False).exclude(state=ActionState.SUCCEEDED).count() == 0,
+                     90, 0.3, what="every action done")
+        finally:
+            stop.set()
+            for thread in watchers:
+                thread.join()
+        log = worker.log.read_text()
+    assert reported_in < 10, f"the 64 faults took {reported_in:.2f} s to report"
+    assert "Traceback" not in log, log[-3000:]
+    faults = FaultEvent.objects.filter(cluster=cluster)
+    assert faults.count() == 64 and set(faults.values_list("state", flat=True)) == {FaultState.HANDLED}
+    detected = sorted(faults.values_list("detected_at", flat=True))
+    assert (detected[-1] - detected[0]).total_seconds() < 1.0
+    actions = RecoveryAction.objects.filter(cluster=cluster, job__isnull=False)
+    # One action per fault and job, every one done.
+    assert actions.count() == 64
+    assert actions.values("fault", "job").distinct().count() == 64
+    assert set(actions.values_list("state", flat=True)) == {ActionState.SUCCEEDED}
+    migrations = actions.filter(kind=ActionKind.LIVE_MIGRATION)
+    restarts = actions.filter(kind=ActionKind.RESTART_FROM_CHECKPOINT)
+    assert migrations.count() == 32 and restarts.count() == 32
+    # No spare booked twice.
+    targets = list(migrations.values_list("to_node", flat=True))
+    assert len(set(targets)) == 32
+    assert SpareBooking.objects.values("node").distinct().count() == SpareBooking.objects.count() == 32
+    # Jobs beyond the spares restart from checkpoint, having weighed live migration without a spare.
+    for action in restarts:
+        live = next(o for o in action.alternatives if o["kind"] == "live_migration")
+        assert not live["feasible"] and live["why"] == "no spare node"
+    # The budget held at every instant: sampled while it ran, and from the recorded intervals.
+    assert samples and max(total for total, _ in samples) <= BUDGET
+    assert max(leaf for _, leaf in samples) <= PER_LEAF
+    intervals = list(migrations.values_list("started_at", "ended_at"))
+    assert max_overlap(intervals) <= BUDGET
+    for leaf in set(migrations.values_list("to_node__leaf_switch", flat=True)):
+        assert max_overlap(list(migrations.filter(to_node__leaf_switch=leaf).values_list("started_at", "ended_at"))) <= PER_LEAF
+    assert max_overlap(intervals) == BUDGET, "the storm should fill the budget"
+    # Every job runs again, and every migrated job now runs on its spare.
+    assert set(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("state", flat=True)) == {JobState.RUNNING}
+    for action in migrations:
+        assert JobAllocation.objects.filter(job=action.job, node=action.to_node, released_at__isnull=True).exists()
+    for alias in connections:
+        connections[alias].close()

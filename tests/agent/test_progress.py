@@ -1,0 +1,42 @@
+"""The one-line progress helper against a live Lockstep (uvicorn), with a real job token."""
+
+import pytest
+from lockstep_agent import progress
+
+from controlplane.testing.processes import uvicorn_server, wait_for
+from jobs.models import Job
+from tests.jobs.helpers import protected_cluster, submit
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def test_training_loop_reports_progress_in_one_line(tmp_path, tenant_a, monkeypatch):
+    cluster = protected_cluster(nodes=2, spares=0)
+    job = submit(cluster, tenant_a, gpus=8, checkpoint_interval=50)
+    with uvicorn_server(tmp_path) as server:
+        monkeypatch.setenv("LOCKSTEP_URL", server.url)
+        monkeypatch.setenv("LOCKSTEP_JOB_ID", str(job.pk))
+        monkeypatch.setenv("LOCKSTEP_JOB_TOKEN", job.token)
+        monkeypatch.setenv("LOCKSTEP_PROGRESS_INTERVAL", "0")
+        monkeypatch.setattr(progress, "_default", None)
+        for step in range(1, 101):
+            progress.report_progress(step, step_seconds=0.5, checkpoint=step % 50 == 0)
+        progress._default.flush()
+        assert progress._default.failed == 0
+        wait_for(lambda: Job.objects.get(pk=job.pk).iteration == 100, 10, what="the last report")
+    job.refresh_from_db()
+    assert job.last_checkpoint_iteration == 100 and job.seconds_per_iteration == pytest.approx(0.5)
+    assert job.progress.filter(checkpoint=True).count() == 2
+
+
+def test_wrong_token_or_no_settings_never_breaks_the_loop(monkeypatch):
+    for name in ("LOCKSTEP_URL", "LOCKSTEP_JOB_ID", "LOCKSTEP_JOB_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(progress, "_default", None)
+    assert progress.report_progress(1) is False
+    reporter = progress.ProgressReporter("http://127.0.0.1:9", 1, "lsj_x_y", min_interval=0, timeout=0.5)
+    assert reporter.report(1, checkpoint=True)
+    reporter.flush()
+    assert reporter.failed == 1 and reporter.sent == 0
+    rate_limited = progress.ProgressReporter("http://127.0.0.1:9", 1, "t", min_interval=60)
+    assert rate_limited.report(1) and not rate_limited.report(2) and rate_limited.report(3, checkpoint=True)

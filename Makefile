@@ -40,7 +40,7 @@ run: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py ensure_demo_admin
 	@answer=$$(bin/ensure-redis) || exit 1; \
-	procs="web worker beat"; \
+	procs="web worker beat simulator"; \
 	if [ "$$(printf '%s\n' "$$answer" | tail -n 1)" = local ]; then \
 	  procs="redis $$procs"; \
 	  REDIS_PORT=$$(bin/ensure-redis --port); export REDIS_PORT; \

@@ -32,12 +32,17 @@ def _terminate_stray_connections(django_db_setup, django_db_blocker):
     with django_db_blocker.unblock():
         from django.db import connection
 
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                )
+        from django.db import DatabaseError
+
+        if connection.vendor == "postgresql" and connection.settings_dict["NAME"].startswith("test_"):
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+            except DatabaseError:
+                pass
 
 
 @pytest.fixture(autouse=True)

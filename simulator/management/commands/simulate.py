@@ -4,11 +4,15 @@ Subcommands are registered in SUBCOMMANDS (name -> (help, add_arguments, handle)
 own without touching the others.
 """
 
+import os
+import time
+
 from django.core.management.base import BaseCommand, CommandError
 
 from fleet.drivers import DriverError
 from fleet.drivers.simulated import DRIFT_KINDS, simulate_drift
 from fleet.models import Cluster
+from simulator.profiles import PROFILES
 
 
 def _drift_arguments(parser):
@@ -30,13 +34,72 @@ def _drift(command, options):
     command.stdout.write(done)
 
 
+def _world_arguments(parser):
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--nodes", type=int, default=64, help="ready nodes per cluster (plus --spares)")
+    parser.add_argument("--spares", type=int, default=8)
+
+
+def _world(command, options):
+    from simulator.world import world_build
+
+    built = world_build(seed=options["seed"], nodes_per_cluster=options["nodes"], spares=options["spares"])
+    if not built.created:
+        command.stdout.write(f"A demo world exists (seed {built.world.seed}); nothing to build.")
+        return
+    command.stdout.write(command.style.SUCCESS("Demo world built: 2 tenants, 2 fleets, 4 clusters, jobs running."))
+    for username, password in built.passwords.items():
+        command.stdout.write(f"  tenant user {username!r} password {password!r} (shown once)")
+
+
+def _run_arguments(parser):
+    _world_arguments(parser)
+    parser.add_argument("--url", default=os.environ.get("LOCKSTEP_URL", "http://127.0.0.1:8000"),
+                        help="the control plane to speak to [LOCKSTEP_URL]")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="llama3")
+    parser.add_argument("--acceleration", type=float, default=float(os.environ.get("SIMULATOR_ACCELERATION", 600)),
+                        help="how much faster than real time faults strike (demo time compression)")
+    parser.add_argument("--tick", type=float, default=10.0, help="seconds between telemetry batches")
+    parser.add_argument("--ticks", type=int, default=None, help="stop after this many ticks (default: run until stopped)")
+
+
+def _run(command, options):
+    import requests
+
+    from simulator.runner import Runner
+
+    _world(command, options)
+    url = options["url"].rstrip("/")
+    for _ in range(240):
+        try:
+            if requests.get(f"{url}/healthz", timeout=2).ok:
+                break
+        except requests.RequestException:
+            time.sleep(0.5)
+    runner = Runner(url=url, profile=options["profile"], acceleration=options["acceleration"], tick_seconds=options["tick"])
+    command.stdout.write(f"Simulating {runner.describe()}; speaking to {url}.")
+    try:
+        stats = runner.run(ticks=options["ticks"])
+    except KeyboardInterrupt:
+        stats = runner.stats
+    command.stdout.write(f"{stats.ticks} ticks, {stats.batches_sent} batches sent, {len(stats.strikes)} interruptions.")
+
+
 SUBCOMMANDS = {
     "drift": ("change a simulated cluster's add-ons out of band, to create drift", _drift_arguments, _drift),
+    "world": ("build the demo world if there is none", _world_arguments, _world),
+    "run": ("build the demo world if needed, then run it: telemetry, jobs, faults (the default)", _run_arguments, _run),
 }
 
 
 class Command(BaseCommand):
     help = "Act on the simulated fleet from outside Lockstep."
+
+    def run_from_argv(self, argv):
+        # `manage.py simulate` alone runs the world, as `make run` and docker compose start it.
+        if len(argv) == 2 or argv[2].startswith("-") and argv[2] not in ("-h", "--help"):
+            argv = [*argv[:2], "run", *argv[2:]]
+        return super().run_from_argv(argv)
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True)

@@ -1,0 +1,271 @@
+"""Running the demo world: simulated node agents post telemetry through the ingest API, and interruptions
+drawn from the fault model arrive the way real ones do.
+
+- GPU, ECC, thermal and NIC faults show up in the agents' telemetry (an Xid event, a double-bit ECC count
+  that rises, a temperature over the limit, a link that goes down), some of them after precursors the
+  predictor can find (temperature creep, corrected ECC rising, NIC symbol errors, a rack's cooling loop
+  losing pressure and warming all its GPUs).
+- A node that dies stops reporting; Prometheus would fire a NodeDown alert: the simulator posts it to the
+  Alertmanager webhook.
+- A software crash is reported by the job's launcher through the faults API.
+
+Everything goes over HTTP with the simulator's own agent and operator tokens, so the control plane cannot
+tell it from a real fleet. When the control plane is away the runner keeps its state and tries again.
+"""
+
+import logging
+import math
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import requests
+
+from fleet.models import Node
+from simulator.models import SimWorld
+from simulator.profiles import PROFILES
+from simulator.sampling import FaultSampler, Strike
+
+log = logging.getLogger(__name__)
+
+PRECURSOR_SECONDS = 180.0   # real seconds of warning before a predicted strike (after time compression)
+NIC_REPAIR_SECONDS = 300.0  # a downed link comes back after this long (the cable is reseated)
+
+
+@dataclass
+class GPUSim:
+    temperature: float
+    sbe: int = 0
+    dbe: int = 0
+    warming: float = 0.0      # °C added by a precursor or a facility fault
+
+
+@dataclass
+class NICSim:
+    link_downed: int = 0
+    symbol_error: int = 0
+    down_until: float = 0.0
+    noisy: float = 0.0        # symbol errors per tick while a precursor runs
+
+
+@dataclass
+class NodeSim:
+    id: int
+    hostname: str
+    rack: str
+    cluster: str
+    gpus: list[GPUSim]
+    nics: dict[str, NICSim]
+    dead: bool = False
+
+
+@dataclass
+class Pending:
+    strike: Strike
+    node: NodeSim
+    gpu_index: int
+    due: float
+
+
+@dataclass
+class RunnerStats:
+    ticks: int = 0
+    batches_sent: int = 0
+    batches_failed: int = 0
+    strikes: list[dict] = field(default_factory=list)
+
+
+class Runner:
+    def __init__(self, *, url: str, profile: str = "llama3", acceleration: float = 600.0, seed: int | None = None,
+                 tick_seconds: float = 10.0):
+        self.url = url.rstrip("/")
+        self.world = SimWorld.objects.get()
+        self.profile = PROFILES[profile]
+        self.acceleration = acceleration
+        self.tick_seconds = tick_seconds
+        self.random = random.Random(self.world.seed if seed is None else seed)
+        self.session = requests.Session()
+        self.nodes: list[NodeSim] = []
+        self.racks: dict[tuple[str, str], float] = {}   # (cluster, rack) -> loop pressure (Pa)
+        for node in Node.objects.select_related("cluster").order_by("cluster__name", "hostname"):
+            gpus = [GPUSim(temperature=self.random.uniform(48, 62)) for _ in range(node.gpus.count())]
+            nics = {name: NICSim() for name in node.nics.values_list("name", flat=True)}
+            self.nodes.append(NodeSim(node.id, node.hostname, node.rack, node.cluster.name, gpus, nics))
+            self.racks.setdefault((node.cluster.name, node.rack), 180_000.0)
+        self.gpu_count = sum(len(n.gpus) for n in self.nodes)
+        self.sampler = FaultSampler(self.profile, self.gpu_count, self.random.randrange(2**31))
+        self.started = time.monotonic()
+        self.pending: list[Pending] = []
+        self.stats = RunnerStats()
+
+    # --- the fault model -----------------------------------------------------------------------------------
+    def _locate(self, gpu: int) -> tuple[NodeSim, int]:
+        for node in self.nodes:
+            if gpu < len(node.gpus):
+                return node, gpu
+            gpu -= len(node.gpus)
+        raise IndexError(gpu)
+
+    def schedule_due_strikes(self, now: float) -> None:
+        simulated_hours = (now - self.started) * self.acceleration / 3600.0
+        for strike in self.sampler.until(simulated_hours):
+            node, index = self._locate(strike.gpu)
+            lead = PRECURSOR_SECONDS if strike.precursor else 0.0
+            self.pending.append(Pending(strike, node, index, now + lead))
+
+    def _precursors(self, now: float) -> None:
+        for item in self.pending:
+            if not item.strike.precursor or now >= item.due:
+                continue
+            progress = 1.0 - (item.due - now) / PRECURSOR_SECONDS
+            kind = item.strike.precursor
+            if kind == "thermal":
+                item.node.gpus[item.gpu_index].warming = 25.0 * progress
+            elif kind == "ecc":
+                item.node.gpus[item.gpu_index].sbe += self.random.randint(5, 40)
+            elif kind == "nic":
+                nic = list(item.node.nics.values())[item.gpu_index % max(1, len(item.node.nics))]
+                nic.noisy = 2000.0 * progress
+            elif kind == "facility":
+                rack = (item.node.cluster, item.node.rack)
+                self.racks[rack] = 180_000.0 * (1.0 - 0.35 * progress)
+                for node in self.nodes:
+                    if (node.cluster, node.rack) == rack:
+                        for gpu in node.gpus:
+                            gpu.warming = 12.0 * progress
+
+    def _strike(self, item: Pending, events: dict) -> None:
+        strike, node, index = item.strike, item.node, item.gpu_index
+        record = {"component": strike.component, "kind": strike.kind, "node": node.hostname, "gpu": index,
+                  "precursor": strike.precursor, "channel": strike.channel}
+        self.stats.strikes.append(record)
+        if strike.channel == "alertmanager":
+            node.dead = True
+            self._post_alert(node)
+        elif strike.channel == "job":
+            self._post_fault(node, "software_crash", details={"component": strike.component})
+        elif strike.kind == "gpu_xid":
+            events.setdefault(node.cluster, []).append(
+                {"ts": time.time(), "node": node.hostname, "type": "xid", "xid": strike.xid, "gpu": index})
+        elif strike.kind == "ecc_uncorrectable":
+            node.gpus[index].dbe += 1
+            events.setdefault(node.cluster, []).append(
+                {"ts": time.time(), "node": node.hostname, "type": "xid", "xid": strike.xid or 48, "gpu": index})
+        elif strike.kind == "thermal":
+            node.gpus[index].warming = 40.0
+        elif strike.kind == "nic_down":
+            nic = list(node.nics.values())[index % max(1, len(node.nics))]
+            nic.link_downed += 1
+            nic.down_until = time.monotonic() + NIC_REPAIR_SECONDS
+        for gpu in node.gpus:  # precursors end with the strike
+            gpu.warming = 0.0 if strike.kind != "thermal" else gpu.warming
+        for nic in node.nics.values():
+            nic.noisy = 0.0
+        self.racks[(node.cluster, node.rack)] = 180_000.0
+
+    # --- talking to the control plane ----------------------------------------------------------------------
+    def _post_alert(self, node: NodeSim) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {"version": "4", "status": "firing", "receiver": "lockstep", "groupLabels": {}, "commonLabels": {},
+                "commonAnnotations": {}, "externalURL": "http://alertmanager.simulated", "groupKey": node.hostname,
+                "truncatedAlerts": 0,
+                "alerts": [{"status": "firing", "labels": {"alertname": "NodeDown", "node": node.hostname},
+                            "annotations": {"summary": f"{node.hostname} stopped answering"}, "startsAt": now,
+                            "endsAt": "0001-01-01T00:00:00Z", "fingerprint": uuid.uuid4().hex[:16]}]}
+        self._send(f"{self.url}/api/v1/ingest/alertmanager/", body, self.world.api_token)
+
+    def _post_fault(self, node: NodeSim, kind: str, details: dict) -> None:
+        self._send(f"{self.url}/api/v1/faults/", {"node": node.id, "kind": kind, "source": "simulator",
+                                                  "details": details}, self.world.api_token)
+
+    def _send(self, url: str, body: dict, token: str) -> bool:
+        try:
+            response = self.session.post(url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=15)
+        except requests.RequestException as error:
+            log.warning("control plane unreachable (%s); will try again", error)
+            return False
+        if response.status_code >= 400:
+            log.warning("%s answered %s: %s", url, response.status_code, response.text[:300])
+            return False
+        return True
+
+    def _batch(self, cluster: str, now: float, events: list[dict]) -> dict:
+        readings, nics, facility = [], [], []
+        monotonic = time.monotonic()
+        for node in self.nodes:
+            if node.cluster != cluster or node.dead:
+                continue
+            for index, gpu in enumerate(node.gpus):
+                gpu.sbe += 1 if self.random.random() < 0.01 else 0
+                temperature = gpu.temperature + gpu.warming + self.random.gauss(0, 0.8)
+                readings.append({"ts": now, "node": node.hostname, "gpu": index, "uuid": f"{node.hostname}-{index}",
+                                 "fields": {"DCGM_FI_DEV_GPU_TEMP": round(temperature, 1),
+                                            "DCGM_FI_DEV_POWER_USAGE": round(self.random.uniform(580, 690), 1),
+                                            "DCGM_FI_DEV_GPU_UTIL": round(self.random.uniform(88, 99), 1),
+                                            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": gpu.sbe,
+                                            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": gpu.dbe,
+                                            "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 0x20 if temperature > 85 else 0}})
+            for name, nic in node.nics.items():
+                nic.symbol_error += int(nic.noisy)
+                down = nic.down_until > monotonic
+                nics.append({"ts": now, "node": node.hostname, "name": name, "kind": "infiniband",
+                             "link_state": "down" if down else "up",
+                             "fields": {"link_downed": nic.link_downed, "symbol_error": nic.symbol_error,
+                                        "link_error_recovery": 0, "port_rcv_errors": 0}})
+        for (name, rack), pressure in self.racks.items():
+            if name == cluster:
+                facility.append({"ts": now, "source": "simulator", "scope": "rack", "target": rack,
+                                 "device": f"cdu-{rack}", "sensor": "loop", "metric": "cdu_differential_pressure_pascals",
+                                 "value": round(pressure + self.random.gauss(0, 500), 1)})
+        return {"schema_version": 1, "batch_id": str(uuid.uuid4()),
+                "agent": {"name": "lockstep-simulator", "version": "1", "hostname": f"relay-{cluster}", "gpu_status": "ok"},
+                "created_at": now, "sent_at": now, "node": None, "readings": readings, "nics": nics,
+                "events": events, "facility": facility}
+
+    def tick(self) -> None:
+        now_monotonic = time.monotonic()
+        self.schedule_due_strikes(now_monotonic)
+        self._precursors(now_monotonic)
+        events: dict[str, list] = {}
+        due = [item for item in self.pending if item.due <= now_monotonic]
+        self.pending = [item for item in self.pending if item.due > now_monotonic]
+        for item in due:
+            self._strike(item, events)
+        now = time.time()
+        for cluster, token in self.world.agent_tokens.items():
+            batch = self._batch(cluster, now, events.get(cluster, []))
+            if self._send(f"{self.url}/api/v1/ingest/telemetry/", batch, token):
+                self.stats.batches_sent += 1
+            else:
+                self.stats.batches_failed += 1
+                # the Xid events were not delivered: keep them for the next batch (the agent's spool does this)
+                for event in events.get(cluster, []):
+                    self.pending.append(Pending(_replay_strike(event), self._node(event["node"]), event["gpu"], 0.0))
+        self.stats.ticks += 1
+
+    def _node(self, hostname: str) -> NodeSim:
+        return next(n for n in self.nodes if n.hostname == hostname)
+
+    def run(self, *, ticks: int | None = None, stop=None) -> RunnerStats:
+        done = 0
+        while (ticks is None or done < ticks) and not (stop and stop()):
+            started = time.monotonic()
+            self.tick()
+            done += 1
+            time.sleep(max(0.0, self.tick_seconds - (time.monotonic() - started)))
+        return self.stats
+
+    def expected_strikes_per_hour(self) -> float:
+        return self.profile.rate_per_gpu_hour * self.gpu_count * self.acceleration
+
+    def describe(self) -> str:
+        mean = self.profile.mean_hours_between(self.gpu_count)
+        return (f"{len(self.nodes)} nodes, {self.gpu_count} GPUs, profile {self.profile.name} "
+                f"({self.profile.source}): one interruption every {mean:.1f} simulated hours, "
+                f"{self.expected_strikes_per_hour():.1f} per real hour at {self.acceleration:g}x")
+
+
+def _replay_strike(event: dict) -> Strike:
+    return Strike(at_hours=math.nan, component="(redelivered)", kind="gpu_xid", xid=event["xid"], precursor="",
+                  channel="agent", gpu=0)

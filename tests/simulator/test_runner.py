@@ -1,0 +1,50 @@
+"""The simulator speaking to a live control plane over HTTP, as a real fleet does."""
+
+import pytest
+
+from controlplane.testing.processes import uvicorn_server
+from jobs.models import FaultEvent
+from simulator.runner import Pending, Runner
+from simulator.sampling import Strike
+from simulator.world import world_build
+from telemetry.models import FacilityState, GPUState
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def strike(kind, channel="agent", xid=None, component="test"):
+    return Strike(at_hours=0.0, component=component, kind=kind, xid=xid, precursor="", channel=channel, gpu=0)
+
+
+def test_telemetry_flows_and_faults_arrive_through_the_public_api(tmp_path):
+    world_build(seed=1, nodes_per_cluster=8, spares=2)
+    with uvicorn_server(tmp_path) as server:
+        runner = Runner(url=server.url, acceleration=0.0, tick_seconds=0)
+        runner.tick()
+        assert runner.stats.batches_sent == 4 and runner.stats.batches_failed == 0
+        assert GPUState.objects.count() == runner.gpu_count == 4 * 10 * 8
+        assert FacilityState.objects.filter(scope="rack").exists()
+        victim, dead = runner.nodes[0], runner.nodes[1]
+        runner.pending += [Pending(strike("gpu_xid", xid=79), victim, 3, 0.0),
+                           Pending(strike("node_unreachable", channel="alertmanager"), dead, 0, 0.0)]
+        runner.tick()
+    xid = FaultEvent.objects.get(kind="gpu_xid")
+    assert (xid.node.hostname, xid.gpu_index, xid.xid, xid.sources) == (victim.hostname, 3, 79, ["agent"])
+    down = FaultEvent.objects.get(kind="node_unreachable")
+    assert down.node.hostname == dead.hostname and down.sources == ["alertmanager"]
+
+
+def test_simulator_keeps_going_when_the_control_plane_restarts(tmp_path):
+    world_build(seed=2, nodes_per_cluster=4, spares=1)
+    with uvicorn_server(tmp_path) as server:
+        runner = Runner(url=server.url, acceleration=0.0, tick_seconds=0)
+        runner.tick()
+        url = server.url
+    runner.pending.append(Pending(strike("gpu_xid", xid=48), runner.nodes[0], 1, 0.0))
+    runner.tick()  # the control plane is down: nothing is lost, the Xid waits
+    assert runner.stats.batches_failed == 4
+    with uvicorn_server(tmp_path) as server:
+        runner.url = server.url
+        runner.tick()
+        assert runner.stats.batches_sent == 8
+    assert url and FaultEvent.objects.filter(kind="gpu_xid", xid=48).count() == 1

@@ -74,15 +74,15 @@ def compare(desired: dict[str, dict], observed: list[ObservedState]) -> list[Add
             checks.append(AddonCheck(name, SyncStatus.OUT_OF_SYNC, have.health, DriftKind.UNEXPECTED,
                                      [{"path": "", "op": "added", "observed": have.version}], None, have))
             continue
-        identity = json_diff({"chart": want.get("chart", ""), "version": str(want.get("version", "")),
-                              "namespace": want.get("namespace", "")},
-                             {"chart": have.chart, "version": have.version, "namespace": have.namespace})
-        if identity:
+        wanted = (want.get("chart", ""), str(want.get("version", "")), want.get("namespace", ""))
+        if wanted != (have.chart, have.version, have.namespace):
+            identity = json_diff(dict(zip(("chart", "version", "namespace"), wanted, strict=True)),
+                                 {"chart": have.chart, "version": have.version, "namespace": have.namespace})
             checks.append(AddonCheck(name, SyncStatus.OUT_OF_SYNC, have.health, DriftKind.VERSION_MISMATCH,
                                      identity, want, have))
             continue
-        values = json_diff(want.get("values") or {}, have.values or {}, "values")
-        if values:
+        if (want.get("values") or {}) != (have.values or {}):
+            values = json_diff(want.get("values") or {}, have.values or {}, "values")
             checks.append(AddonCheck(name, SyncStatus.OUT_OF_SYNC, have.health, DriftKind.VALUES_CHANGED,
                                      values, want, have))
             continue

@@ -6,7 +6,7 @@ from fleet.choices import HealthStatus, SyncStatus
 from fleet.desired import AddonCheck
 from fleet.drivers import DriverError
 from fleet.drivers.base import ObservedState, driver_class
-from fleet.models import ObservedAddon
+from fleet.models import Cluster, ObservedAddon
 
 
 def observe(clusters) -> tuple[dict[int, list[ObservedState]], dict[int, str]]:
@@ -35,8 +35,8 @@ def observe(clusters) -> tuple[dict[int, list[ObservedState]], dict[int, str]]:
 def record(checks: dict[int, list[AddonCheck]], unreachable: set[int], now) -> int:
     """Write the observed axes of every add-on of these clusters in a fixed number of queries; returns rows written.
 
-    Rows whose content did not change only get their ``observed_at`` touched (one UPDATE); unreachable clusters'
-    rows become Unknown on both axes.
+    Only rows whose content changed are written (their ``observed_at`` is when they changed); every reachable
+    cluster's ``last_observed_at`` is set in one UPDATE; unreachable clusters' rows become Unknown on both axes.
     """
     cluster_ids = set(checks) | unreachable
     existing = {(row["cluster_id"], row["name"]): row for row in ObservedAddon.objects.filter(
@@ -63,7 +63,7 @@ def record(checks: dict[int, list[AddonCheck]], unreachable: set[int], now) -> i
     if gone:
         ObservedAddon.objects.filter(pk__in=gone).delete()
     if checks:
-        ObservedAddon.objects.filter(cluster_id__in=list(checks)).exclude(observed_at=now).update(observed_at=now)
+        Cluster.objects.filter(pk__in=list(checks)).update(last_observed_at=now)
     if unreachable:
         ObservedAddon.objects.filter(cluster_id__in=unreachable).update(
             sync=SyncStatus.UNKNOWN, health=HealthStatus.UNKNOWN, observed_at=now)

@@ -112,12 +112,13 @@ class SimulatedDriver(ClusterDriver):
                 raise DriverError(f"cluster {cluster.name} is unreachable", transient=True)
         now = timezone.now()
         found: dict[int, list[ObservedState]] = {cluster.pk: [] for cluster in clusters}
-        rows = SimulatedAddon.objects.filter(cluster_id__in=found.keys()).order_by("cluster_id", "name")
-        for row in rows.iterator(chunk_size=5000):
-            found[row.cluster_id].append(ObservedState(
-                name=row.name, chart=row.chart, version=row.version, namespace=row.namespace,
-                values=row.values, health=_health(row, now),
-            ))
+        rows = SimulatedAddon.objects.filter(cluster_id__in=found.keys()).order_by("cluster_id", "name").values_list(
+            "cluster_id", "name", "chart", "version", "namespace", "values", "ready_at", "failed")
+        healthy, progressing, degraded = HealthStatus.HEALTHY, HealthStatus.PROGRESSING, HealthStatus.DEGRADED
+        for cluster_id, name, chart, version, namespace, values, ready_at, failed in rows.iterator(chunk_size=5000):
+            health = degraded if failed else (healthy if ready_at <= now else progressing)
+            found[cluster_id].append(ObservedState(name=name, chart=chart, version=version, namespace=namespace,
+                                                   values=values, health=health))
         return found
 
     # nodes: the simulated cluster carries the change out at once; Lockstep's Node row records the state.

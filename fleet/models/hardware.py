@@ -61,6 +61,8 @@ class Cluster(models.Model):
     )
     track_latest = models.BooleanField(default=False)
     pinned_reason = models.CharField(max_length=300, blank=True)
+    # When a driver last answered for the cluster's add-ons (the drift sweep, a rollout gate, a reconcile).
+    last_observed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     tenant_scope = "dedicated_tenant_id"

@@ -16,6 +16,7 @@ class ObservedAddon(models.Model):
     values = models.JSONField(default=dict, blank=True)
     sync = models.CharField(max_length=12, choices=SyncStatus.choices, default=SyncStatus.UNKNOWN)
     health = models.CharField(max_length=12, choices=HealthStatus.choices, default=HealthStatus.UNKNOWN)
+    # When this row's content last changed; the cluster's last_observed_at says when it was last seen at all.
     observed_at = models.DateTimeField()
 
     tenant_scope = "cluster__dedicated_tenant_id"

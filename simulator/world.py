@@ -130,7 +130,7 @@ def world_build(*, seed: int = 7, nodes_per_cluster: int = 64, spares: int = 8) 
                                  policy={"protection": {"nic_failover": False, "live_migration": False}},
                                  notes="gpu-operator 24.9.0", activate=True)
         resilient = blueprint_create(actor=actor, name="gpu-resilient", description="gpu-base plus NIC failover and live migration",
-                                     auto_rollout=False, drift_mode=DriftMode.CORRECT)
+                                     auto_rollout=False, drift_mode=DriftMode.NOTIFY)
         policy = {"protection": {"nic_failover": True, "live_migration": True}, "risk_threshold": 0.8}
         version_create(actor=actor, blueprint=resilient, addons=BASE_ADDONS + PROTECTION_ADDONS,
                        node_software=NODE_SOFTWARE, policy=policy, notes="protection on", activate=True)

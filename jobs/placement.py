@@ -91,6 +91,12 @@ def busy_node_ids(cluster_id: int) -> set[int]:
                .values_list("node_id", flat=True))
 
 
+def spare_order_key(candidate, near) -> tuple:
+    """How spares rank for a worker leaving ``near`` (any objects with leaf_switch, rack, risk_score): closest
+    in the fabric first (same leaf switch, then same rack), then lowest risk. Also used by the what-if replay."""
+    return (candidate.leaf_switch != near.leaf_switch, candidate.rack != near.rack, candidate.risk_score)
+
+
 def find_spare_node(*, cluster: Cluster, near: Node, gpus: int, exclude: set[int] = frozenset()) -> Node | None:
     """The best spare node for a worker leaving ``near``: same GPU model, all GPUs healthy, below the risk
     threshold, out of cooldown, not booked; same leaf switch first, then lowest risk. Row-locked, skipping
@@ -106,7 +112,7 @@ def find_spare_node(*, cluster: Cluster, near: Node, gpus: int, exclude: set[int
     candidates = [node for node in candidates if node.gpus.count() >= gpus] if gpus > 8 else candidates
     if not candidates:
         return None
-    candidates.sort(key=lambda node: (node.leaf_switch != near.leaf_switch, node.rack != near.rack, node.risk_score))
+    candidates.sort(key=lambda node: spare_order_key(node, near))
     return candidates[0]
 
 

@@ -43,7 +43,7 @@ def _gpus_on(action: RecoveryAction) -> int:
     return allocation.gpu_count if allocation else 1
 
 
-def action_start(*, action: RecoveryAction, cluster: Cluster) -> bool:
+def action_start(*, action: RecoveryAction, cluster: Cluster, publish: bool = True) -> bool:
     """Start a planned action through the driver, within the migration budgets. Returns whether it started;
     an action over budget, or refused by a transient driver error, stays planned for beat to retry."""
     if action.dry_run or action.state != ActionState.PLANNED:
@@ -64,8 +64,7 @@ def action_start(*, action: RecoveryAction, cluster: Cluster) -> bool:
         result_handle, done_at = "", now
     else:
         try:
-            with transaction.atomic():
-                result = call(driver_for(cluster), action)
+            result = call(driver_for(cluster), action)
             result_handle, done_at = result.handle, result.done_at or now
         except (DriverError, NotImplementedError) as error:
             transient = getattr(error, "transient", False)
@@ -87,7 +86,8 @@ def action_start(*, action: RecoveryAction, cluster: Cluster) -> bool:
         job.save(update_fields=["iteration", "iteration_at", "state"])
         phase_start(job, JobPhaseKind.RECOVERING, reason="proactive migration", at=now)
         record_progress(job, at=now, iteration=job.iteration)
-    publish_action(action, "action.started")
+    if publish:
+        publish_action(action, "action.started")
     return True
 
 

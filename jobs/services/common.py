@@ -36,7 +36,7 @@ def fault_payload(fault: FaultEvent) -> dict:
 
 
 def action_payload(action: RecoveryAction) -> dict:
-    return {
+    payload = {
         "action": action.pk, "kind": action.kind, "state": action.state, "dry_run": action.dry_run, "gpus": action.gpus,
         "job": action.job_id, "fault": action.fault_id, "cluster": action.cluster_id,
         "node": action.node_id, "to_node": action.to_node_id,
@@ -52,6 +52,11 @@ def action_payload(action: RecoveryAction) -> dict:
         "summary": f"{action.kind.replace('_', ' ')} {action.state}" + (" (dry run)" if action.dry_run else ""),
         "reason": action.reason[:500],
     }
+    if action.fault_id and action.fault is not None:
+        payload["fault_state"] = action.fault.state
+        payload["fault_summary"] = (f"{action.fault.kind}{' ' + str(action.fault.xid) if action.fault.xid is not None else ''}"
+                                    f" on {action.node.hostname if action.node_id and action.node else action.fault.node_id}")
+    return payload
 
 
 def publish_action(action: RecoveryAction, kind: str) -> None:

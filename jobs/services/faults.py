@@ -93,7 +93,8 @@ def fault_ingest(*, source: str, kind: str, node, gpu_index: int | None = None, 
             return _merge(existing, source=source, details=details, now=now), False
         verdict = classify_fault(kind, xid=xid, details=details)
         try:
-            with transaction.atomic():
+            # The advisory lock already serialises reports with this key; the savepoint only guards other writers.
+            with transaction.atomic(savepoint=bool(idempotency_key)):
                 fault = FaultEvent.objects.create(
                     kind=kind, xid=xid, severity=severity or DEFAULT_SEVERITY.get(kind, Severity.WARNING),
                     cluster_id=node.cluster_id, node=node, gpu_index=gpu_index, nic_name=nic_name or "",
@@ -111,9 +112,10 @@ def fault_ingest(*, source: str, kind: str, node, gpu_index: int | None = None, 
         topics = cluster_topics(fault.cluster_id, tenant_id)
         for allocation in JobAllocation.objects.filter(node=node, released_at__isnull=True).select_related("job"):
             topics += job_topics(allocation.job)
-        events.publish(topics, "fault.reported", fault_payload(fault), url=f"/api/v1/faults/{fault.pk}/")
         fault_id = fault.pk
+        # Queue the handling first, then relay the event: the decision should not wait for the relay.
         transaction.on_commit(lambda: _enqueue(fault_id))
+        events.publish(topics, "fault.reported", fault_payload(fault), url=f"/api/v1/faults/{fault.pk}/")
     return fault, True
 
 
@@ -134,7 +136,6 @@ def fault_handle(*, fault_id: int) -> list[int]:
     from jobs.services.recovery import decide
 
     with transaction.atomic():
-        immediate_constraints()
         fault = FaultEvent.objects.select_for_update(of=("self",), no_key=True).filter(pk=fault_id).first()
         if fault is None or fault.state != FaultState.NEW:
             return []

@@ -5,7 +5,6 @@ at this moment. Everything happens in the caller's transaction: if the worker di
 the faults stay new, and the sweep hands them out again.
 """
 
-from django.db import transaction
 from django.utils import timezone
 
 from controlplane import events
@@ -22,7 +21,6 @@ from jobs.services.common import (
     cluster_topics,
     estimates_for,
     fault_payload,
-    job_topics,
     phase_start,
     protection_of,
     publish_action,
@@ -126,8 +124,9 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
         if impact in ("device", "node", "nic", "risk") and facts.protected:
             spare = placement.find_spare_node(cluster=cluster, near=node, gpus=allocation.gpu_count, exclude=booked)
         spare_gpus = placement.spare_gpus_on_node(node) if impact == "device" and facts.protected else []
-        healthy_nic = (impact in ("nic", "degraded") and NIC.objects.filter(node=node, link_state=LinkState.UP)
-                       .exclude(name=fault.nic_name).exists())
+        spare_nic = (NIC.objects.filter(node=node, link_state=LinkState.UP).exclude(name=fault.nic_name)
+                     .order_by("rail").values_list("name", flat=True).first() if impact in ("nic", "degraded") else None)
+        healthy_nic = spare_nic is not None
         wait = placement.Budget(budget.cluster_running, budget.cluster_cap, budget.leaf_running, budget.leaf_cap,
                                 queued).wait_seconds(est.migration_pause)
         situation = Situation(impact=impact, healthy_nic=healthy_nic, spare_gpus_on_node=len(spare_gpus),
@@ -154,8 +153,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
         if chosen.kind == ActionKind.INTRA_NODE_MIGRATION:
             action.to_node, action.to_gpu_index = node, spare_gpus[0]
         if chosen.kind == ActionKind.NIC_FAILOVER:
-            nic = NIC.objects.filter(node=node, link_state=LinkState.UP).exclude(name=fault.nic_name).order_by("rail").first()
-            action.to_nic_name = nic.name
+            action.to_nic_name = spare_nic
         if chosen.kind == ActionKind.RESTORE_FROM_SNAPSHOT:
             action.snapshot, action.restore_iteration = snapshot, snapshot.iteration
         if chosen.kind == ActionKind.RESTART_FROM_CHECKPOINT:
@@ -176,7 +174,6 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
             record_progress(job, at=now, iteration=job.iteration)
         audit_record(actor=None, action="recovery.plan", target=action, tenant_id=job.tenant_id,
                      changes={"kind": chosen.kind, "dry_run": dry_run, "fault": fault.pk})
-        publish_action(action, "action.planned")
         outcome[fault.pk].append(f"job {job.pk}: {chosen.kind}" + (" (dry run)" if dry_run else ""))
         created.append(action)
     for fault in faults:
@@ -186,13 +183,17 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
         if (fault.triage or {}).get("ignore"):
             text = f"the catalogue says {fault.triage.get('recommended_action')}: " + text
         _close(fault, FaultState.IGNORED if ignore else FaultState.HANDLED, text)
-        topics = cluster_topics(fault.cluster_id, tenant_id)
-        for job_id in {p[2].job_id for p in pairs if p[0].pk == fault.pk}:
-            topics += job_topics(jobs[job_id])
-        events.publish(topics, "fault.handled", fault_payload(fault), url=f"/api/v1/faults/{fault.pk}/")
-    if not dry_run:
-        # Highest stake first; migrations over the budget stay planned and start from beat as room frees.
-        for action in sorted(created, key=lambda a: -a.gpu_hours_at_stake):
-            action_start(action=action, cluster=cluster)
-    transaction.on_commit(lambda: None)
+    # Highest stake first; migrations over the budget stay planned and start from beat as room frees. One event
+    # per action says what was decided (started, or planned when dry-run or waiting), before the faults' events.
+    for action in sorted(created, key=lambda a: -a.gpu_hours_at_stake):
+        if dry_run or not action_start(action=action, cluster=cluster, publish=False):
+            publish_action(action, "action.planned")
+        else:
+            publish_action(action, "action.started")
+    # A fault answered by actions is reported handled by their events (they carry its state); the others get one.
+    answered = {action.fault_id for action in created}
+    for fault in faults:
+        if fault.pk not in answered:
+            events.publish(cluster_topics(fault.cluster_id, tenant_id), "fault.handled", fault_payload(fault),
+                           url=f"/api/v1/faults/{fault.pk}/")
     return [action.pk for action in created]

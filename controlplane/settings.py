@@ -230,6 +230,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=5),
         "options": {"expires": 10},
     },
+    "simulator-whatif-sweep": {
+        "task": "simulator.whatif_sweep",
+        "schedule": timedelta(seconds=30),
+        "options": {"expires": 60},
+    },
     "telemetry-retention-prune": {
         "task": "telemetry.retention_prune",
         "schedule": timedelta(hours=1),

@@ -24,9 +24,10 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     # API route names live in the "api" namespace so they never collide with page names.
-    path("api/v1/", include(([*router.urls, path("", include("tenancy.api.urls")), path("", include("fleet.api.urls")), path("", include("telemetry.api.urls")),
+    path("api/v1/", include(([*router.urls, path("", include("tenancy.api.urls")), path("", include("fleet.api.urls")), path("", include("telemetry.api.urls")), path("", include("simulator.api.urls")),
                                   path("", include("jobs.api.urls"))], "api"))),
     path("", include("tenancy.urls")),
+    path("", include("simulator.urls")),
     path("fleet/", include("fleet.urls")),
     path("", include("jobs.urls")),
     path("admin/", admin.site.urls),

@@ -3,3 +3,8 @@ from django.apps import AppConfig
 
 class SimulatorConfig(AppConfig):
     name = "simulator"
+
+    def ready(self):
+        from controlplane import navigation
+
+        navigation.register("What-if", "whatif-list-page", audience="provider", order=70)

@@ -14,3 +14,29 @@ class SimWorld(models.Model):
 
     def __str__(self):
         return f"world seed {self.seed}"
+
+
+class WhatIfRun(models.Model):
+    """A what-if replay started from the page or the API; its report when done."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    created_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    config = models.JSONField()
+    state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
+    progress = models.FloatField(default=0.0)
+    report = models.JSONField(null=True, blank=True)
+    error = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self):
+        return f"what-if {self.pk} ({self.state})"

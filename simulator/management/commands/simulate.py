@@ -85,7 +85,37 @@ def _run(command, options):
     command.stdout.write(f"{stats.ticks} ticks, {stats.batches_sent} batches sent, {len(stats.strikes)} interruptions.")
 
 
+def _whatif_arguments(parser):
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--gpus", type=int, default=16_384)
+    parser.add_argument("--days", type=float, default=54)
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="llama3")
+    parser.add_argument("--checkpoint-minutes", type=float, default=30)
+    parser.add_argument("--restart-overhead-minutes", type=float, default=10)
+    parser.add_argument("--json", action="store_true", help="print the whole report as JSON")
+
+
+def _whatif(command, options):
+    import json
+
+    from controlplane.errors import ServiceError
+    from simulator.services import clean_config
+    from simulator.whatif import format_report, whatif_run
+
+    try:
+        config = clean_config({key: options[key] for key in ("seed", "gpus", "days", "profile", "checkpoint_minutes",
+                                                              "restart_overhead_minutes")})
+    except ServiceError as error:
+        raise CommandError(f"{error.field}: {error.detail}") from error
+    started = time.monotonic()
+    report = whatif_run(config)
+    command.stdout.write(json.dumps(report, indent=2) if options["json"] else format_report(report))
+    command.stdout.write(f"replayed in {time.monotonic() - started:.2f} s")
+
+
 SUBCOMMANDS = {
+    "what-if": ("replay a long training run through Lockstep's planner, without and with protection",
+                _whatif_arguments, _whatif),
     "drift": ("change a simulated cluster's add-ons out of band, to create drift", _drift_arguments, _drift),
     "world": ("build the demo world if there is none", _world_arguments, _world),
     "run": ("build the demo world if needed, then run it: telemetry, jobs, faults (the default)", _run_arguments, _run),

@@ -1,0 +1,35 @@
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status
+from rest_framework.response import Response
+
+from controlplane.api import ScopedViewSet
+from simulator import selectors
+from simulator.models import WhatIfRun
+from simulator.services import whatif_start
+from tenancy.permissions import IsProvider
+
+
+class WhatIfRunSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = WhatIfRun
+        fields = ["id", "state", "progress", "config", "report", "error", "created_at", "started_at", "finished_at"]
+        read_only_fields = fields
+
+
+class WhatIfViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """What-if replays of a long training run through Lockstep's planner, with and without protection.
+    POST a config (seed, gpus, days, profile, checkpoint_minutes, restart_overhead_minutes, …); follow
+    ``progress`` (or the ``whatif.*`` events on the ``fleet`` topic); read ``report`` when ``state`` is done."""
+
+    serializer_class = WhatIfRunSerializer
+    permission_classes = [*ScopedViewSet.permission_classes, IsProvider]
+    filterset_fields = ["state"]
+
+    def selector(self, *, user):
+        return selectors.whatif_list(user=user)
+
+    @extend_schema(request={"application/json": OpenApiTypes.OBJECT}, responses={202: WhatIfRunSerializer})
+    def create(self, request):
+        run = whatif_start(actor=request.user, config=request.data if isinstance(request.data, dict) else None)
+        return Response(WhatIfRunSerializer(run).data, status=status.HTTP_202_ACCEPTED)

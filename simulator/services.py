@@ -1,0 +1,124 @@
+"""Writes of the simulator app: what-if runs (started, advanced by a task, reported)."""
+
+from dataclasses import asdict, fields
+
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane import events
+from controlplane.access import principal
+from controlplane.audit import audit_record
+from controlplane.errors import ServiceError
+from simulator.models import WhatIfRun
+from simulator.profiles import PROFILES
+from simulator.whatif import WhatIfConfig, whatif_run
+
+LIMITS = {  # field: (low, high)
+    "seed": (0, 2**31 - 1), "gpus": (8, 1_048_576), "days": (0.01, 366), "checkpoint_minutes": (1, 1440),
+    "restart_overhead_minutes": (0, 240), "spare_fraction": (0, 0.5), "repair_hours": (0, 720), "nodes_per_leaf": (1, 1024),
+}
+
+
+def clean_config(data) -> WhatIfConfig:
+    """A WhatIfConfig from user input, or ServiceError (400) naming the field."""
+    if not isinstance(data, dict):
+        raise ServiceError("must be an object", field="config")
+    known = {f.name for f in fields(WhatIfConfig)}
+    unknown = set(data) - known
+    if unknown:
+        raise ServiceError(f"unknown keys: {', '.join(sorted(map(str, unknown)))}", field="config")
+    values = {}
+    for name, (low, high) in LIMITS.items():
+        if name not in data:
+            continue
+        value = data[name]
+        integer = name in ("seed", "gpus", "nodes_per_leaf")
+        if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not float(value).is_integer()):
+            raise ServiceError("must be a whole number" if integer else "must be a number", field=name)
+        if not low <= value <= high:
+            raise ServiceError(f"must be between {low} and {high}", field=name)
+        values[name] = int(value) if integer else float(value)
+    if "profile" in data:
+        if data["profile"] not in PROFILES:
+            raise ServiceError(f"one of {', '.join(sorted(PROFILES))}", field="profile")
+        values["profile"] = data["profile"]
+    config = WhatIfConfig(**values)
+    if config.gpus % 8:
+        raise ServiceError("a multiple of 8 (whole nodes)", field="gpus")
+    return config
+
+
+def _publish(run: WhatIfRun, kind: str) -> None:
+    events.publish([events.topic("fleet")], kind, {"run": run.pk, "state": run.state, "progress": round(run.progress, 3)},
+                   url=f"/api/v1/whatif/{run.pk}/")
+
+
+@transaction.atomic
+def whatif_start(*, actor, config: dict) -> WhatIfRun:
+    """Record a what-if run and queue it on commit (provider roles)."""
+    if not principal(actor).is_provider:
+        raise ServiceError("what-if replays are for provider roles", status=403)
+    cleaned = clean_config(config)
+    run = WhatIfRun.objects.create(created_by=actor, config=asdict(cleaned))
+    audit_record(actor=actor, action="whatif.start", target=run, changes={"config": run.config})
+    _publish(run, "whatif.queued")
+    transaction.on_commit(lambda: _queue(run.pk))
+    return run
+
+
+def _queue(run_id: int) -> None:
+    from simulator.tasks import whatif_task
+
+    whatif_task.delay(run_id)
+
+
+def whatif_execute(*, run_id: int) -> str:
+    """Run a queued (or stalled) what-if to the end; safe to call twice: a finished run is left alone."""
+    with transaction.atomic():
+        run = WhatIfRun.objects.select_for_update().filter(pk=run_id).first()
+        if run is None or run.state in (WhatIfRun.State.DONE, WhatIfRun.State.FAILED):
+            return "nothing to do"
+        run.state, run.started_at, run.progress = WhatIfRun.State.RUNNING, timezone.now(), 0.0
+        run.save(update_fields=["state", "started_at", "progress"])
+        _publish(run, "whatif.progress")
+    last = [0.0]
+
+    def progress(share: float) -> None:
+        if share - last[0] >= 0.1 or share >= 1.0:
+            last[0] = share
+            with transaction.atomic():
+                WhatIfRun.objects.filter(pk=run_id).update(progress=share)
+                run.progress = share
+                _publish(run, "whatif.progress")
+
+    try:
+        report = whatif_run(WhatIfConfig(**run.config), progress=progress)
+    except Exception as error:  # the run is recorded as failed with the reason; nothing else depends on it
+        with transaction.atomic():
+            WhatIfRun.objects.filter(pk=run_id).update(state=WhatIfRun.State.FAILED, error=str(error)[:300],
+                                                       finished_at=timezone.now())
+            run.state = WhatIfRun.State.FAILED
+            _publish(run, "whatif.failed")
+        return "failed"
+    with transaction.atomic():
+        WhatIfRun.objects.filter(pk=run_id).update(state=WhatIfRun.State.DONE, progress=1.0, report=report,
+                                                   finished_at=timezone.now())
+        run.state, run.progress = WhatIfRun.State.DONE, 1.0
+        _publish(run, "whatif.done")
+    return "done"
+
+
+def whatif_sweep(*, stale_seconds: float = 300.0) -> int:
+    """Re-queue runs whose message was lost (queued for a while, or running with no progress for long)."""
+    from datetime import timedelta
+
+    now = timezone.now()
+    lost = list(WhatIfRun.objects.filter(state=WhatIfRun.State.QUEUED, created_at__lt=now - timedelta(seconds=30))
+                .values_list("pk", flat=True))
+    lost += list(WhatIfRun.objects.filter(state=WhatIfRun.State.RUNNING, started_at__lt=now - timedelta(seconds=stale_seconds))
+                 .values_list("pk", flat=True))
+    for run_id in lost:
+        if WhatIfRun.objects.filter(pk=run_id, state=WhatIfRun.State.RUNNING).update(state=WhatIfRun.State.QUEUED):
+            pass
+        _queue(run_id)
+    return len(lost)

@@ -1,0 +1,8 @@
+from django.urls import path
+
+from simulator import views
+
+urlpatterns = [
+    path("whatif/", views.whatif_list, name="whatif-list-page"),
+    path("whatif/<int:pk>/", views.whatif_detail, name="whatif-detail"),
+]

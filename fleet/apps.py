@@ -6,7 +6,7 @@ class FleetConfig(AppConfig):
     verbose_name = "Fleet"
 
     def ready(self):
-        from controlplane import events
+        from controlplane import events, navigation
         from fleet.selectors import may_see_cluster_topic
 
         # Fleet-wide figures and events are for provider roles (DESIGN's permission table).
@@ -14,3 +14,7 @@ class FleetConfig(AppConfig):
         events.register_topic("cluster", keyed=True, may_subscribe=may_see_cluster_topic)
         # Rollouts are for provider roles (DESIGN's permission table).
         events.register_topic("rollout", keyed=True, may_subscribe=lambda who, key: who.is_provider)
+        navigation.register("Fleet", "fleet-overview", audience="all", order=20)
+        navigation.register("Blueprints", "fleet-blueprints", audience="provider", order=22)
+        navigation.register("Rollouts", "fleet-rollouts", audience="provider", order=24)
+        navigation.register("Drift", "fleet-drift", audience="all", order=26)

@@ -1,0 +1,196 @@
+"""Fleet pages: overview, cluster, blueprint, rollout and drift. Thin: selectors read, services write."""
+
+from collections import Counter
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.mixins import LoginRequiredMixin
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Q
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+from django_filters.views import FilterView
+from django_tables2 import RequestConfig, SingleTableMixin
+
+from controlplane.access import principal
+from controlplane.errors import ServiceError
+from controlplane.selectors import topic_seq
+from fleet import selectors
+from fleet.desired import desired_state, load_versions
+from fleet.diffing import version_diff
+from fleet.drivers import driver_for
+from fleet.filtersets import ClusterFilterSet, DriftFindingFilterSet, RolloutFilterSet
+from fleet.models import DriftFinding, ObservedAddon, Rollout
+from fleet.services import rollouts as rollout_services
+from fleet.services.clusters import cluster_reconcile
+from fleet.status import cluster_status, rollup
+from fleet.tables import ClusterTable, DriftFindingTable, NodeTable, RolloutTable
+
+
+def _live(*topics: str) -> dict:
+    """What a page needs to go live: its topics and the sequence numbers it was rendered at."""
+    return {"live_topics": ",".join(topics), "live_after": ",".join(str(topic_seq(t)) for t in topics)}
+
+
+class FleetOverviewView(LoginRequiredMixin, SingleTableMixin, FilterView):
+    """Clusters with their status roll-up; for provider roles also compliance (clusters per version) and drift."""
+
+    template_name = "fleet/overview.html"
+    filterset_class = ClusterFilterSet
+    table_class = ClusterTable
+
+    def get_queryset(self):
+        return selectors.cluster_list(user=self.request.user).select_related("blueprint").order_by("name")
+
+    def get_table_kwargs(self):
+        ids = list(self.object_list.values_list("pk", flat=True)[:5000])
+        self._statuses = cluster_status(ids)
+        drift = dict(DriftFinding.objects.filter(cluster_id__in=ids, resolved_at__isnull=True).values_list(
+            "cluster_id").annotate(n=Count("id")).order_by())
+        self._drift = drift
+        return {"statuses": self._statuses, "drift": drift}
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        who = principal(self.request.user)
+        context["who"] = who
+        context["fleet_rollup"] = rollup(self._statuses.values())
+        context["open_drift"] = sum(self._drift.values())
+        if who.is_provider:
+            context["compliance"] = (self.object_list.values("blueprint__name", "blueprint_version__number",
+                                                             "blueprint_version__state")
+                                     .annotate(n=Count("id")).order_by("blueprint__name", "blueprint_version__number"))
+            context["fleets"] = selectors.fleet_list(user=self.request.user).annotate(n=Count("clusters"))
+            context.update(_live("fleet"))
+        return context
+
+
+@login_required
+def cluster_detail(request, pk: int):
+    """Desired against observed add-ons, drift with its diff, nodes, and the cluster's rollouts."""
+    cluster = get_object_or_404(selectors.cluster_list(user=request.user).select_related("fleet", "blueprint"), pk=pk)
+    version = load_versions([cluster.blueprint_version_id]).get(cluster.blueprint_version_id)
+    desired = desired_state(version)
+    observed = {row.name: row for row in ObservedAddon.objects.filter(cluster=cluster)}
+    addons = [{"name": name, "desired": desired.get(name), "observed": observed.get(name)}
+              for name in sorted(set(desired) | set(observed))]
+    nodes = NodeTable(cluster.nodes.annotate(gpu_count=Count("gpus")), prefix="nodes-")
+    RequestConfig(request, paginate={"per_page": 100}).configure(nodes)
+    who = principal(request.user)
+    context = {
+        "cluster": cluster, "version": version, "addons": addons, "nodes": nodes, "who": who,
+        "status": cluster_status([cluster.pk])[cluster.pk],
+        "findings": cluster.drift_findings.filter(Q(resolved_at__isnull=True) | Q(pk__in=cluster.drift_findings.filter(
+            resolved_at__isnull=False).order_by("-resolved_at").values("pk")[:10])).order_by("resolved_at", "-detected_at"),
+        "rollouts": cluster.rollout_entries.select_related("rollout__version__blueprint").order_by("-rollout_id")[:10],
+        "supports": {op.value for op in driver_for(cluster).supports},
+        **_live(f"cluster-{cluster.pk}"),
+    }
+    return render(request, "fleet/cluster_detail.html", context)
+
+
+@login_required
+@require_POST
+def cluster_reconcile_view(request, pk: int):
+    if not principal(request.user).may_operate:
+        raise PermissionDenied
+    cluster = get_object_or_404(selectors.cluster_list(user=request.user), pk=pk)
+    try:
+        result = cluster_reconcile(actor=request.user, cluster=cluster)
+    except ServiceError as error:
+        messages.error(request, error.detail)
+    else:
+        messages.success(request, f"Reconciled: corrected {', '.join(result['corrected']) or 'nothing'}"
+                                  + (f"; failed {', '.join(result['failed'])}" if result["failed"] else ""))
+    return redirect("fleet-cluster", pk=pk)
+
+
+@login_required
+def blueprint_list(request):
+    blueprints = selectors.blueprint_list(user=request.user).annotate(
+        versions_count=Count("versions", distinct=True), clusters_count=Count("clusters", distinct=True))
+    return render(request, "fleet/blueprint_list.html", {"blueprints": blueprints})
+
+
+@login_required
+def blueprint_detail(request, pk: int):
+    """Versions, a diff between any two, clusters per version."""
+    blueprint = get_object_or_404(selectors.blueprint_list(user=request.user), pk=pk)
+    versions = list(blueprint.versions.select_related("parent").annotate(cluster_count=Count("clusters")))
+    by_number = {v.number: v for v in versions}
+    diff, chosen = None, {}
+    if len(versions) >= 2:
+        try:
+            chosen = {"from": int(request.GET.get("from", versions[-2].number)),
+                      "to": int(request.GET.get("to", versions[-1].number))}
+        except ValueError:
+            chosen = {"from": versions[-2].number, "to": versions[-1].number}
+        if chosen["from"] in by_number and chosen["to"] in by_number:
+            loaded = load_versions([by_number[chosen["from"]].pk, by_number[chosen["to"]].pk])
+            diff = version_diff(loaded[by_number[chosen["from"]].pk], loaded[by_number[chosen["to"]].pk])
+    clusters = blueprint.clusters.select_related("blueprint_version").order_by("blueprint_version__number", "name")
+    return render(request, "fleet/blueprint_detail.html", {
+        "blueprint": blueprint, "versions": versions, "diff": diff, "chosen": chosen, "clusters": clusters[:500],
+        "rollouts": Rollout.objects.filter(version__blueprint=blueprint).select_related("version")[:20],
+    })
+
+
+class RolloutListView(LoginRequiredMixin, SingleTableMixin, FilterView):
+    template_name = "fleet/rollout_list.html"
+    filterset_class = RolloutFilterSet
+    table_class = RolloutTable
+
+    def get_queryset(self):
+        return selectors.rollout_list(user=self.request.user)
+
+
+@login_required
+def rollout_detail(request, pk: int):
+    """Live progress per batch and per cluster; pause, resume, cancel and roll back for operators."""
+    rollout = get_object_or_404(selectors.rollout_list(user=request.user), pk=pk)
+    rows = list(rollout.clusters.select_related("cluster", "previous_version").order_by("batch_index", "cluster__name"))
+    counts: dict[int, Counter] = {}
+    for row in rows:
+        counts.setdefault(row.batch_index, Counter())[row.status] += 1
+    batches = [{"batch": b, "counts": dict(counts.get(b.index, {})), "total": sum(counts.get(b.index, {}).values())}
+               for b in rollout.batches.all()]
+    return render(request, "fleet/rollout_detail.html", {
+        "rollout": rollout, "batches": batches, "rows": rows, "who": principal(request.user),
+        "actions": [a for a in ("pause", "resume", "cancel", "rollback") if _may(rollout, a)],
+        **_live(f"rollout-{rollout.pk}"),
+    })
+
+
+ROLLOUT_ACTIONS = {"pause": rollout_services.rollout_pause, "resume": rollout_services.rollout_resume,
+                   "cancel": rollout_services.rollout_cancel, "rollback": rollout_services.rollout_rollback}
+ACTION_TARGET = {"pause": "Paused", "resume": "Running", "cancel": "Cancelled", "rollback": "RolledBack"}
+
+
+def _may(rollout, action: str) -> bool:
+    return rollout.may_become(ACTION_TARGET[action])
+
+
+@login_required
+@require_POST
+def rollout_action(request, pk: int, action: str):
+    if action not in ROLLOUT_ACTIONS:
+        raise Http404
+    rollout = get_object_or_404(selectors.rollout_list(user=request.user), pk=pk)
+    kwargs = {} if action == "resume" else {"reason": request.POST.get("reason", "")[:300]}
+    try:
+        ROLLOUT_ACTIONS[action](actor=request.user, rollout=rollout, **kwargs)
+    except ServiceError as error:
+        messages.error(request, error.detail)
+    else:
+        messages.success(request, f"Rollout #{rollout.pk}: {action} done.")
+    return redirect("fleet-rollout", pk=pk)
+
+
+class DriftListView(LoginRequiredMixin, SingleTableMixin, FilterView):
+    template_name = "fleet/drift_list.html"
+    filterset_class = DriftFindingFilterSet
+    table_class = DriftFindingTable
+
+    def get_queryset(self):
+        return selectors.drift_list(user=self.request.user)

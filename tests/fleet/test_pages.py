@@ -1,0 +1,131 @@
+"""Fleet pages: who sees what, credentials never rendered, operator buttons, live wiring without inline scripts."""
+
+import re
+
+import pytest
+
+from fleet.choices import RolloutState
+from fleet.models import Rollout
+from fleet.services.blueprints import version_create
+from fleet.services.drift import drift_sweep
+from fleet.services.rollouts import rollout_start
+from tests.fleet.helpers import ADDONS, blueprint, bump, clusters_on
+from tests.fleet_factories import make_fleet, make_node
+
+pytestmark = pytest.mark.django_db
+
+SECRET = "do-not-render-this-kubeconfig"
+
+
+@pytest.fixture
+def world(users, tenant_a):
+    actor = users["operator"]
+    bp, v1 = blueprint(actor, auto_rollout=False)
+    fleet = make_fleet("eu-north")
+    mine = clusters_on(v1, 1, fleet=fleet, dedicated_tenant=tenant_a)[0]
+    shared = clusters_on(v1, 2, fleet=fleet)
+    for cluster in [mine, *shared]:
+        cluster.connection = {"apply_seconds": 0, "kubeconfig": SECRET}
+        cluster.save()
+        make_node(cluster)
+    from fleet.drivers.simulated import simulate_drift
+    simulate_drift(shared[0], addon="gpu-operator", kind="version", version="25.0.0")
+    drift_sweep()
+    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    rollout = rollout_start(actor=actor, version=v2, targets={"fleet": fleet.pk}, strategy={"batch_size": 1})
+    return {"bp": bp, "mine": mine, "shared": shared, "rollout": rollout}
+
+
+def pages(world):
+    return [
+        "/fleet/", f"/fleet/clusters/{world['mine'].pk}/", f"/fleet/clusters/{world['shared'][0].pk}/",
+        "/fleet/blueprints/", f"/fleet/blueprints/{world['bp'].pk}/", f"/fleet/blueprints/{world['bp'].pk}/?from=1&to=2",
+        "/fleet/rollouts/", f"/fleet/rollouts/{world['rollout'].pk}/", "/fleet/drift/", "/fleet/drift/?open=true",
+    ]
+
+
+@pytest.mark.parametrize("role", ["provider-admin", "operator"])
+def test_provider_roles_see_every_page_and_no_credentials(client, users, world, role):
+    client.force_login(users[role])
+    for url in pages(world):
+        response = client.get(url)
+        assert response.status_code == 200, url
+        html = response.content.decode()
+        assert SECRET not in html, url
+        assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), f"inline script on {url}"
+        assert "https://" not in html
+
+
+def test_tenant_users_see_their_clusters_only(client, users, world):
+    client.force_login(users["tenant-viewer"])
+    overview = client.get("/fleet/").content.decode()
+    assert world["mine"].name in overview and world["shared"][0].name not in overview
+    assert "Compliance" not in overview
+    assert client.get(f"/fleet/clusters/{world['mine'].pk}/").status_code == 200
+    assert client.get(f"/fleet/clusters/{world['shared'][0].pk}/").status_code == 404
+    for url in ["/fleet/blueprints/", f"/fleet/blueprints/{world['bp'].pk}/", "/fleet/rollouts/",
+                f"/fleet/rollouts/{world['rollout'].pk}/"]:
+        assert client.get(url).status_code == 403, url
+    assert client.post(f"/fleet/rollouts/{world['rollout'].pk}/pause/").status_code == 403
+    assert client.get("/fleet/drift/").status_code == 200
+
+
+def test_overview_shows_roll_up_compliance_and_drift(client, users, world):
+    client.force_login(users["operator"])
+    html = client.get("/fleet/").content.decode()
+    assert "Compliance" in html and "gpu-base" in html
+    assert "Open drift findings" in html
+    assert 'data-live-topics="fleet"' in html and "js/fleet.js" in html
+    assert "OutOfSync" in html  # the drifted cluster's worst sync
+    filtered = client.get(f"/fleet/?q={world['mine'].name}").content.decode()
+    assert world["shared"][1].name not in filtered
+
+
+def test_cluster_page_shows_desired_against_observed_and_the_diff(client, users, world):
+    client.force_login(users["operator"])
+    html = client.get(f"/fleet/clusters/{world['shared'][0].pk}/").content.decode()
+    assert "24.9.0" in html and "25.0.0" in html and "Version mismatch" in html
+    assert f'data-live-topics="cluster-{world["shared"][0].pk}"' in html
+    assert "Reconcile now" in html
+    response = client.post(f"/fleet/clusters/{world['shared'][0].pk}/reconcile/", follow=True)
+    assert "corrected gpu-operator" in response.content.decode()
+
+
+def test_rollout_page_buttons_act_through_the_services(client, users, world):
+    from fleet.services.rollout_steps import rollout_step
+
+    rollout_step(rollout_id=world["rollout"].pk)  # running, first batch applied
+    client.force_login(users["operator"])
+    url = f"/fleet/rollouts/{world['rollout'].pk}/"
+    html = client.get(url).content.decode()
+    assert 'data-action="pause"' in html and 'data-action="rollback"' in html and 'data-action="resume"' not in html
+    assert f'data-live-topics="rollout-{world["rollout"].pk}"' in html
+    client.post(f"{url}pause/", {"reason": "investigating"})
+    assert Rollout.objects.get().state == RolloutState.PAUSED
+    html = client.get(url).content.decode()
+    assert 'data-action="resume"' in html and "investigating" in html
+    client.post(f"{url}resume/")
+    client.post(f"{url}rollback/", {"reason": "bad canary"})
+    assert Rollout.objects.get().state == RolloutState.ROLLED_BACK
+    assert client.post(f"{url}explode/").status_code == 404
+
+
+def test_navigation_lists_fleet_pages_by_role(client, users, world):
+    client.force_login(users["operator"])
+    html = client.get("/fleet/").content.decode()
+    assert 'href="/fleet/blueprints/"' in html and 'href="/fleet/rollouts/"' in html
+    client.force_login(users["tenant-admin"])
+    html = client.get("/fleet/").content.decode()
+    assert 'href="/fleet/"' in html and 'href="/fleet/rollouts/"' not in html
+
+
+def test_blueprint_page_shows_versions_diff_and_clusters_per_version(client, users, world):
+    client.force_login(users["operator"])
+    html = client.get(f"/fleet/blueprints/{world['bp'].pk}/?from=1&to=2").content.decode()
+    assert "v1" in html and "v2" in html and "24.9.1" in html and world["mine"].name in html
+
+
+def test_pages_need_login(client, world):
+    for url in pages(world):
+        response = client.get(url)
+        assert response.status_code == 302 and response["Location"].startswith("/accounts/login/"), url

@@ -116,6 +116,39 @@ def find_spare_node(*, cluster: Cluster, near: Node, gpus: int, exclude: set[int
     return candidates[0]
 
 
+class SparePool:
+    """The spare nodes of a cluster for one placement decision: read and row-locked once, then handed out
+    (same GPU model, same leaf switch first, then rack, then lowest risk), never the same one twice."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self._by_model: dict[str, list[Node]] = {}
+
+    def _candidates(self, gpu_model: str) -> list[Node]:
+        if gpu_model not in self._by_model:
+            now = timezone.now()
+            booked = SpareBooking.objects.filter(released_at__isnull=True, whole_node=True).values("node_id")
+            unhealthy = GPU.objects.filter(node__cluster=self.cluster).exclude(health=GPUHealth.HEALTHY).values("node_id")
+            rows = (Node.objects.filter(cluster=self.cluster, state=NodeState.SPARE, gpu_model=gpu_model,
+                                        risk_score__lt=risk_threshold(self.cluster))
+                    .filter(Q(cooldown_until__isnull=True) | Q(cooldown_until__lte=now))
+                    .exclude(pk__in=booked).exclude(pk__in=unhealthy))
+            found = list(_skip_locked(rows.order_by("risk_score", "hostname"))[:512])
+            counts = dict(GPU.objects.filter(node__in=found).values("node_id").annotate(n=Count("id"))
+                          .values_list("node_id", "n"))
+            for node in found:
+                node.gpu_count = counts.get(node.pk, 0)
+            self._by_model[gpu_model] = found
+        return self._by_model[gpu_model]
+
+    def pick(self, *, near: Node, gpus: int, exclude: set[int] = frozenset()) -> Node | None:
+        fits = [node for node in self._candidates(near.gpu_model)
+                if node.pk not in exclude and node.pk != near.pk and node.gpu_count >= min(gpus, 8)]
+        if not fits:
+            return None
+        return min(fits, key=lambda node: (node.leaf_switch != near.leaf_switch, node.rack != near.rack, node.risk_score))
+
+
 def spare_gpus_on_node(node: Node) -> list[int]:
     """Healthy GPUs of a node that no job holds and no action has booked."""
     held = set()

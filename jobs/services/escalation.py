@@ -61,13 +61,26 @@ def _node_step(escalation: NodeEscalation, kind: str, *, handle: str = "", done_
     return action
 
 
-def on_fault(*, fault: FaultEvent, verdict: FaultVerdict, cluster, dry_run: bool) -> str:
+def ladders_for(node_ids) -> dict[int, NodeEscalation]:
+    """The ladders of these nodes, created where missing and row-locked, in one go for a batch of faults."""
+    ids = sorted(set(node_ids))
+    if not ids:
+        return {}
+    NodeEscalation.objects.bulk_create([NodeEscalation(node_id=pk) for pk in ids], ignore_conflicts=True)
+    return {row.node_id: row for row in NodeEscalation.objects.select_for_update(no_key=True).filter(node_id__in=ids)
+            .order_by("node_id")}
+
+
+def on_fault(*, fault: FaultEvent, verdict: FaultVerdict, cluster, dry_run: bool,
+             ladders: dict[int, NodeEscalation] | None = None) -> str:
     """Record the fault on its node's ladder; quarantine (cordon) the node when the fault is fatal to a
     device or the node, or when strikes add up. Returns what happened, in words ("" for nothing)."""
     if not (verdict.out_of_service or verdict.escalates):
         return ""
     now = timezone.now()
-    escalation, _ = NodeEscalation.objects.select_for_update(no_key=True).get_or_create(node_id=fault.node_id)
+    escalation = (ladders or {}).get(fault.node_id)
+    if escalation is None:
+        escalation, _ = NodeEscalation.objects.select_for_update(no_key=True).get_or_create(node_id=fault.node_id)
     escalation.node = fault.node
     if escalation.stage in OPEN_STAGES or escalation.stage == EscalationStage.FAILED:
         return f"ladder already at {escalation.stage}"

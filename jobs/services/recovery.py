@@ -13,7 +13,7 @@ from fleet.choices import GPUHealth, LinkState
 from fleet.models import GPU, NIC
 from jobs import placement
 from jobs.choices import BUDGETED_KINDS, ActionKind, FaultState, JobPhaseKind, JobState
-from jobs.models import FaultEvent, Job, JobAllocation, JobSnapshot, RecoveryAction
+from jobs.models import FaultEvent, Job, JobAllocation, JobPhase, JobProgress, JobSnapshot, RecoveryAction
 from jobs.planner import JobFacts, Situation, fair_order, gpu_hours_at_stake, plan
 from jobs.services import escalation
 from jobs.services.actions import action_start
@@ -21,10 +21,8 @@ from jobs.services.common import (
     cluster_topics,
     estimates_for,
     fault_payload,
-    phase_start,
     protection_of,
     publish_action,
-    record_progress,
     supported_operations,
 )
 from jobs.triage import FaultVerdict
@@ -33,26 +31,30 @@ STOPS_JOB = {ActionKind.INTRA_NODE_MIGRATION, ActionKind.LIVE_MIGRATION, ActionK
              ActionKind.RESTORE_FROM_SNAPSHOT, ActionKind.RESTART_FROM_CHECKPOINT, ActionKind.NIC_FAILOVER}
 
 
-def _affected(fault: FaultEvent, impact: str) -> list[JobAllocation]:
-    rows = JobAllocation.objects.filter(released_at__isnull=True, job__state__in=(JobState.RUNNING, JobState.RECOVERING))
+def _active_allocations():
+    return (JobAllocation.objects.filter(released_at__isnull=True, job__state__in=(JobState.RUNNING, JobState.RECOVERING))
+            .select_related("node"))
+
+
+def _affected(fault: FaultEvent, impact: str, on_nodes: dict[int, list[JobAllocation]]) -> list[JobAllocation]:
+    """The allocations a fault hits: on its node (``on_nodes``, fetched once per batch), or its whole rack."""
     if fault.kind == "facility" and fault.rack:
-        rows = rows.filter(node__cluster_id=fault.cluster_id, node__rack=fault.rack)
+        found = list(_active_allocations().filter(node__cluster_id=fault.cluster_id, node__rack=fault.rack))
     else:
-        rows = rows.filter(node_id=fault.node_id)
-    found = list(rows.select_related("job", "node"))
+        found = on_nodes.get(fault.node_id, [])
     if impact == "device" and fault.gpu_index is not None:
         found = [a for a in found if fault.gpu_index in a.gpu_indices]
     return found
 
 
 def _facts(job: Job, allocation: JobAllocation, impact: str, fault: FaultEvent, protected: bool,
-           overhead: float) -> tuple[JobFacts, JobSnapshot | None]:
+           overhead: float, snapshots: list[JobSnapshot]) -> tuple[JobFacts, JobSnapshot | None]:
     at = min(fault.detected_at, timezone.now())
     iteration = job.iteration_now(at)
     checkpoint = job.checkpoint_iteration_now(at)
     since_checkpoint = max(0, iteration - checkpoint) * job.seconds_per_iteration
-    snapshot = (JobSnapshot.objects.filter(job=job, state="succeeded", iteration__gt=checkpoint, iteration__lte=iteration)
-                .order_by("-iteration").first())
+    usable = [s for s in snapshots if checkpoint < s.iteration <= iteration]
+    snapshot = max(usable, key=lambda s: s.iteration) if usable else None
     since_snapshot = (iteration - snapshot.iteration) * job.seconds_per_iteration if snapshot else None
     affected = 1 if impact == "device" else allocation.gpu_count
     return JobFacts(gpus=job.gpus, gpus_affected=affected, seconds_since_checkpoint=since_checkpoint,
@@ -87,45 +89,59 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     # Lock the faulty nodes before anything publishes: node services lock them too, and a transaction must not
     # wait for a row lock while it holds its topics' event-sequence rows (see placement.immediate_constraints).
     placement.lock_nodes({fault.node_id for fault in faults})
+    verdicts = {fault.pk: FaultVerdict(**fault.triage) if fault.triage else FaultVerdict("none", False, True, True, "")
+                for fault in faults}
+    ladders = escalation.ladders_for([f.node_id for f in faults if verdicts[f.pk].escalates or verdicts[f.pk].out_of_service])
+    on_nodes: dict[int, list[JobAllocation]] = {}
+    for allocation in _active_allocations().filter(node_id__in={f.node_id for f in faults}):
+        on_nodes.setdefault(allocation.node_id, []).append(allocation)
     pairs = []
     outcome: dict[int, list[str]] = {}
     for fault in faults:
-        verdict = FaultVerdict(**fault.triage) if fault.triage else FaultVerdict("none", False, True, True, "")
+        verdict = verdicts[fault.pk]
         impact = verdict.job_impact
         if not dry_run:
             _mark_hardware(fault, verdict)
-        ladder = escalation.on_fault(fault=fault, verdict=verdict, cluster=cluster, dry_run=dry_run)
+        ladder = escalation.on_fault(fault=fault, verdict=verdict, cluster=cluster, dry_run=dry_run, ladders=ladders)
         outcome[fault.pk] = [ladder] if ladder else []
         if impact == "none" and ladder.startswith("quarantined"):
             impact = "risk"     # repeated non-fatal faults: move protected jobs off before the node fails
         if impact == "none":
             continue
-        for allocation in _affected(fault, impact):
+        for allocation in _affected(fault, impact, on_nodes):
             pairs.append((fault, impact, allocation))
     done = set(RecoveryAction.objects.filter(fault__in=faults, job__isnull=False).values_list("fault_id", "job_id"))
     pairs = [p for p in pairs if (p[0].pk, p[2].job_id) not in done]
     jobs = {job.pk: job for job in Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant")
             .filter(pk__in={p[2].job_id for p in pairs}).order_by("pk")}
+    snapshots: dict[int, list[JobSnapshot]] = {}
+    for snapshot in JobSnapshot.objects.filter(job_id__in=jobs, state="succeeded"):
+        snapshots.setdefault(snapshot.job_id, []).append(snapshot)
+    up_nics: dict[int, list[str]] = {}
+    for node_id, name in (NIC.objects.filter(node_id__in={p[2].node_id for p in pairs if p[1] in ("nic", "degraded")},
+                                             link_state=LinkState.UP).order_by("rail").values_list("node_id", "name")):
+        up_nics.setdefault(node_id, []).append(name)
     priced = []
     for fault, impact, allocation in pairs:
         job = jobs[allocation.job_id]
-        facts, snapshot = _facts(job, allocation, impact, fault, protection.protected, overhead)
+        facts, snapshot = _facts(job, allocation, impact, fault, protection.protected, overhead, snapshots.get(job.pk, []))
         priced.append((fault, impact, allocation, job, facts, snapshot, gpu_hours_at_stake(facts)))
     # Spares go first to the jobs with the most GPU-hours at stake, shared between tenants by tier.
     ordered = fair_order([(p[3].tenant_id, p[3].tenant.tier, p[6], i) for i, p in enumerate(priced)])
     budget = placement.migration_budget(cluster)
     queued = budget.queued
+    spares = placement.SparePool(cluster)
     booked: set[int] = set()
     created: list[RecoveryAction] = []
+    recovering: list[tuple[Job, str]] = []
     for index in ordered:
         fault, impact, allocation, job, facts, snapshot, stake = priced[index]
         node = allocation.node
         spare = None
         if impact in ("device", "node", "nic", "risk") and facts.protected:
-            spare = placement.find_spare_node(cluster=cluster, near=node, gpus=allocation.gpu_count, exclude=booked)
+            spare = spares.pick(near=node, gpus=allocation.gpu_count, exclude=booked)
         spare_gpus = placement.spare_gpus_on_node(node) if impact == "device" and facts.protected else []
-        spare_nic = (NIC.objects.filter(node=node, link_state=LinkState.UP).exclude(name=fault.nic_name)
-                     .order_by("rail").values_list("name", flat=True).first() if impact in ("nic", "degraded") else None)
+        spare_nic = next((n for n in up_nics.get(node.pk, []) if n != fault.nic_name), None)
         healthy_nic = spare_nic is not None
         wait = placement.Budget(budget.cluster_running, budget.cluster_cap, budget.leaf_running, budget.leaf_cap,
                                 queued).wait_seconds(est.migration_pause)
@@ -170,8 +186,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
             job.iteration, job.iteration_at = job.iteration_now(now), now
             job.state = JobState.RECOVERING
             job.save(update_fields=["iteration", "iteration_at", "state"])
-            phase_start(job, JobPhaseKind.RECOVERING, reason=f"{fault.kind} → {chosen.kind}", at=now)
-            record_progress(job, at=now, iteration=job.iteration)
+            recovering.append((job, f"{fault.kind} → {chosen.kind}"))
         audit_record(actor=None, action="recovery.plan", target=action, tenant_id=job.tenant_id,
                      changes={"kind": chosen.kind, "dry_run": dry_run, "fault": fault.pk})
         outcome[fault.pk].append(f"job {job.pk}: {chosen.kind}" + (" (dry run)" if dry_run else ""))
@@ -190,6 +205,12 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
             publish_action(action, "action.planned")
         else:
             publish_action(action, "action.started")
+    if recovering:
+        JobPhase.objects.filter(job__in=[j for j, _ in recovering], ended_at__isnull=True,
+                                kind__in=(JobPhaseKind.RUNNING, JobPhaseKind.RECOVERING)).update(ended_at=now)
+        JobPhase.objects.bulk_create([JobPhase(job=j, kind=JobPhaseKind.RECOVERING, started_at=now, reason=why[:200])
+                                      for j, why in recovering])
+        JobProgress.objects.bulk_create([JobProgress(job=j, at=now, iteration=j.iteration) for j, _ in recovering])
     # A fault answered by actions is reported handled by their events (they carry its state); the others get one.
     answered = {action.fault_id for action in created}
     for fault in faults:

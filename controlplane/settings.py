@@ -230,6 +230,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=5),
         "options": {"expires": 10},
     },
+    "simulator-scenarios": {
+        "task": "simulator.scenarios",
+        "schedule": timedelta(seconds=2),
+        "options": {"expires": 4},
+    },
     "simulator-whatif-sweep": {
         "task": "simulator.whatif_sweep",
         "schedule": timedelta(seconds=30),

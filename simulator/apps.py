@@ -8,3 +8,4 @@ class SimulatorConfig(AppConfig):
         from controlplane import navigation
 
         navigation.register("What-if", "whatif-list-page", audience="provider", order=70)
+        navigation.register("Scenarios", "scenario-list", audience="provider", order=71)

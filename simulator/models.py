@@ -40,3 +40,25 @@ class WhatIfRun(models.Model):
 
     def __str__(self):
         return f"what-if {self.pk} ({self.state})"
+
+
+class Scenario(models.Model):
+    """A scripted scenario (``ab-nic``): its jobs and the deadline at which its fault strikes, checked by beat."""
+
+    class State(models.TextChoices):
+        ARMED = "armed", "Armed"
+        FIRED = "fired", "Fired"
+
+    kind = models.CharField(max_length=20)
+    jobs = models.JSONField(default=dict, help_text='{"protected": job id, "unprotected": job id}')
+    nic_name = models.CharField(max_length=30, blank=True)
+    strike_at = models.DateTimeField()
+    state = models.CharField(max_length=10, choices=State.choices, default=State.ARMED)
+    created_at = models.DateTimeField(auto_now_add=True)
+    fired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self):
+        return f"{self.kind} {self.pk} ({self.state})"

@@ -11,3 +11,10 @@ def whatif_task(run_id: int) -> str:
 @shared_task(name="simulator.whatif_sweep", ignore_result=True, time_limit=60, soft_time_limit=50)
 def whatif_sweep_task() -> int:
     return whatif_sweep()
+
+
+@shared_task(name="simulator.scenarios", ignore_result=True, time_limit=60, soft_time_limit=50)
+def scenarios_task() -> int:
+    from simulator.scenarios import scenarios_advance
+
+    return scenarios_advance()

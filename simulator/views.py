@@ -47,3 +47,36 @@ def whatif_detail(request, pk: int):
     _provider(request)
     run = get_object_or_404(selectors.whatif_list(user=request.user), pk=pk)
     return render(request, "simulator/whatif_detail.html", {"run": run, "after": topic_seq("fleet")})
+
+
+@login_required
+def scenario_list(request):
+    """Start the ab-nic scenario; see past ones."""
+    from simulator.models import Scenario
+    from simulator.scenarios import abnic_start
+
+    _provider(request)
+    error = None
+    if request.method == "POST":
+        try:
+            scenario = abnic_start(actor=request.user)
+        except ServiceError as problem:
+            error = problem.detail
+        else:
+            return redirect("scenario-detail", pk=scenario.pk)
+    return render(request, "simulator/scenario_list.html", {"scenarios": Scenario.objects.all()[:20], "error": error})
+
+
+@login_required
+def scenario_detail(request, pk: int):
+    from jobs.figures import job_timeline
+    from jobs.models import Job
+    from simulator.models import Scenario
+
+    _provider(request)
+    scenario = get_object_or_404(Scenario, pk=pk)
+    jobs = {label: Job.objects.select_related("cluster").get(pk=job_id) for label, job_id in scenario.jobs.items()}
+    data = {label: {"job": job.pk, "name": job.name, "cluster": job.cluster.name, "topic": f"job-{job.pk}",
+                    "after": topic_seq(f"job-{job.pk}"), "timeline": job_timeline(job)}
+            for label, job in jobs.items()}
+    return render(request, "simulator/scenario_detail.html", {"scenario": scenario, "jobs": jobs, "data": data})

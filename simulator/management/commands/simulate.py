@@ -113,7 +113,30 @@ def _whatif(command, options):
     command.stdout.write(f"replayed in {time.monotonic() - started:.2f} s")
 
 
+def _abnic_arguments(parser):
+    parser.add_argument("--gpus", type=int, default=64)
+    parser.add_argument("--strike-after", type=float, default=90.0, help="seconds until the NIC fails")
+
+
+def _abnic(command, options):
+    from controlplane.errors import ServiceError
+    from simulator.scenarios import abnic_start
+    from simulator.world import SERVICE_USER
+    from tenancy.models import Membership
+
+    actor = Membership.objects.filter(user__username=SERVICE_USER).select_related("user").first()
+    if actor is None:
+        raise CommandError("build the demo world first: manage.py simulate world")
+    try:
+        scenario = abnic_start(actor=actor.user, gpus=options["gpus"], strike_after_seconds=options["strike_after"])
+    except ServiceError as error:
+        raise CommandError(error.detail) from error
+    command.stdout.write(f"ab-nic #{scenario.pk}: jobs {scenario.jobs}; NIC {scenario.nic_name} fails at "
+                         f"{scenario.strike_at:%H:%M:%S} (beat fires it). Watch /scenarios/{scenario.pk}/")
+
+
 SUBCOMMANDS = {
+    "ab-nic": ("two identical jobs, protected and not, lose the same NIC", _abnic_arguments, _abnic),
     "what-if": ("replay a long training run through Lockstep's planner, without and with protection",
                 _whatif_arguments, _whatif),
     "drift": ("change a simulated cluster's add-ons out of band, to create drift", _drift_arguments, _drift),

@@ -30,6 +30,8 @@ from simulator.sampling import FaultSampler, Strike
 log = logging.getLogger(__name__)
 
 PRECURSOR_SECONDS = 180.0   # real seconds of warning before a predicted strike (after time compression)
+GREY_SECONDS = 600.0        # how long a grey fabric failure (errors rising, link up) lasts
+GREY_PER_HOUR = 4.0         # grey fabric failures per real hour across the demo fleet
 NIC_REPAIR_SECONDS = 300.0  # a downed link comes back after this long (the cable is reseated)
 
 
@@ -96,6 +98,7 @@ class Runner:
         self.gpu_count = sum(len(n.gpus) for n in self.nodes)
         self.sampler = FaultSampler(self.profile, self.gpu_count, self.random.randrange(2**31))
         self.started = time.monotonic()
+        self.grey: list[tuple[NICSim, float]] = []   # NICs with errors rising while the link stays up, until
         self.pending: list[Pending] = []
         self.stats = RunnerStats()
 
@@ -113,6 +116,22 @@ class Runner:
             node, index = self._locate(strike.gpu)
             lead = PRECURSOR_SECONDS if strike.precursor else 0.0
             self.pending.append(Pending(strike, node, index, now + lead))
+
+    def _grey_failures(self, now: float) -> None:
+        """Grey failures: a port whose symbol errors climb while the link stays up, for a while; ingest sees the
+        rate cross its limit and reports a degraded link (no link-down ever comes)."""
+        still = []
+        for nic, until in self.grey:
+            if until > now:
+                still.append((nic, until))
+            else:
+                nic.noisy = 0.0
+        self.grey = still
+        if self.random.random() < GREY_PER_HOUR * self.tick_seconds / 3600.0:
+            node = self.random.choice([n for n in self.nodes if not n.dead])
+            nic = self.random.choice(list(node.nics.values()))
+            nic.noisy = 500.0
+            self.grey.append((nic, now + GREY_SECONDS))
 
     def _precursors(self, now: float) -> None:
         for item in self.pending:
@@ -218,6 +237,10 @@ class Runner:
                 facility.append({"ts": now, "source": "simulator", "scope": "rack", "target": rack,
                                  "device": f"cdu-{rack}", "sensor": "loop", "metric": "cdu_differential_pressure_pascals",
                                  "value": round(pressure + self.random.gauss(0, 500), 1)})
+                # the rack PDU draws more as the loop weakens and fans and pumps work harder
+                facility.append({"ts": now, "source": "simulator", "scope": "rack", "target": rack,
+                                 "device": f"pdu-{rack}", "sensor": "branch-a", "metric": "pdu_current_amperes",
+                                 "value": round(48.0 * (1 + (180_000.0 - pressure) / 180_000.0) + self.random.gauss(0, 0.4), 2)})
         return {"schema_version": 1, "batch_id": str(uuid.uuid4()),
                 "agent": {"name": "lockstep-simulator", "version": "1", "hostname": f"relay-{cluster}", "gpu_status": "ok"},
                 "created_at": now, "sent_at": now, "node": None, "readings": readings, "nics": nics,
@@ -227,6 +250,7 @@ class Runner:
         now_monotonic = time.monotonic()
         self.schedule_due_strikes(now_monotonic)
         self._precursors(now_monotonic)
+        self._grey_failures(now_monotonic)
         events: dict[str, list] = {}
         due = [item for item in self.pending if item.due <= now_monotonic]
         self.pending = [item for item in self.pending if item.due > now_monotonic]

@@ -48,3 +48,19 @@ def test_simulator_keeps_going_when_the_control_plane_restarts(tmp_path):
         runner.tick()
         assert runner.stats.batches_sent == 8
     assert url and FaultEvent.objects.filter(kind="gpu_xid", xid=48).count() == 1
+
+
+def test_grey_failure_is_seen_as_a_degraded_link_without_a_link_down(tmp_path):
+    world_build(seed=4, nodes_per_cluster=4, spares=1)
+    with uvicorn_server(tmp_path) as server:
+        runner = Runner(url=server.url, acceleration=0.0, tick_seconds=0)
+        runner.tick()
+        node = runner.nodes[2]
+        nic = node.nics["mlx5_5"]
+        runner.grey.append((nic, float("inf")))
+        nic.noisy = 500.0
+        for _ in range(3):
+            runner.tick()
+    fault = FaultEvent.objects.get(kind="link_degraded")
+    assert (fault.node.hostname, fault.nic_name) == (node.hostname, "mlx5_5")
+    assert not FaultEvent.objects.filter(kind="nic_down").exists()

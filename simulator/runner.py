@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 PRECURSOR_SECONDS = 180.0   # real seconds of warning before a predicted strike (after time compression)
 GREY_SECONDS = 600.0        # how long a grey fabric failure (errors rising, link up) lasts
 GREY_PER_HOUR = 4.0         # grey fabric failures per real hour across the demo fleet
+GREY_SLOWDOWN = 0.30        # a degraded link slows every collective of a job that crosses it
+THROTTLE_SLOWDOWN = 0.15    # a GPU hot enough to throttle slows its whole (lock-step) job
 NIC_REPAIR_SECONDS = 300.0  # a downed link comes back after this long (the cable is reseated)
 
 
@@ -101,6 +103,7 @@ class Runner:
         self.grey: list[tuple[NICSim, float]] = []   # NICs with errors rising while the link stays up, until
         self.pending: list[Pending] = []
         self.stats = RunnerStats()
+        self.jobs: dict[int, dict] = {}   # the training loops this simulator runs: job id -> its own progress
 
     # --- the fault model -----------------------------------------------------------------------------------
     def _locate(self, gpu: int) -> tuple[NodeSim, int]:
@@ -257,6 +260,7 @@ class Runner:
         for item in due:
             self._strike(item, events)
         now = time.time()
+        self.drive_jobs(now)
         for cluster, token in self.world.agent_tokens.items():
             batch = self._batch(cluster, now, events.get(cluster, []))
             if self._send(f"{self.url}/api/v1/ingest/telemetry/", batch, token):
@@ -267,6 +271,62 @@ class Runner:
                 for event in events.get(cluster, []):
                     self.pending.append(Pending(_replay_strike(event), self._node(event["node"]), event["gpu"], 0.0))
         self.stats.ticks += 1
+
+    # --- the jobs' own training loops ------------------------------------------------------------------------
+    def _slowdown(self, hostnames: set[str]) -> float:
+        """How much slower a lock-step job runs: as slow as its slowest part (a grey link it crosses, a GPU
+        that throttles)."""
+        slow = 0.0
+        for node in self.nodes:
+            if node.hostname not in hostnames:
+                continue
+            if any(nic.noisy > 0 and nic.down_until <= time.monotonic() for nic in node.nics.values()):
+                slow = max(slow, GREY_SLOWDOWN)
+            if any(gpu.temperature + gpu.warming > 85 for gpu in node.gpus):
+                slow = max(slow, THROTTLE_SLOWDOWN)
+        return slow
+
+    def _running_jobs(self) -> list[dict]:
+        jobs, url = [], f"{self.url}/api/v1/jobs/?state=Running&page_size=500"
+        while url:
+            try:
+                response = self.session.get(url, headers={"Authorization": f"Bearer {self.world.api_token}"}, timeout=15)
+            except requests.RequestException:
+                return []
+            if response.status_code != 200:
+                return []
+            body = response.json()
+            jobs += body["results"]
+            url = body.get("next")
+        return jobs
+
+    def drive_jobs(self, now: float) -> int:
+        """Advance every running job on a simulated cluster at its own step time, slowed by what its nodes
+        suffer, and report iteration, step time and checkpoints through the progress API, as a training loop
+        calling the agent's progress helper would. A recovery that restored an older state is followed."""
+        reported = 0
+        simulated = set(self.world.agent_tokens)
+        for job in self._running_jobs():
+            if job["cluster_name"] not in simulated:
+                continue
+            mine = self.jobs.get(job["id"])
+            if mine is None:
+                mine = self.jobs[job["id"]] = {"iteration": float(job["iteration"]), "at": now,
+                                               "base": float(job["seconds_per_iteration"])}
+            if job["iteration"] < mine["iteration"] - 1:
+                mine["iteration"] = float(job["iteration"])   # restored to its checkpoint or a snapshot
+            hosts = {allocation["hostname"] for allocation in job["allocations"]}
+            step = mine["base"] * (1.0 + self._slowdown(hosts))
+            before = mine["iteration"]
+            after = before + max(0.0, now - mine["at"]) / step
+            interval = max(1, int(job["checkpoint_interval"]))
+            checkpoint = int(after) // interval > int(before) // interval
+            if self._send(f"{self.url}/api/v1/jobs/{job['id']}/progress/",
+                          {"iteration": int(after), "step_seconds": round(step, 4), "checkpoint": checkpoint},
+                          self.world.api_token):
+                mine["iteration"], mine["at"] = after, now
+                reported += 1
+        return reported
 
     def _node(self, hostname: str) -> NodeSim:
         return next(n for n in self.nodes if n.hostname == hostname)

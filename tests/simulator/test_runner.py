@@ -64,3 +64,27 @@ def test_grey_failure_is_seen_as_a_degraded_link_without_a_link_down(tmp_path):
     fault = FaultEvent.objects.get(kind="link_degraded")
     assert (fault.node.hostname, fault.nic_name) == (node.hostname, "mlx5_5")
     assert not FaultEvent.objects.filter(kind="nic_down").exists()
+
+
+def test_jobs_report_their_own_progress_and_slow_down_on_a_grey_link(tmp_path):
+    from jobs.models import Job
+
+    world_build(seed=5, nodes_per_cluster=6, spares=1)
+    with uvicorn_server(tmp_path) as server:
+        runner = Runner(url=server.url, acceleration=0.0, tick_seconds=0)
+        runner.tick()
+        job = Job.objects.filter(cluster__name="use-h100-a", state="Running").first()
+        assert job is not None and not job.simulated  # the simulator reports for it now
+        mine = runner.jobs[job.pk]
+        host = job.allocations.filter(released_at__isnull=True).first().node.hostname
+        node = next(n for n in runner.nodes if n.hostname == host)
+        nic = node.nics["mlx5_1"]
+        nic.noisy = 500.0
+        runner.grey.append((nic, float("inf")))
+        mine["at"] -= 100 * mine["base"]   # 100 steps' worth of time passes
+        before = mine["iteration"]
+        runner.drive_jobs(mine["at"] + 100 * mine["base"])
+    assert 70 < mine["iteration"] - before < 80   # 30 % slower: about 77 iterations instead of 100
+    job.refresh_from_db()
+    assert job.iteration == int(mine["iteration"])
+    assert job.seconds_per_iteration > mine["base"]

@@ -5,6 +5,7 @@ from collections import Counter
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status
 from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
 from controlplane.api import ScopedViewSet
@@ -87,10 +88,21 @@ class RolloutViewSet(mixins.ListModelMixin, ScopedViewSet):
 
 
 class DriftFindingViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
-    """Drift findings, open and resolved, of the clusters the user sees in full."""
+    """Drift findings, open and resolved, of the clusters the user sees in full; ``POST sweep/`` runs a sweep now."""
 
     serializer_class = DriftFindingSerializer
     filterset_class = DriftFindingFilterSet
 
     def selector(self, *, user):
         return selectors.drift_list(user=user)
+
+    @extend_schema(request=None, responses={202: dict})
+    @action(detail=False, methods=["post"])
+    def sweep(self, request):
+        """Queue a drift sweep of every cluster now (provider roles); findings appear as it finishes."""
+        from fleet.tasks import drift_sweep_task
+
+        if not self.principal.may_operate:
+            raise PermissionDenied("drift sweeps are for provider roles")
+        drift_sweep_task.delay()
+        return Response({"queued": True}, status=status.HTTP_202_ACCEPTED)

@@ -25,7 +25,7 @@ DONE_CLUSTER_STATES = (RolloutClusterStatus.SUCCEEDED, RolloutClusterStatus.FAIL
 
 
 class Rollout(models.Model):
-    """A blueprint version, its targets and its strategy. See docs/rollouts.md for how a step is taken."""
+    """A blueprint version, its targets and its strategy. See docs/fleet.md for how a step is taken."""
 
     version = models.ForeignKey("fleet.BlueprintVersion", on_delete=models.PROTECT, related_name="rollouts")
     state = models.CharField(max_length=12, choices=RolloutState.choices, default=RolloutState.PENDING)

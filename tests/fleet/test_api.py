@@ -273,3 +273,14 @@ def test_cluster_list_query_count_does_not_grow(api, users, world, django_assert
         make_cluster(world["fleet"])
     with django_assert_max_num_queries(12):
         assert api.get("/api/v1/clusters/").json()["count"] == Cluster.objects.count()
+
+
+def test_drift_sweep_on_demand_is_queued_for_provider_roles(api, users, world, monkeypatch):
+    from fleet import tasks
+
+    queued = []
+    monkeypatch.setattr(tasks.drift_sweep_task, "delay", lambda *a, **k: queued.append(a))
+    api.as_token(users["tenant-admin"])
+    assert api.post("/api/v1/drift/sweep/").status_code == 403
+    api.as_token(users["operator"])
+    assert api.post("/api/v1/drift/sweep/").status_code == 202 and queued == [()]

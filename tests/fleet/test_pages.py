@@ -129,3 +129,15 @@ def test_pages_need_login(client, world):
     for url in pages(world):
         response = client.get(url)
         assert response.status_code == 302 and response["Location"].startswith("/accounts/login/"), url
+
+
+def test_admin_hides_credentials_and_offers_simulated_drift(client, world, django_user_model):
+    from fleet.models import DriftFinding
+
+    admin = django_user_model.objects.create_superuser("root", "root@example.com", "correct-horse-9")
+    client.force_login(admin)
+    html = client.get(f"/admin/fleet/cluster/{world['mine'].pk}/change/").content.decode()
+    assert SECRET not in html
+    client.post("/admin/fleet/cluster/", {"action": "drift_values", "_selected_action": [world["mine"].pk]})
+    drift_sweep()
+    assert DriftFinding.objects.filter(cluster=world["mine"], kind="values_changed", resolved_at__isnull=True).exists()

@@ -2,7 +2,8 @@
 
 POST /api/v1/faults/ (uvicorn) → FaultEvent stored → Celery task (Redis broker, a prefork worker) → the
 recovery action recorded in PostgreSQL → its event relayed through Redis → received by a websocket client.
-The clock starts when the POST is sent and stops when the client receives the action's first event.
+The clock starts when the POST is sent and stops when the client receives the action's first event. Beat runs
+too (recovery actions complete, the outbox sweeps), as in production.
 
 It creates (and drops at the end) its own scratch PostgreSQL database and uses Redis DB 12; loopback only;
 every loop is bounded. Run:
@@ -248,9 +249,11 @@ def main() -> int:
     venv = Path(sys.executable).parent
     web = start([str(venv / "uvicorn"), "controlplane.asgi:application", "--host", "127.0.0.1", "--port", str(port),
                  "--log-level", "warning", "--no-access-log"], logs / "bench-uvicorn.log")
-    worker = start([str(venv / "celery"), "-A", "controlplane", "worker", "--loglevel=warning",
+    worker = start([str(venv / "celery"), "-A", "controlplane", "worker", f"--loglevel={os.environ.get('BENCH_WORKER_LOGLEVEL', 'warning')}",
                     f"--concurrency={args.worker_concurrency}", "-n", f"bench-{port}@%h", "--without-gossip",
                     "--without-mingle"], logs / "bench-celery.log")
+    beat = start([str(venv / "celery"), "-A", "controlplane", "beat", "--loglevel=warning",
+                  "--schedule", str(logs / f"bench-beat-{port}.db")], logs / "bench-beat.log")
     results = []
     try:
         import requests
@@ -287,7 +290,7 @@ def main() -> int:
             time.sleep(2)
         listener.stop.set()
     finally:
-        for process in (worker, web):
+        for process in (beat, worker, web):
             if process.poll() is None:
                 os.killpg(process.pid, 15)
                 try:

@@ -215,18 +215,30 @@ def recovery_advance(*, cluster_ids: list[int] | None = None) -> dict:
     if cluster_ids is not None:
         active = active.filter(cluster_id__in=cluster_ids)
     counts = {"completed": 0, "started": 0}
-    for cluster_id in sorted(set(active.values_list("cluster_id", flat=True))):
+    # One short transaction per action: each publishes to the shared fleet and cluster topics, whose sequence
+    # rows stay locked until COMMIT, so a long transaction here would hold up every other writer.
+    for action_id, cluster_id, node_id, to_node_id in (active.filter(state=ActionState.RUNNING).order_by("done_at")
+                                                       .values_list("pk", "cluster_id", "node_id", "to_node_id")[:500]):
         with transaction.atomic():
-            cluster = placement.lock_cluster(cluster_id)
-            due = active.filter(cluster_id=cluster_id, state=ActionState.RUNNING).order_by("done_at")
-            placement.lock_nodes([n for pair in due.values_list("node_id", "to_node_id")[:500] for n in pair])
-            for action_id in due.values_list("pk", flat=True)[:500]:
-                counts["completed"] += action_advance(action_id=action_id) == "succeeded"
-            waiting = (RecoveryAction.objects.filter(cluster_id=cluster_id, state=ActionState.PLANNED, dry_run=False)
-                       .select_related("job", "node", "to_node", "snapshot", "cluster")
-                       .order_by("-gpu_hours_at_stake", "planned_at"))
-            for action in waiting[:200]:
-                counts["started"] += action_start(action=action, cluster=cluster)
+            placement.lock_cluster(cluster_id)
+            placement.lock_nodes([node_id, to_node_id])
+            counts["completed"] += action_advance(action_id=action_id) == "succeeded"
+    for cluster_id in sorted(set(active.filter(state=ActionState.PLANNED).values_list("cluster_id", flat=True))):
+        waiting = (RecoveryAction.objects.filter(cluster_id=cluster_id, state=ActionState.PLANNED, dry_run=False)
+                   .order_by("-gpu_hours_at_stake", "planned_at").values_list("pk", flat=True))
+        for action_id in list(waiting[:200]):
+            with transaction.atomic():
+                cluster = placement.lock_cluster(cluster_id)
+                action = (RecoveryAction.objects.select_for_update(of=("self",), no_key=True)
+                          .select_related("job", "node", "to_node", "snapshot", "cluster").filter(pk=action_id).first())
+                if action is None or action.state != ActionState.PLANNED:
+                    continue
+                started = action_start(action=action, cluster=cluster)
+                counts["started"] += started
+            if not started and action.kind in BUDGETED_KINDS:
+                budget = placement.migration_budget(cluster)
+                if budget.cluster_running >= budget.cluster_cap:
+                    break       # the cluster's budget is full: the rest wait for the next beat
     counts["ladder"] = escalation_advance(cluster_ids=cluster_ids)
     counts["snapshots"] = snapshots_advance()
     _complete_finished_jobs()

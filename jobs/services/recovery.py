@@ -200,11 +200,12 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
         _close(fault, FaultState.IGNORED if ignore else FaultState.HANDLED, text)
     # Highest stake first; migrations over the budget stay planned and start from beat as room frees. One event
     # per action says what was decided (started, or planned when dry-run or waiting), before the faults' events.
-    for action in sorted(created, key=lambda a: -a.gpu_hours_at_stake):
-        if dry_run or not action_start(action=action, cluster=cluster, publish=False):
-            publish_action(action, "action.planned")
-        else:
-            publish_action(action, "action.started")
+    # Publishing comes last: the topics' sequence rows it takes are shared by every writer (fleet, cluster-<id>),
+    # so they are held only for the moment before COMMIT.
+    started = {action.pk for action in sorted(created, key=lambda a: -a.gpu_hours_at_stake)
+               if not dry_run and action_start(action=action, cluster=cluster, publish=False)}
+    for action in created:
+        publish_action(action, "action.started" if action.pk in started else "action.planned")
     if recovering:
         JobPhase.objects.filter(job__in=[j for j, _ in recovering], ended_at__isnull=True,
                                 kind__in=(JobPhaseKind.RUNNING, JobPhaseKind.RECOVERING)).update(ended_at=now)

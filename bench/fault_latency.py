@@ -132,19 +132,43 @@ def start(cmd: list[str], log: Path) -> subprocess.Popen:
 
 
 class Listener(threading.Thread):
-    """A websocket client subscribed to ``fleet``: the time the first action event of each fault arrived."""
+    """A websocket client subscribed to ``fleet``: the time the first action event of each fault arrived. If the
+    connection drops it reconnects and catches up from /api/v1/events/ (those events count when fetched)."""
 
     def __init__(self, port: int, token: str):
         super().__init__(daemon=True)
+        self.port, self.token = port, token
+        self.first: dict[int, float] = {}
+        self.last_seq = 0
+        self.reconnects = 0
+        self.stop = threading.Event()
+        self.ws = self._connect()
+
+    def _connect(self):
         from websockets.sync.client import connect
 
-        self.ws = connect(f"ws://127.0.0.1:{port}/ws/events/", additional_headers={"Authorization": f"Bearer {token}"},
-                          open_timeout=10, max_size=None)
-        json.loads(self.ws.recv(timeout=10))
-        self.ws.send(json.dumps({"subscribe": ["fleet"]}))
-        json.loads(self.ws.recv(timeout=10))
-        self.first: dict[int, float] = {}
-        self.stop = threading.Event()
+        ws = connect(f"ws://127.0.0.1:{self.port}/ws/events/", additional_headers={"Authorization": f"Bearer {self.token}"},
+                     open_timeout=10, max_size=None, ping_interval=None)
+        json.loads(ws.recv(timeout=10))
+        ws.send(json.dumps({"subscribe": ["fleet"]}))
+        json.loads(ws.recv(timeout=10))
+        return ws
+
+    def _note(self, message: dict, now: float) -> None:
+        self.last_seq = max(self.last_seq, message.get("seq", 0))
+        if message["kind"].startswith("action.") and message["payload"].get("fault"):
+            self.first.setdefault(message["payload"]["fault"], now)
+
+    def _catch_up(self) -> None:
+        import requests
+
+        url = f"http://127.0.0.1:{self.port}/api/v1/events/?topic=fleet&after={self.last_seq}&page_size=500"
+        while url:
+            page = requests.get(url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30).json()
+            now = time.perf_counter()
+            for message in page["results"]:
+                self._note(message, now)
+            url = page.get("next")
 
     def run(self):
         while not self.stop.is_set():
@@ -153,11 +177,15 @@ class Listener(threading.Thread):
             except TimeoutError:
                 continue
             except Exception:
-                return
-            now = time.perf_counter()
+                if self.stop.is_set():
+                    return
+                self.reconnects += 1
+                self.ws = self._connect()
+                self._catch_up()
+                continue
             message = json.loads(raw)
-            if message.get("type") == "event" and message["kind"].startswith("action.") and message["payload"].get("fault"):
-                self.first.setdefault(message["payload"]["fault"], now)
+            if message.get("type") == "event":
+                self._note(message, time.perf_counter())
 
 
 def send_at_rate(url: str, token: str, targets: list, rate: float, seconds: float, senders: int = 8) -> tuple[dict, float]:
@@ -279,6 +307,8 @@ def main() -> int:
             stats.update(rate=rate, achieved=achieved, decision=decision_breakdown(sent))
             results.append(stats)
             ok = stats["n"] and not stats["missing"] and stats["p99"] < 500 and achieved >= 0.95 * rate
+            if listener.reconnects:
+                print(f"  (the websocket client reconnected {listener.reconnects} times and caught up from /api/v1/events/)")
             print(f"{rate:6.0f}/s offered {achieved:6.1f}/s achieved  n={stats['n']:5d} missing={stats['missing']:3d}  "
                   f"p50={stats.get('p50', 0):7.1f} ms  p90={stats.get('p90', 0):7.1f} ms  p99={stats.get('p99', 0):7.1f} ms  "
                   f"max={stats.get('max', 0):7.1f} ms  (received→planned p50 {stats['decision'].get('p50', 0):.1f} ms)"

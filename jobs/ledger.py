@@ -1,4 +1,4 @@
-"""The GPU-hours ledger: the formula users rely on, written down once in docs/gpu-hours.md.
+"""The GPU-hours ledger: the formula users rely on, written down once in docs/gpu-hours.md (and DESIGN).
 
 Counted from the moment the fault was detected, for a job of G GPUs:
 

@@ -105,7 +105,27 @@
       });
   };
 
+  function appendToFeed(feed, event, limit) {
+    var empty = feed.querySelector(".empty");
+    if (empty) { empty.remove(); }
+    var item = document.createElement("li");
+    var when = document.createElement("time");
+    when.setAttribute("datetime", event.created);
+    when.textContent = new Date(event.created).toLocaleTimeString();
+    var kind = document.createElement("code");
+    kind.textContent = event.kind;
+    var p = event.payload || {};
+    item.appendChild(when);
+    item.appendChild(document.createTextNode(" "));
+    item.appendChild(kind);
+    item.appendChild(document.createTextNode(" " + (p.summary || p.name || p.hostname || p.reason || "")));
+    item.dataset.seq = event.seq;
+    feed.insertBefore(item, feed.firstChild);
+    while (feed.children.length > (limit || 50)) { feed.removeChild(feed.lastChild); }
+  }
+
   window.LockstepLive = {
+    appendToFeed: appendToFeed,
     connect: function () {
       var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
       var live = new Live(scheme + window.location.host + "/ws/events/");

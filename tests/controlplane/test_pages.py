@@ -12,10 +12,10 @@ def test_each_role_logs_in_and_sees_its_home(client, users, tenant_a, role):
     assert response.status_code == 302 and response["Location"] == "/"
     page = client.get("/").content.decode()
     if role in ("provider-admin", "operator"):
-        assert "Fleet overview" in page and 'data-topics="fleet"' in page
+        assert "Fleet overview" in page and 'data-topic="fleet"' in page
         assert 'href="/audit/"' in page
     else:
-        assert "Your workspace" in page and f'data-topics="tenant-{tenant_a.pk}"' in page
+        assert f"<h1>{tenant_a.name}" in page and f'data-topic="tenant-{tenant_a.pk}"' in page
         assert 'href="/audit/"' not in page
     assert role in page
 

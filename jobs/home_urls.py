@@ -1,0 +1,5 @@
+from django.urls import path
+
+from jobs.home import home
+
+urlpatterns = [path("", home, name="home")]

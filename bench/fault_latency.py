@@ -336,6 +336,8 @@ def main() -> int:
     base = results[0] if results else {}
     best = max((r["rate"] for r in results if r.get("sustained")), default=0)
     print()
+    print(f"load average during the run (1, 5, 15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())} on "
+          f"{os.cpu_count()} CPUs")
     print(f"Fault-to-decision latency at {args.rate:.0f} faults/s (POST sent → action event received over the websocket):")
     if base.get("n"):
         verdict = "PASS" if base["p50"] < 100 and base["p99"] < 500 else "FAIL"

@@ -146,7 +146,7 @@ class SparePool:
                 if node.pk not in exclude and node.pk != near.pk and node.gpu_count >= min(gpus, 8)]
         if not fits:
             return None
-        return min(fits, key=lambda node: (node.leaf_switch != near.leaf_switch, node.rack != near.rack, node.risk_score))
+        return min(fits, key=lambda node: spare_order_key(node, near))
 
 
 def spare_gpus_on_node(node: Node) -> list[int]:

@@ -3,11 +3,14 @@
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.db.models import Q, Sum
+from django.http import Http404
 from django.shortcuts import get_object_or_404, render
 from django.views.generic import ListView
 
 from controlplane.access import principal
+from controlplane.events import may_subscribe
 from controlplane.selectors import topic_seq
+from fleet.models import Cluster
 from jobs import figures, selectors
 from jobs.services.common import protection_of
 
@@ -50,12 +53,22 @@ def fault_overview(request):
     """Live fault feed and GPU-hours saved over time: the fleet's for provider roles, the tenant's own otherwise."""
     who = principal(request.user)
     topic = "fleet" if who.is_provider else (f"tenant-{who.tenant_id}" if who.tenant_id else "")
-    after = topic_seq(topic)
     faults = selectors.fault_list(user=request.user)
+    actions = selectors.action_list(user=request.user)
     if not who.is_provider:
         faults = faults.filter(actions__job__tenant_id=who.tenant_id).distinct()
-    stats = figures.gpu_hours_stats(actions=selectors.action_list(user=request.user), faults=faults,
+    cluster = None
+    if request.GET.get("cluster", "").isdigit():
+        # One cluster's feed (for the cluster page to link to): only where the reader may follow its topic.
+        cluster = get_object_or_404(Cluster, pk=int(request.GET["cluster"]))
+        if not may_subscribe(request.user, f"cluster-{cluster.pk}"):
+            raise Http404
+        topic = f"cluster-{cluster.pk}"
+        faults, actions = faults.filter(cluster=cluster), actions.filter(cluster=cluster)
+    after = topic_seq(topic)
+    stats = figures.gpu_hours_stats(actions=actions, faults=faults,
                                     group="fleet" if who.is_provider else "tenant", bucket="minute")
     return render(request, "jobs/fault_overview.html", {
         "topic": topic, "after": after, "faults": faults.order_by("-received_at")[:50], "stats": stats, "who": who,
+        "cluster": cluster,
     })

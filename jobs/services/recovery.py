@@ -5,6 +5,7 @@ at this moment. Everything happens in the caller's transaction: if the worker di
 the faults stay new, and the sweep hands them out again.
 """
 
+from django.db import transaction
 from django.utils import timezone
 
 from controlplane import events
@@ -69,6 +70,19 @@ def _mark_hardware(fault: FaultEvent, verdict: FaultVerdict) -> None:
     if fault.nic_name and verdict.job_impact in ("nic", "degraded"):
         state = LinkState.DOWN if verdict.job_impact == "nic" else LinkState.DEGRADED
         NIC.objects.filter(node_id=fault.node_id, name=fault.nic_name).update(link_state=state)
+
+
+def _snapshot_first(job: Job) -> None:
+    """Before a proactive migration, take a platform snapshot: a fresh restore point if the move goes wrong."""
+    from controlplane.errors import ServiceError
+    from jobs.choices import SnapshotReason
+    from jobs.services.snapshots import snapshot_take
+
+    try:
+        with transaction.atomic():
+            snapshot_take(actor=None, job=job, reason=SnapshotReason.PLANNER)
+    except ServiceError:
+        pass    # not running, not protected, or one already running: the migration goes ahead regardless
 
 
 def _close(fault: FaultEvent, state: str, reason: str) -> None:
@@ -187,6 +201,8 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
             job.state = JobState.RECOVERING
             job.save(update_fields=["iteration", "iteration_at", "state"])
             recovering.append((job, f"{fault.kind} → {chosen.kind}"))
+        if chosen.kind == ActionKind.PROACTIVE_MIGRATION and not dry_run:
+            _snapshot_first(job)
         audit_record(actor=None, action="recovery.plan", target=action, tenant_id=job.tenant_id,
                      changes={"kind": chosen.kind, "dry_run": dry_run, "fault": fault.pk})
         outcome[fault.pk].append(f"job {job.pk}: {chosen.kind}" + (" (dry run)" if dry_run else ""))

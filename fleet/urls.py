@@ -3,7 +3,7 @@ from django.urls import path
 from fleet import views
 
 urlpatterns = [
-    path("", views.FleetOverviewView.as_view(), name="fleet-overview"),
+    path("fleet/", views.FleetOverviewView.as_view(), name="fleet-overview"),
     path("clusters/<int:pk>/", views.cluster_detail, name="fleet-cluster"),
     path("clusters/<int:pk>/reconcile/", views.cluster_reconcile_view, name="fleet-cluster-reconcile"),
     path("blueprints/", views.blueprint_list, name="fleet-blueprints"),

@@ -75,6 +75,7 @@ class RolloutBatch(models.Model):
         SOAKING = "Soaking"
         PASSED = "Passed"
         FAILED = "Failed"
+        STOPPED = "Stopped", "Stopped (the rollout ended before it finished)"
 
     rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="batches")
     index = models.PositiveIntegerField()

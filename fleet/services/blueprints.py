@@ -154,8 +154,15 @@ def version_activate(*, actor, version: BlueprintVersion) -> BlueprintVersion:
     blueprint = version.blueprint
     tracking = Cluster.objects.filter(blueprint=blueprint, track_latest=True).exclude(blueprint_version=version)
     if blueprint.auto_rollout and tracking.exists():
-        rollout_start(actor=actor, version=version, targets={"tracking": True}, strategy=blueprint.default_strategy,
-                      skip_busy=True)
+        try:
+            rollout_start(actor=actor, version=version, targets={"tracking": True},
+                          strategy=blueprint.default_strategy, skip_busy=True)
+        except ServiceError as error:  # e.g. every tracking cluster is still in an earlier rollout
+            audit_record(actor=actor, action="blueprint.version_no_rollout", target=version,
+                         changes={"reason": error.detail})
+            publish("blueprint.version_waiting", {"blueprint": blueprint.pk, "version": version.number,
+                                                  "reason": error.detail},
+                    f"/api/v1/blueprints/{blueprint.pk}/versions/{version.number}/")
     return version
 
 

@@ -156,6 +156,9 @@ def _move(rollout: Rollout, state: str, *, actor, reason: str, action: str) -> R
     if state in (RolloutState.SUCCEEDED, RolloutState.FAILED, RolloutState.CANCELLED, RolloutState.ROLLED_BACK):
         rollout.finished_at = rollout.finished_at or timezone.now()
         rollout.clusters.filter(open=True).update(open=False)
+        rollout.batches.filter(status__in=[RolloutBatch.Status.PROGRESSING, RolloutBatch.Status.SOAKING,
+                                           RolloutBatch.Status.WAITING]).update(
+            status=RolloutBatch.Status.STOPPED, finished_at=rollout.finished_at)
     rollout.save(update_fields=["state", "reason", "finished_at"])
     audit_record(actor=actor, action=action, target=rollout, changes={"state": [old, state], "reason": reason})
     publish(f"rollout.{state.lower()}", {"rollout": rollout.pk, "state": state, "previous": old, "reason": reason},

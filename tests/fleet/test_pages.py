@@ -38,9 +38,9 @@ def world(users, tenant_a):
 
 def pages(world):
     return [
-        "/fleet/", f"/fleet/clusters/{world['mine'].pk}/", f"/fleet/clusters/{world['shared'][0].pk}/",
-        "/fleet/blueprints/", f"/fleet/blueprints/{world['bp'].pk}/", f"/fleet/blueprints/{world['bp'].pk}/?from=1&to=2",
-        "/fleet/rollouts/", f"/fleet/rollouts/{world['rollout'].pk}/", "/fleet/drift/", "/fleet/drift/?open=true",
+        "/fleet/", f"/clusters/{world['mine'].pk}/", f"/clusters/{world['shared'][0].pk}/",
+        "/blueprints/", f"/blueprints/{world['bp'].pk}/", f"/blueprints/{world['bp'].pk}/?from=1&to=2",
+        "/rollouts/", f"/rollouts/{world['rollout'].pk}/", "/drift/", "/drift/?open=true",
     ]
 
 
@@ -61,13 +61,13 @@ def test_tenant_users_see_their_clusters_only(client, users, world):
     overview = client.get("/fleet/").content.decode()
     assert world["mine"].name in overview and world["shared"][0].name not in overview
     assert "Compliance" not in overview
-    assert client.get(f"/fleet/clusters/{world['mine'].pk}/").status_code == 200
-    assert client.get(f"/fleet/clusters/{world['shared'][0].pk}/").status_code == 404
-    for url in ["/fleet/blueprints/", f"/fleet/blueprints/{world['bp'].pk}/", "/fleet/rollouts/",
-                f"/fleet/rollouts/{world['rollout'].pk}/"]:
+    assert client.get(f"/clusters/{world['mine'].pk}/").status_code == 200
+    assert client.get(f"/clusters/{world['shared'][0].pk}/").status_code == 404
+    for url in ["/blueprints/", f"/blueprints/{world['bp'].pk}/", "/rollouts/",
+                f"/rollouts/{world['rollout'].pk}/"]:
         assert client.get(url).status_code == 403, url
-    assert client.post(f"/fleet/rollouts/{world['rollout'].pk}/pause/").status_code == 403
-    assert client.get("/fleet/drift/").status_code == 200
+    assert client.post(f"/rollouts/{world['rollout'].pk}/pause/").status_code == 403
+    assert client.get("/drift/").status_code == 200
 
 
 def test_overview_shows_roll_up_compliance_and_drift(client, users, world):
@@ -83,11 +83,11 @@ def test_overview_shows_roll_up_compliance_and_drift(client, users, world):
 
 def test_cluster_page_shows_desired_against_observed_and_the_diff(client, users, world):
     client.force_login(users["operator"])
-    html = client.get(f"/fleet/clusters/{world['shared'][0].pk}/").content.decode()
+    html = client.get(f"/clusters/{world['shared'][0].pk}/").content.decode()
     assert "24.9.0" in html and "25.0.0" in html and "Version mismatch" in html
     assert f'data-live-topics="cluster-{world["shared"][0].pk}"' in html
     assert "Reconcile now" in html
-    response = client.post(f"/fleet/clusters/{world['shared'][0].pk}/reconcile/", follow=True)
+    response = client.post(f"/clusters/{world['shared'][0].pk}/reconcile/", follow=True)
     assert "corrected gpu-operator" in response.content.decode()
 
 
@@ -96,7 +96,7 @@ def test_rollout_page_buttons_act_through_the_services(client, users, world):
 
     rollout_step(rollout_id=world["rollout"].pk)  # running, first batch applied
     client.force_login(users["operator"])
-    url = f"/fleet/rollouts/{world['rollout'].pk}/"
+    url = f"/rollouts/{world['rollout'].pk}/"
     html = client.get(url).content.decode()
     assert 'data-action="pause"' in html and 'data-action="rollback"' in html and 'data-action="resume"' not in html
     assert f'data-live-topics="rollout-{world["rollout"].pk}"' in html
@@ -113,15 +113,16 @@ def test_rollout_page_buttons_act_through_the_services(client, users, world):
 def test_navigation_lists_fleet_pages_by_role(client, users, world):
     client.force_login(users["operator"])
     html = client.get("/fleet/").content.decode()
-    assert 'href="/fleet/blueprints/"' in html and 'href="/fleet/rollouts/"' in html
+    assert 'href="/blueprints/"' in html and 'href="/rollouts/"' in html
+    assert client.get("/rollouts/").content.decode().count('aria-current="page"') == 1
     client.force_login(users["tenant-admin"])
     html = client.get("/fleet/").content.decode()
-    assert 'href="/fleet/"' in html and 'href="/fleet/rollouts/"' not in html
+    assert 'href="/fleet/"' in html and 'href="/rollouts/"' not in html
 
 
 def test_blueprint_page_shows_versions_diff_and_clusters_per_version(client, users, world):
     client.force_login(users["operator"])
-    html = client.get(f"/fleet/blueprints/{world['bp'].pk}/?from=1&to=2").content.decode()
+    html = client.get(f"/blueprints/{world['bp'].pk}/?from=1&to=2").content.decode()
     assert "v1" in html and "v2" in html and "24.9.1" in html and world["mine"].name in html
 
 

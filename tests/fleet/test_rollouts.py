@@ -214,6 +214,7 @@ def test_pause_resume_cancel_and_manual_rollback(users):
     assert rollout.state == RolloutState.ROLLED_BACK
     touched = rollout.clusters.filter(rolled_back_at__isnull=False)
     assert touched.count() == 2
+    assert set(rollout.batches.values_list("status", flat=True)) <= {"Passed", "Stopped"}
     for row in touched:
         row.cluster.refresh_from_db()
         assert row.cluster.blueprint_version == v1 and "latency regression" in row.cluster.pinned_reason
@@ -266,3 +267,28 @@ def test_change_window_defers_the_next_batch(users):
                             strategy={"change_window": {"days": [1], "start": "01:00", "end": "05:00"}})
     assert rollout_step(rollout_id=rollout.pk, now=monday_night) == "outside-change-window"
     assert rollout_step(rollout_id=rollout.pk, now=monday_night + timedelta(hours=3)) == "batch-started"
+
+
+def test_activation_while_every_tracking_cluster_is_busy_still_activates(users):
+    actor = users["operator"]
+    bp, v1 = blueprint(actor, strategy={"batch_size": 5, "soak_seconds": 3600})
+    clusters_on(v1, 2)
+    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    assert Rollout.objects.filter(version=v2).count() == 1
+    v3 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.2"), activate=True)
+    v3.refresh_from_db()
+    assert v3.state == "active" and not Rollout.objects.filter(version=v3).exists()
+    assert AuditEntry.objects.filter(action="blueprint.version_no_rollout").exists()
+
+
+def test_rollout_list_and_detail_have_query_budgets(api, users, django_assert_max_num_queries):
+    actor = users["operator"]
+    bp, v1 = blueprint(actor, auto_rollout=False)
+    clusters_on(v1, 6)
+    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True}, strategy={"batch_size": 2})
+    api.as_token(actor, "read")
+    with django_assert_max_num_queries(12):
+        assert api.get("/api/v1/rollouts/").json()["count"] == 1
+    with django_assert_max_num_queries(16):
+        assert len(api.get(f"/api/v1/rollouts/{rollout.pk}/").json()["clusters"]) == 6

@@ -1,0 +1,101 @@
+"""The rollout page in a real browser (Chromium through Playwright, a live uvicorn, the real websocket): progress
+appears live as steps are taken, the page after events equals a freshly loaded page, and the operator buttons work."""
+
+import os
+
+import pytest
+
+from controlplane.testing.browser import CHROMIUM, browser, log_in, screenshot, usable_password
+from fleet.choices import RolloutState
+from fleet.models import Rollout
+from fleet.services.blueprints import version_create
+from fleet.services.rollout_steps import rollout_step
+from fleet.services.rollouts import rollout_start
+from tests.fleet.helpers import ADDONS, blueprint, bump, clusters_on
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+PASSWORD = "correct-horse-9"
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package")
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # Playwright's sync API runs an event loop in this thread
+    try:
+        with browser() as running:
+            yield running
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture
+def page(chromium):
+    context = chromium.new_context(viewport={"width": 1440, "height": 900})
+    yield context.new_page()
+    context.close()
+
+
+@pytest.fixture
+def server(tmp_path):
+    from controlplane.testing.processes import uvicorn_server
+
+    with uvicorn_server(tmp_path) as running:
+        yield running
+
+
+def in_worker_thread(function, **kwargs):
+    """Run a service as a worker would: in a thread of its own (Playwright's event loop owns this one, and the
+    after-commit relay must not run inside it)."""
+    import threading
+
+    from django.db import connection
+
+    def run():
+        try:
+            function(**kwargs)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+
+
+def test_rollout_progress_arrives_live_and_matches_a_fresh_page(page, server, users):
+    operator = users["operator"]
+    bp, v1 = blueprint(operator, auto_rollout=False)
+    clusters_on(v1, 4)
+    v2 = version_create(actor=operator, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    rollout = rollout_start(actor=operator, version=v2, targets={"tracking": True},
+                            strategy={"batch_size": 2, "soak_seconds": 3600})
+    usable_password(operator, PASSWORD)
+    log_in(page, server.url, operator.username, PASSWORD)
+    url = f"{server.url}/rollouts/{rollout.pk}/"
+    page.goto(url)
+    page.wait_for_selector("#live-state[data-state='live']", timeout=10_000)
+    assert page.locator("#rollout-state").inner_text() == "Pending"
+
+    in_worker_thread(rollout_step, rollout_id=rollout.pk)  # batch 0: two clusters applied, healthy at once, soaking
+    page.locator("#rollout-state", has_text="Running").wait_for(timeout=10_000)
+    page.locator("#rollout-batches td", has_text="Soaking").wait_for(timeout=10_000)
+    page.locator("#rollout-clusters tr.row-Succeeded").nth(1).wait_for(timeout=10_000)
+    page.locator("#fleet-feed li", has_text="rollout.batch_soaking").wait_for(timeout=10_000)
+    live = {region: page.locator(region).inner_text() for region in ("#rollout-batches", "#rollout-clusters")}
+    fresh = page.context.new_page()
+    fresh.goto(url)
+    assert {region: fresh.locator(region).inner_text() for region in live} == live  # snapshot + events == snapshot
+    fresh.close()
+
+    page.fill("#reason-pause", "checking the canary")
+    page.click("button[data-action='pause']")
+    page.locator("#rollout-state", has_text="Paused").wait_for(timeout=10_000)
+    assert Rollout.objects.get(pk=rollout.pk).state == RolloutState.PAUSED
+    assert "checking the canary" in page.content()
+    page.click("button[data-action='rollback']")
+    page.locator("#rollout-state", has_text="RolledBack").wait_for(timeout=10_000)
+    screenshot(page, "fleet-rollout-rolled-back")

@@ -156,8 +156,9 @@ class Listener(threading.Thread):
 
     def _note(self, message: dict, now: float) -> None:
         self.last_seq = max(self.last_seq, message.get("seq", 0))
-        if message["kind"].startswith("action.") and message["payload"].get("fault"):
-            self.first.setdefault(message["payload"]["fault"], now)
+        for action in message["payload"].get("actions") or [message["payload"]]:
+            if (message["kind"] == "actions.decided" or message["kind"].startswith("action.")) and action.get("fault"):
+                self.first.setdefault(action["fault"], now)
 
     def _catch_up(self) -> None:
         import requests

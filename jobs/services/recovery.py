@@ -19,11 +19,11 @@ from jobs.planner import JobFacts, Situation, fair_order, gpu_hours_at_stake, pl
 from jobs.services import escalation
 from jobs.services.actions import action_start
 from jobs.services.common import (
+    action_payload,
     cluster_topics,
     estimates_for,
     fault_payload,
     protection_of,
-    publish_action,
     supported_operations,
 )
 from jobs.triage import FaultVerdict
@@ -70,6 +70,29 @@ def _mark_hardware(fault: FaultEvent, verdict: FaultVerdict) -> None:
     if fault.nic_name and verdict.job_impact in ("nic", "degraded"):
         state = LinkState.DOWN if verdict.job_impact == "nic" else LinkState.DEGRADED
         NIC.objects.filter(node_id=fault.node_id, name=fault.nic_name).update(link_state=state)
+
+
+def publish_decisions(cluster, created: list[RecoveryAction], started: set[int]) -> None:
+    """Publish a decision's actions: one ``action.started`` / ``action.planned`` event per action on its job's
+    topic, and one ``actions.decided`` event listing them on each tenant's topic and on the cluster's and the
+    fleet's. Those topics are shared by every writer and their sequence rows stay locked until COMMIT, so a
+    batch takes them once, last, instead of once per action."""
+    payloads = []
+    for action in created:
+        kind = "action.started" if action.pk in started else "action.planned"
+        payload = {**action_payload(action), "event": kind}
+        events.publish([events.topic("job", action.job_id)], kind, payload, url=f"/api/v1/actions/{action.pk}/")
+        payloads.append((action.job.tenant_id, payload))
+    if not payloads:
+        return
+    for tenant_id in sorted({t for t, _ in payloads}):
+        mine = [p for t, p in payloads if t == tenant_id]
+        events.publish([events.topic("tenant", tenant_id)], "actions.decided",
+                       {"actions": mine, "summary": f"{len(mine)} recovery action(s) decided"}, url="/api/v1/actions/")
+    every = [p for _, p in payloads]
+    events.publish([events.topic("cluster", cluster.pk), events.topic("fleet")], "actions.decided",
+                   {"actions": every, "cluster": cluster.pk, "summary": f"{len(every)} recovery action(s) decided"},
+                   url=f"/api/v1/actions/?cluster={cluster.pk}")
 
 
 def _snapshot_first(job: Job) -> None:
@@ -220,8 +243,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     # so they are held only for the moment before COMMIT.
     started = {action.pk for action in sorted(created, key=lambda a: -a.gpu_hours_at_stake)
                if not dry_run and action_start(action=action, cluster=cluster, publish=False)}
-    for action in created:
-        publish_action(action, "action.started" if action.pk in started else "action.planned")
+    publish_decisions(cluster, created, started)
     if recovering:
         JobPhase.objects.filter(job__in=[j for j, _ in recovering], ended_at__isnull=True,
                                 kind__in=(JobPhaseKind.RUNNING, JobPhaseKind.RECOVERING)).update(ended_at=now)

@@ -39,10 +39,14 @@
       seen["f" + p.fault] = true;
       add(item(p, "fault"));
       if (faultsEl) { faultsEl.textContent = Number(faultsEl.textContent) + 1; }
-    } else if ((event.kind === "action.started" || event.kind === "action.planned") && p.fault_summary && !seen["p" + p.action]) {
-      seen["p" + p.action] = true;
-      var decided = item({ detected_at: p.detected_at, kind: p.kind, summary: p.fault_summary + " → " + p.summary }, "action");
-      decided.className = "decided"; add(decided);
+    } else if (event.kind === "actions.decided" || event.kind === "action.started" || event.kind === "action.planned") {
+      // A decision lists its actions (actions.decided on fleet, cluster and tenant topics).
+      (p.actions || [p]).forEach(function (a) {
+        if (!a.fault_summary || seen["p" + a.action]) { return; }
+        seen["p" + a.action] = true;
+        var decided = item({ detected_at: a.detected_at, kind: a.kind, summary: a.fault_summary + " → " + a.summary }, "action");
+        decided.className = "decided"; add(decided);
+      });
     } else if (event.kind === "fault.handled") {
       var li = item(p, "fault"); li.className = "handled"; add(li);
     } else if (event.kind === "action.succeeded" && p.job && !p.dry_run && !seen["a" + p.action]) {

@@ -70,9 +70,12 @@ async def test_tenant_users_receive_only_their_own_jobs_events(users, tenant_a, 
     assert seen, "tenant A's viewer got nothing"
     assert {m["topic"] for m in seen} <= {f"job-{job_a.pk}", f"tenant-{tenant_a.pk}"}
     for message in seen:
-        payload = message["payload"]
-        assert payload.get("job") in (None, job_a.pk), message
-        assert payload.get("fault") in (None, fault_a.pk), message
+        for payload in [message["payload"], *message["payload"].get("actions", [])]:
+            assert payload.get("job") in (None, job_a.pk), message
+            assert payload.get("fault") in (None, fault_a.pk), message
+    decided = [m for m in seen if m["kind"] == "actions.decided"]
+    assert decided and decided[0]["topic"] == f"tenant-{tenant_a.pk}"
+    assert [a["job"] for a in decided[0]["payload"]["actions"]] == [job_a.pk]
     kinds = {m["kind"] for m in seen if m["topic"] == f"job-{job_a.pk}"}
     assert {"fault.reported", "action.started", "action.succeeded"} <= kinds
     started = next(m for m in seen if m["kind"] == "action.started")
@@ -82,9 +85,8 @@ async def test_tenant_users_receive_only_their_own_jobs_events(users, tenant_a, 
     by_topic = {}
     for message in everything:
         by_topic.setdefault(message["topic"], set()).add(message["kind"])
-    assert {"fault.reported", "action.succeeded"} <= by_topic["fleet"]
-    assert {"fault.reported", "action.succeeded"} <= by_topic[f"cluster-{shared.pk}"]
-    assert {"fault.reported", "action.succeeded"} <= by_topic[f"tenant-{tenant_b.pk}"]
+    for name in ("fleet", f"cluster-{shared.pk}", f"tenant-{tenant_b.pk}"):
+        assert {"fault.reported", "actions.decided", "action.succeeded"} <= by_topic[name], name
     # And the outbox holds them for catch-up on every one of the four topics.
     topics = await sync_to_async(lambda: set(Event.objects.filter(kind="action.succeeded", payload__job=job_a.pk)
                                              .values_list("topic", flat=True)))()

@@ -4,6 +4,7 @@ import django_filters
 from django.db.models import Q
 
 from fleet.choices import DriftKind, RolloutState, VersionState
+from fleet.labels import with_labels
 from fleet.models import Blueprint, Cluster, DriftFinding, Fleet, Node, Rollout
 
 
@@ -30,7 +31,7 @@ class ClusterFilterSet(django_filters.FilterSet):
 
     def by_label(self, queryset, name, value):
         key, _, wanted = value.partition("=")
-        return queryset.filter(labels__contains={key: wanted}) if wanted else queryset.filter(labels__has_key=key)
+        return with_labels(queryset, {key: wanted}) if wanted else queryset.filter(labels__has_key=key)
 
 
 class NodeFilterSet(django_filters.FilterSet):

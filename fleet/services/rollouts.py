@@ -9,6 +9,7 @@ from django.utils import timezone
 from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
 from fleet.choices import RolloutClusterStatus, RolloutState, VersionState
+from fleet.labels import with_labels
 from fleet.models import BlueprintVersion, Cluster, Fleet, Rollout, RolloutBatch, RolloutCluster
 from fleet.models.rollouts import DONE_CLUSTER_STATES
 from fleet.services.applying import apply_version
@@ -50,7 +51,7 @@ def _target_clusters(version: BlueprintVersion, targets) -> list[dict]:
     elif kind == "labels":
         if not isinstance(value, dict) or not value or not all(isinstance(v, str) for v in value.values()):
             raise ServiceError("a mapping of label to value", field="targets.labels")
-        chosen = movable.filter(labels__contains=value)
+        chosen = with_labels(movable, value)
     elif kind == "tracking":
         chosen = clusters.filter(blueprint_id=version.blueprint_id, track_latest=True)
     else:

@@ -136,6 +136,14 @@ def relay(messages: list[tuple[int, dict]]) -> int:
     if not messages:
         return 0
     try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        # Called from a thread that runs an event loop (async code must not block on Redis here): the
+        # events stay in the outbox and the sweep sends them.
+        return 0
+    try:
         sent = async_to_sync(_send)(messages, settings.OUTBOX_RELAY_TIMEOUT)
     except Exception as error:
         log.warning("event relay failed: %r", error)

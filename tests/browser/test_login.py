@@ -41,7 +41,7 @@ def test_event_appears_live_and_is_caught_up_after_a_reconnect(page, server, use
     log_in(page, server.url, admin.username, PASSWORD)
     page.wait_for_selector("#live-state[data-state='live']", timeout=10_000)
     requests.post(f"{server.url}/api/v1/tenants/", json={"name": "Live One", "slug": "live-one"}, headers=auth, timeout=10)
-    page.locator("#event-feed li", has_text="Live One").wait_for(timeout=1_000)
+    page.locator("#event-feed li", has_text="Live One").wait_for(timeout=5_000)
 
     # The websocket drops and stays away for 3 s; an event happens meanwhile and can only come back
     # through the catch-up fetch after the reconnect.

@@ -136,7 +136,10 @@ def fault_handle(*, fault_id: int) -> list[int]:
     from jobs.services.recovery import decide
 
     with transaction.atomic():
-        fault = FaultEvent.objects.select_for_update(of=("self",), no_key=True).filter(pk=fault_id).first()
+        # A fault whose row is locked is being decided right now (it joined another fault's batch): that
+        # handler settles it, or rolls back and leaves it new for the sweep. Waiting for it would only queue up.
+        fault = (FaultEvent.objects.select_for_update(of=("self",), no_key=True, skip_locked=True)
+                 .filter(pk=fault_id).first())
         if fault is None or fault.state != FaultState.NEW:
             return []
         from jobs.placement import _skip_locked, lock_cluster

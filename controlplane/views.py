@@ -1,16 +1,22 @@
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.exceptions import PermissionDenied
-from django.views.generic import ListView
+from django_filters.views import FilterView
+from django_tables2 import SingleTableMixin
 
 from controlplane import selectors
 from controlplane.access import principal
+from controlplane.filtersets import AuditEntryFilterSet
+from controlplane.tables import AuditEntryTable
 
 
-class AuditEntryListView(LoginRequiredMixin, ListView):
+class AuditEntryListView(LoginRequiredMixin, SingleTableMixin, FilterView):
+    """The audit trail: sortable, filtered by the same FilterSet as /api/v1/audit/, paginated."""
+
     template_name = "controlplane/auditentry_list.html"
-    paginate_by = 50
+    table_class = AuditEntryTable
+    filterset_class = AuditEntryFilterSet
 
     def get_queryset(self):
         if not principal(self.request.user).may_read_audit:
             raise PermissionDenied
-        return selectors.audit_list(user=self.request.user).select_related("actor")
+        return selectors.audit_list(user=self.request.user)

@@ -37,3 +37,16 @@ def test_audit_is_written_in_the_same_transaction_as_the_change(users, tenant_a)
     with pytest.raises(ServiceError):
         services.tenant_update(actor=users["operator"], tenant=tenant_a, tier="resilient")
     assert AuditEntry.objects.count() == before
+
+
+def test_audit_page_sorts_filters_and_paginates(client, users, tenant_a):
+    admin = users["provider-admin"]
+    for tier in ("resilient", "standard", "resilient"):
+        services.tenant_update(actor=admin, tenant=tenant_a, tier=tier)
+    client.force_login(users["operator"])
+    page = client.get("/audit/", {"action": "tenant.update", "sort": "created_at"}).content.decode()
+    assert page.count("<tr") == 4  # header + three updates
+    assert "tenant.update" in page and "user.create" not in page
+    assert "orderable" in page or "sort=" in page
+    empty = client.get("/audit/", {"action": "nothing.like.this"}).content.decode()
+    assert "Nothing matches" in empty

@@ -13,6 +13,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from controlplane import events
 from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
 from fleet.choices import NodeState
@@ -22,7 +23,15 @@ from jobs import placement
 from jobs.choices import BUDGETED_KINDS, ActionKind, ActionState, JobPhaseKind, JobState
 from jobs.ledger import ledger
 from jobs.models import JobAllocation, RecoveryAction
-from jobs.services.common import phase_end, phase_start, publish_action, publish_job, record_progress
+from jobs.services.common import (
+    action_payload,
+    job_payload,
+    phase_end,
+    phase_start,
+    publish_action,
+    publish_job,
+    record_progress,
+)
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +126,7 @@ def _move_allocation(action: RecoveryAction) -> None:
                                      rank_start=allocation.rank_start, rank_end=allocation.rank_end)
 
 
-def _complete(action: RecoveryAction) -> None:
+def _complete(action: RecoveryAction, finished: list | None = None) -> None:
     """The driver finished: write the ledger (docs/gpu-hours.md), move the job, return it to Running."""
     from fleet.services.nodes import node_uncordon
 
@@ -172,11 +181,37 @@ def _complete(action: RecoveryAction) -> None:
     audit_record(actor=None, action="recovery.complete", target=action, tenant_id=job.tenant_id,
                  changes={"gpu_hours_saved": round(action.gpu_hours_saved, 4)})
     action.job = job
-    publish_action(action, "action.succeeded")
-    publish_job(job, "job.state", gpu_hours_saved=round(action.gpu_hours_saved, 4))
+    # The job's state goes to its own topic; the action's completion (with the job's new state) goes to the shared
+    # topics too, batched by the caller when it completes several at once.
+    events.publish([events.topic("job", job.pk)], "job.state",
+                   job_payload(job, gpu_hours_saved=round(action.gpu_hours_saved, 4)), url=f"/api/v1/jobs/{job.pk}/")
+    if finished is None:
+        publish_action(action, "action.succeeded")
+    else:
+        finished.append(action)
 
 
-def action_advance(*, action_id: int) -> str:
+def publish_completions(cluster_id: int, finished: list[RecoveryAction]) -> None:
+    """``action.succeeded`` per action on its job's topic, and one ``actions.completed`` list per tenant and on
+    the cluster's and the fleet's topics (shared sequence rows, taken once and last)."""
+    payloads = []
+    for action in finished:
+        payload = {**action_payload(action), "job_state": action.job.state, "event": "action.succeeded"}
+        events.publish([events.topic("job", action.job_id)], "action.succeeded", payload,
+                       url=f"/api/v1/actions/{action.pk}/")
+        payloads.append((action.job.tenant_id, payload))
+    for tenant_id in sorted({t for t, _ in payloads}):
+        mine = [p for t, p in payloads if t == tenant_id]
+        events.publish([events.topic("tenant", tenant_id)], "actions.completed",
+                       {"actions": mine, "summary": f"{len(mine)} recovery action(s) completed"}, url="/api/v1/actions/")
+    if payloads:
+        every = [p for _, p in payloads]
+        events.publish([events.topic("cluster", cluster_id), events.topic("fleet")], "actions.completed",
+                       {"actions": every, "cluster": cluster_id, "summary": f"{len(every)} recovery action(s) completed"},
+                       url=f"/api/v1/actions/?cluster={cluster_id}")
+
+
+def action_advance(*, action_id: int, finished: list | None = None) -> str:
     """One step for one running action (caller holds its cluster lock): complete it, fail it, or wait."""
     action = (RecoveryAction.objects.select_for_update(of=("self",), skip_locked=True, no_key=True)
               .select_related("job", "cluster", "node", "to_node", "snapshot").filter(pk=action_id).first())
@@ -193,7 +228,7 @@ def action_advance(*, action_id: int) -> str:
             return "running"
     if status == "succeeded":
         if action.job_id:
-            _complete(action)
+            _complete(action, finished)
         else:
             action.state, action.ended_at = ActionState.SUCCEEDED, timezone.now()
             action.save(update_fields=["state", "ended_at"])
@@ -215,14 +250,21 @@ def recovery_advance(*, cluster_ids: list[int] | None = None) -> dict:
     if cluster_ids is not None:
         active = active.filter(cluster_id__in=cluster_ids)
     counts = {"completed": 0, "started": 0}
-    # One short transaction per action: each publishes to the shared fleet and cluster topics, whose sequence
-    # rows stay locked until COMMIT, so a long transaction here would hold up every other writer.
-    for action_id, cluster_id, node_id, to_node_id in (active.filter(state=ActionState.RUNNING).order_by("done_at")
-                                                       .values_list("pk", "cluster_id", "node_id", "to_node_id")[:500]):
-        with transaction.atomic():
-            placement.lock_cluster(cluster_id)
-            placement.lock_nodes([node_id, to_node_id])
-            counts["completed"] += action_advance(action_id=action_id) == "succeeded"
+    # One transaction per cluster and batch of due actions; their events go out together at the end, since the
+    # shared topics' sequence rows stay locked until COMMIT once taken.
+    due = list(active.filter(state=ActionState.RUNNING).order_by("done_at")
+               .values_list("pk", "cluster_id", "node_id", "to_node_id")[:500])
+    for cluster_id in sorted({row[1] for row in due}):
+        mine = [row for row in due if row[1] == cluster_id]
+        for start in range(0, len(mine), 50):
+            chunk = mine[start:start + 50]
+            with transaction.atomic():
+                placement.lock_cluster(cluster_id)
+                placement.lock_nodes([n for row in chunk for n in row[2:]])
+                finished: list[RecoveryAction] = []
+                for action_id, *_ in chunk:
+                    counts["completed"] += action_advance(action_id=action_id, finished=finished) == "succeeded"
+                publish_completions(cluster_id, finished)
     for cluster_id in sorted(set(active.filter(state=ActionState.PLANNED).values_list("cluster_id", flat=True))):
         waiting = (RecoveryAction.objects.filter(cluster_id=cluster_id, state=ActionState.PLANNED, dry_run=False)
                    .order_by("-gpu_hours_at_stake", "planned_at").values_list("pk", flat=True))

@@ -49,12 +49,15 @@
       });
     } else if (event.kind === "fault.handled") {
       var li = item(p, "fault"); li.className = "handled"; add(li);
-    } else if (event.kind === "action.succeeded" && p.job && !p.dry_run && !seen["a" + p.action]) {
-      seen["a" + p.action] = true;
-      cumulative += p.gpu_hours_saved || 0;
-      if (savedEl) { savedEl.textContent = cumulative.toFixed(2); }
-      if (actionsEl) { actionsEl.textContent = Number(actionsEl.textContent) + 1; }
-      Plotly.extendTraces("saved-chart", { x: [[p.ended_at]], y: [[cumulative]] }, [0]);
+    } else if (event.kind === "action.succeeded" || event.kind === "actions.completed") {
+      (p.actions || [p]).forEach(function (a) {
+        if (!a.job || a.dry_run || seen["a" + a.action]) { return; }
+        seen["a" + a.action] = true;
+        cumulative += a.gpu_hours_saved || 0;
+        if (savedEl) { savedEl.textContent = cumulative.toFixed(2); }
+        if (actionsEl) { actionsEl.textContent = Number(actionsEl.textContent) + 1; }
+        Plotly.extendTraces("saved-chart", { x: [[a.ended_at]], y: [[cumulative]] }, [0]);
+      });
     }
   }
   window.LockstepLive.connect().subscribe(feed.dataset.topic, feed.dataset.after, onEvent);

@@ -86,10 +86,14 @@ async def test_tenant_users_receive_only_their_own_jobs_events(users, tenant_a, 
     for message in everything:
         by_topic.setdefault(message["topic"], set()).add(message["kind"])
     for name in ("fleet", f"cluster-{shared.pk}", f"tenant-{tenant_b.pk}"):
-        assert {"fault.reported", "actions.decided", "action.succeeded"} <= by_topic[name], name
+        assert {"fault.reported", "actions.decided", "actions.completed"} <= by_topic[name], name
     # And the outbox holds them for catch-up on every one of the four topics.
     topics = await sync_to_async(lambda: set(Event.objects.filter(kind="action.succeeded", payload__job=job_a.pk)
                                              .values_list("topic", flat=True)))()
-    assert topics == {f"job-{job_a.pk}", f"cluster-{shared.pk}", f"tenant-{tenant_a.pk}", "fleet"}
+    assert topics == {f"job-{job_a.pk}"}
+    shared_topics = await sync_to_async(lambda: set(
+        Event.objects.filter(kind="actions.completed", payload__actions__contains=[{"job": job_a.pk}])
+        .values_list("topic", flat=True)))()
+    assert shared_topics == {f"cluster-{shared.pk}", f"tenant-{tenant_a.pk}", "fleet"}
     await viewer_a.disconnect()
     await operator.disconnect()

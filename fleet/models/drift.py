@@ -12,7 +12,6 @@ class DriftFinding(models.Model):
     class Resolution(models.TextChoices):
         CONVERGED = "converged", "Went away by itself"
         CORRECTED = "corrected", "Corrected by re-applying the desired state"
-        DESIRED_CHANGED = "desired_changed", "The cluster's blueprint version changed"
 
     cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="drift_findings")
     addon = models.CharField(max_length=100)

@@ -53,6 +53,8 @@ def _target_clusters(version: BlueprintVersion, targets) -> list[dict]:
             raise ServiceError("a mapping of label to value", field="targets.labels")
         chosen = with_labels(movable, value)
     elif kind == "tracking":
+        if value is not True:
+            raise ServiceError("true: the blueprint's tracking clusters", field="targets.tracking")
         chosen = clusters.filter(blueprint_id=version.blueprint_id, track_latest=True)
     else:
         raise ServiceError(f"unknown target {kind!r}; one of fleet, labels, clusters, tracking", field="targets")

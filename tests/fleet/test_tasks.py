@@ -33,6 +33,14 @@ def test_rollout_progress_task_once_twice_and_gone(users):
     assert rollout_sweep_task.run() >= 1
 
 
+def test_beat_drives_the_drift_sweep_and_rollout_steps(settings):
+    from controlplane.celery import app
+
+    schedule = {entry["task"]: entry["schedule"].total_seconds() for entry in app.conf.beat_schedule.values()}
+    assert schedule["fleet.drift_sweep"] == settings.DRIFT_SWEEP_SECONDS
+    assert schedule["fleet.rollout_sweep"] == settings.ROLLOUT_TICK_SECONDS
+
+
 @pytest.mark.django_db
 def test_drift_and_reconcile_tasks_once_twice_and_gone(users):
     from fleet.drivers.simulated import simulate_drift

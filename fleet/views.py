@@ -84,7 +84,7 @@ def cluster_detail(request, pk: int):
         "findings": cluster.drift_findings.filter(Q(resolved_at__isnull=True) | Q(pk__in=cluster.drift_findings.filter(
             resolved_at__isnull=False).order_by("-resolved_at").values("pk")[:10])).order_by("resolved_at", "-detected_at"),
         "rollouts": cluster.rollout_entries.select_related("rollout__version__blueprint").order_by("-rollout_id")[:10],
-        "supports": {op.value for op in driver_for(cluster).supports},
+        "supports": sorted(op.value for op in driver_for(cluster).supports),
         **_live(f"cluster-{cluster.pk}"),
     }
     return render(request, "fleet/cluster_detail.html", context)

@@ -99,3 +99,29 @@ def test_rollout_progress_arrives_live_and_matches_a_fresh_page(page, server, us
     page.click("button[data-action='rollback']")
     page.locator("#rollout-state", has_text="RolledBack").wait_for(timeout=10_000)
     screenshot(page, "fleet-rollout-rolled-back")
+
+
+def test_fleet_pages_render_in_a_browser(page, server, users, tenant_a):
+    from fleet.drivers.simulated import simulate_drift
+    from fleet.services.drift import drift_sweep
+    from tests.fleet_factories import make_node
+
+    operator = users["operator"]
+    bp, v1 = blueprint(operator, auto_rollout=False, node_software={"cuda": "12.4"})
+    clusters = clusters_on(v1, 3, dedicated_tenant=tenant_a)
+    for cluster in clusters:
+        make_node(cluster)
+    simulate_drift(clusters[0], addon="nic-failover", kind="values")
+    version_create(actor=operator, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    in_worker_thread(drift_sweep)
+    usable_password(operator, PASSWORD)
+    log_in(page, server.url, operator.username, PASSWORD)
+    page.goto(f"{server.url}/fleet/")
+    assert page.locator("#fleet-clusters tbody tr").count() == 3
+    screenshot(page, "fleet-overview")
+    page.goto(f"{server.url}/clusters/{clusters[0].pk}/")
+    page.locator("#cluster-drift td", has_text="Values changed").wait_for(timeout=5_000)
+    screenshot(page, "fleet-cluster")
+    page.goto(f"{server.url}/blueprints/{bp.pk}/?from=1&to=2")
+    page.locator("li", has_text="gpu-operator").first.wait_for(timeout=5_000)
+    screenshot(page, "fleet-blueprint")

@@ -181,34 +181,35 @@ def _complete(action: RecoveryAction, finished: list | None = None) -> None:
     audit_record(actor=None, action="recovery.complete", target=action, tenant_id=job.tenant_id,
                  changes={"gpu_hours_saved": round(action.gpu_hours_saved, 4)})
     action.job = job
-    # The job's state goes to its own topic; the action's completion (with the job's new state) goes to the shared
-    # topics too, batched by the caller when it completes several at once.
-    events.publish([events.topic("job", job.pk)], "job.state",
-                   job_payload(job, gpu_hours_saved=round(action.gpu_hours_saved, 4)), url=f"/api/v1/jobs/{job.pk}/")
     if finished is None:
-        publish_action(action, "action.succeeded")
+        publish_completions(action.cluster_id, [action])
     else:
-        finished.append(action)
+        finished.append(action)     # the caller publishes its batch at the end
 
 
 def publish_completions(cluster_id: int, finished: list[RecoveryAction]) -> None:
-    """``action.succeeded`` per action on its job's topic, and one ``actions.completed`` list per tenant and on
-    the cluster's and the fleet's topics (shared sequence rows, taken once and last)."""
-    payloads = []
-    for action in finished:
-        payload = {**action_payload(action), "job_state": action.job.state, "event": "action.succeeded"}
-        events.publish([events.topic("job", action.job_id)], "action.succeeded", payload,
-                       url=f"/api/v1/actions/{action.pk}/")
-        payloads.append((action.job.tenant_id, payload))
-    for tenant_id in sorted({t for t, _ in payloads}):
-        mine = [p for t, p in payloads if t == tenant_id]
-        events.publish([events.topic("tenant", tenant_id)], "actions.completed",
-                       {"actions": mine, "summary": f"{len(mine)} recovery action(s) completed"}, url="/api/v1/actions/")
-    if payloads:
-        every = [p for _, p in payloads]
-        events.publish([events.topic("cluster", cluster_id), events.topic("fleet")], "actions.completed",
-                       {"actions": every, "cluster": cluster_id, "summary": f"{len(every)} recovery action(s) completed"},
-                       url=f"/api/v1/actions/?cluster={cluster_id}")
+    """One ``actions.completed`` list on the cluster's and the fleet's topics and per tenant, and
+    ``action.succeeded`` plus ``job.state`` per job, in the global topic order (see recovery.publish_decisions)."""
+    if not finished:
+        return
+    payloads = [(action, {**action_payload(action), "job_state": action.job.state, "event": "action.succeeded"})
+                for action in finished]
+    every = [p for _, p in payloads]
+    events.publish([events.topic("cluster", cluster_id), events.topic("fleet")], "actions.completed",
+                   {"actions": every, "cluster": cluster_id, "summary": f"{len(every)} recovery action(s) completed"},
+                   url=f"/api/v1/actions/?cluster={cluster_id}")
+    for action, payload in sorted(payloads, key=lambda item: events.topic("job", item[0].job_id)):
+        name = events.topic("job", action.job_id)
+        events.publish([name], "action.succeeded", payload, url=f"/api/v1/actions/{action.pk}/")
+        events.publish([name], "job.state", job_payload(action.job, gpu_hours_saved=payload["gpu_hours_saved"]),
+                       url=f"/api/v1/jobs/{action.job_id}/")
+    by_tenant: dict[str, list[dict]] = {}
+    for action, payload in payloads:
+        by_tenant.setdefault(events.topic("tenant", action.job.tenant_id), []).append(payload)
+    for name in sorted(by_tenant):
+        events.publish([name], "actions.completed",
+                       {"actions": by_tenant[name], "summary": f"{len(by_tenant[name])} recovery action(s) completed"},
+                       url="/api/v1/actions/")
 
 
 def action_advance(*, action_id: int, finished: list | None = None) -> str:

@@ -73,26 +73,29 @@ def _mark_hardware(fault: FaultEvent, verdict: FaultVerdict) -> None:
 
 
 def publish_decisions(cluster, created: list[RecoveryAction], started: set[int]) -> None:
-    """Publish a decision's actions: one ``action.started`` / ``action.planned`` event per action on its job's
-    topic, and one ``actions.decided`` event listing them on each tenant's topic and on the cluster's and the
-    fleet's. Those topics are shared by every writer and their sequence rows stay locked until COMMIT, so a
-    batch takes them once, last, instead of once per action."""
+    """Publish a decision's actions: one ``actions.decided`` event listing them on the cluster's and the fleet's
+    topics and on each tenant's, and one ``action.started`` / ``action.planned`` event per action on its job's
+    topic. Topics are taken in one global order (sorted names: cluster-, fleet, job-, tenant-), as within a single
+    ``publish``, so two transactions never wait on each other's sequence rows in a cycle."""
     payloads = []
     for action in created:
         kind = "action.started" if action.pk in started else "action.planned"
-        payload = {**action_payload(action), "event": kind}
-        events.publish([events.topic("job", action.job_id)], kind, payload, url=f"/api/v1/actions/{action.pk}/")
-        payloads.append((action.job.tenant_id, payload))
+        payloads.append((action, kind, {**action_payload(action), "event": kind}))
     if not payloads:
         return
-    for tenant_id in sorted({t for t, _ in payloads}):
-        mine = [p for t, p in payloads if t == tenant_id]
-        events.publish([events.topic("tenant", tenant_id)], "actions.decided",
-                       {"actions": mine, "summary": f"{len(mine)} recovery action(s) decided"}, url="/api/v1/actions/")
-    every = [p for _, p in payloads]
+    every = [p for _, _, p in payloads]
     events.publish([events.topic("cluster", cluster.pk), events.topic("fleet")], "actions.decided",
                    {"actions": every, "cluster": cluster.pk, "summary": f"{len(every)} recovery action(s) decided"},
                    url=f"/api/v1/actions/?cluster={cluster.pk}")
+    for action, kind, payload in sorted(payloads, key=lambda item: events.topic("job", item[0].job_id)):
+        events.publish([events.topic("job", action.job_id)], kind, payload, url=f"/api/v1/actions/{action.pk}/")
+    by_tenant: dict[str, list[dict]] = {}
+    for action, _, payload in payloads:
+        by_tenant.setdefault(events.topic("tenant", action.job.tenant_id), []).append(payload)
+    for name in sorted(by_tenant):
+        events.publish([name], "actions.decided",
+                       {"actions": by_tenant[name], "summary": f"{len(by_tenant[name])} recovery action(s) decided"},
+                       url="/api/v1/actions/")
 
 
 def _snapshot_first(job: Job) -> None:

@@ -43,6 +43,8 @@ def load(text: str | bytes) -> dict:
         document = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
     except yaml.YAMLError as error:
         raise ServiceError(f"not a valid blueprint document: {error}", field="document") from error
+    except RecursionError as error:
+        raise ServiceError("the document nests too deeply", field="document") from error
     if not isinstance(document, dict):
         raise ServiceError("the document must be a mapping", field="document")
     unknown = set(document) - TOP_KEYS

@@ -23,6 +23,23 @@ STRATEGY_KEYS = {"canary", "batch_size", "batch_percent", "max_failures", "progr
 NODE_SOFTWARE_PREFIX = "node-software."
 
 
+MAX_DEPTH = 32
+
+
+def too_deep(value, limit: int = MAX_DEPTH) -> bool:
+    """Is the JSON value nested deeper than ``limit``? (Iterative, so a hostile document cannot exhaust the stack.)"""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+    return False
+
+
 def clean_addons(addons, field: str = "addons") -> list[dict]:
     if not isinstance(addons, list):
         raise ServiceError("must be a list of add-ons", field=field)
@@ -57,6 +74,8 @@ def clean_addons(addons, field: str = "addons") -> list[dict]:
             values = {}
         if not isinstance(values, dict):
             raise ServiceError("values must be a mapping", field=f"{at}.values")
+        if too_deep(values):
+            raise ServiceError(f"values nest deeper than {MAX_DEPTH} levels", field=f"{at}.values")
         cleaned.append({"name": name, "repo": repo, "chart": chart, "version": version, "namespace": namespace,
                         "values": values})
     return cleaned
@@ -80,6 +99,8 @@ def clean_policy(policy, field: str = "policy") -> dict:
         return {}
     if not isinstance(policy, dict):
         raise ServiceError("must be a mapping", field=field)
+    if too_deep(policy):
+        raise ServiceError(f"nests deeper than {MAX_DEPTH} levels", field=field)
     unknown = set(policy) - POLICY_KEYS
     if unknown:
         raise ServiceError(f"unknown keys: {', '.join(sorted(map(str, unknown)))}", field=field)

@@ -29,7 +29,8 @@ def _target_clusters(version: BlueprintVersion, targets) -> list[dict]:
     fields = ("id", "name", "blueprint_id", "blueprint_version_id", "track_latest")
     clusters = Cluster.objects.all()
     if kind == "clusters":
-        if not isinstance(value, list) or not value or not all(isinstance(v, int | str) for v in value):
+        if not isinstance(value, list) or not value or not all(
+                isinstance(v, int | str) and not isinstance(v, bool) for v in value):
             raise ServiceError("a non-empty list of cluster ids or names", field="targets.clusters")
         ids = [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
         names = [v for v in value if isinstance(v, str)]

@@ -14,6 +14,7 @@ from tests.fleet_factories import make_cluster, make_fleet, make_node
 pytestmark = pytest.mark.django_db
 
 SECRET = "kubeconfig-secret-token-XYZ"
+DEEP = json.loads("[" * 40 + "]" * 40)
 
 
 @pytest.fixture
@@ -126,6 +127,7 @@ def test_version_lifecycle_and_immutability(api, users, world):
     ({"node_software": {"bios": "1"}}, "node_software"),
     ({"policy": {"risk_threshold": 3}}, "policy.risk_threshold"),
     ({"parent": 99}, "parent"),
+    ({"addons": [{"name": "x", "chart": "x", "version": "1.0.0", "values": {"a": DEEP}}]}, "addons[0].values"),
 ])
 def test_bad_version_input_is_400_naming_the_field_and_writes_nothing(api, users, world, body, field):
     api.as_token(users["operator"])
@@ -162,6 +164,9 @@ def test_rollout_api_start_follow_and_act(api, users, world):
     ({"version": 1, "targets": {"clusters": []}}, "targets.clusters"),
     ({"version": 1, "targets": {"fleet": "eu-west"}, "strategy": {"max_failures": -1}}, "strategy.max_failures"),
     ({"version": 7, "targets": {"fleet": "eu-west"}}, "version"),
+    ({"version": 1, "targets": {"clusters": [True]}}, "targets.clusters"),
+    ({"version": 1, "targets": {"tracking": "yes"}}, "targets.tracking"),
+    ({"version": 1, "targets": ["eu-west"]}, "targets"),
 ])
 def test_bad_rollouts_are_400_naming_the_field(api, users, world, body, field):
     api.as_token(users["operator"])
@@ -248,6 +253,8 @@ def test_yaml_round_trip_and_refusals(api, users, world):
     response = api.generic("PUT", url, bomb, content_type="application/yaml")
     assert response.status_code == 400 and "aliases" in json.dumps(response.json())
     assert api.generic("PUT", url, "name: other\n", content_type="application/yaml").status_code == 400
+    deep = api.generic("PUT", url, "a: " + "[" * 5000 + "]" * 5000 + "\n", content_type="application/yaml")
+    assert deep.status_code == 400 and "document" in deep.json()
     assert bp.versions.count() == 2 and Blueprint.objects.count() == 1
 
 

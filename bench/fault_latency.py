@@ -318,7 +318,7 @@ def main() -> int:
             stats["sustained"] = bool(ok)
             if not ok and rate != args.rate:
                 break
-            time.sleep(2)
+            time.sleep(8)   # let the stack drain before the next rate
         listener.stop.set()
     finally:
         for process in (beat, worker, web):

@@ -25,7 +25,6 @@ from jobs.ledger import ledger
 from jobs.models import JobAllocation, RecoveryAction
 from jobs.services.common import (
     action_payload,
-    job_payload,
     phase_end,
     phase_start,
     publish_action,
@@ -192,7 +191,9 @@ def publish_completions(cluster_id: int, finished: list[RecoveryAction]) -> None
     ``action.succeeded`` plus ``job.state`` per job, in the global topic order (see recovery.publish_decisions)."""
     if not finished:
         return
-    payloads = [(action, {**action_payload(action), "job_state": action.job.state, "event": "action.succeeded"})
+    # The job's new state and iteration ride on the action's event (one event per job, not two).
+    payloads = [(action, {**action_payload(action), "job_state": action.job.state, "iteration": action.job.iteration,
+                          "at": action.ended_at.isoformat(), "event": "action.succeeded"})
                 for action in finished]
     every = [p for _, p in payloads]
     events.publish([events.topic("cluster", cluster_id), events.topic("fleet")], "actions.completed",
@@ -201,8 +202,6 @@ def publish_completions(cluster_id: int, finished: list[RecoveryAction]) -> None
     for action, payload in sorted(payloads, key=lambda item: events.topic("job", item[0].job_id)):
         name = events.topic("job", action.job_id)
         events.publish([name], "action.succeeded", payload, url=f"/api/v1/actions/{action.pk}/")
-        events.publish([name], "job.state", job_payload(action.job, gpu_hours_saved=payload["gpu_hours_saved"]),
-                       url=f"/api/v1/jobs/{action.job_id}/")
     by_tenant: dict[str, list[dict]] = {}
     for action, payload in payloads:
         by_tenant.setdefault(events.topic("tenant", action.job.tenant_id), []).append(payload)

@@ -79,6 +79,7 @@
         }
         setSaved(p.gpu_hours_saved || 0);
         counterGap += (p.gpu_hours_saved || 0) * 3600 / Math.max(1, p.gpus || 1) / spi;
+        if (p.job_state) { onEvent({ kind: "job.state", created: p.at, payload: { state: p.job_state, iteration: p.iteration, at: p.at } }); }
       }
     } else if (event.kind.indexOf("snapshot.") === 0 && p.ended_at) {
       Plotly.extendTraces("job-timeline", { x: [segment(p.started_at, p.ended_at)], y: [["snapshots", "snapshots", null]],

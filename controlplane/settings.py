@@ -7,6 +7,7 @@ docker-compose test are checked against that list.
 
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlparse
 
 import environ
 
@@ -252,12 +253,15 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# Redis pub/sub channels ignore the database number, so the prefix carries it: two Lockstep installations
+# (or test runs) on one Redis server, in different databases, never hear each other's events.
+_redis_db = (urlparse(REDIS_URL).path.strip("/") or "0").split("/")[0]
 CHANNEL_LAYERS = {
     "default": {
         # The pub/sub layer resubscribes its groups when Redis comes back; events it drops while Redis is away
         # are still in the outbox and are re-sent by the sweep or fetched by the client on reconnect.
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"lockstep{_redis_db}"},
     }
 }
 

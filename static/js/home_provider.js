@@ -71,10 +71,14 @@
       Plotly.extendTraces(faultsChart, { x: [[hour.toISOString()]], y: [[1]] }, [0]);
     } else if (event.kind === "fault.handled") {
       bump("fig-faults-open", -1);
-    } else if (event.kind === "action.succeeded" && !p.dry_run && p.gpu_hours_saved) {
-      bump("fig-saved-today", p.gpu_hours_saved); bump("fig-saved-30d", p.gpu_hours_saved);
-      savedTotal += p.gpu_hours_saved;
-      Plotly.extendTraces(savedChart, { x: [[event.created]], y: [[savedTotal]] }, [0]);
+    } else if (event.kind === "actions.completed") {
+      // one list per cluster and batch: the recoveries that just finished
+      var saved = (p.actions || []).reduce(function (sum, a) { return sum + (a.dry_run ? 0 : (a.gpu_hours_saved || 0)); }, 0);
+      if (saved) {
+        bump("fig-saved-today", saved); bump("fig-saved-30d", saved);
+        savedTotal += saved;
+        Plotly.extendTraces(savedChart, { x: [[event.created]], y: [[savedTotal]] }, [0]);
+      }
     } else if (event.kind.indexOf("node.") === 0 && p.hostname) {
       nodeChanged(p);
     }

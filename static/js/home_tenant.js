@@ -8,16 +8,24 @@
   live.subscribe(liveEl.dataset.topic, liveEl.dataset.after, function (event) {
     window.LockstepLive.appendToFeed(feed, event);
     var p = event.payload || {};
-    var jobId = p.job || (event.kind.indexOf("job.") === 0 ? p.id : null);
-    var row = jobId ? document.querySelector("#tenant-jobs tr[data-job='" + jobId + "']") : null;
-    if (row && p.state && event.kind.indexOf("job.") === 0) { row.querySelector(".state").textContent = p.state; }
-    if (event.kind === "action.succeeded" && !p.dry_run && p.gpu_hours_saved) {
-      var total = document.getElementById("fig-saved");
-      total.textContent = (Number(total.textContent) + p.gpu_hours_saved).toFixed(2);
-      if (row) {
-        var cell = row.querySelector(".saved");
-        cell.textContent = (Number(cell.textContent) + p.gpu_hours_saved).toFixed(2);
-      }
+    function rowOf(jobId) { return jobId ? document.querySelector("#tenant-jobs tr[data-job='" + jobId + "']") : null; }
+    if (event.kind.indexOf("job.") === 0) {
+      var row = rowOf(p.job);
+      if (row && p.state) { row.querySelector(".state").textContent = p.state; }
+    } else if (event.kind === "actions.completed" || event.kind === "actions.decided") {
+      // lists of this tenant's recoveries: each carries its job, and when completed the job's new state
+      (p.actions || []).forEach(function (a) {
+        var row = rowOf(a.job);
+        if (row && a.job_state) { row.querySelector(".state").textContent = a.job_state; }
+        if (event.kind === "actions.completed" && !a.dry_run && a.gpu_hours_saved) {
+          var total = document.getElementById("fig-saved");
+          total.textContent = (Number(total.textContent) + a.gpu_hours_saved).toFixed(2);
+          if (row) {
+            var cell = row.querySelector(".saved");
+            cell.textContent = (Number(cell.textContent) + a.gpu_hours_saved).toFixed(2);
+          }
+        }
+      });
     }
   });
 })();

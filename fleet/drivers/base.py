@@ -96,6 +96,10 @@ class ClusterDriver:
     def taint(self, node, key: str, value: str, effect: str) -> OperationResult:
         self._unsupported(Operation.TAINT)
 
+    def drain_done(self, node) -> bool:
+        """Has the node's last drain finished (nothing left to evict)? Asked on later steps, never waited for."""
+        self._unsupported(Operation.DRAIN)
+
     # fault tolerance
     def fail_over_nic(self, node, nic_name: str, to_nic_name: str) -> OperationResult:
         self._unsupported(Operation.NIC_FAILOVER)

@@ -236,6 +236,9 @@ class KubernetesDriver(ClusterDriver):
                               transient=True)
         return OperationResult(handle=f"drain:{node.hostname}", detail="evictions requested")
 
+    def drain_done(self, node) -> bool:
+        return not self._evictable(node.hostname)
+
     def operation_status(self, handle: str) -> str:
         kind, _, target = handle.partition(":")
         if kind == "drain":

@@ -131,6 +131,14 @@ class SimulatedDriver(ClusterDriver):
     def drain(self, node) -> OperationResult:
         return self._operation(Operation.DRAIN, node.hostname, self.setting("migration_pause_seconds"))
 
+    def drain_done(self, node) -> bool:
+        from fleet.models import SimulatedOperation
+
+        self._reachable()
+        last = (SimulatedOperation.objects.filter(cluster=self.cluster, operation=Operation.DRAIN.value,
+                                                  target=node.hostname).order_by("-started_at", "-pk").first())
+        return last is None or (last.done_at <= timezone.now() and not last.fails)
+
     def taint(self, node, key: str, value: str, effect: str) -> OperationResult:
         return self._operation(Operation.TAINT, node.hostname, 0, key=key, value=value, effect=effect)
 

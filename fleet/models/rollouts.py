@@ -113,6 +113,7 @@ class RolloutCluster(models.Model):
     healthy_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     nodes_updated = models.JSONField(default=list, blank=True, help_text="node ids whose software was updated")
+    nodes_draining = models.JSONField(default=list, blank=True, help_text="node ids this rollout is draining now")
     reason = models.CharField(max_length=500, blank=True)
     rolled_back_at = models.DateTimeField(null=True, blank=True)
 

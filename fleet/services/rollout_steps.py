@@ -12,13 +12,19 @@ from controlplane.errors import ServiceError
 from fleet import hooks
 from fleet.choices import NodeState, RolloutClusterStatus, RolloutState
 from fleet.desired import compare, desired_state, is_node_software, load_versions
-from fleet.drivers import DriverError
+from fleet.drivers import DriverError, driver_for
 from fleet.models import Cluster, Node, Rollout, RolloutBatch, RolloutCluster
 from fleet.models.rollouts import DONE_CLUSTER_STATES, FAILED_CLUSTER_STATES
 from fleet.observation import observe, record
 from fleet.services.applying import apply_version, supports_addons
 from fleet.services.publishing import publish
-from fleet.services.rollouts import _move, roll_back_locked, rollout_url
+from fleet.services.rollouts import (
+    _move,
+    _release_open_drains,
+    release_drained_nodes,
+    roll_back_locked,
+    rollout_url,
+)
 from fleet.specs import in_change_window
 
 Status = RolloutClusterStatus
@@ -80,6 +86,8 @@ def _start_next_batch(rollout: Rollout, now) -> str:
 
 
 def _finish(row: RolloutCluster, status: str, reason: str, now) -> None:
+    if status != Status.SUCCEEDED:
+        release_drained_nodes(row)
     row.status, row.reason, row.finished_at = status, reason[:500], now
     row.save(update_fields=["status", "reason", "finished_at", "healthy_at"])
     publish("rollout.cluster", {"rollout": row.rollout_id, "cluster": row.cluster_id, "batch": row.batch_index,
@@ -148,34 +156,53 @@ def _apply(rollout: Rollout, row: RolloutCluster, now) -> None:
 
 
 def _roll_nodes(rollout: Rollout, row: RolloutCluster, cluster: Cluster, now) -> bool:
-    """Update node software on up to ``max_unavailable_nodes`` nodes this step; True once every node is done."""
+    """Update node software node by node: at most ``max_unavailable_nodes`` drained at once, never a node under a
+    protected job that cannot move first (``hooks.may_drain``), each drain awaited across steps (the driver says when
+    it is done) before the node counts as updated and returns to service. True once every node is done."""
     from fleet.services.nodes import node_drain, node_uncordon
 
     budget = int(rollout.version.effective_policy().get("disruption", {}).get("max_unavailable_nodes", 1))
-    done = set(row.nodes_updated)
-    pending = list(Node.objects.filter(cluster=cluster).exclude(pk__in=done).order_by("hostname"))
-    for node in pending[:budget]:
-        if node.state == NodeState.READY:
-            allowed, why = hooks.may_drain(node)
-            if not allowed:
-                row.reason = f"waiting: {node.hostname}: {why}"[:500]
-                row.nodes_updated = sorted(done)
-                row.save(update_fields=["reason", "nodes_updated"])
-                return False
-            try:
-                node_drain(actor=None, node=node, reason=f"node software for {rollout.version}")
-                # The simulated drain completes within the step; a real driver's drain is awaited the same way.
-                node_uncordon(actor=None, node=node, reason=f"node software {rollout.version} in place")
-            except ServiceError as error:
-                row.reason = f"waiting: {node.hostname}: {error.detail}"[:500]
-                row.nodes_updated = sorted(done)
-                row.save(update_fields=["reason", "nodes_updated"])
-                return False
+    done, draining = set(row.nodes_updated), set(row.nodes_draining)
+    driver = driver_for(cluster)
+    waiting = ""
+    for node in Node.objects.filter(pk__in=draining).select_related("cluster__fleet").order_by("hostname"):
+        try:
+            finished = driver.drain_done(node)
+        except DriverError as error:
+            finished, waiting = False, f"waiting: {node.hostname}: {error}"
+        if not finished:
+            waiting = waiting or f"waiting: draining {node.hostname}"
+            continue
+        try:
+            node_uncordon(actor=None, node=node, reason=f"node software {rollout.version} in place")
+        except ServiceError as error:
+            waiting = f"waiting: {node.hostname}: {error.detail}"
+            continue
+        draining.discard(node.pk)
         done.add(node.pk)
-    row.nodes_updated = sorted(done)
-    row.reason = "" if len(pending) <= budget else f"node software: {len(done)} nodes updated"
-    row.save(update_fields=["nodes_updated", "reason"])
-    return len(pending) <= budget
+    for node in Node.objects.filter(cluster=cluster).exclude(pk__in=done | draining).order_by("hostname"):
+        if len(draining) >= budget:
+            break
+        if node.state != NodeState.READY:
+            done.add(node.pk)  # cordoned, failed or spare: nothing to evict, updated as it stands
+            continue
+        allowed, why = hooks.may_drain(node)
+        if not allowed:
+            waiting = f"waiting: {node.hostname}: {why}"
+            break
+        try:
+            node_drain(actor=None, node=node, reason=f"node software for {rollout.version} (rollout #{rollout.pk})")
+        except ServiceError as error:
+            waiting = f"waiting: {node.hostname}: {error.detail}"
+            break
+        draining.add(node.pk)
+    total = Node.objects.filter(cluster=cluster).count()
+    row.nodes_updated, row.nodes_draining = sorted(done), sorted(draining)
+    complete = not draining and len(done) >= total
+    row.reason = "" if complete else (waiting or f"node software: {len(done)}/{total} nodes updated, "
+                                                 f"{len(draining)} draining")[:500]
+    row.save(update_fields=["nodes_updated", "nodes_draining", "reason"])
+    return complete
 
 
 def _observe_rows(rollout: Rollout, rows: list[RolloutCluster], now) -> dict[int, bool]:
@@ -252,6 +279,7 @@ def _budget_spent(rollout: Rollout, now) -> bool:
     RolloutBatch.objects.filter(rollout=rollout, index=rollout.current_batch).exclude(
         status=BatchStatus.PASSED).update(status=BatchStatus.FAILED, finished_at=now)
     reason = f"{failed} clusters failed (budget {rollout.max_failures})"
+    _release_open_drains(rollout)
     rollout.clusters.filter(status=Status.TO_APPLY).update(status=Status.SKIPPED, reason="rollout stopped",
                                                            finished_at=now)
     _move(rollout, RolloutState.FAILED, actor=None, reason=reason, action="rollout.fail")

@@ -146,6 +146,26 @@ def _queue_step(rollout_id: int) -> None:
     transaction.on_commit(lambda: rollout_progress_task.delay(rollout_id))
 
 
+def release_drained_nodes(row: RolloutCluster) -> None:
+    """Return to service the nodes a rollout was draining for a cluster it will not finish (best effort)."""
+    from fleet.models import Node
+    from fleet.services.nodes import node_uncordon
+
+    for node in Node.objects.filter(pk__in=row.nodes_draining or []):
+        try:
+            node_uncordon(actor=None, node=node, reason=f"rollout #{row.rollout_id} stopped before updating it")
+        except ServiceError:
+            continue
+    if row.nodes_draining:
+        row.nodes_draining = []
+        row.save(update_fields=["nodes_draining"])
+
+
+def _release_open_drains(rollout: Rollout) -> None:
+    for row in rollout.clusters.exclude(nodes_draining=[]):
+        release_drained_nodes(row)
+
+
 def _locked(rollout: Rollout) -> Rollout:
     return Rollout.objects.select_for_update(of=("self",)).select_related("version__blueprint").get(pk=rollout.pk)
 
@@ -203,6 +223,7 @@ def rollout_cancel(*, actor, rollout: Rollout, reason: str = "") -> Rollout:
     rollout = _locked(rollout)
     if rollout.state == RolloutState.CANCELLED:
         return rollout
+    _release_open_drains(rollout)
     rollout.clusters.filter(status=RolloutClusterStatus.TO_APPLY).update(
         status=RolloutClusterStatus.SKIPPED, reason="rollout cancelled", finished_at=timezone.now())
     return _move(rollout, RolloutState.CANCELLED, actor=actor, reason=reason or "cancelled by an operator",
@@ -226,6 +247,7 @@ def roll_back_locked(rollout: Rollout, *, actor, reason: str) -> Rollout:
                            status=409)
     now = timezone.now()
     version = rollout.version
+    _release_open_drains(rollout)
     rows = list(rollout.clusters.filter(applied_at__isnull=False, rolled_back_at__isnull=True)
                 .select_related("cluster", "previous_version"))
     failures = {}

@@ -113,6 +113,7 @@ def test_drain_cordons_then_evicts_through_the_eviction_api(cluster):
                                                           ("evict", "train", "worker-1", "worker-1")]
     assert not any(c[0] == "delete" for c in core.calls)
     assert driver.operation_status(result.handle) == "succeeded"
+    assert driver.drain_done(make_node(cluster, "gpu-2")) is True
 
 
 def test_drain_respects_a_pod_disruption_budget(cluster):

@@ -175,6 +175,8 @@ def test_node_software_drains_within_budget_and_waits_for_protected_jobs(users):
     actor = users["operator"]
     bp, v1 = blueprint(actor, auto_rollout=False, node_software={"gpu_driver": "550.90.07"})
     (cluster,) = clusters_on(v1, 1)
+    cluster.connection = {"apply_seconds": 0, "migration_pause_seconds": 0}  # drains finish by the next step
+    cluster.save()
     nodes = [make_node(cluster) for _ in range(3)]
     v2 = version_create(actor=actor, blueprint=bp, addons=ADDONS, node_software={"gpu_driver": "560.35.03"},
                         policy={"disruption": {"max_unavailable_nodes": 2}}, activate=True)
@@ -182,13 +184,17 @@ def test_node_software_drains_within_budget_and_waits_for_protected_jobs(users):
     previous = hooks._drain_guard
     hooks.register_drain_guard(lambda node: (node.pk != nodes[2].pk, "protected job j-7 cannot move yet"))
     try:
-        rollout_step(rollout_id=rollout.pk)
+        rollout_step(rollout_id=rollout.pk)  # two nodes drained (the budget), nothing applied yet
         row = rollout.clusters.get()
-        assert row.status == RolloutClusterStatus.TO_APPLY and sorted(row.nodes_updated) == sorted(
-            [nodes[0].pk, nodes[1].pk])
-        rollout_step(rollout_id=rollout.pk)
+        assert row.status == RolloutClusterStatus.TO_APPLY and row.nodes_updated == []
+        assert sorted(row.nodes_draining) == sorted([nodes[0].pk, nodes[1].pk])
+        assert sorted(cluster.nodes.values_list("state", flat=True)) == ["draining", "draining", "ready"]
+        rollout_step(rollout_id=rollout.pk)  # both drains done: back in service; the third waits for its job
         row.refresh_from_db()
+        assert sorted(row.nodes_updated) == sorted([nodes[0].pk, nodes[1].pk]) and row.nodes_draining == []
         assert "protected job j-7" in row.reason and row.status == RolloutClusterStatus.TO_APPLY
+        assert not SimulatedAddon.objects.filter(cluster=cluster, name="node-software.gpu_driver",
+                                                 version="560.35.03").exists()
     finally:
         hooks.register_drain_guard(previous)
     run_to_end(rollout)
@@ -196,6 +202,30 @@ def test_node_software_drains_within_budget_and_waits_for_protected_jobs(users):
     assert set(cluster.nodes.values_list("state", flat=True)) == {NodeState.READY}
     assert AuditEntry.objects.filter(action="node.drain").count() == 3
     assert SimulatedAddon.objects.get(cluster=cluster, name="node-software.gpu_driver").version == "560.35.03"
+
+
+def test_a_drain_is_awaited_and_released_when_the_cluster_times_out(users):
+    from tests.fleet_factories import make_node
+
+    actor = users["operator"]
+    bp, v1 = blueprint(actor, auto_rollout=False, node_software={"gpu_driver": "550.90.07"})
+    (cluster,) = clusters_on(v1, 1)
+    cluster.connection = {"apply_seconds": 0, "migration_pause_seconds": 3600}  # a drain that takes an hour
+    cluster.save()
+    node = make_node(cluster)
+    v2 = version_create(actor=actor, blueprint=bp, addons=ADDONS, node_software={"gpu_driver": "560.35.03"},
+                        activate=True)
+    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True},
+                            strategy={"progress_deadline_seconds": 60, "auto_rollback": False})
+    now = timezone.now()
+    rollout_step(rollout_id=rollout.pk, now=now)
+    node.refresh_from_db()
+    assert node.state == "draining"
+    rollout_step(rollout_id=rollout.pk, now=now + timedelta(seconds=30))
+    assert "draining" in rollout.clusters.get().reason
+    assert rollout_step(rollout_id=rollout.pk, now=now + timedelta(seconds=61)) == "stopped"
+    node.refresh_from_db()
+    assert node.state == "ready" and rollout.clusters.get().status == RolloutClusterStatus.TIMED_OUT
 
 
 def test_pause_resume_cancel_and_manual_rollback(users):

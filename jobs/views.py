@@ -22,7 +22,7 @@ class JobListView(LoginRequiredMixin, ListView):
 
     def get_queryset(self):
         saved = Sum("actions__gpu_hours_saved", filter=Q(actions__state="succeeded", actions__dry_run=False))
-        rows = selectors.job_list(user=self.request.user).annotate(gpu_hours_saved=saved)
+        rows = selectors.job_list(user=self.request.user).annotate(gpu_hours_saved=saved).order_by("-created_at", "-id")
         state = self.request.GET.get("state")
         return rows.filter(state=state) if state else rows
 

@@ -22,7 +22,7 @@ def world():
     world_build(seed=11, nodes_per_cluster=32, spares=4)
     admin = User.objects.get(username="lockstep-simulator")
     usable_password(admin, PASSWORD)
-    for name in ("acme-admin", "nimbus-viewer"):
+    for name in ("acme-admin", "nimbus-admin", "nimbus-viewer"):
         usable_password(User.objects.get(username=name), PASSWORD)
     return admin
 
@@ -76,3 +76,46 @@ def test_screenshots_of_the_main_pages(page, server, world):
     page.goto(run_url)
     page.wait_for_selector("#whatif-report table", timeout=5_000)
     screenshot(page, "whatif-report")
+
+
+def _publish_in_a_thread(topic: str, kind: str, payload: dict) -> None:
+    """Publish as a service would, from a thread without the browser's event loop (so the relay sends it)."""
+    import threading
+
+    from django.db import connection, transaction
+
+    from controlplane import events
+
+    def work():
+        with transaction.atomic():
+            events.publish([topic], kind, payload)
+        connection.close()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+
+
+def test_home_figures_follow_completed_recoveries_live(page, chromium, server, world):
+    from tenancy.models import Tenant
+
+    nimbus = Tenant.objects.get(slug="nimbus")
+    job = Job.objects.filter(tenant=nimbus).first()
+    log_in(page, server.url, "nimbus-admin", PASSWORD)
+    page.wait_for_selector("#live-state[data-state='live']", timeout=10_000)
+    _publish_in_a_thread(f"tenant-{nimbus.pk}", "actions.completed",
+                         {"actions": [{"job": job.pk, "job_state": "Running", "gpu_hours_saved": 12.5, "dry_run": False}]})
+    page.wait_for_function("() => document.getElementById('fig-saved').textContent === '12.50'", timeout=5_000)
+    assert page.locator(f"#tenant-jobs tr[data-job='{job.pk}'] .saved").inner_text() == "12.50"
+
+    context = chromium.new_context(viewport={"width": 1440, "height": 900})
+    page = context.new_page()
+    log_in(page, server.url, world.username, PASSWORD)
+    page.wait_for_selector("#live-state[data-state='live']", timeout=10_000)
+    before = float(page.locator("#fig-saved-today").inner_text())
+    _publish_in_a_thread("fleet", "actions.completed",
+                         {"actions": [{"job": job.pk, "gpu_hours_saved": 3.25, "dry_run": False},
+                                      {"job": job.pk, "gpu_hours_saved": 99.0, "dry_run": True}]})
+    page.wait_for_function(f"() => Number(document.getElementById('fig-saved-today').textContent) === {before + 3.25}",
+                           timeout=5_000)
+    context.close()

@@ -28,6 +28,7 @@ from jobs.filtersets import FaultEventFilterSet, JobFilterSet, RecoveryActionFil
 from jobs.models import Job, JobToken
 from jobs.services import faults as fault_services
 from jobs.services import jobs as job_services
+from jobs.services.escalation import escalation_repaired
 from jobs.services.snapshots import snapshot_take
 from tenancy.authentication import BearerTokenAuthentication
 from tenancy.models import Tenant
@@ -146,6 +147,19 @@ class FaultViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewS
         fault, created = fault_services.fault_ingest(node=node, idempotency_key=key, actor=request.user, **values)
         body = FaultSerializer(fault).data
         return Response({**body, "created": created}, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"])
+    def repaired(self, request, pk=None):
+        """An operator repaired the node this fault took out (rebooted it, replaced a part): its escalation
+        ladder goes on to the health check and, if that passes, back to the spare pool (provider roles)."""
+        fault = self.get_object()
+        if not self.principal.may_operate:
+            raise exceptions.PermissionDenied("only provider roles mark nodes repaired")
+        reason = str(request.data.get("reason", ""))[:300] if hasattr(request.data, "get") else ""
+        ladder = escalation_repaired(actor=request.user, node=fault.node, reason=reason)
+        return Response({"node": fault.node_id, "stage": ladder.stage})
 
 
 class RecoveryActionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):

@@ -10,7 +10,6 @@ from fleet.models import GPU, NIC, Node, SimulatedOperation
 from jobs.choices import ActionKind, ActionState, EscalationStage, FaultState, JobState
 from jobs.models import FaultEvent, JobAllocation, NodeEscalation, RecoveryAction, SpareBooking
 from jobs.services.actions import recovery_advance
-from jobs.services.escalation import escalation_repaired
 from jobs.services.faults import fault_handle, fault_ingest
 from jobs.services.snapshots import snapshot_take
 from tests.fleet_factories import make_cluster
@@ -216,7 +215,19 @@ def test_fatal_xid_climbs_the_ladder_back_to_the_spare_pool(tenant_a):
     escalation = NodeEscalation.objects.get(node=node)
     assert escalation.stage == EscalationStage.FAILED and escalation.needs_human
     assert Node.objects.get(pk=node.pk).state == NodeState.FAILED
-    escalation_repaired(actor=None, node=node, reason="rebooted")
+    assert escalation.stage == EscalationStage.FAILED
+    recovery_advance()
+    assert NodeEscalation.objects.get(node=node).stage == EscalationStage.FAILED      # waits for a human
+    from rest_framework.test import APIClient
+
+    from tests.conftest import make_user, token_header
+    client = APIClient()
+    client.credentials(**token_header(make_user("tenant-admin", tenant_a)))
+    assert client.post(f"/api/v1/faults/{fault.pk}/repaired/", {"reason": "x"}, format="json").status_code in (403, 404)
+    client.credentials(**token_header(make_user("operator")))
+    answer = client.post(f"/api/v1/faults/{fault.pk}/repaired/", {"reason": "rebooted"}, format="json")
+    assert answer.status_code == 200 and answer.json()["stage"] == EscalationStage.REPAIRED
+    assert client.post(f"/api/v1/faults/{fault.pk}/repaired/").status_code == 409
     recovery_advance()
     recovery_advance()
     assert NodeEscalation.objects.get(node=node).stage == EscalationStage.RETURNED

@@ -187,11 +187,12 @@ def _complete(action: RecoveryAction, finished: list | None = None) -> None:
 
 
 def publish_completions(cluster_id: int, finished: list[RecoveryAction]) -> None:
-    """One ``actions.completed`` list on the cluster's and the fleet's topics and per tenant, and
-    ``action.succeeded`` plus ``job.state`` per job, in the global topic order (see recovery.publish_decisions)."""
+    """``actions.completed`` lists, as recovery.publish_decisions does for decisions; each action carries its
+    job's new state and iteration."""
+    from jobs.services.recovery import publish_per_tenant
+
     if not finished:
         return
-    # The job's new state and iteration ride on the action's event (one event per job, not two).
     payloads = [(action, {**action_payload(action), "job_state": action.job.state, "iteration": action.job.iteration,
                           "at": action.ended_at.isoformat(), "event": "action.succeeded"})
                 for action in finished]
@@ -199,16 +200,7 @@ def publish_completions(cluster_id: int, finished: list[RecoveryAction]) -> None
     events.publish([events.topic("cluster", cluster_id), events.topic("fleet")], "actions.completed",
                    {"actions": every, "cluster": cluster_id, "summary": f"{len(every)} recovery action(s) completed"},
                    url=f"/api/v1/actions/?cluster={cluster_id}")
-    for action, payload in sorted(payloads, key=lambda item: events.topic("job", item[0].job_id)):
-        name = events.topic("job", action.job_id)
-        events.publish([name], "action.succeeded", payload, url=f"/api/v1/actions/{action.pk}/")
-    by_tenant: dict[str, list[dict]] = {}
-    for action, payload in payloads:
-        by_tenant.setdefault(events.topic("tenant", action.job.tenant_id), []).append(payload)
-    for name in sorted(by_tenant):
-        events.publish([name], "actions.completed",
-                       {"actions": by_tenant[name], "summary": f"{len(by_tenant[name])} recovery action(s) completed"},
-                       url="/api/v1/actions/")
+    publish_per_tenant(payloads, "actions.completed", "completed")
 
 
 def action_advance(*, action_id: int, finished: list | None = None) -> str:

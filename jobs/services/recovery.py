@@ -73,28 +73,33 @@ def _mark_hardware(fault: FaultEvent, verdict: FaultVerdict) -> None:
 
 
 def publish_decisions(cluster, created: list[RecoveryAction], started: set[int]) -> None:
-    """Publish a decision's actions: one ``actions.decided`` event listing them on the cluster's and the fleet's
-    topics and on each tenant's, and one ``action.started`` / ``action.planned`` event per action on its job's
-    topic. Topics are taken in one global order (sorted names: cluster-, fleet, job-, tenant-), as within a single
-    ``publish``, so two transactions never wait on each other's sequence rows in a cycle."""
+    """Publish a decision's actions as ``actions.decided`` lists: all of them on the cluster's and the fleet's
+    topics, and each tenant's own on that tenant's topic and its jobs' topics (one event per tenant: a job's page
+    picks its own out; no tenant ever sees another's). Fewer, larger events: each publish holds shared sequence
+    rows until COMMIT and costs a relay after it. Topics are taken in one global order (cluster-, fleet, then
+    job- and tenant- within one call), so two transactions never wait on each other in a cycle."""
+    if not created:
+        return
     payloads = []
     for action in created:
         kind = "action.started" if action.pk in started else "action.planned"
-        payloads.append((action, kind, {**action_payload(action), "event": kind}))
-    if not payloads:
-        return
-    every = [p for _, _, p in payloads]
+        payloads.append((action, {**action_payload(action), "event": kind}))
+    every = [p for _, p in payloads]
     events.publish([events.topic("cluster", cluster.pk), events.topic("fleet")], "actions.decided",
                    {"actions": every, "cluster": cluster.pk, "summary": f"{len(every)} recovery action(s) decided"},
                    url=f"/api/v1/actions/?cluster={cluster.pk}")
-    for action, kind, payload in sorted(payloads, key=lambda item: events.topic("job", item[0].job_id)):
-        events.publish([events.topic("job", action.job_id)], kind, payload, url=f"/api/v1/actions/{action.pk}/")
-    by_tenant: dict[str, list[dict]] = {}
-    for action, _, payload in payloads:
-        by_tenant.setdefault(events.topic("tenant", action.job.tenant_id), []).append(payload)
-    for name in sorted(by_tenant):
-        events.publish([name], "actions.decided",
-                       {"actions": by_tenant[name], "summary": f"{len(by_tenant[name])} recovery action(s) decided"},
+    publish_per_tenant(payloads, "actions.decided", "decided")
+
+
+def publish_per_tenant(payloads: list, kind: str, verb: str) -> None:
+    """One event per tenant, listing that tenant's actions, on its topic and its jobs' topics."""
+    by_tenant: dict[int, list] = {}
+    for action, payload in payloads:
+        by_tenant.setdefault(action.job.tenant_id, []).append((action, payload))
+    for tenant_id in sorted(by_tenant, key=lambda t: events.topic("tenant", t)):
+        mine = by_tenant[tenant_id]
+        topics = sorted({events.topic("job", action.job_id) for action, _ in mine}) + [events.topic("tenant", tenant_id)]
+        events.publish(topics, kind, {"actions": [p for _, p in mine], "summary": f"{len(mine)} recovery action(s) {verb}"},
                        url="/api/v1/actions/")
 
 

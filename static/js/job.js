@@ -92,7 +92,17 @@
       }
     }
   }
-  window.LockstepLive.connect().subscribe(live.dataset.topic, live.dataset.after, onEvent);
+  function onTopicEvent(event) {
+    // Decisions and completions arrive as lists of a tenant's actions: take this job's, as single events.
+    if (event.payload && event.payload.actions) {
+      event.payload.actions.forEach(function (a) {
+        if (a.job === Number(live.dataset.job)) { onEvent({ kind: a.event || "action." + a.state, created: event.created, payload: a }); }
+      });
+      return;
+    }
+    onEvent(event);
+  }
+  window.LockstepLive.connect().subscribe(live.dataset.topic, live.dataset.after, onTopicEvent);
 
   // A simulated job advances by the clock: extend the running line and the iteration curve every few seconds.
   setInterval(function () {

@@ -42,6 +42,8 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "TELEMETRY_HISTORY_DAYS": (int, 30, "How long the per-node, per-minute history for charts is kept."),
     "TELEMETRY_THERMAL_CELSIUS": (float, 90.0, "GPU temperature at which ingest reports a thermal fault."),
     "TELEMETRY_SYMBOL_ERRORS_PER_HOUR": (float, 100.0, "NIC symbol-error rate above which a link counts as degraded."),
+    "RISK_SWEEP_SECONDS": (int, 60, "How often beat scores every node's risk of failing soon."),
+    "PREDICTION_HORIZON_HOURS": (float, 24.0, "How far ahead a failure prediction looks; it is judged true if the node fails within it."),
     "DRIFT_SWEEP_SECONDS": (int, 60, "How often beat runs the drift sweep over every cluster."),
     "DRIFT_MAX_CORRECTIONS": (int, 3, "Failed corrections of one drift finding before it is reported and left alone."),
     "ROLLOUT_TICK_SECONDS": (int, 5, "How often beat moves every running rollout one step (and re-queues lost steps)."),
@@ -226,6 +228,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=env("ROLLOUT_TICK_SECONDS")),
         "options": {"expires": env("ROLLOUT_TICK_SECONDS") * 2},
     },
+    "telemetry-risk-sweep": {
+        "task": "telemetry.risk_sweep",
+        "schedule": timedelta(seconds=env("RISK_SWEEP_SECONDS")),
+        "options": {"expires": env("RISK_SWEEP_SECONDS")},
+    },
     "telemetry-notifications": {
         "task": "telemetry.notifications",
         "schedule": timedelta(seconds=5),
@@ -277,6 +284,8 @@ TELEMETRY_RAW_RETENTION_HOURS = env("TELEMETRY_RAW_RETENTION_HOURS")
 TELEMETRY_HISTORY_DAYS = env("TELEMETRY_HISTORY_DAYS")
 TELEMETRY_THERMAL_CELSIUS = env("TELEMETRY_THERMAL_CELSIUS")
 TELEMETRY_SYMBOL_ERRORS_PER_HOUR = env("TELEMETRY_SYMBOL_ERRORS_PER_HOUR")
+RISK_SWEEP_SECONDS = env("RISK_SWEEP_SECONDS")
+PREDICTION_HORIZON_HOURS = env("PREDICTION_HORIZON_HOURS")
 DEMO_ADMIN_USERNAME = env("DEMO_ADMIN_USERNAME")
 DRIFT_SWEEP_SECONDS = env("DRIFT_SWEEP_SECONDS")
 DRIFT_MAX_CORRECTIONS = env("DRIFT_MAX_CORRECTIONS")

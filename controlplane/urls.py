@@ -28,6 +28,7 @@ urlpatterns = [
                                   path("", include("jobs.api.urls"))], "api"))),
     path("", include("tenancy.urls")),
     path("", include("simulator.urls")),
+    path("", include("telemetry.urls")),
     path("", include("fleet.urls")),
     path("", include("jobs.urls")),
     path("admin/", admin.site.urls),

@@ -252,3 +252,53 @@ class NotificationDelivery(models.Model):
 
     def __str__(self):
         return f"{self.rule} → {self.channel_id} ({self.state})"
+
+
+class RiskSample(models.Model):
+    """A node's risk score over time (kept where it matters: recorded when it changes or is high)."""
+
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="risk_samples")
+    ts = models.DateTimeField()
+    score = models.FloatField()
+
+    class Meta:
+        indexes = [models.Index(fields=["node", "ts"]), models.Index(fields=["ts"])]
+
+    def __str__(self):
+        return f"{self.node_id} {self.score:.2f} @ {self.ts:%H:%M}"
+
+
+class Prediction(models.Model):
+    """A prediction that a node will fail within a horizon: auditable, with what was done and what happened."""
+
+    class Outcome(models.TextChoices):
+        OPEN = "open", "Open"
+        FAILED = "failed", "Failed within the horizon"
+        HELD = "held", "Did not fail within the horizon"
+
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="predictions")
+    cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="predictions")
+    score = models.FloatField()
+    threshold = models.FloatField()
+    horizon_hours = models.FloatField()
+    predicted_at = models.DateTimeField()
+    cause = models.CharField(max_length=300)
+    cause_kind = models.CharField(max_length=20)
+    evidence = models.JSONField(default=dict)
+    fault = models.ForeignKey("jobs.FaultEvent", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                              help_text="the predicted_failure fault the planner acted on")
+    action_taken = models.CharField(max_length=40, blank=True)
+    outcome = models.CharField(max_length=10, choices=Outcome.choices, default=Outcome.OPEN)
+    outcome_at = models.DateTimeField(null=True, blank=True)
+    failure = models.ForeignKey("jobs.FaultEvent", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                                help_text="the hardware fault that came true")
+    lead_seconds = models.FloatField(null=True, blank=True)
+
+    tenant_scope = None  # fleet-wide analysis: provider roles
+
+    class Meta:
+        ordering = ["-predicted_at", "-id"]
+        indexes = [models.Index(fields=["outcome", "predicted_at"])]
+
+    def __str__(self):
+        return f"node {self.node_id} {self.score:.2f} ({self.outcome})"

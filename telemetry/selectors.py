@@ -23,3 +23,34 @@ def notification_delivery_list(*, user):
     if not principal(user).is_provider:
         return NotificationDelivery.objects.none()
     return NotificationDelivery.objects.select_related("channel")
+
+
+def prediction_list(*, user):
+    from telemetry.models import Prediction
+
+    if not principal(user).is_provider:
+        return Prediction.objects.none()
+    return Prediction.objects.select_related("node")
+
+
+def risk_ranking(*, user, per_cluster: int = 15) -> list[dict]:
+    """Per cluster, its riskiest nodes with their recent scores (for sparklines): provider roles."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleet.models import Cluster, Node
+    from telemetry.models import RiskSample
+
+    if not principal(user).is_provider:
+        return []
+    out = []
+    since = timezone.now() - timedelta(hours=24)
+    for cluster in Cluster.objects.order_by("name"):
+        nodes = list(Node.objects.filter(cluster=cluster).order_by("-risk_score", "hostname")[:per_cluster])
+        history: dict[int, list[float]] = {node.pk: [] for node in nodes}
+        for node_id, score in (RiskSample.objects.filter(node_id__in=history.keys(), ts__gte=since).order_by("ts")
+                               .values_list("node_id", "score")):
+            history[node_id].append(score)
+        out.append({"cluster": cluster, "nodes": [{"node": node, "history": history[node.pk]} for node in nodes]})
+    return out

@@ -14,3 +14,12 @@ def notifications_task() -> dict:
     from telemetry.notifications import notifications_deliver, notifications_dispatch
 
     return {"dispatched": notifications_dispatch(), **notifications_deliver()}
+
+
+@shared_task(name="telemetry.risk_sweep", ignore_result=True, time_limit=120, soft_time_limit=110)
+def risk_sweep_task() -> int:
+    """Score every node and raise or judge predictions (beat; safe to run twice: an open prediction is not
+    raised again)."""
+    from telemetry.services.prediction import risk_sweep
+
+    return len(risk_sweep().predictions)

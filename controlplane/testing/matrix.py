@@ -17,6 +17,7 @@ API_LIST_MATRIX: dict[str, dict[str, int]] = {
     "notification-channel-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
     "notification-delivery-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
     "whatif-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
+    "prediction-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
     "audit-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
     # Jobs, faults and actions: everyone signed in, scoped to their tenant; stats default to the tenant's figures.
     "job-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},

@@ -6,6 +6,7 @@ from telemetry.api.views import (
     AlertmanagerWebhookView,
     NotificationChannelViewSet,
     NotificationDeliveryViewSet,
+    PredictionViewSet,
     TelemetryIngestView,
 )
 
@@ -13,6 +14,7 @@ router = SimpleRouter()
 router.register("agent-tokens", AgentTokenViewSet, basename="agent-token")
 router.register("notification-channels", NotificationChannelViewSet, basename="notification-channel")
 router.register("notification-deliveries", NotificationDeliveryViewSet, basename="notification-delivery")
+router.register("predictions", PredictionViewSet, basename="prediction")
 
 urlpatterns = [
     path("ingest/telemetry/", TelemetryIngestView.as_view(), name="ingest-telemetry"),

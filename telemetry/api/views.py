@@ -225,3 +225,34 @@ class NotificationDeliveryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMix
 
     def selector(self, *, user):
         return selectors.notification_delivery_list(user=user)
+
+
+class PredictionSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    node = serializers.IntegerField(source="node_id")
+    hostname = serializers.CharField(source="node.hostname")
+    cluster = serializers.IntegerField(source="cluster_id")
+    score = serializers.FloatField()
+    threshold = serializers.FloatField()
+    horizon_hours = serializers.FloatField()
+    predicted_at = serializers.DateTimeField()
+    cause = serializers.CharField()
+    cause_kind = serializers.CharField()
+    evidence = serializers.JSONField()
+    fault = serializers.IntegerField(source="fault_id", allow_null=True)
+    action_taken = serializers.CharField()
+    outcome = serializers.CharField()
+    outcome_at = serializers.DateTimeField(allow_null=True)
+    failure = serializers.IntegerField(source="failure_id", allow_null=True)
+    lead_seconds = serializers.FloatField(allow_null=True)
+
+
+class PredictionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """Failure predictions: node, score, horizon, cause, what was done and the outcome (provider roles)."""
+
+    serializer_class = PredictionSerializer
+    permission_classes = [*ScopedViewSet.permission_classes, IsProvider]
+    filterset_fields = ["cluster", "node", "outcome", "cause_kind"]
+
+    def selector(self, *, user):
+        return selectors.prediction_list(user=user)

@@ -1,0 +1,178 @@
+"""The risk sweep (beat): score every node from its kept features, record history, raise predictions, and
+judge past predictions against what happened.
+
+A node whose score reaches its cluster's threshold gets a Prediction and a ``predicted_failure`` fault, which
+the planner turns into a proactive migration and drain within the disruption budgets. A prediction comes
+true when a hardware fault strikes the node within its horizon (its lead time is recorded), and is held
+otherwise; precision, recall and lead time are computed from these records.
+"""
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from fleet.models import Cluster, Node
+from jobs.models import FaultEvent, RecoveryAction
+from jobs.placement import risk_threshold
+from jobs.services.faults import fault_ingest
+from telemetry.models import FacilityState, GPUState, NICState, Prediction, RiskSample
+from telemetry.prediction.risk import NodeFeatures, RackFacility, Risk, node_risk
+
+# Faults that count as a node failing (a prediction comes true); a prediction's own fault does not.
+HARDWARE_FAULTS = ("nic_down", "link_flap", "gpu_xid", "ecc_uncorrectable", "nvlink_error", "node_unreachable", "thermal",
+                   "facility")
+PRESSURE_METRICS = ("cdu_differential_pressure_pascals", "cdu_supply_pressure_pascals")
+
+
+@dataclass
+class SweepResult:
+    nodes: int = 0
+    predictions: list[int] = field(default_factory=list)
+    resolved: int = 0
+    samples: int = 0
+    top: list[tuple[int, float, str]] = field(default_factory=list)
+
+
+def gather(cluster_ids: list[int] | None = None) -> tuple[dict[int, NodeFeatures], dict[tuple[int, str], RackFacility], dict]:
+    """Features of every node (three aggregate queries) and each rack's facility state (one more)."""
+    nodes = Node.objects.all() if cluster_ids is None else Node.objects.filter(cluster_id__in=cluster_ids)
+    meta = {row[0]: row for row in nodes.values_list("id", "cluster_id", "rack", "risk_score")}
+    features = {node_id: NodeFeatures(node_id=node_id, rack=row[2]) for node_id, row in meta.items()}
+    gpus = (GPUState.objects.filter(node_id__in=meta.keys()) if cluster_ids is not None else GPUState.objects.all())
+    for row in gpus.values("node_id").annotate(
+            temperature=Max("temperature"), trend=Max("temperature_trend"), sbe=Max("sbe_rate"), remap=Max("remap_rate"),
+            nvlink=Max("nvlink_rate"), throttle=Max("throttle_share")).order_by():
+        f = features.get(row["node_id"])
+        if f is None:
+            continue
+        f.temperature_max, f.temperature_trend_max = row["temperature"], row["trend"] or 0.0
+        f.sbe_rate_max, f.remap_rate_max, f.nvlink_rate_max = row["sbe"] or 0.0, row["remap"] or 0.0, row["nvlink"] or 0.0
+        f.throttle_share_max = row["throttle"] or 0.0
+    nics = (NICState.objects.filter(node_id__in=meta.keys()) if cluster_ids is not None else NICState.objects.all())
+    for row in nics.values("node_id").annotate(symbols=Max("symbol_rate"), recoveries=Max("recovery_rate")).order_by():
+        f = features.get(row["node_id"])
+        if f is not None:
+            f.nic_symbol_rate_max, f.nic_recovery_rate_max = row["symbols"] or 0.0, row["recoveries"] or 0.0
+    warming: dict[tuple[int, str], list[float]] = defaultdict(list)
+    for node_id, f in features.items():
+        if f.rack:
+            warming[(meta[node_id][1], f.rack)].append(f.temperature_trend_max)
+    racks: dict[tuple[int, str], RackFacility] = {}
+    facility = FacilityState.objects.filter(scope="rack", metric__in=PRESSURE_METRICS)
+    if cluster_ids is not None:
+        facility = facility.filter(cluster_id__in=cluster_ids)
+    for cluster_id, target, ewma, baseline in facility.values_list("cluster_id", "target", "ewma", "baseline"):
+        trends = warming.get((cluster_id, target), [])
+        drop = (baseline - ewma) / baseline if baseline else 0.0
+        racks[(cluster_id, target)] = RackFacility(pressure_drop=max(0.0, drop),
+                                                    warming=statistics.mean(trends) if trends else 0.0)
+    return features, racks, meta
+
+
+def _record_history(scores: dict[int, Risk], meta: dict, now) -> int:
+    samples = [RiskSample(node_id=node_id, ts=now, score=risk.score) for node_id, risk in scores.items()
+               if risk.score >= 0.05 or abs(risk.score - (meta[node_id][3] or 0.0)) >= 0.02]
+    RiskSample.objects.bulk_create(samples, batch_size=5000)
+    return len(samples)
+
+
+def _write_scores(scores: dict[int, Risk], meta: dict, now) -> None:
+    changed = [Node(pk=node_id, risk_score=risk.score, risk_updated_at=now) for node_id, risk in scores.items()
+               if abs(risk.score - (meta[node_id][3] or 0.0)) >= 0.001]
+    Node.objects.bulk_update(changed, ["risk_score", "risk_updated_at"], batch_size=1000)
+
+
+def _predict(scores: dict[int, Risk], meta: dict, now, result: SweepResult) -> None:
+    thresholds = {c.pk: risk_threshold(c) for c in Cluster.objects.select_related("blueprint_version")}
+    over = [node_id for node_id, risk in scores.items() if risk.score >= thresholds.get(meta[node_id][1], 0.8)]
+    if not over:
+        return
+    already = set(Prediction.objects.filter(node_id__in=over, outcome=Prediction.Outcome.OPEN).values_list("node_id", flat=True))
+    horizon = settings.PREDICTION_HORIZON_HOURS
+    for node_id in over:
+        if node_id in already:
+            continue
+        risk = scores[node_id]
+        with transaction.atomic():
+            node = Node.objects.select_related("cluster").get(pk=node_id)
+            prediction = Prediction.objects.create(
+                node=node, cluster=node.cluster, score=risk.score, threshold=thresholds.get(node.cluster_id, 0.8),
+                horizon_hours=horizon, predicted_at=now, cause=risk.cause[:300], cause_kind=risk.kind,
+                evidence=risk.evidence)
+            fault, _ = fault_ingest(source="predictor", kind="predicted_failure", node=node, detected_at=now,
+                                    details={"prediction": prediction.pk, "score": risk.score, "cause": risk.cause,
+                                             "horizon_hours": horizon})
+            prediction.fault = fault
+            prediction.save(update_fields=["fault"])
+        result.predictions.append(prediction.pk)
+
+
+def predictions_resolve(*, now=None) -> int:
+    """Judge open predictions: true when a hardware fault struck the node within the horizon, held when the
+    horizon passed without one. Also records what was done about each (the planner's action)."""
+    now = now or timezone.now()
+    resolved = 0
+    for prediction in Prediction.objects.filter(outcome=Prediction.Outcome.OPEN).select_related("fault"):
+        end = prediction.predicted_at + timedelta(hours=prediction.horizon_hours)
+        failure = (FaultEvent.objects.filter(node_id=prediction.node_id, kind__in=HARDWARE_FAULTS,
+                                             detected_at__gte=prediction.predicted_at, detected_at__lte=min(end, now))
+                   .order_by("detected_at").first())
+        if not prediction.action_taken and prediction.fault_id:
+            kind = RecoveryAction.objects.filter(fault_id=prediction.fault_id).values_list("kind", flat=True).first()
+            prediction.action_taken = kind or ""
+        if failure is not None:
+            prediction.outcome, prediction.failure = Prediction.Outcome.FAILED, failure
+            prediction.lead_seconds = (failure.detected_at - prediction.predicted_at).total_seconds()
+        elif now >= end:
+            prediction.outcome = Prediction.Outcome.HELD
+        else:
+            if prediction.action_taken:
+                prediction.save(update_fields=["action_taken"])
+            continue
+        prediction.outcome_at = now
+        prediction.save(update_fields=["outcome", "failure", "lead_seconds", "outcome_at", "action_taken"])
+        resolved += 1
+    return resolved
+
+
+def risk_sweep(*, cluster_ids: list[int] | None = None, now=None) -> SweepResult:
+    """Score every node, record history, raise predictions over the threshold, judge past ones."""
+    now = now or timezone.now()
+    features, racks, meta = gather(cluster_ids)
+    scores = {node_id: node_risk(f, racks.get((meta[node_id][1], f.rack))) for node_id, f in features.items()}
+    result = SweepResult(nodes=len(scores))
+    with transaction.atomic():
+        result.samples = _record_history(scores, meta, now)
+        _write_scores(scores, meta, now)
+    _predict(scores, meta, now, result)
+    result.resolved = predictions_resolve(now=now)
+    result.top = sorted(((n, r.score, r.cause) for n, r in scores.items()), key=lambda item: -item[1])[:10]
+    return result
+
+
+def prediction_metrics(*, since_days: float = 30.0, now=None) -> dict:
+    """Live precision, recall and lead time of past predictions (over ``since_days``)."""
+    now = now or timezone.now()
+    since = now - timedelta(days=since_days)
+    judged = Prediction.objects.filter(predicted_at__gte=since).exclude(outcome=Prediction.Outcome.OPEN)
+    came_true = judged.filter(outcome=Prediction.Outcome.FAILED)
+    failures = FaultEvent.objects.filter(kind__in=HARDWARE_FAULTS, detected_at__gte=since, detected_at__lte=now)
+    predicted_failures = failures.filter(
+        pk__in=Prediction.objects.filter(failure__isnull=False).values("failure_id")).count()
+    total_failures = failures.count()
+    leads = [p for p in came_true.values_list("lead_seconds", flat=True) if p is not None]
+    judged_count, true_count = judged.count(), came_true.count()
+    return {
+        "predictions": Prediction.objects.filter(predicted_at__gte=since).count(),
+        "judged": judged_count,
+        "precision": round(true_count / judged_count, 3) if judged_count else None,
+        "recall": round(predicted_failures / total_failures, 3) if total_failures else None,
+        "failures": total_failures,
+        "lead_time_median_seconds": round(statistics.median(leads), 1) if leads else None,
+    }

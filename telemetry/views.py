@@ -1,0 +1,30 @@
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import render
+
+from controlplane.access import principal
+from telemetry import selectors
+from telemetry.services.prediction import prediction_metrics
+
+
+def sparkline(values: list[float], width: int = 120, height: int = 24) -> str:
+    """SVG polyline points for a score history in [0, 1] (drawn server-side: no script per row)."""
+    if not values:
+        return ""
+    step = width / max(1, len(values) - 1)
+    return " ".join(f"{i * step:.1f},{height - v * height:.1f}" for i, v in enumerate(values))
+
+
+@login_required
+def prediction_overview(request):
+    """Nodes ranked by risk per cluster, with a sparkline each, and the live precision, recall and lead time."""
+    if not principal(request.user).is_provider:
+        raise PermissionDenied
+    ranking = selectors.risk_ranking(user=request.user)
+    for block in ranking:
+        for row in block["nodes"]:
+            row["points"] = sparkline(row["history"] or [row["node"].risk_score])
+    return render(request, "telemetry/predictions.html", {
+        "ranking": ranking, "metrics": prediction_metrics(),
+        "predictions": selectors.prediction_list(user=request.user)[:50],
+    })

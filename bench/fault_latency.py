@@ -264,6 +264,7 @@ def main() -> int:
     parser.add_argument("--ramp", default="75,100,150,200,300")
     parser.add_argument("--ramp-seconds", type=float, default=8)
     parser.add_argument("--worker-concurrency", type=int, default=2)
+    parser.add_argument("--senders", type=int, default=8, help="client threads POSTing faults (each request holds a PostgreSQL connection)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
     args = parser.parse_args()
 
@@ -300,7 +301,7 @@ def main() -> int:
                 print(f"not enough distinct faults left for {rate}/s")
                 break
             cpu_before = (cpu_seconds(web.pid), cpu_seconds(worker.pid), time.perf_counter())
-            sent, achieved = send_at_rate(url, token, targets, rate, seconds)
+            sent, achieved = send_at_rate(url, token, targets, rate, seconds, senders=args.senders)
             stats = measure(listener, sent)
             wall = time.perf_counter() - cpu_before[2]
             stats["cpu"] = {"web": (cpu_seconds(web.pid) - cpu_before[0]) / wall,

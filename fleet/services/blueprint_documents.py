@@ -13,6 +13,7 @@ from fleet.services.blueprints import (
     version_disable,
     version_update,
 )
+from fleet.services.rollouts import batched_events
 from fleet.specs import clean_addons, clean_node_software, clean_policy
 
 CONTENT = ("addons", "node_software", "policy", "notes")
@@ -28,6 +29,7 @@ def _content(entry: dict, i: int) -> dict:
 
 
 @transaction.atomic
+@batched_events
 def blueprint_apply(*, actor, document: dict, expect_name: str | None = None) -> tuple[Blueprint, list[str]]:
     """Create or update the blueprint the document describes. Drafts are changed freely; an active or disabled
     version must match the document exactly (immutable) though it may move draft → active → disabled. New numbers

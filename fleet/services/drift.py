@@ -15,7 +15,7 @@ from fleet.desired import compare, desired_state, is_node_software, load_version
 from fleet.models import Cluster, DriftFinding
 from fleet.observation import observe, record
 from fleet.services.applying import converge
-from fleet.services.publishing import publish
+from fleet.services.publishing import batched, publish
 
 SWEEP_LOCK = 0x4C53_4446  # "LSDF": one sweep at a time across workers
 
@@ -61,7 +61,7 @@ def drift_sweep(*, cluster_ids: list[int] | None = None, now=None) -> SweepRepor
               for c in clusters if c.pk in observed}
     report.clusters, report.unreachable = len(clusters), sorted(errors)
     report.checks = sum(len(found) for found in checks.values())
-    with transaction.atomic():
+    with transaction.atomic(), batched():
         if not _sweep_lock():
             report.skipped = True
             return report

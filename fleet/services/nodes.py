@@ -22,7 +22,9 @@ def node_topics(node: Node) -> list[str]:
 
 
 def _publish(node: Node, kind: str, **payload) -> None:
-    events.publish(node_topics(node), kind, {"node": node.pk, "hostname": node.hostname, "state": node.state, **payload},
+    from fleet.services.publishing import publish_topics
+
+    publish_topics(node_topics(node), kind, {"node": node.pk, "hostname": node.hostname, "state": node.state, **payload},
                    url=f"/api/v1/nodes/{node.pk}/")
 
 

@@ -17,7 +17,7 @@ from fleet.models import Cluster, Node, Rollout, RolloutBatch, RolloutCluster
 from fleet.models.rollouts import DONE_CLUSTER_STATES, FAILED_CLUSTER_STATES
 from fleet.observation import observe, record
 from fleet.services.applying import apply_version, supports_addons
-from fleet.services.publishing import publish
+from fleet.services.publishing import batched, publish
 from fleet.services.rollouts import (
     _move,
     _release_open_drains,
@@ -33,7 +33,7 @@ BatchStatus = RolloutBatch.Status
 
 def rollout_step(*, rollout_id: int, now=None) -> str:
     """Move the rollout one step; returns what it did ("busy", "gone", "idle", "batch-started", ...)."""
-    with transaction.atomic():
+    with transaction.atomic(), batched():
         rows = Rollout.objects.select_related("version__blueprint").filter(pk=rollout_id)
         if connection.features.has_select_for_update_skip_locked:
             rows = rows.select_for_update(skip_locked=True, of=("self",))

@@ -13,8 +13,20 @@ from fleet.labels import with_labels
 from fleet.models import BlueprintVersion, Cluster, Fleet, Rollout, RolloutBatch, RolloutCluster
 from fleet.models.rollouts import DONE_CLUSTER_STATES
 from fleet.services.applying import apply_version
-from fleet.services.publishing import publish
+from fleet.services.publishing import batched, publish
 from fleet.specs import clean_strategy
+
+
+def batched_events(function):
+    """Run the service with its events written in global topic order at the end (see publishing.batched)."""
+    import functools
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with batched():
+            return function(*args, **kwargs)
+
+    return wrapper
 
 
 def rollout_url(rollout: Rollout) -> str:
@@ -83,6 +95,7 @@ def _canaries(strategy: dict, found: list[dict]) -> list[int]:
 
 
 @transaction.atomic
+@batched_events
 def rollout_start(*, actor, version: BlueprintVersion, targets: dict, strategy: dict | None = None,
                   skip_busy: bool = False) -> Rollout:
     """Write a rollout, its batches and one row per cluster; the beat-driven step starts the first batch.
@@ -191,6 +204,7 @@ def _move(rollout: Rollout, state: str, *, actor, reason: str, action: str) -> R
 
 
 @transaction.atomic
+@batched_events
 def rollout_pause(*, actor, rollout: Rollout, reason: str = "") -> Rollout:
     """Stop taking steps; clusters already applied stay as they are."""
     rollout = _locked(rollout)
@@ -201,6 +215,7 @@ def rollout_pause(*, actor, rollout: Rollout, reason: str = "") -> Rollout:
 
 
 @transaction.atomic
+@batched_events
 def rollout_resume(*, actor, rollout: Rollout) -> Rollout:
     """Take steps again; the clusters in flight get a fresh progress deadline and the soak starts over."""
     rollout = _locked(rollout)
@@ -218,6 +233,7 @@ def rollout_resume(*, actor, rollout: Rollout) -> Rollout:
 
 
 @transaction.atomic
+@batched_events
 def rollout_cancel(*, actor, rollout: Rollout, reason: str = "") -> Rollout:
     """Stop for good: clusters not yet applied are Skipped; applied clusters keep the new version."""
     rollout = _locked(rollout)
@@ -231,6 +247,7 @@ def rollout_cancel(*, actor, rollout: Rollout, reason: str = "") -> Rollout:
 
 
 @transaction.atomic
+@batched_events
 def rollout_rollback(*, actor, rollout: Rollout, reason: str = "") -> Rollout:
     """Every cluster the rollout touched returns to its previous version and is pinned there with the reason
     (a tracking cluster stays pinned until an operator lets it track again). Untouched clusters are Skipped."""

@@ -322,3 +322,25 @@ def test_rollout_list_and_detail_have_query_budgets(api, users, django_assert_ma
         assert api.get("/api/v1/rollouts/").json()["count"] == 1
     with django_assert_max_num_queries(16):
         assert len(api.get(f"/api/v1/rollouts/{rollout.pk}/").json()["clusters"]) == 6
+
+
+def test_a_step_takes_topics_in_the_one_global_order(users):
+    """Every event a step writes is written topic by topic in sorted name order (cluster-…, fleet, rollout-…), the
+    order every publisher takes topic rows in, so concurrent publishing transactions never deadlock."""
+    from controlplane.models import Event
+
+    actor = users["operator"]
+    bp, v1 = blueprint(actor, auto_rollout=False, node_software={"cuda": "12.4"})
+    clusters = clusters_on(v1, 3)
+    from tests.fleet_factories import make_node
+    for cluster in clusters:
+        cluster.connection = {"apply_seconds": 0, "migration_pause_seconds": 0}
+        cluster.save()
+        make_node(cluster)
+    v2 = version_create(actor=actor, blueprint=bp, addons=ADDONS, node_software={"cuda": "12.6"}, activate=True)
+    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True}, strategy={"batch_size": 3})
+    for _ in range(2):  # drains requested; drains done, add-ons applied, clusters healthy
+        before = Event.objects.order_by("-id").values_list("id", flat=True).first()
+        did = rollout_step(rollout_id=rollout.pk)
+        topics = list(Event.objects.filter(id__gt=before).order_by("id").values_list("topic", flat=True))
+        assert len(topics) > 3 and topics == sorted(topics), (did, topics)

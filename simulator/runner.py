@@ -50,7 +50,9 @@ class NICSim:
     link_downed: int = 0
     symbol_error: int = 0
     down_until: float = 0.0
-    noisy: float = 0.0        # symbol errors per tick while a precursor runs
+    noisy: float = 0.0        # symbol errors per tick while a precursor or a grey failure runs
+    xmit_wait: int = 0
+    congested: float = 0.0    # extra port_xmit_wait ticks per reading while its rail is congested
 
 
 @dataclass
@@ -59,6 +61,7 @@ class NodeSim:
     hostname: str
     rack: str
     cluster: str
+    leaf: str
     gpus: list[GPUSim]
     nics: dict[str, NICSim]
     dead: bool = False
@@ -95,12 +98,12 @@ class Runner:
         for node in Node.objects.select_related("cluster").order_by("cluster__name", "hostname"):
             gpus = [GPUSim(temperature=self.random.uniform(48, 62)) for _ in range(node.gpus.count())]
             nics = {name: NICSim() for name in node.nics.values_list("name", flat=True)}
-            self.nodes.append(NodeSim(node.id, node.hostname, node.rack, node.cluster.name, gpus, nics))
+            self.nodes.append(NodeSim(node.id, node.hostname, node.rack, node.cluster.name, node.leaf_switch, gpus, nics))
             self.racks.setdefault((node.cluster.name, node.rack), 180_000.0)
         self.gpu_count = sum(len(n.gpus) for n in self.nodes)
         self.sampler = FaultSampler(self.profile, self.gpu_count, self.random.randrange(2**31))
         self.started = time.monotonic()
-        self.grey: list[tuple[NICSim, float]] = []   # NICs with errors rising while the link stays up, until
+        self.grey: list[tuple[str, list, float]] = []   # grey failures: (kind, what they touch, until)
         self.pending: list[Pending] = []
         self.stats = RunnerStats()
         self.jobs: dict[int, dict] = {}   # the training loops this simulator runs: job id -> its own progress
@@ -120,21 +123,47 @@ class Runner:
             lead = PRECURSOR_SECONDS if strike.precursor else 0.0
             self.pending.append(Pending(strike, node, index, now + lead))
 
+    def start_grey(self, kind: str, node: "NodeSim", *, index: int = 0, until: float = float("inf")) -> None:
+        """Start a grey failure that slows the jobs crossing it without ever taking a link down:
+        ``errors`` (symbol errors climb on one port), ``congestion`` (one rail congested across the node's leaf
+        switch: port_xmit_wait climbs) or ``slow_gpu`` (one GPU runs hot and throttles)."""
+        if kind == "errors":
+            nic = list(node.nics.values())[index % len(node.nics)]
+            nic.noisy = 500.0
+            touched = [nic]
+        elif kind == "congestion":
+            name = f"mlx5_{index % 8}"
+            touched = [n.nics[name] for n in self.nodes if n.cluster == node.cluster and n.leaf == node.leaf
+                       and name in n.nics]
+            for nic in touched:
+                nic.congested = 200_000.0
+        elif kind == "slow_gpu":
+            gpu = node.gpus[index % len(node.gpus)]
+            gpu.warming = max(gpu.warming, 28.0)
+            touched = [gpu]
+        else:
+            raise ValueError(kind)
+        self.grey.append((kind, touched, until))
+
     def _grey_failures(self, now: float) -> None:
-        """Grey failures: a port whose symbol errors climb while the link stays up, for a while; ingest sees the
-        rate cross its limit and reports a degraded link (no link-down ever comes)."""
+        """End grey failures whose time is up; start new ones at GREY_PER_HOUR across the fleet."""
         still = []
-        for nic, until in self.grey:
+        for kind, touched, until in self.grey:
             if until > now:
-                still.append((nic, until))
-            else:
-                nic.noisy = 0.0
+                still.append((kind, touched, until))
+                continue
+            for thing in touched:
+                if kind == "errors":
+                    thing.noisy = 0.0
+                elif kind == "congestion":
+                    thing.congested = 0.0
+                else:
+                    thing.warming = 0.0
         self.grey = still
         if self.random.random() < GREY_PER_HOUR * self.tick_seconds / 3600.0:
             node = self.random.choice([n for n in self.nodes if not n.dead])
-            nic = self.random.choice(list(node.nics.values()))
-            nic.noisy = 500.0
-            self.grey.append((nic, now + GREY_SECONDS))
+            kind = self.random.choice(["errors", "congestion", "slow_gpu"])
+            self.start_grey(kind, node, index=self.random.randrange(8), until=now + GREY_SECONDS)
 
     def _precursors(self, now: float) -> None:
         for item in self.pending:
@@ -230,11 +259,13 @@ class Runner:
                                             "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 0x20 if temperature > 85 else 0}})
             for name, nic in node.nics.items():
                 nic.symbol_error += int(nic.noisy)
+                nic.xmit_wait += self.random.randint(20, 200) + int(nic.congested)
                 down = nic.down_until > monotonic
                 nics.append({"ts": now, "node": node.hostname, "name": name, "kind": "infiniband",
                              "link_state": "down" if down else "up",
                              "fields": {"link_downed": nic.link_downed, "symbol_error": nic.symbol_error,
-                                        "link_error_recovery": 0, "port_rcv_errors": 0}})
+                                        "link_error_recovery": 0, "port_rcv_errors": 0,
+                                        "port_xmit_wait": nic.xmit_wait}})
         for (name, rack), pressure in self.racks.items():
             if name == cluster:
                 facility.append({"ts": now, "source": "simulator", "scope": "rack", "target": rack,
@@ -280,7 +311,8 @@ class Runner:
         for node in self.nodes:
             if node.hostname not in hostnames:
                 continue
-            if any(nic.noisy > 0 and nic.down_until <= time.monotonic() for nic in node.nics.values()):
+            if any((nic.noisy > 0 or nic.congested > 0) and nic.down_until <= time.monotonic()
+                   for nic in node.nics.values()):
                 slow = max(slow, GREY_SLOWDOWN)
             if any(gpu.temperature + gpu.warming > 85 for gpu in node.gpus):
                 slow = max(slow, THROTTLE_SLOWDOWN)

@@ -103,7 +103,7 @@ def nic_step(prev: dict | None, ts: float, link_state: str, fields: dict, *,
     state = dict(prev) if prev else {
         "ts": None, "link_state": "up", "link_downed": 0, "symbol_errors": 0, "link_error_recovery": 0,
         "port_rcv_errors": 0, "symbol_rate": 0.0, "recovery_rate": 0.0, "rcv_error_rate": 0.0,
-        "down_seconds": 0.0, "flaps": 0,
+        "down_seconds": 0.0, "flaps": 0, "congestion_rate": 0.0, "xmit_wait": 0,
     }
     faults: list[tuple[str, dict]] = []
     first = state["ts"] is None
@@ -133,6 +133,12 @@ def nic_step(prev: dict | None, ts: float, link_state: str, fields: dict, *,
         state["link_error_recovery"] = recoveries
     else:
         repeated = False
+    wait = fields.get("port_xmit_wait")
+    if wait is not None:
+        if not first and seconds > 0:
+            state["congestion_rate"] = _ewma(state.get("congestion_rate", 0.0),
+                                             _per_hour(max(0, wait - state.get("xmit_wait", 0)), seconds))
+        state["xmit_wait"] = wait
     if rcv is not None:
         if not first and seconds > 0:
             state["rcv_error_rate"] = _ewma(state["rcv_error_rate"], _per_hour(max(0, rcv - state["port_rcv_errors"]), seconds))

@@ -85,6 +85,8 @@ class NICState(models.Model):
     symbol_rate = models.FloatField(default=0.0, help_text="symbol errors per hour, EWMA")
     recovery_rate = models.FloatField(default=0.0, help_text="link error recoveries per hour, EWMA")
     rcv_error_rate = models.FloatField(default=0.0, help_text="port receive errors per hour, EWMA")
+    xmit_wait = models.BigIntegerField(default=0, help_text="the port_xmit_wait counter at the last reading")
+    congestion_rate = models.FloatField(default=0.0, help_text="port_xmit_wait ticks per hour, EWMA (congestion)")
     down_seconds = models.FloatField(default=0.0, help_text="cumulative time observed down")
     flaps = models.PositiveIntegerField(default=0)
 

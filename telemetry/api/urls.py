@@ -4,6 +4,7 @@ from rest_framework.routers import SimpleRouter
 from telemetry.api.views import (
     AgentTokenViewSet,
     AlertmanagerWebhookView,
+    JobDiagnosisView,
     NotificationChannelViewSet,
     NotificationDeliveryViewSet,
     PredictionViewSet,
@@ -19,5 +20,6 @@ router.register("predictions", PredictionViewSet, basename="prediction")
 urlpatterns = [
     path("ingest/telemetry/", TelemetryIngestView.as_view(), name="ingest-telemetry"),
     path("ingest/alertmanager/", AlertmanagerWebhookView.as_view(), name="ingest-alertmanager"),
+    path("jobs/<int:pk>/diagnosis/", JobDiagnosisView.as_view(), name="job-diagnosis"),
     *router.urls,
 ]

@@ -256,3 +256,18 @@ class PredictionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Scoped
 
     def selector(self, *, user):
         return selectors.prediction_list(user=user)
+
+
+class JobDiagnosisView(APIView):
+    """Is it the fabric? Why this job runs slow: the fabric ruled in (the likeliest link, switch or rail, with
+    the evidence) or out (the GPUs or hosts that stand out instead). Visible to whoever may see the job."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request, pk: int):
+        from jobs.selectors import job_list
+        from telemetry.diagnosis import diagnose
+
+        job = job_list(user=request.user).filter(pk=pk).first()
+        if job is None:
+            raise exceptions.NotFound()
+        return Response(diagnose(job))

@@ -31,7 +31,7 @@ GPU_STATE_COLUMNS = [
 ]
 NIC_STATE_COLUMNS = [
     "node_id", "ts", "link_state", "fields", "link_downed", "symbol_errors", "link_error_recovery", "port_rcv_errors",
-    "symbol_rate", "recovery_rate", "rcv_error_rate", "down_seconds", "flaps",
+    "symbol_rate", "recovery_rate", "rcv_error_rate", "down_seconds", "flaps", "congestion_rate", "xmit_wait",
 ]
 
 

@@ -56,9 +56,7 @@ def test_grey_failure_is_seen_as_a_degraded_link_without_a_link_down(tmp_path):
         runner = Runner(url=server.url, acceleration=0.0, tick_seconds=0)
         runner.tick()
         node = runner.nodes[2]
-        nic = node.nics["mlx5_5"]
-        runner.grey.append((nic, float("inf")))
-        nic.noisy = 500.0
+        runner.start_grey("errors", node, index=5)
         for _ in range(3):
             runner.tick()
     fault = FaultEvent.objects.get(kind="link_degraded")
@@ -78,9 +76,7 @@ def test_jobs_report_their_own_progress_and_slow_down_on_a_grey_link(tmp_path):
         mine = runner.jobs[job.pk]
         host = job.allocations.filter(released_at__isnull=True).first().node.hostname
         node = next(n for n in runner.nodes if n.hostname == host)
-        nic = node.nics["mlx5_1"]
-        nic.noisy = 500.0
-        runner.grey.append((nic, float("inf")))
+        runner.start_grey("errors", node, index=1)
         mine["at"] -= 100 * mine["base"]   # 100 steps' worth of time passes
         before = mine["iteration"]
         runner.drive_jobs(mine["at"] + 100 * mine["base"])
@@ -88,3 +84,34 @@ def test_jobs_report_their_own_progress_and_slow_down_on_a_grey_link(tmp_path):
     job.refresh_from_db()
     assert job.iteration == int(mine["iteration"])
     assert job.seconds_per_iteration > mine["base"]
+
+
+def test_each_grey_failure_of_the_simulated_fabric_gets_its_diagnosis(tmp_path):
+    """The simulator's fabric cases through ingest: a port with rising errors, a congested rail, a slow GPU."""
+    from jobs.models import Job
+    from telemetry.diagnosis import diagnose
+
+    world_build(seed=6, nodes_per_cluster=16, spares=2)
+    job = Job.objects.filter(cluster__name="use-h100-a", gpus__gte=32, state="Running").first()
+    hosts = list(job.allocations.filter(released_at__isnull=True).order_by("rank_start")
+                 .values_list("node__hostname", flat=True))
+    with uvicorn_server(tmp_path) as server:
+        runner = Runner(url=server.url, acceleration=0.0, tick_seconds=0)
+        by_host = {n.hostname: n for n in runner.nodes}
+        verdicts = {}
+        for case, host, index in [("errors", hosts[1], 3), ("congestion", hosts[0], 6), ("slow_gpu", hosts[2], 4)]:
+            for _ in range(2):
+                runner.tick()
+            runner.start_grey(case, by_host[host], index=index)
+            for _ in range(4):
+                runner.tick()
+            verdicts[case] = diagnose(job)
+            runner.grey[-1] = (runner.grey[-1][0], runner.grey[-1][1], 0.0)   # end it
+            runner._grey_failures(1.0)
+            from telemetry.models import GPUState, NICState
+
+            NICState.objects.update(symbol_rate=0.0, congestion_rate=0.0)
+            GPUState.objects.update(throttle_share=0.0)
+    assert verdicts["errors"]["fabric"] and verdicts["errors"]["culprit"].startswith(f"{hosts[1]}/mlx5_3")
+    assert verdicts["congestion"]["fabric"] and verdicts["congestion"]["where"] in ("rail", "leaf")
+    assert not verdicts["slow_gpu"]["fabric"] and verdicts["slow_gpu"]["culprit"] == f"{hosts[2]}/gpu4"

@@ -123,3 +123,28 @@ def diagnose(job: Job) -> dict:
     return {"job": job.pk, **verdict, "slowness": slowness, "path": {"nodes": len(nodes), "nics": len(on_path)},
             "findings": [{"where": f.where, "name": f.name, "score": round(f.score, 1), "evidence": f.evidence}
                          for f in fabric + hosts][:10]}
+
+
+def fabric_health(cluster_id: int) -> dict:
+    """A cluster's fabric as leaf switches × rails, each cell the worst NIC on it against the cluster's spread
+    (robust z-score; ≥ OUTLIER_Z stands out), and the NICs that stand out: for the fabric view."""
+    states = list(NICState.objects.filter(node__cluster_id=cluster_id)
+                  .values_list("nic__rail", "node__leaf_switch", "node__hostname", "nic__name", "link_state",
+                               *NIC_MEASURES.keys()))
+    spreads = {m: _spread([row[5 + i] for row in states], floor) for i, (m, (_, floor)) in enumerate(NIC_MEASURES.items())}
+    grid: dict[str, dict[int, float]] = defaultdict(dict)
+    standing_out = []
+    for row in states:
+        rail, leaf, host, name, link = row[:5]
+        worst = 50.0 if link == "down" else 0.0
+        for i, measure in enumerate(NIC_MEASURES):
+            median, scale = spreads[measure]
+            worst = max(worst, (row[5 + i] - median) / scale)
+        grid[leaf or "?"][rail] = max(grid[leaf or "?"].get(rail, 0.0), worst)
+        if worst >= OUTLIER_Z:
+            standing_out.append({"nic": f"{host}/{name}", "leaf": leaf, "rail": rail, "z": round(worst, 1),
+                                 "link": link})
+    rails = sorted({rail for cells in grid.values() for rail in cells})
+    return {"rails": rails, "leaves": [{"leaf": leaf, "cells": [round(grid[leaf].get(r, 0.0), 1) for r in rails]}
+                                       for leaf in sorted(grid)],
+            "standing_out": sorted(standing_out, key=lambda s: -s["z"])[:20], "threshold": OUTLIER_Z}

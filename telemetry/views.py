@@ -28,3 +28,19 @@ def prediction_overview(request):
         "ranking": ranking, "metrics": prediction_metrics(),
         "predictions": selectors.prediction_list(user=request.user)[:50],
     })
+
+
+@login_required
+def fabric_view(request, cluster_id: int):
+    """A cluster's fabric: leaf switches × rails coloured by the health of the ports on them."""
+    from django.shortcuts import get_object_or_404
+
+    from fleet.selectors import cluster_list
+    from telemetry.diagnosis import fabric_health
+
+    cluster = get_object_or_404(cluster_list(user=request.user), pk=cluster_id)
+    health = fabric_health(cluster.pk)
+    for leaf in health["leaves"]:
+        leaf["cells"] = [{"z": z, "level": "bad" if z >= health["threshold"] else ("warn" if z >= health["threshold"] / 2 else "ok")}
+                         for z in leaf["cells"]]
+    return render(request, "telemetry/fabric.html", {"cluster": cluster, "health": health})

@@ -119,3 +119,27 @@ def test_home_figures_follow_completed_recoveries_live(page, chromium, server, w
     page.wait_for_function(f"() => Number(document.getElementById('fig-saved-today').textContent) === {before + 3.25}",
                            timeout=5_000)
     context.close()
+
+
+def test_why_is_this_job_slow_panel_names_the_fabric(page, server, world):
+    from django.utils import timezone
+
+    from telemetry.models import NICState
+
+    job = Job.objects.filter(cluster__name="use-h100-a", state="Running").first()
+    node = job.allocations.filter(released_at__isnull=True).first().node
+    now = timezone.now()
+    from fleet.models import NIC
+
+    for nic in NIC.objects.filter(node__cluster=node.cluster):
+        NICState.objects.create(nic=nic, node_id=nic.node_id, ts=now, link_state="up",
+                                symbol_rate=40_000.0 if (nic.node_id == node.pk and nic.name == "mlx5_2") else 3.0)
+    log_in(page, server.url, world.username, PASSWORD)
+    page.goto(f"{server.url}/jobs/{job.pk}/")
+    page.get_by_role("button", name="Diagnose now").click()
+    page.wait_for_function("() => document.getElementById('diagnosis').dataset.fabric === 'yes'", timeout=5_000)
+    assert f"{node.hostname}/mlx5_2" in page.locator("#diagnosis-summary").inner_text()
+    screenshot(page, "job-diagnosis")
+    page.goto(f"{server.url}/fabric/{node.cluster_id}/")
+    assert page.locator("td.cell-bad").count() == 1
+    screenshot(page, "fabric")

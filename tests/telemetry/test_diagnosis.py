@@ -72,3 +72,18 @@ def test_diagnosis_api_answers_within_a_second_and_follows_job_visibility(api, u
     assert response.json()["culprit"].startswith("h1/mlx5_3")
     api.as_token(users["other-viewer"], "read")
     assert api.get(f"/api/v1/jobs/{job.pk}/diagnosis/").status_code == 404
+
+
+def test_fabric_view_colours_the_leaf_and_rail_that_stand_out(client, users, job):
+    NICState.objects.filter(node__hostname="h1", nic__name="mlx5_3").update(symbol_rate=40_000.0)
+    client.force_login(users["operator"])
+    page = client.get(f"/fabric/{job.cluster_id}/").content.decode()
+    assert page.count("cell-bad") == 1 and "h1/mlx5_3" in page
+    client.force_login(users["other-viewer"])
+    assert client.get(f"/fabric/{job.cluster_id}/").status_code == 404
+
+
+def test_job_page_carries_the_diagnosis_panel(client, users, job):
+    client.force_login(users["tenant-viewer"])
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "Why is this job slow?" in page and f"/api/v1/jobs/{job.pk}/diagnosis/" in page

@@ -111,3 +111,26 @@ def test_prediction_api_and_page_are_for_providers(api, client, users, cluster_w
     assert page.status_code == status
     if status == 200:
         assert "n0" in page.content.decode() and "Precision" in page.content.decode()
+
+
+@pytest.mark.django_db
+def test_a_prediction_becomes_a_proactive_migration_for_a_protected_job(tenant_a):
+    from jobs.models import RecoveryAction
+    from jobs.services.faults import fault_handle
+    from tests.jobs.helpers import protected_cluster, submit
+
+    cluster = protected_cluster(nodes=4, spares=2)
+    job = submit(cluster, tenant_a, gpus=16)
+    node = job.allocations.filter(released_at__isnull=True).first().node
+    now = timezone.now()
+    for gpu in node.gpus.all():
+        GPUState.objects.create(gpu=gpu, node=node, ts=now, temperature=84.0, temperature_trend=40.0)
+    result = risk_sweep()
+    prediction = Prediction.objects.get(node=node)
+    assert prediction.pk in result.predictions
+    fault_handle(fault_id=prediction.fault_id)
+    action = RecoveryAction.objects.get(fault_id=prediction.fault_id, job=job)
+    assert action.kind == "proactive_migration" and action.to_node is not None and action.to_node != node
+    predictions_resolve()
+    prediction.refresh_from_db()
+    assert prediction.action_taken == "proactive_migration" and prediction.outcome == "open"

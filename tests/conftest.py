@@ -30,9 +30,7 @@ def _terminate_stray_connections(django_db_setup, django_db_blocker):
     """Threads (websocket consumers, readyz checks) keep connections; end them so the test database can go."""
     yield
     with django_db_blocker.unblock():
-        from django.db import connection
-
-        from django.db import DatabaseError
+        from django.db import DatabaseError, connection
 
         if connection.vendor == "postgresql" and connection.settings_dict["NAME"].startswith("test_"):
             try:

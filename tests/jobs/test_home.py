@@ -69,7 +69,7 @@ def test_tenant_sees_only_its_own_jobs_and_clusters(client, users, fleet, tenant
     page = client.get("/").content.decode()
     assert "acme-train" in page and "acme-only" in page
     assert "globex" not in page.lower() and "Submit a job" not in page
-    assert 'data-topic="tenant-%d"' % tenant_a.pk in page
+    assert f'data-topic="tenant-{tenant_a.pk}"' in page
 
 
 def test_tenant_admin_submits_a_job_from_the_page(client, users, fleet, tenant_a):

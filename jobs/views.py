@@ -5,33 +5,37 @@ from django.contrib.auth.mixins import LoginRequiredMixin
 from django.db.models import Q, Sum
 from django.http import Http404
 from django.shortcuts import get_object_or_404, render
-from django.views.generic import ListView
+from django_filters.views import FilterView
+from django_tables2 import SingleTableMixin
 
 from controlplane.access import principal
 from controlplane.events import may_subscribe
 from controlplane.selectors import topic_seq
 from fleet.models import Cluster
 from jobs import figures, selectors
+from jobs.filtersets import JobFilterSet
 from jobs.services.common import protection_of
+from jobs.tables import JobTable
 
 
-class JobListView(LoginRequiredMixin, ListView):
+class JobListView(LoginRequiredMixin, SingleTableMixin, FilterView):
+    """Training jobs the reader may see: sortable, filtered by the same FilterSet as /api/v1/jobs/, live."""
+
     template_name = "jobs/job_list.html"
-    paginate_by = 50
-    context_object_name = "jobs"
+    table_class = JobTable
+    filterset_class = JobFilterSet
 
     def get_queryset(self):
         saved = Sum("actions__gpu_hours_saved", filter=Q(actions__state="succeeded", actions__dry_run=False))
-        rows = selectors.job_list(user=self.request.user).annotate(gpu_hours_saved=saved).order_by("-created_at", "-id")
-        state = self.request.GET.get("state")
-        return rows.filter(state=state) if state else rows
+        return (selectors.job_list(user=self.request.user).select_related("tenant", "cluster")
+                .annotate(gpu_hours_saved=saved))
 
-    def get_context_data(self, **kwargs):
-        context = super().get_context_data(**kwargs)
+    def get_table(self, **kwargs):
+        table = super().get_table(**kwargs)
         who = principal(self.request.user)
         topic = "fleet" if who.is_provider else (f"tenant-{who.tenant_id}" if who.tenant_id else "")
-        context.update(topic=topic, after=topic_seq(topic), who=who)
-        return context
+        table.attrs = {"class": "table", "id": "job-table", "data-topic": topic, "data-after": topic_seq(topic)}
+        return table
 
 
 @login_required

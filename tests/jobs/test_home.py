@@ -88,3 +88,17 @@ def test_viewer_cannot_submit(client, users, fleet):
     client.force_login(users["tenant-viewer"])
     client.post("/", {"name": "viewer-job", "cluster": fleet["mine"].pk, "gpus": 8})
     assert not Job.objects.filter(name="viewer-job").exists()
+
+
+def test_job_list_sorts_filters_paginates_and_keeps_the_live_hooks(client, users, fleet, tenant_a):
+    for n, gpus in enumerate((4, 8, 6)):
+        job_submit(actor=users["tenant-admin"], tenant=tenant_a, cluster=fleet["mine"] if n else fleet["shared"],
+                   name=f"job-{n}", gpus=gpus)
+    client.force_login(users["operator"])
+    page = client.get("/jobs/", {"sort": "-gpus"}).content.decode()
+    assert page.index("job-1") < page.index("job-2") < page.index("job-0")
+    assert 'id="job-table"' in page and 'data-topic="fleet"' in page and "data-job=" in page and 'class="state"' in page
+    filtered = client.get("/jobs/", {"cluster": fleet["shared"].pk}).content.decode()
+    assert "job-0" in filtered and "job-1" not in filtered
+    client.force_login(users["other-viewer"])
+    assert "job-0" not in client.get("/jobs/").content.decode()

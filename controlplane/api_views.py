@@ -7,7 +7,7 @@ from rest_framework import exceptions, mixins, serializers
 from controlplane import events, selectors
 from controlplane.api import EventSerializer, ScopedViewSet
 from controlplane.filtersets import AuditEntryFilterSet
-from controlplane.models import AuditEntry
+from controlplane.models import AuditEntry, Event
 
 
 @extend_schema(
@@ -20,6 +20,7 @@ class EventViewSet(mixins.ListModelMixin, ScopedViewSet):
     """The event log: after a reconnect, a page fetches ``?topic=job-17&after=<last seq seen>``."""
 
     serializer_class = EventSerializer
+    queryset = Event.objects.none()   # the schema's model; requests read through the selector
 
     def selector(self, *, user):
         topic = self.request.query_params.get("topic") or None
@@ -57,6 +58,7 @@ class AuditEntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Scoped
 
     serializer_class = AuditEntrySerializer
     filterset_class = AuditEntryFilterSet
+    queryset = AuditEntry.objects.none()   # the schema's model; requests read through the selector
 
     def selector(self, *, user):
         if not self.principal.may_read_audit:

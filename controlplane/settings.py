@@ -327,6 +327,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Several models have a "kind" or "state" choice: name each enum after what it is.
+    "ENUM_NAME_OVERRIDES": {
+        "FaultKindEnum": "jobs.choices.FaultKind",
+        "RolloutStateEnum": "fleet.choices.RolloutState",
+        "BlueprintVersionStateEnum": "fleet.choices.VersionState",
+    },
 }
 
 # How controlplane reaches the token check without importing tenancy (dependencies point one way).

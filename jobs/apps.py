@@ -8,6 +8,7 @@ class JobsConfig(AppConfig):
     def ready(self):
         from controlplane import events, navigation
         from fleet import hooks
+        from jobs import schema  # noqa: F401  (registers the job token scheme with drf-spectacular)
         from jobs.selectors import may_see_job_topic
         from jobs.services.escalation import drain_guard
         from jobs.services.faults import count_faults

@@ -46,7 +46,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
 
     def get_authenticators(self):
         # progress/ also takes the job's own token; everything else the usual bearer and session.
-        if getattr(self, "action", None) == "progress" or self.request.path.endswith("/progress/"):
+        request = getattr(self, "request", None)   # None while drf-spectacular builds the schema
+        if getattr(self, "action", None) == "progress" or (request is not None and request.path.endswith("/progress/")):
             return [JobTokenAuthentication(), BearerTokenAuthentication(), SessionAuthentication()]
         return super().get_authenticators()
 

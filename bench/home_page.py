@@ -9,15 +9,16 @@ beside the count for a fleet a tenth of the size (it must not grow with the flee
 """
 
 import argparse
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scratch import scratch_database  # noqa: E402
+
 DB_NAME = "lockstep_bench_home"
-PG = os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
 
 
 def build(nodes: int, start: int = 0) -> None:
@@ -58,25 +59,12 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=4000)
     parser.add_argument("--renders", type=int, default=20)
     args = parser.parse_args()
-    import psycopg
-
-    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB_NAME}")
-    os.environ["DATABASE_URL"] = f"{PG}/{DB_NAME}"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-    os.environ["ALLOWED_HOSTS"] = "testserver"
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    scratch_database(DB_NAME, ALLOWED_HOSTS="testserver")
+    from django.contrib.auth import get_user_model
     from django.test import Client
 
     from controlplane.access import Role
     from tenancy.models import Membership
-
-    call_command("migrate", verbosity=0)
-    from django.contrib.auth import get_user_model
 
     user = get_user_model().objects.create_user("bench-admin", password="x")
     Membership.objects.create(user=user, role=Role.PROVIDER_ADMIN)

@@ -23,8 +23,10 @@ from pathlib import Path
 
 BASE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scratch import scratch_database  # noqa: E402
+
 DB_NAME = "lockstep_bench_ingest"
-PG = os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
 TARGET = 10_000
 
 
@@ -88,19 +90,7 @@ def client(url: str, token: str, nodes: int, batch: int, seconds: float, clients
 
 
 def setup(nodes: int) -> str:
-    import psycopg
-
-    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB_NAME}")
-    os.environ["DATABASE_URL"] = f"{PG}/{DB_NAME}"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    scratch_database(DB_NAME)
     from fleet.models import GPU, NIC, Cluster, Fleet, Node
     from telemetry.tokens import agent_token_create
 

@@ -9,7 +9,6 @@ and judge predictions) on one core and prints it beside the 2-second target.
 """
 
 import argparse
-import os
 import random
 import statistics
 import sys
@@ -17,8 +16,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scratch import scratch_database  # noqa: E402
+
 DB_NAME = "lockstep_bench_risk"
-PG = os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
 
 
 def main() -> None:
@@ -26,20 +27,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=4000)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    import psycopg
-
-    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB_NAME}")
-    os.environ["DATABASE_URL"] = f"{PG}/{DB_NAME}"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    scratch_database(DB_NAME)
     from django.utils import timezone
 
-    call_command("migrate", verbosity=0)
     from fleet.models import GPU, NIC, Cluster, Fleet, Node
     from telemetry.models import FacilityState, GPUState, NICState
     from telemetry.services.prediction import risk_sweep

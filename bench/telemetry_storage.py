@@ -9,7 +9,6 @@ telemetry table with pg_total_relation_size, and scales to a day.
 
 import argparse
 import json
-import os
 import sys
 import time
 import uuid
@@ -18,8 +17,10 @@ from pathlib import Path
 BASE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE))
 sys.path.insert(0, str(BASE / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scratch import scratch_database  # noqa: E402
+
 DB_NAME = "lockstep_bench_storage"
-PG = os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
 TABLES = ["telemetry_gpusample", "telemetry_nodeminute", "telemetry_gpustate", "telemetry_nicstate", "telemetry_ingestbatch"]
 
 
@@ -27,21 +28,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=int, default=60)
     args = parser.parse_args()
-    import psycopg
-
-    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB_NAME}")
-    os.environ["DATABASE_URL"] = f"{PG}/{DB_NAME}"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-    os.environ["TELEMETRY_RAW_RETENTION_HOURS"] = "48"
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    scratch_database(DB_NAME, TELEMETRY_RAW_RETENTION_HOURS="48")
     from django.db import connection
-
-    call_command("migrate", verbosity=0)
     from ingest_throughput import reading
 
     from fleet.models import GPU, NIC, Cluster, Fleet, Node

@@ -51,7 +51,8 @@ def fleet_update(*, actor, fleet: Fleet, **fields) -> Fleet:
     _save_unique(fleet, "name")
     if changes:
         audit_record(actor=actor, action="fleet.update", target=fleet, changes=changes)
-        publish("fleet.updated", {"fleet": fleet.pk, "name": fleet.name}, f"/api/v1/fleets/{fleet.pk}/")
+        publish("fleet.updated", {"fleet": fleet.pk, "name": fleet.name, "fields": sorted(changes)},
+                f"/api/v1/fleets/{fleet.pk}/")
     return fleet
 
 

@@ -129,3 +129,20 @@ def test_channel_api_is_for_the_provider_admin(api, users, receiver):
     assert bad.status_code == 400 and {"url", "rules"} <= set(bad.json())
     assert NotificationChannel.objects.count() == 1
     assert api.get("/api/v1/notification-deliveries/").status_code == 200
+
+
+def test_pausing_automation_on_a_fleet_or_cluster_is_announced(users, receiver):
+    from fleet.services.clusters import cluster_update, fleet_update
+    from tests.fleet_factories import make_cluster, make_fleet
+
+    admin = users["provider-admin"]
+    channel_create(actor=admin, name="ops", url=receiver.url, rules=["automation_paused"])
+    fleet = make_fleet(name="us-west")
+    cluster = make_cluster(fleet, name="usw-1")
+    fleet_update(actor=admin, fleet=fleet, description="renamed region")     # not about automation
+    fleet_update(actor=admin, fleet=fleet, automation="paused")
+    cluster_update(actor=admin, cluster=cluster, automation="paused")
+    assert notifications_dispatch() == 2
+    notifications_deliver()
+    summaries = sorted(body["summary"] for body in receiver.bodies)
+    assert summaries == ["Recovery automation paused on us-west", "Recovery automation paused on usw-1"]

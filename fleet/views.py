@@ -155,8 +155,10 @@ def rollout_detail(request, pk: int):
         counts.setdefault(row.batch_index, Counter())[row.status] += 1
     batches = [{"batch": b, "counts": dict(counts.get(b.index, {})), "total": sum(counts.get(b.index, {}).values())}
                for b in rollout.batches.all()]
+    finished = sum(1 for row in rows if row.status in ("Succeeded", "Failed", "TimedOut", "Skipped"))
     return render(request, "fleet/rollout_detail.html", {
         "rollout": rollout, "batches": batches, "rows": rows, "who": principal(request.user),
+        "progress": {"done": finished, "total": len(rows)},
         "actions": [a for a in ("pause", "resume", "cancel", "rollback") if _may(rollout, a)],
         **_live(f"rollout-{rollout.pk}"),
     })

@@ -142,3 +142,14 @@ def test_admin_hides_credentials_and_offers_simulated_drift(client, world, djang
     client.post("/admin/fleet/cluster/", {"action": "drift_values", "_selected_action": [world["mine"].pk]})
     drift_sweep()
     assert DriftFinding.objects.filter(cluster=world["mine"], kind="values_changed", resolved_at__isnull=True).exists()
+
+
+def test_rollout_page_has_a_progress_bar_of_clusters_done(client, users, world):
+    from fleet.models import RolloutCluster
+
+    rollout = world["rollout"]
+    client.force_login(users["operator"])
+    url = f"/rollouts/{rollout.pk}/"
+    assert 'max="3" value="0"' in client.get(url).content.decode()
+    RolloutCluster.objects.filter(rollout=rollout, batch_index=0).update(status="Succeeded")
+    assert 'max="3" value="1"' in client.get(url).content.decode()

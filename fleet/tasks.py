@@ -15,10 +15,15 @@ def rollout_progress_task(rollout_id: int) -> str:
 
 @shared_task(name="fleet.rollout_sweep", ignore_result=True, time_limit=60, soft_time_limit=50)
 def rollout_sweep_task() -> int:
-    """Beat: queue a step for every pending or running rollout, so a lost message never strands one."""
+    """Beat: queue a step for every pending or running rollout (and every rolled-back one still putting node
+    software back), so a lost message never strands one."""
+    from django.db.models import Q
+
     from fleet.models import Rollout
 
-    ids = list(Rollout.objects.filter(state__in=[RolloutState.PENDING, RolloutState.RUNNING]).values_list("pk", flat=True))
+    ids = list(Rollout.objects.filter(Q(state__in=[RolloutState.PENDING, RolloutState.RUNNING])
+                                      | Q(state=RolloutState.ROLLED_BACK, clusters__reverting=True))
+               .distinct().values_list("pk", flat=True))
     for rollout_id in ids:
         rollout_progress_task.delay(rollout_id)
     return len(ids)

@@ -116,6 +116,9 @@ class RolloutCluster(models.Model):
     nodes_draining = models.JSONField(default=list, blank=True, help_text="node ids this rollout is draining now")
     reason = models.CharField(max_length=500, blank=True)
     rolled_back_at = models.DateTimeField(null=True, blank=True)
+    # A rollback whose node software differs goes back node by node, drained like the forward change; until the
+    # last node is done the row is reverting (the rolled-back rollout keeps stepping for it).
+    reverting = models.BooleanField(default=False)
 
     tenant_scope = "cluster__dedicated_tenant_id"
 

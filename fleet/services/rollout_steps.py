@@ -47,6 +47,8 @@ def rollout_step(*, rollout_id: int, now=None) -> str:
             _move(rollout, RolloutState.RUNNING, actor=None, reason="started", action="rollout.run")
             rollout.started_at = now
             rollout.save(update_fields=["started_at"])
+        if rollout.state == RolloutState.ROLLED_BACK:
+            return revert_step(rollout, now)
         if rollout.state != RolloutState.RUNNING:
             return "idle"
         rollout.last_step_at = now
@@ -155,13 +157,42 @@ def _apply(rollout: Rollout, row: RolloutCluster, now) -> None:
             rollout_url(rollout), clusters=[cluster.pk], rollout=rollout.pk)
 
 
-def _roll_nodes(rollout: Rollout, row: RolloutCluster, cluster: Cluster, now) -> bool:
+def revert_step(rollout: Rollout, now) -> str:
+    """A rolled-back rollout's remaining work: put back the previous node software on the clusters it changed,
+    node by node, drained within the previous version's budget and never under a protected job that cannot move;
+    each cluster's node software is pinned back once its last node is done."""
+    rows = list(rollout.clusters.filter(reverting=True).select_related("previous_version").order_by("cluster_id"))
+    if not rows:
+        return "idle"
+    for row in rows:
+        cluster = Cluster.objects.select_for_update().get(pk=row.cluster_id)
+        if not _roll_nodes(rollout, row, cluster, now, target=row.previous_version):
+            continue
+        try:
+            apply_version(cluster=cluster, version=row.previous_version, previous=rollout.version)
+        except DriverError as error:
+            row.reason = f"waiting: {error}"[:500]
+            row.save(update_fields=["reason"])
+            continue
+        row.reverting, row.reason = False, f"rolled back; node software {row.previous_version} back in place"[:500]
+        row.save(update_fields=["reverting", "reason"])
+        audit_record(actor=None, action="rollout.cluster_revert", target=cluster, tenant_id=cluster.dedicated_tenant_id,
+                     changes={"rollout": rollout.pk, "node_software": str(row.previous_version)})
+        publish("rollout.cluster", {"rollout": rollout.pk, "cluster": cluster.pk, "name": cluster.name,
+                                    "batch": row.batch_index, "status": "reverted", "version":
+                                    row.previous_version.number if row.previous_version else None},
+                rollout_url(rollout), clusters=[cluster.pk], rollout=rollout.pk)
+    return "reverting"
+
+
+def _roll_nodes(rollout: Rollout, row: RolloutCluster, cluster: Cluster, now, target=None) -> bool:
     """Update node software node by node: at most ``max_unavailable_nodes`` drained at once, never a node under a
     protected job that cannot move first (``hooks.may_drain``), each drain awaited across steps (the driver says when
     it is done) before the node counts as updated and returns to service. True once every node is done."""
     from fleet.services.nodes import node_drain, node_uncordon
 
-    budget = int(rollout.version.effective_policy().get("disruption", {}).get("max_unavailable_nodes", 1))
+    target = target if target is not None else rollout.version
+    budget = int(target.effective_policy().get("disruption", {}).get("max_unavailable_nodes", 1)) if target else 1
     done, draining = set(row.nodes_updated), set(row.nodes_draining)
     driver = driver_for(cluster)
     waiting = ""
@@ -174,7 +205,7 @@ def _roll_nodes(rollout: Rollout, row: RolloutCluster, cluster: Cluster, now) ->
             waiting = waiting or f"waiting: draining {node.hostname}"
             continue
         try:
-            node_uncordon(actor=None, node=node, reason=f"node software {rollout.version} in place")
+            node_uncordon(actor=None, node=node, reason=f"node software {target} in place")
         except ServiceError as error:
             waiting = f"waiting: {node.hostname}: {error.detail}"
             continue
@@ -191,7 +222,7 @@ def _roll_nodes(rollout: Rollout, row: RolloutCluster, cluster: Cluster, now) ->
             waiting = f"waiting: {node.hostname}: {why}"
             break
         try:
-            node_drain(actor=None, node=node, reason=f"node software for {rollout.version} (rollout #{rollout.pk})")
+            node_drain(actor=None, node=node, reason=f"node software for {target} (rollout #{rollout.pk})")
         except ServiceError as error:
             waiting = f"waiting: {node.hostname}: {error.detail}"
             break

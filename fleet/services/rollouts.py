@@ -272,10 +272,17 @@ def roll_back_locked(rollout: Rollout, *, actor, reason: str) -> Rollout:
         cluster = Cluster.objects.select_for_update().get(pk=row.cluster_id)
         pinned = f"rolled back from {version} by rollout #{rollout.pk}: {reason}"[:300]
         previous = row.previous_version
+        old_software = previous.effective_node_software() if previous else {}
+        revert_nodes = version.effective_node_software() != old_software and cluster.nodes.exists()
         try:
-            apply_version(cluster=cluster, version=previous, previous=version)
+            # Add-ons go back at once; node software goes back node by node, drained within the budget, on the
+            # next steps (rollout_steps.revert_step), as the forward change came.
+            apply_version(cluster=cluster, version=previous, previous=version, node_software=not revert_nodes)
         except Exception as error:  # noqa: BLE001 - a driver failure must not stop the others from going back
             failures[cluster.name] = str(error)[:200]
+        if revert_nodes:
+            row.reverting, row.nodes_updated, row.nodes_draining = True, [], []
+            row.save(update_fields=["reverting", "nodes_updated", "nodes_draining"])
         cluster.blueprint_version = previous
         cluster.track_latest = False
         cluster.pinned_reason = pinned

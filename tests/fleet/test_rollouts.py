@@ -344,3 +344,53 @@ def test_a_step_takes_topics_in_the_one_global_order(users):
         did = rollout_step(rollout_id=rollout.pk)
         topics = list(Event.objects.filter(id__gt=before).order_by("id").values_list("topic", flat=True))
         assert len(topics) > 3 and topics == sorted(topics), (did, topics)
+
+
+def test_rolling_back_node_software_drains_node_by_node_like_the_change(users):
+    from fleet.choices import NodeState
+    from fleet.tasks import rollout_sweep_task
+    from tests.fleet_factories import make_node
+
+    actor = users["operator"]
+    bp, v1 = blueprint(actor, auto_rollout=False, node_software={"gpu_driver": "550.90.07"})   # budget 1
+    (cluster,) = clusters_on(v1, 1)
+    cluster.connection = {"apply_seconds": 0, "migration_pause_seconds": 0}
+    cluster.save()
+    nodes = [make_node(cluster) for _ in range(3)]
+    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.9"),
+                        node_software={"gpu_driver": "560.35.03"}, policy={"disruption": {"max_unavailable_nodes": 2}},
+                        activate=True)
+    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True},
+                            strategy={"soak_seconds": 3600, "auto_rollback": False})
+    for _ in range(6):
+        rollout_step(rollout_id=rollout.pk)
+    assert SimulatedAddon.objects.get(cluster=cluster, name="node-software.gpu_driver").version == "560.35.03"
+    drains_forward = AuditEntry.objects.filter(action="node.drain").count()
+    assert drains_forward == 3
+
+    rollout_rollback(actor=actor, rollout=rollout, reason="bad driver")
+    row = rollout.clusters.get()
+    assert row.reverting is True
+    # add-ons went back at once; the driver is still the new one until its nodes are drained
+    assert SimulatedAddon.objects.get(cluster=cluster, name="gpu-operator").version == "24.9.0"
+    assert SimulatedAddon.objects.get(cluster=cluster, name="node-software.gpu_driver").version == "560.35.03"
+    assert rollout_sweep_task() == 1   # beat keeps stepping a rollback that is still putting nodes back
+    previous = hooks._drain_guard
+    hooks.register_drain_guard(lambda node: (node.pk != nodes[1].pk, "protected job j-9 cannot move yet"))
+    try:
+        rollout_step(rollout_id=rollout.pk)
+        assert sorted(cluster.nodes.values_list("state", flat=True)) == ["draining", "ready", "ready"]  # budget 1 (v1)
+        for _ in range(3):
+            rollout_step(rollout_id=rollout.pk)
+        row.refresh_from_db()
+        assert row.reverting and "protected job j-9" in row.reason
+    finally:
+        hooks.register_drain_guard(previous)
+    for _ in range(6):
+        rollout_step(rollout_id=rollout.pk)
+    row.refresh_from_db()
+    assert row.reverting is False
+    assert SimulatedAddon.objects.get(cluster=cluster, name="node-software.gpu_driver").version == "550.90.07"
+    assert set(cluster.nodes.values_list("state", flat=True)) == {NodeState.READY}
+    assert AuditEntry.objects.filter(action="node.drain").count() == drains_forward + 3
+    assert rollout_sweep_task() == 0

@@ -21,6 +21,10 @@ class YAMLTextRenderer(BaseRenderer):
     def render(self, data, accepted_media_type=None, renderer_context=None):
         if isinstance(data, str):
             return data.encode("utf-8")
+        import json
+
         import yaml
 
-        return yaml.safe_dump(data, sort_keys=False).encode("utf-8")
+        # Error bodies carry DRF's ErrorDetail (a str subclass YAML cannot represent): make them plain first.
+        plain = json.loads(json.dumps(data, default=str))
+        return yaml.safe_dump(plain, sort_keys=False).encode("utf-8")

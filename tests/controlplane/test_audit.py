@@ -50,3 +50,15 @@ def test_audit_page_sorts_filters_and_paginates(client, users, tenant_a):
     assert "orderable" in page or "sort=" in page
     empty = client.get("/audit/", {"action": "nothing.like.this"}).content.decode()
     assert "Nothing matches" in empty
+
+
+@pytest.mark.parametrize("query", [{"since": "1276-08-10T14:34:37+23:28"}, {"until": "6201-01-29T03:09:34-23:03"}])
+def test_out_of_range_filters_are_400_in_the_api(api, users, query):
+    api.as_token(users["operator"], "read")
+    response = api.get("/api/v1/audit/", query)
+    assert response.status_code == 400 and "out of the range" in response.json()["detail"]
+
+
+def test_out_of_range_filters_are_400_on_the_page(client, users):
+    client.force_login(users["operator"])
+    assert client.get("/audit/", {"until": "6201-01-29T03:09:34-23:03"}).status_code == 400

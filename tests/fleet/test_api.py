@@ -291,3 +291,9 @@ def test_drift_sweep_on_demand_is_queued_for_provider_roles(api, users, world, m
     assert api.post("/api/v1/drift/sweep/").status_code == 403
     api.as_token(users["operator"])
     assert api.post("/api/v1/drift/sweep/").status_code == 202 and queued == [()]
+
+
+def test_yaml_error_bodies_render_as_yaml(api, users):
+    api.as_token(users["operator"], "read")
+    response = api.get("/api/v1/blueprints/999999/yaml/?format=yaml")
+    assert response.status_code == 404 and b"detail:" in response.content

@@ -31,9 +31,17 @@ def browser():
 
 
 def screenshot(page, name: str) -> Path:
+    """Save a full-page screenshot as a test artefact. Headless Chromium now and then refuses a full-page
+    capture ("Unable to capture screenshot"); then the visible viewport is taken instead."""
+    from playwright.sync_api import Error
+
     ARTIFACTS.mkdir(exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
+    try:
+        page.screenshot(path=str(path), full_page=True)
+    except Error:
+        page.wait_for_timeout(250)
+        page.screenshot(path=str(path))
     return path
 
 

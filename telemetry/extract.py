@@ -5,6 +5,7 @@ decides what it means. Features are exponentially weighted so the predictor read
 to the raw samples (docs/prediction.md).
 """
 
+import math
 from dataclasses import dataclass, field
 
 # Half-life of the EWMA features, in readings (about ten minutes at one reading every ten seconds).
@@ -28,6 +29,17 @@ class FaultCandidate:
     nic_name: str | None = None
     xid: int | None = None
     details: dict = field(default_factory=dict)
+
+
+FAST_SECONDS, SLOW_SECONDS = 120.0, 1200.0   # time constants of the temperature averages
+
+
+def _ewma_time(old: float | None, new: float, seconds: float, tau: float) -> float:
+    """An average with a time constant, right whatever the spacing of readings."""
+    if old is None or seconds <= 0:
+        return new if old is None else old
+    weight = 1.0 - math.exp(-seconds / tau)
+    return old + weight * (new - old)
 
 
 def _ewma(old: float | None, new: float, alpha: float = EWMA_ALPHA) -> float:
@@ -54,7 +66,8 @@ def gpu_step(prev: dict | None, ts: float, fields: dict, *, thermal_limit: float
     recovery_errors = fields.get("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL")
     throttle = int(fields.get("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS") or 0)
     state = dict(prev) if prev else {
-        "ts": None, "temperature_ewma": None, "temperature_trend": 0.0, "sbe_rate": 0.0, "remap_rate": 0.0,
+        "ts": None, "temperature_ewma": None, "temperature_slow": None, "temperature_trend": 0.0, "sbe_rate": 0.0,
+        "remap_rate": 0.0,
         "nvlink_rate": 0.0, "throttle_share": 0.0, "samples": 0, "sbe_total": 0, "dbe_total": 0,
         "remapped_rows": 0, "nvlink_errors": 0, "temperature": None, "recovery_errors": 0,
     }
@@ -62,9 +75,12 @@ def gpu_step(prev: dict | None, ts: float, fields: dict, *, thermal_limit: float
     seconds = ts - state["ts"] if state["ts"] is not None else 0.0
     first = state["ts"] is None
     if temperature is not None:
-        if not first and state["temperature"] is not None and seconds > 0:
-            state["temperature_trend"] = _ewma(state["temperature_trend"], _per_hour(temperature - state["temperature"], seconds))
-        state["temperature_ewma"] = _ewma(state["temperature_ewma"], temperature)
+        # The trend is the gap between a fast and a slow average over the gap between their lags: for a steady
+        # ramp it tends to the slope, and reading-to-reading noise (which differencing would magnify) averages out.
+        fast = _ewma_time(state["temperature_ewma"], temperature, seconds, FAST_SECONDS)
+        slow = _ewma_time(state.get("temperature_slow"), temperature, seconds, SLOW_SECONDS)
+        state["temperature_ewma"], state["temperature_slow"] = fast, slow
+        state["temperature_trend"] = (fast - slow) * 3600.0 / (SLOW_SECONDS - FAST_SECONDS)
         if temperature >= thermal_limit and (state["temperature"] is None or state["temperature"] < thermal_limit):
             faults.append(("thermal", {"temperature_celsius": temperature, "limit_celsius": thermal_limit}))
         state["temperature"] = temperature

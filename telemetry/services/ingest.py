@@ -27,7 +27,7 @@ from telemetry.validation import parse_batch
 GPU_STATE_COLUMNS = [
     "node_id", "ts", "fields", "temperature", "power", "utilization", "sbe_total", "dbe_total", "remapped_rows",
     "nvlink_errors", "nvlink_recovery_errors", "throttle_reasons", "recovery_action", "temperature_ewma",
-    "temperature_trend", "sbe_rate", "remap_rate", "nvlink_rate", "throttle_share", "samples",
+    "temperature_slow", "temperature_trend", "sbe_rate", "remap_rate", "nvlink_rate", "throttle_share", "samples",
 ]
 NIC_STATE_COLUMNS = [
     "node_id", "ts", "link_state", "fields", "link_downed", "symbol_errors", "link_error_recovery", "port_rcv_errors",

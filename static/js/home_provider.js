@@ -25,8 +25,10 @@
     { margin: { t: 8, r: 8, b: 40, l: 40 }, xaxis: { type: "date", range: [daysAgo(7), now.toISOString()] },
       yaxis: { title: "faults", rangemode: "tozero" } }, CONFIG);
   var savedChart = document.getElementById("chart-saved");
-  Plotly.newPlot(savedChart, [{ x: data.charts.saved.map(function (p) { return p.t; }),
-    y: data.charts.saved.map(function (p) { return p.v; }), mode: "lines", line: { color: "#1a7f37", width: 3 }, name: "saved" }],
+  // a step line from zero at the start of the window, so even one completed recovery draws a line
+  Plotly.newPlot(savedChart, [{ x: [daysAgo(30)].concat(data.charts.saved.map(function (p) { return p.t; })),
+    y: [0].concat(data.charts.saved.map(function (p) { return p.v; })), mode: "lines+markers",
+    line: { color: "#1a7f37", width: 3, shape: "hv" }, name: "saved" }],
     { margin: { t: 8, r: 8, b: 40, l: 50 }, xaxis: { type: "date", range: [daysAgo(30), now.toISOString()] },
       yaxis: { title: "GPU-hours", rangemode: "tozero" } }, CONFIG);
   var savedTotal = data.charts.saved.length ? data.charts.saved[data.charts.saved.length - 1].v : 0;

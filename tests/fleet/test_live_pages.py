@@ -1,11 +1,9 @@
 """The rollout page in a real browser (Chromium through Playwright, a live uvicorn, the real websocket): progress
 appears live as steps are taken, the page after events equals a freshly loaded page, and the operator buttons work."""
 
-import os
-
 import pytest
 
-from controlplane.testing.browser import CHROMIUM, browser, log_in, screenshot, usable_password
+from controlplane.testing.browser import log_in, screenshot, usable_password
 from fleet.choices import RolloutState
 from fleet.models import Rollout
 from fleet.services.blueprints import version_create
@@ -15,37 +13,6 @@ from tests.fleet.helpers import ADDONS, blueprint, bump, clusters_on
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 PASSWORD = "correct-horse-9"
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package")
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # Playwright's sync API runs an event loop in this thread
-    try:
-        with browser() as running:
-            yield running
-    finally:
-        if previous is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
-
-
-@pytest.fixture
-def page(chromium):
-    context = chromium.new_context(viewport={"width": 1440, "height": 900})
-    yield context.new_page()
-    context.close()
-
-
-@pytest.fixture
-def server(tmp_path):
-    from controlplane.testing.processes import uvicorn_server
-
-    with uvicorn_server(tmp_path) as running:
-        yield running
 
 
 def in_worker_thread(function, **kwargs):

@@ -44,6 +44,7 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "TELEMETRY_SYMBOL_ERRORS_PER_HOUR": (float, 100.0, "NIC symbol-error rate above which a link counts as degraded."),
     "RISK_SWEEP_SECONDS": (int, 60, "How often beat scores every node's risk of failing soon."),
     "PREDICTION_HORIZON_HOURS": (float, 24.0, "How far ahead a failure prediction looks; it is judged true if the node fails within it."),
+    "SIMULATOR_ACCELERATION": (float, 600.0, "How much faster than real time the simulator's faults strike (demo time compression)."),
     "DRIFT_SWEEP_SECONDS": (int, 60, "How often beat runs the drift sweep over every cluster."),
     "DRIFT_MAX_CORRECTIONS": (int, 3, "Failed corrections of one drift finding before it is reported and left alone."),
     "ROLLOUT_TICK_SECONDS": (int, 5, "How often beat moves every running rollout one step (and re-queues lost steps)."),
@@ -287,6 +288,7 @@ TELEMETRY_THERMAL_CELSIUS = env("TELEMETRY_THERMAL_CELSIUS")
 TELEMETRY_SYMBOL_ERRORS_PER_HOUR = env("TELEMETRY_SYMBOL_ERRORS_PER_HOUR")
 RISK_SWEEP_SECONDS = env("RISK_SWEEP_SECONDS")
 PREDICTION_HORIZON_HOURS = env("PREDICTION_HORIZON_HOURS")
+SIMULATOR_ACCELERATION = env("SIMULATOR_ACCELERATION")
 DEMO_ADMIN_USERNAME = env("DEMO_ADMIN_USERNAME")
 DRIFT_SWEEP_SECONDS = env("DRIFT_SWEEP_SECONDS")
 DRIFT_MAX_CORRECTIONS = env("DRIFT_MAX_CORRECTIONS")

@@ -7,6 +7,7 @@ own without touching the others.
 import os
 import time
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from fleet.drivers import DriverError
@@ -57,8 +58,8 @@ def _run_arguments(parser):
     parser.add_argument("--url", default=os.environ.get("LOCKSTEP_URL", "http://127.0.0.1:8000"),
                         help="the control plane to speak to [LOCKSTEP_URL]")
     parser.add_argument("--profile", choices=sorted(PROFILES), default="llama3")
-    parser.add_argument("--acceleration", type=float, default=float(os.environ.get("SIMULATOR_ACCELERATION", 600)),
-                        help="how much faster than real time faults strike (demo time compression)")
+    parser.add_argument("--acceleration", type=float, default=settings.SIMULATOR_ACCELERATION,
+                        help="how much faster than real time faults strike (demo time compression) [SIMULATOR_ACCELERATION]")
     parser.add_argument("--tick", type=float, default=10.0, help="seconds between telemetry batches")
     parser.add_argument("--ticks", type=int, default=None, help="stop after this many ticks (default: run until stopped)")
 

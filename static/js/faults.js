@@ -16,39 +16,27 @@
   }], { margin: { l: 60, r: 20, t: 10, b: 40 }, height: 260, xaxis: { type: "date" }, yaxis: { title: "GPU-hours saved" } },
   { displaylogo: false, responsive: true });
 
-  function item(p, kind) {
-    var li = document.createElement("li");
-    var when = document.createElement("time");
-    when.setAttribute("datetime", p.detected_at);
-    when.textContent = new Date(p.detected_at).toLocaleTimeString();
-    var code = document.createElement("code");
-    code.textContent = kind === "fault" ? (p.kind + (p.xid !== null && p.xid !== undefined ? " " + p.xid : "")) : p.kind;
-    li.appendChild(when); li.appendChild(document.createTextNode(" ")); li.appendChild(code);
-    li.appendChild(document.createTextNode(" " + (p.summary || "") + (p.state_reason ? " — " + p.state_reason : "")));
-    return li;
-  }
-  function add(li) {
-    var empty = feed.querySelector(".empty");
-    if (empty) { empty.remove(); }
-    feed.insertBefore(li, feed.firstChild);
-    while (feed.children.length > 100) { feed.removeChild(feed.lastChild); }
+  function add(p, kind, className) {
+    var code = kind === "fault" ? (p.kind + (p.xid !== null && p.xid !== undefined ? " " + p.xid : "")) : p.kind;
+    var li = window.LockstepLive.prependToFeed(feed, p.detected_at, code,
+                                               (p.summary || "") + (p.state_reason ? " — " + p.state_reason : ""), 100);
+    if (className) { li.className = className; }
   }
   function onEvent(event) {
     var p = event.payload || {};
     if (event.kind === "fault.reported" && !seen["f" + p.fault]) {
       seen["f" + p.fault] = true;
-      add(item(p, "fault"));
+      add(p, "fault");
       if (faultsEl) { faultsEl.textContent = Number(faultsEl.textContent) + 1; }
     } else if (event.kind === "actions.decided" || event.kind === "action.started" || event.kind === "action.planned") {
       // A decision lists its actions (actions.decided on fleet, cluster and tenant topics).
       (p.actions || [p]).forEach(function (a) {
         if (!a.fault_summary || seen["p" + a.action]) { return; }
         seen["p" + a.action] = true;
-        var decided = item({ detected_at: a.detected_at, kind: a.kind, summary: a.fault_summary + " → " + a.summary }, "action");
-        decided.className = "decided"; add(decided);
+        add({ detected_at: a.detected_at, kind: a.kind, summary: a.fault_summary + " → " + a.summary }, "action", "decided");
       });
     } else if (event.kind === "fault.handled") {
-      var li = item(p, "fault"); li.className = "handled"; add(li);
+      add(p, "fault", "handled");
     } else if (event.kind === "action.succeeded" || event.kind === "actions.completed") {
       (p.actions || [p]).forEach(function (a) {
         if (!a.job || a.dry_run || seen["a" + a.action]) { return; }

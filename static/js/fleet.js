@@ -27,23 +27,10 @@
 
   function note(event) {
     if (!feed) { return; }
-    var empty = feed.querySelector(".empty");
-    if (empty) { empty.remove(); }
-    var item = document.createElement("li");
-    var when = document.createElement("time");
-    when.setAttribute("datetime", event.created);
-    when.textContent = new Date(event.created).toLocaleTimeString();
-    var kind = document.createElement("code");
-    kind.textContent = event.kind;
-    item.appendChild(when);
-    item.appendChild(document.createTextNode(" "));
-    item.appendChild(kind);
     var p = event.payload || {};
-    var text = [p.name, p.status || p.state, p.reason].filter(Boolean).join(" · ");
-    item.appendChild(document.createTextNode(" " + text));
-    feed.insertBefore(item, feed.firstChild);
-    while (feed.children.length > 30) { feed.removeChild(feed.lastChild); }
+    window.LockstepLive.appendToFeed(feed, event, 30, [p.name, p.status || p.state, p.reason].filter(Boolean).join(" · "));
   }
+
 
   var live = window.LockstepLive.connect();
   topics.forEach(function (topic, i) {

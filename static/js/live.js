@@ -105,27 +105,34 @@
       });
   };
 
-  function appendToFeed(feed, event, limit) {
+  // One line of a live feed, newest first: "<time> <code> text". Every page's feed goes through here.
+  function prependToFeed(feed, at, code, text, limit) {
     var empty = feed.querySelector(".empty");
     if (empty) { empty.remove(); }
     var item = document.createElement("li");
     var when = document.createElement("time");
-    when.setAttribute("datetime", event.created);
-    when.textContent = new Date(event.created).toLocaleTimeString();
+    when.setAttribute("datetime", at);
+    when.textContent = new Date(at).toLocaleTimeString();
     var kind = document.createElement("code");
-    kind.textContent = event.kind;
-    var p = event.payload || {};
+    kind.textContent = code;
     item.appendChild(when);
     item.appendChild(document.createTextNode(" "));
     item.appendChild(kind);
-    item.appendChild(document.createTextNode(" " + (p.summary || p.name || p.hostname || p.reason || "")));
-    item.dataset.seq = event.seq;
+    item.appendChild(document.createTextNode(" " + (text || "")));
     feed.insertBefore(item, feed.firstChild);
     while (feed.children.length > (limit || 50)) { feed.removeChild(feed.lastChild); }
+    return item;
+  }
+
+  function appendToFeed(feed, event, limit, text) {
+    var p = event.payload || {};
+    var line = text !== undefined ? text : (p.summary || p.name || p.hostname || p.reason || "");
+    prependToFeed(feed, event.created, event.kind, line, limit).dataset.seq = event.seq;
   }
 
   window.LockstepLive = {
     appendToFeed: appendToFeed,
+    prependToFeed: prependToFeed,
     connect: function () {
       var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
       var live = new Live(scheme + window.location.host + "/ws/events/");

@@ -143,3 +143,15 @@ def test_why_is_this_job_slow_panel_names_the_fabric(page, server, world):
     page.goto(f"{server.url}/fabric/{node.cluster_id}/")
     assert page.locator("td.cell-bad").count() == 1
     screenshot(page, "fabric")
+
+
+def test_fault_feed_page_shows_a_reported_fault_live(page, server, world):
+    job = Job.objects.filter(cluster__name="use-h100-a", state="Running").first()
+    node = job.allocations.filter(released_at__isnull=True).first().node
+    log_in(page, server.url, world.username, PASSWORD)
+    page.goto(f"{server.url}/faults/")
+    page.wait_for_selector("#live-state[data-state='live']", timeout=10_000)
+    auth = {"Authorization": token_header(world, "write")["HTTP_AUTHORIZATION"]}
+    requests.post(f"{server.url}/api/v1/faults/", json={"node": node.pk, "kind": "nic_down", "nic_name": "mlx5_4"},
+                  headers=auth, timeout=10)
+    page.locator("#fault-feed li", has_text="nic_down").first.wait_for(timeout=5_000)

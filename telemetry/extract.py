@@ -50,6 +50,18 @@ def _per_hour(delta: float, seconds: float) -> float:
     return delta * 3600.0 / seconds if seconds > 0 else 0.0
 
 
+def _count(state: dict, total_key: str, rate_key: str, value, seconds: float, first: bool) -> float:
+    """Fold a cumulative counter into ``state``: its per-hour rate (EWMA) from the increase since the last
+    reading, and the counter itself. Returns the increase (0 for the first reading or a missing value)."""
+    if value is None:
+        return 0
+    increase = 0 if first else value - state.get(total_key, 0)
+    if not first and seconds > 0:
+        state[rate_key] = _ewma(state.get(rate_key, 0.0), _per_hour(max(0, increase), seconds))
+    state[total_key] = value
+    return increase
+
+
 def nvlink_total(fields: dict) -> int | None:
     """All NVLink error counters of a reading added up, or None when it carries none."""
     present = [fields[name] for name in NVLINK_FIELDS if name in fields]
@@ -84,22 +96,13 @@ def gpu_step(prev: dict | None, ts: float, fields: dict, *, thermal_limit: float
         if temperature >= thermal_limit and (state["temperature"] is None or state["temperature"] < thermal_limit):
             faults.append(("thermal", {"temperature_celsius": temperature, "limit_celsius": thermal_limit}))
         state["temperature"] = temperature
-    if sbe is not None:
-        if not first and seconds > 0:
-            state["sbe_rate"] = _ewma(state["sbe_rate"], _per_hour(max(0, sbe - state["sbe_total"]), seconds))
-        state["sbe_total"] = sbe
+    _count(state, "sbe_total", "sbe_rate", sbe, seconds, first)
     if dbe is not None:
         if not first and dbe > state["dbe_total"]:
             faults.append(("ecc_uncorrectable", {"dbe_before": state["dbe_total"], "dbe_now": dbe}))
         state["dbe_total"] = dbe
-    if remapped is not None:
-        if not first and seconds > 0:
-            state["remap_rate"] = _ewma(state["remap_rate"], _per_hour(max(0, remapped - state["remapped_rows"]), seconds))
-        state["remapped_rows"] = remapped
-    if nvlink is not None:
-        if not first and seconds > 0:
-            state["nvlink_rate"] = _ewma(state["nvlink_rate"], _per_hour(max(0, nvlink - state["nvlink_errors"]), seconds))
-        state["nvlink_errors"] = nvlink
+    _count(state, "remapped_rows", "remap_rate", remapped, seconds, first)
+    _count(state, "nvlink_errors", "nvlink_rate", nvlink, seconds, first)
     if recovery_errors is not None:
         if not first and recovery_errors > state.get("recovery_errors", 0):
             faults.append(("nvlink_error", {"recovery_errors_before": state.get("recovery_errors", 0),
@@ -138,27 +141,10 @@ def nic_step(prev: dict | None, ts: float, link_state: str, fields: dict, *,
     if link_state == "down" and state["link_state"] != "down" and not any(k == "nic_down" for k, _ in faults):
         faults.append(("nic_down", {"link_state": "down"}))
     rate_before = state["symbol_rate"]
-    if symbols is not None:
-        if not first and seconds > 0:
-            state["symbol_rate"] = _ewma(state["symbol_rate"], _per_hour(max(0, symbols - state["symbol_errors"]), seconds))
-        state["symbol_errors"] = symbols
-    if recoveries is not None:
-        if not first and seconds > 0:
-            state["recovery_rate"] = _ewma(state["recovery_rate"], _per_hour(max(0, recoveries - state["link_error_recovery"]), seconds))
-        repeated = not first and recoveries - state["link_error_recovery"] >= 2
-        state["link_error_recovery"] = recoveries
-    else:
-        repeated = False
-    wait = fields.get("port_xmit_wait")
-    if wait is not None:
-        if not first and seconds > 0:
-            state["congestion_rate"] = _ewma(state.get("congestion_rate", 0.0),
-                                             _per_hour(max(0, wait - state.get("xmit_wait", 0)), seconds))
-        state["xmit_wait"] = wait
-    if rcv is not None:
-        if not first and seconds > 0:
-            state["rcv_error_rate"] = _ewma(state["rcv_error_rate"], _per_hour(max(0, rcv - state["port_rcv_errors"]), seconds))
-        state["port_rcv_errors"] = rcv
+    _count(state, "symbol_errors", "symbol_rate", symbols, seconds, first)
+    repeated = not first and _count(state, "link_error_recovery", "recovery_rate", recoveries, seconds, first) >= 2
+    _count(state, "xmit_wait", "congestion_rate", fields.get("port_xmit_wait"), seconds, first)
+    _count(state, "port_rcv_errors", "rcv_error_rate", rcv, seconds, first)
     crossed = rate_before <= symbol_rate_limit < state["symbol_rate"]  # report the crossing, not every reading
     if link_state == "up" and (repeated or crossed) and not faults:
         faults.append(("link_degraded", {"symbol_rate_per_hour": round(state["symbol_rate"], 1),

@@ -4,7 +4,7 @@ import logging
 
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import DataError, IntegrityError
+from django.db import IntegrityError
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.response import Response
@@ -30,11 +30,8 @@ def exception_handler(exc, context):
     if isinstance(exc, IntegrityError):
         log.info("integrity error answered as 409: %s", exc)
         return Response({"detail": "conflicts with existing data"}, status=status.HTTP_409_CONFLICT)
-    if isinstance(exc, DataError):
-        # The database refused a value the input carried (a number or a time zone offset out of its range).
-        log.info("data error answered as 400: %s", exc)
-        return Response({"detail": "a value in the request is out of the range the database accepts"},
-                        status=status.HTTP_400_BAD_REQUEST)
+    # A DataError (input the database refuses) is left to controlplane.middleware.DataErrorMiddleware, which
+    # answers 400 for pages and the API alike.
     response = drf_exception_handler(exc, context)
     return response
 

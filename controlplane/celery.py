@@ -9,6 +9,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 app = Celery("lockstep")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+# Any number of beats may run; only the holder of a Redis lock schedules (controlplane/beat.py).
+app.conf.beat_scheduler = "controlplane.beat:LockedScheduler"
 app.autodiscover_tasks()
 
 

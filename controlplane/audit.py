@@ -17,12 +17,30 @@ def audit_record(
     tenant_id: int | None = None,
 ) -> AuditEntry:
     """Record who did what to which object, with the change; the source comes from the request context."""
+    entry = audit_entry(actor=actor, action=action, target=target, object_type=object_type, object_id=object_id,
+                        changes=changes, tenant_id=tenant_id)
+    entry.save(force_insert=True)
+    return entry
+
+
+def audit_entry(
+    *,
+    actor,
+    action: str,
+    target: models.Model | None = None,
+    object_type: str = "",
+    object_id: str = "",
+    changes: dict | None = None,
+    tenant_id: int | None = None,
+) -> AuditEntry:
+    """The audit entry ``audit_record`` would write, unsaved: a service that changes many objects at once
+    builds one per object and writes them together with ``audit_record_many``."""
     ctx = context.current()
     if target is not None:
         object_type = object_type or target._meta.label_lower
         object_id = object_id or str(target.pk)
     real_actor = actor if getattr(actor, "is_authenticated", False) else None
-    return AuditEntry.objects.create(
+    return AuditEntry(
         actor=real_actor,
         actor_name=real_actor.get_username() if real_actor else "system",
         token_prefix=ctx.token_prefix,
@@ -35,6 +53,11 @@ def audit_record(
         tenant_id=tenant_id,
         changes=changes or {},
     )
+
+
+def audit_record_many(entries: list[AuditEntry]) -> list[AuditEntry]:
+    """Write audit entries built by ``audit_entry``, in one statement."""
+    return AuditEntry.objects.bulk_create(entries) if entries else []
 
 
 def field_changes(instance: models.Model, fields: dict) -> dict:

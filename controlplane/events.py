@@ -8,12 +8,15 @@ drop duplicates by sequence number and catch up from ``/api/v1/events/?topic=…
 """
 
 import asyncio
+import collections
+import json
 import logging
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
+import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -88,30 +91,104 @@ def may_subscribe(user, name: str) -> bool:
     return who.is_authenticated and bool(kind.may_subscribe(who, key))
 
 
-def _next_seq(name: str) -> int:
-    table = TopicSequence._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} (topic, last_seq) VALUES (%s, 1) "
-            f"ON CONFLICT (topic) DO UPDATE SET last_seq = {table}.last_seq + 1 RETURNING last_seq",
-            [name],
-        )
-        return cursor.fetchone()[0]
+Item = tuple[Iterable[str], str, dict | None, str]
 
 
 def publish(topics: Iterable[str], kind: str, payload: dict | None = None, url: str = "") -> list[Event]:
     """Record an event for each topic in the current transaction and relay it after commit."""
-    names = list(dict.fromkeys(topics))
-    for name in names:
-        parse_topic(name)
-    with transaction.atomic():
-        # Sequence rows are bumped in sorted order so two transactions never wait on each other in a cycle.
-        seqs = {name: _next_seq(name) for name in sorted(names)}
-        events = Event.objects.bulk_create(
-            [Event(topic=name, seq=seqs[name], kind=kind, payload=payload or {}, url=url) for name in names]
+    return publish_many([(topics, kind, payload, url)])
+
+
+def publish_many(items: Iterable[Item]) -> list[Event]:
+    """Record several events — each ``(topics, kind, payload, url)`` — in the current transaction, and relay
+    them together after commit. On PostgreSQL this is one statement whatever the number of events and topics."""
+    rows: list[tuple[str, int]] = []   # (topic, index of its item), in publishing order
+    prepared = []
+    for index, (topics, kind, payload, url) in enumerate(items):
+        names = list(dict.fromkeys(topics))
+        for name in names:
+            parse_topic(name)
+        rows += [(name, index) for name in names]
+        prepared.append((kind, payload or {}, url))
+    if not rows:
+        return []
+    if connection.vendor == "postgresql":
+        events = _insert_postgresql(rows, prepared)
+    else:
+        with transaction.atomic():
+            # Sequence rows are bumped in sorted order so two transactions never wait on each other in a cycle.
+            counts = collections.Counter(name for name, _ in rows)
+            last = {name: _next_seq_by(name, counts[name]) for name in sorted(counts)}
+            seqs = _seqs_in_order(rows, last, counts)
+            events = Event.objects.bulk_create(
+                [Event(topic=name, seq=seq, kind=prepared[i][0], payload=prepared[i][1], url=prepared[i][2])
+                 for (name, i), seq in zip(rows, seqs, strict=True)])
+    messages = [(event.pk, event.as_message()) for event in events]
+    transaction.on_commit(lambda: relay(messages))
+    return events
+
+
+def _next_seq_by(name: str, count: int) -> int:
+    """Add ``count`` to a topic's sequence; returns the new last number."""
+    table = TopicSequence._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (topic, last_seq) VALUES (%s, %s) "
+            f"ON CONFLICT (topic) DO UPDATE SET last_seq = {table}.last_seq + EXCLUDED.last_seq RETURNING last_seq",
+            [name, count],
         )
-        messages = [(event.pk, event.as_message()) for event in events]
-        transaction.on_commit(lambda: relay(messages))
+        return cursor.fetchone()[0]
+
+
+def _seqs_in_order(rows: list[tuple[str, int]], last: dict[str, int], counts: collections.Counter) -> list[int]:
+    """Number each topic's rows, in publishing order, up to the topic's new last sequence number."""
+    seen: collections.Counter = collections.Counter()
+    seqs = []
+    for name, _ in rows:
+        seen[name] += 1
+        seqs.append(last[name] - counts[name] + seen[name])
+    return seqs
+
+
+def _insert_postgresql(rows: list[tuple[str, int]], prepared: list[tuple[str, dict, str]]) -> list[Event]:
+    """Bump the topics' sequence rows (in topic order, so two publishers never wait on each other in a cycle)
+    and insert the events, in one round trip. Each payload is sent once, however many topics it goes to."""
+    counts = collections.Counter(name for name, _ in rows)
+    seen: collections.Counter = collections.Counter()
+    back = []   # for each row: how far below the topic's new last sequence number it sits
+    for name, _ in rows:
+        seen[name] += 1
+        back.append(counts[name] - seen[name])
+    topics = sorted(counts)
+    values = ", ".join(["(%s::int, %s::varchar, %s::jsonb, %s::varchar)"] * len(prepared))
+    sequence, event = TopicSequence._meta.db_table, Event._meta.db_table
+    sql = (
+        f"WITH s AS (INSERT INTO {sequence} AS q (topic, last_seq) "
+        f"SELECT t.topic, t.n FROM unnest(%s::varchar[], %s::bigint[]) AS t(topic, n) ORDER BY t.topic "
+        f"ON CONFLICT (topic) DO UPDATE SET last_seq = q.last_seq + EXCLUDED.last_seq RETURNING q.topic, q.last_seq), "
+        f"p(i, kind, payload, url) AS (VALUES {values}), "
+        f"r AS (SELECT * FROM unnest(%s::varchar[], %s::bigint[], %s::int[]) AS r(topic, back, i)) "
+        f"INSERT INTO {event} (topic, seq, kind, payload, url, created_at) "
+        f"SELECT r.topic, s.last_seq - r.back, p.kind, p.payload, p.url, %s "
+        f"FROM r JOIN s ON s.topic = r.topic JOIN p ON p.i = r.i RETURNING id, topic, seq"
+    )
+    now = timezone.now()
+    params: list = [topics, [counts[name] for name in topics]]
+    for i, (kind, payload, url) in enumerate(prepared):
+        params += [i, kind, json.dumps(payload), url]
+    params += [[name for name, _ in rows], back, [i for _, i in rows], now]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        inserted = {(topic, seq): pk for pk, topic, seq in cursor.fetchall()}
+    last = {name: None for name in topics}
+    for topic, seq in inserted:
+        last[topic] = max(seq, last[topic] or 0)
+    events = []
+    for (name, i), down in zip(rows, back, strict=True):
+        seq = last[name] - down
+        kind, payload, url = prepared[i]
+        events.append(Event(pk=inserted[(name, seq)], topic=name, seq=seq, kind=kind, payload=payload, url=url,
+                            created_at=now))
     return events
 
 
@@ -131,6 +208,39 @@ async def _send(messages: list[tuple[int, dict]], timeout: float) -> list[int]:
     return sent
 
 
+_publishers: dict[tuple[str, float], redis.Redis] = {}
+
+
+def _pubsub_publisher() -> tuple[redis.Redis, str] | None:
+    """A plain Redis client and the group-channel prefix, when the channel layer is channels_redis' pub/sub
+    layer on one host: its ``group_send`` is one PUBLISH of the serialised message to
+    ``<prefix>__group__<group>``, which a pipeline does for a whole batch in one round trip, without an event
+    loop. Other layers (and sharded ones) take the ``async_to_sync`` path."""
+    config = settings.CHANNEL_LAYERS["default"]
+    hosts = config.get("CONFIG", {}).get("hosts") or []
+    if config["BACKEND"] != "channels_redis.pubsub.RedisPubSubChannelLayer" or len(hosts) != 1 or not isinstance(hosts[0], str):
+        return None
+    key = (hosts[0], settings.OUTBOX_RELAY_TIMEOUT)
+    client = _publishers.get(key)
+    if client is None:
+        client = _publishers[key] = redis.Redis.from_url(hosts[0], socket_timeout=key[1], socket_connect_timeout=key[1])
+    return client, config["CONFIG"].get("prefix", "asgi")
+
+
+def _publish_pipelined(client: redis.Redis, prefix: str, messages: list[tuple[int, dict]]) -> list[int]:
+    layer = get_channel_layer()
+    pipe = client.pipeline(transaction=False)
+    for _event_id, message in messages:
+        pipe.publish(f"{prefix}__group__{group_name(message['topic'])}",
+                     layer.serialize({"type": "event.message", "event": message}))
+    try:
+        pipe.execute()
+    except redis.RedisError as error:  # Redis away: the sweep sends them later (clients drop duplicates).
+        log.warning("event relay of %d events failed: %r", len(messages), error)
+        return []
+    return [event_id for event_id, _ in messages]
+
+
 def relay(messages: list[tuple[int, dict]]) -> int:
     """Send events to their groups and mark what was sent; returns how many went out."""
     if not messages:
@@ -143,8 +253,12 @@ def relay(messages: list[tuple[int, dict]]) -> int:
         # Called from a thread that runs an event loop (async code must not block on Redis here): the
         # events stay in the outbox and the sweep sends them.
         return 0
+    publisher = _pubsub_publisher()
     try:
-        sent = async_to_sync(_send)(messages, settings.OUTBOX_RELAY_TIMEOUT)
+        if publisher is not None:
+            sent = _publish_pipelined(*publisher, messages)
+        else:
+            sent = async_to_sync(_send)(messages, settings.OUTBOX_RELAY_TIMEOUT)
     except Exception as error:
         log.warning("event relay failed: %r", error)
         return 0

@@ -167,7 +167,11 @@ def book(*, action: RecoveryAction, node: Node, gpu_index: int | None = None) ->
 
 
 def release(action: RecoveryAction) -> None:
-    SpareBooking.objects.filter(action=action, released_at__isnull=True).update(released_at=timezone.now())
+    release_many([action])
+
+
+def release_many(actions: list[RecoveryAction]) -> None:
+    SpareBooking.objects.filter(action__in=actions, released_at__isnull=True).update(released_at=timezone.now())
 
 
 def cool_down(node: Node, seconds: float) -> None:

@@ -123,6 +123,10 @@ class ClusterDriver:
         """'running', 'succeeded' or 'failed'."""
         raise NotImplementedError
 
+    def operation_statuses(self, handles: list[str]) -> dict[str, str]:
+        """``operation_status`` of many operations at once (a driver that can ask in one call overrides this)."""
+        return {handle: self.operation_status(handle) for handle in handles}
+
 
 def driver_class(name: str) -> type[ClusterDriver]:
     from fleet.drivers.kubernetes import KubernetesDriver

@@ -66,6 +66,21 @@ class SimulatedDriver(ClusterDriver):
             return "failed"
         return "succeeded" if row.done_at <= timezone.now() else "running"
 
+    def operation_statuses(self, handles: list[str]) -> dict[str, str]:
+        from fleet.models import SimulatedOperation
+
+        ids = {handle: int(handle.removeprefix("sim-")) for handle in handles if handle.startswith("sim-")
+               and handle.removeprefix("sim-").isdigit()}
+        rows = {row.pk: row for row in SimulatedOperation.objects.filter(pk__in=ids.values(), cluster=self.cluster)
+                .only("pk", "fails", "done_at")}
+        now = timezone.now()
+        statuses = {}
+        for handle in handles:
+            row = rows.get(ids.get(handle))
+            statuses[handle] = ("failed" if row is None or row.fails else
+                                "succeeded" if row.done_at <= now else "running")
+        return statuses
+
     # add-ons
     def _refuse_if_configured(self, what: str):
         if self.setting("apply_fails"):

@@ -14,7 +14,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from controlplane import events
-from controlplane.audit import audit_record
+from controlplane.audit import audit_entry, audit_record, audit_record_many
 from controlplane.errors import ServiceError
 from fleet.choices import NodeState
 from fleet.drivers import DriverError, driver_for
@@ -125,109 +125,129 @@ def _move_allocation(action: RecoveryAction) -> None:
                                      rank_start=allocation.rank_start, rank_end=allocation.rank_end)
 
 
-def _complete(action: RecoveryAction, finished: list | None = None) -> None:
-    """The driver finished: write the ledger (docs/gpu-hours.md), move the job, return it to Running."""
+def _complete_many(actions: list[RecoveryAction]) -> None:
+    """The driver finished these actions (of one cluster, its lock held): write the ledger (docs/gpu-hours.md),
+    move the jobs, return them to Running. Written together: one statement per table, not per action."""
     from fleet.services.nodes import node_uncordon
+    from jobs.models import Job, JobPhase, JobProgress
 
     now = timezone.now()
-    job = type(action.job).objects.select_for_update(of=("self",), no_key=True).get(pk=action.job_id)
-    overhead = action.cluster.restart_overhead_minutes * 60.0
-    detected = action.detected_at
-    # The baseline was fixed when the fault was detected (stored at planning); only the actual part is measured.
-    pause = max(0.0, (now - detected).total_seconds())
-    work = 0.0
-    degraded, slowdown = 0.0, 0.0
-    if action.kind == ActionKind.RESTART_FROM_CHECKPOINT:
-        pause, work = overhead, action.work_lost_seconds   # the baseline itself: nothing saved, by definition
-    elif action.kind in (ActionKind.RESTORE_FROM_SNAPSHOT, ActionKind.GPU_RESET):
-        work = action.work_lost_seconds
-    elif action.kind == ActionKind.NIC_FAILOVER:
-        degraded, slowdown = action.degraded_seconds, action.slowdown
-    result = ledger(gpus=action.gpus, seconds_since_checkpoint=0, restart_overhead_seconds=0, pause_seconds=pause,
-                    work_lost_seconds=work, degraded_seconds=degraded, slowdown=slowdown)
-    action.pause_seconds, action.work_lost_seconds = pause, work
-    action.gpu_hours_lost = result.actual
-    action.gpu_hours_saved = action.gpu_hours_baseline - result.actual
-    action.state, action.ended_at = ActionState.SUCCEEDED, now
-    action.save(update_fields=["pause_seconds", "work_lost_seconds", "gpu_hours_lost", "gpu_hours_saved", "state",
-                               "ended_at"])
-    placement.release(action)
-    if action.kind in (ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION, ActionKind.INTRA_NODE_MIGRATION):
-        _move_allocation(action)
-    if action.kind in (ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION):
-        placement.cool_down(action.node, settings.NODE_COOLDOWN_SECONDS)
-        target = action.to_node
-        if target.state == NodeState.SPARE:
-            try:
-                node_uncordon(actor=None, node=target, reason=f"joined job {job.pk} as a replacement")
-            except ServiceError as error:
-                log.warning("spare %s stays spare: %s", target, error.detail)
-    if action.restore_iteration is not None and action.kind in (ActionKind.RESTART_FROM_CHECKPOINT,
-                                                                ActionKind.RESTORE_FROM_SNAPSHOT):
-        job.iteration = action.restore_iteration
-    if action.kind == ActionKind.NIC_FAILOVER:
-        job.slowdown, job.degraded_until = action.slowdown, now + timedelta(seconds=action.degraded_seconds)
-        phase_start(job, JobPhaseKind.DEGRADED, reason=f"running on {action.to_nic_name}", at=now)
-    still = RecoveryAction.objects.filter(job=job, dry_run=False, kind__in=list(CALLS),
-                                          state__in=(ActionState.PLANNED, ActionState.RUNNING)).exclude(pk=action.pk)
-    still = still.exclude(kind=ActionKind.PROACTIVE_MIGRATION, state=ActionState.PLANNED)
-    if job.state == JobState.RECOVERING and not still.exists():
-        job.state = JobState.RUNNING
-        phase_start(job, JobPhaseKind.RUNNING, reason=f"recovered by {action.kind}", at=now)
-    job.iteration_at = now
-    job.save(update_fields=["iteration", "iteration_at", "state", "slowdown", "degraded_until"])
-    record_progress(job, at=now, iteration=job.iteration)
-    audit_record(actor=None, action="recovery.complete", target=action, tenant_id=job.tenant_id,
-                 changes={"gpu_hours_saved": round(action.gpu_hours_saved, 4)})
-    action.job = job
-    if finished is None:
-        publish_completions(action.cluster_id, [action])
-    else:
-        finished.append(action)     # the caller publishes its batch at the end
+    jobs = {job.pk: job for job in Job.objects.select_for_update(of=("self",), no_key=True)
+            .filter(pk__in={a.job_id for a in actions}).order_by("pk")}
+    entries, degraded_jobs = [], set()
+    for action in actions:
+        job = jobs[action.job_id]
+        overhead = action.cluster.restart_overhead_minutes * 60.0
+        # The baseline was fixed when the fault was detected (stored at planning); only the actual part is measured.
+        pause = max(0.0, (now - action.detected_at).total_seconds())
+        work = 0.0
+        degraded, slowdown = 0.0, 0.0
+        if action.kind == ActionKind.RESTART_FROM_CHECKPOINT:
+            pause, work = overhead, action.work_lost_seconds   # the baseline itself: nothing saved, by definition
+        elif action.kind in (ActionKind.RESTORE_FROM_SNAPSHOT, ActionKind.GPU_RESET):
+            work = action.work_lost_seconds
+        elif action.kind == ActionKind.NIC_FAILOVER:
+            degraded, slowdown = action.degraded_seconds, action.slowdown
+        result = ledger(gpus=action.gpus, seconds_since_checkpoint=0, restart_overhead_seconds=0, pause_seconds=pause,
+                        work_lost_seconds=work, degraded_seconds=degraded, slowdown=slowdown)
+        action.pause_seconds, action.work_lost_seconds = pause, work
+        action.gpu_hours_lost = result.actual
+        action.gpu_hours_saved = action.gpu_hours_baseline - result.actual
+        action.state, action.ended_at = ActionState.SUCCEEDED, now
+        if action.kind in (ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION, ActionKind.INTRA_NODE_MIGRATION):
+            _move_allocation(action)
+        if action.kind in (ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION):
+            placement.cool_down(action.node, settings.NODE_COOLDOWN_SECONDS)
+            target = action.to_node
+            if target.state == NodeState.SPARE:
+                try:
+                    node_uncordon(actor=None, node=target, reason=f"joined job {job.pk} as a replacement")
+                except ServiceError as error:
+                    log.warning("spare %s stays spare: %s", target, error.detail)
+        if action.restore_iteration is not None and action.kind in (ActionKind.RESTART_FROM_CHECKPOINT,
+                                                                    ActionKind.RESTORE_FROM_SNAPSHOT):
+            job.iteration = action.restore_iteration
+        if action.kind == ActionKind.NIC_FAILOVER:
+            job.slowdown, job.degraded_until = action.slowdown, now + timedelta(seconds=action.degraded_seconds)
+            degraded_jobs.add(job.pk)
+        entries.append(audit_entry(actor=None, action="recovery.complete", target=action, tenant_id=job.tenant_id,
+                                   changes={"gpu_hours_saved": round(action.gpu_hours_saved, 4)}))
+        action.job = job
+    RecoveryAction.objects.bulk_update(actions, ["pause_seconds", "work_lost_seconds", "gpu_hours_lost",
+                                                 "gpu_hours_saved", "state", "ended_at"])
+    placement.release_many(actions)
+    # A job whose other recoveries are still under way stays Recovering (proactive migrations waiting for the
+    # budget do not hold it back); the others are Running again.
+    still = set(RecoveryAction.objects.filter(job_id__in=jobs, dry_run=False, kind__in=list(CALLS),
+                                              state__in=(ActionState.PLANNED, ActionState.RUNNING))
+                .exclude(kind=ActionKind.PROACTIVE_MIGRATION, state=ActionState.PLANNED)
+                .values_list("job_id", flat=True).distinct())
+    recovered = {action.job_id: action.kind for action in actions
+                 if jobs[action.job_id].state == JobState.RECOVERING and action.job_id not in still}
+    phases_ended = [(pk, [JobPhaseKind.DEGRADED]) for pk in degraded_jobs]
+    phases_ended += [(pk, [JobPhaseKind.RUNNING, JobPhaseKind.RECOVERING]) for pk in recovered]
+    if phases_ended:
+        ended = Q()
+        for pk, kinds in phases_ended:
+            ended |= Q(job_id=pk, kind__in=kinds)
+        JobPhase.objects.filter(ended, ended_at__isnull=True).update(ended_at=now)
+    by_job = {action.job_id: action for action in actions}
+    JobPhase.objects.bulk_create(
+        [JobPhase(job_id=pk, kind=JobPhaseKind.DEGRADED, started_at=now,
+                  reason=f"running on {by_job[pk].to_nic_name}"[:200]) for pk in sorted(degraded_jobs)]
+        + [JobPhase(job_id=pk, kind=JobPhaseKind.RUNNING, started_at=now, reason=f"recovered by {kind}"[:200])
+           for pk, kind in sorted(recovered.items())])
+    for pk in recovered:
+        jobs[pk].state = JobState.RUNNING
+    for job in jobs.values():
+        job.iteration_at = now
+    Job.objects.bulk_update(list(jobs.values()), ["iteration", "iteration_at", "state", "slowdown", "degraded_until"])
+    JobProgress.objects.bulk_create([JobProgress(job=job, at=now, iteration=job.iteration) for job in jobs.values()])
+    audit_record_many(entries)
 
 
 def publish_completions(cluster_id: int, finished: list[RecoveryAction]) -> None:
     """``actions.completed`` lists, as recovery.publish_decisions does for decisions; each action carries its
     job's new state and iteration."""
-    from jobs.services.recovery import publish_per_tenant
+    from jobs.services.recovery import action_lists
 
     if not finished:
         return
     payloads = [(action, {**action_payload(action), "job_state": action.job.state, "iteration": action.job.iteration,
                           "at": action.ended_at.isoformat(), "event": "action.succeeded"})
                 for action in finished]
-    every = [p for _, p in payloads]
-    events.publish([events.topic("cluster", cluster_id), events.topic("fleet")], "actions.completed",
-                   {"actions": every, "cluster": cluster_id, "summary": f"{len(every)} recovery action(s) completed"},
-                   url=f"/api/v1/actions/?cluster={cluster_id}")
-    publish_per_tenant(payloads, "actions.completed", "completed")
+    events.publish_many(action_lists(cluster_id, payloads, "actions.completed", "completed"))
 
 
-def action_advance(*, action_id: int, finished: list | None = None) -> str:
-    """One step for one running action (caller holds its cluster lock): complete it, fail it, or wait."""
-    action = (RecoveryAction.objects.select_for_update(of=("self",), skip_locked=True, no_key=True)
-              .select_related("job", "cluster", "node", "to_node", "snapshot").filter(pk=action_id).first())
-    if action is None or action.state != ActionState.RUNNING:
-        return "skipped"
-    if action.done_at and action.done_at > timezone.now():
-        return "running"
-    status = "succeeded"
-    if action.handle:
-        try:
-            status = driver_for(action.cluster).operation_status(action.handle)
-        except (DriverError, NotImplementedError) as error:
-            log.warning("status of %s unknown: %s", action.handle, error)
-            return "running"
-    if status == "succeeded":
-        if action.job_id:
-            _complete(action, finished)
-        else:
+def actions_advance(*, cluster: Cluster, action_ids: list[int], finished: list) -> int:
+    """One step for running actions of one cluster (caller holds its lock): complete those the driver finished,
+    fail those it failed, leave the rest running. Completed actions are appended to ``finished`` for the
+    caller to publish; returns how many completed."""
+    actions = list(RecoveryAction.objects.select_for_update(of=("self",), skip_locked=True, no_key=True)
+                   .select_related("job", "cluster", "node", "to_node", "snapshot")
+                   .filter(pk__in=action_ids, state=ActionState.RUNNING).order_by("pk"))
+    now = timezone.now()
+    actions = [a for a in actions if not (a.done_at and a.done_at > now)]
+    try:
+        statuses = driver_for(cluster).operation_statuses([a.handle for a in actions if a.handle])
+    except (DriverError, NotImplementedError) as error:
+        log.warning("status of %d operations on %s unknown: %s", len(actions), cluster.name, error)
+        return 0
+    done = []
+    for action in actions:
+        status = statuses.get(action.handle, "running") if action.handle else "succeeded"
+        if status == "succeeded" and action.job_id:
+            done.append(action)
+        elif status == "succeeded":
             action.state, action.ended_at = ActionState.SUCCEEDED, timezone.now()
             action.save(update_fields=["state", "ended_at"])
             publish_action(action, "action.succeeded")
-    elif status == "failed":
-        _fail(action, "the cluster reported the operation failed")
-    return status
+        elif status == "failed":
+            _fail(action, "the cluster reported the operation failed")
+    if done:
+        _complete_many(done)
+        finished += done
+    return len(done)
 
 
 def recovery_advance(*, cluster_ids: list[int] | None = None) -> dict:
@@ -251,11 +271,11 @@ def recovery_advance(*, cluster_ids: list[int] | None = None) -> dict:
         for start in range(0, len(mine), 50):
             chunk = mine[start:start + 50]
             with transaction.atomic():
-                placement.lock_cluster(cluster_id)
+                cluster = placement.lock_cluster(cluster_id)
                 placement.lock_nodes([n for row in chunk for n in row[2:]])
                 finished: list[RecoveryAction] = []
-                for action_id, *_ in chunk:
-                    counts["completed"] += action_advance(action_id=action_id, finished=finished) == "succeeded"
+                counts["completed"] += actions_advance(cluster=cluster, action_ids=[row[0] for row in chunk],
+                                                       finished=finished)
                 publish_completions(cluster_id, finished)
     for cluster_id in sorted(set(active.filter(state=ActionState.PLANNED).values_list("cluster_id", flat=True))):
         waiting = (RecoveryAction.objects.filter(cluster_id=cluster_id, state=ActionState.PLANNED, dry_run=False)

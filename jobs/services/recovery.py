@@ -73,34 +73,39 @@ def _mark_hardware(fault: FaultEvent, verdict: FaultVerdict) -> None:
 
 
 def publish_decisions(cluster, created: list[RecoveryAction], started: set[int]) -> None:
-    """Publish a decision's actions as ``actions.decided`` lists: all of them on the cluster's and the fleet's
-    topics, and each tenant's own on that tenant's topic and its jobs' topics (one event per tenant: a job's page
-    picks its own out; no tenant ever sees another's). Fewer, larger events: each publish holds shared sequence
-    rows until COMMIT and costs a relay after it. Topics are taken in one global order (cluster-, fleet, then
-    job- and tenant- within one call), so two transactions never wait on each other in a cycle."""
+    """Publish a decision's actions as ``actions.decided`` lists (see ``action_lists``)."""
     if not created:
         return
     payloads = []
     for action in created:
         kind = "action.started" if action.pk in started else "action.planned"
         payloads.append((action, {**action_payload(action), "event": kind}))
+    events.publish_many(action_lists(cluster.pk, payloads, "actions.decided", "decided"))
+
+
+def action_lists(cluster_id: int, payloads: list, kind: str, verb: str) -> list[events.Item]:
+    """Events listing a batch of actions: all of them on the cluster's and the fleet's topics, each tenant's own
+    on that tenant's topic, and each job's own on the job's topic (no tenant ever sees another's). Fewer, larger
+    events, all written by one ``publish_many``: the topics' shared sequence rows are taken once, together, in
+    one global order, and held only for the moment before COMMIT."""
     every = [p for _, p in payloads]
-    events.publish([events.topic("cluster", cluster.pk), events.topic("fleet")], "actions.decided",
-                   {"actions": every, "cluster": cluster.pk, "summary": f"{len(every)} recovery action(s) decided"},
-                   url=f"/api/v1/actions/?cluster={cluster.pk}")
-    publish_per_tenant(payloads, "actions.decided", "decided")
-
-
-def publish_per_tenant(payloads: list, kind: str, verb: str) -> None:
-    """One event per tenant, listing that tenant's actions, on its topic and its jobs' topics."""
+    items: list[events.Item] = [
+        ([events.topic("cluster", cluster_id), events.topic("fleet")], kind,
+         {"actions": every, "cluster": cluster_id, "summary": f"{len(every)} recovery action(s) {verb}"},
+         f"/api/v1/actions/?cluster={cluster_id}")]
     by_tenant: dict[int, list] = {}
+    by_job: dict[int, list] = {}
     for action, payload in payloads:
-        by_tenant.setdefault(action.job.tenant_id, []).append((action, payload))
-    for tenant_id in sorted(by_tenant, key=lambda t: events.topic("tenant", t)):
-        mine = by_tenant[tenant_id]
-        topics = sorted({events.topic("job", action.job_id) for action, _ in mine}) + [events.topic("tenant", tenant_id)]
-        events.publish(topics, kind, {"actions": [p for _, p in mine], "summary": f"{len(mine)} recovery action(s) {verb}"},
-                       url="/api/v1/actions/")
+        by_tenant.setdefault(action.job.tenant_id, []).append(payload)
+        by_job.setdefault(action.job_id, []).append(payload)
+    for tenant_id, mine in sorted(by_tenant.items()):
+        items.append(([events.topic("tenant", tenant_id)], kind,
+                      {"actions": mine, "summary": f"{len(mine)} recovery action(s) {verb}"}, "/api/v1/actions/"))
+    for job_id, mine in sorted(by_job.items()):
+        items.append(([events.topic("job", job_id)], kind,
+                      {"actions": mine, "summary": f"{len(mine)} recovery action(s) {verb}"},
+                      f"/api/v1/actions/?job={job_id}"))
+    return items
 
 
 def _snapshot_first(job: Job) -> None:

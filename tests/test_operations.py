@@ -5,15 +5,32 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from contextlib import ExitStack, contextmanager
 from datetime import datetime, timedelta
 
 import pytest
 import redis
+import requests
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
+from controlplane.access import Role
 from controlplane.beat import LOCK_KEY
-from controlplane.testing.processes import BASE_DIR, VENV_BIN, PrivateRedis, child_env, wait_for
+from controlplane.testing.processes import (
+    BASE_DIR,
+    VENV_BIN,
+    PrivateRedis,
+    celery_worker,
+    child_env,
+    uvicorn_server,
+    wait_for,
+)
+from jobs.choices import ActionKind, ActionState, FaultState
+from jobs.models import FaultEvent, JobAllocation, RecoveryAction
+from tests.conftest import make_user, token_header
+from tests.jobs.helpers import protected_cluster, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -159,3 +176,122 @@ def test_a_stopped_holder_hands_over_at_once_and_beats_survive_a_redis_restart(t
     times = [m["at"] for m in messages if m["task"] == "jobs.recovery_advance"]
     assert times and times[0] - restarted_at < LOCK_SECONDS + RENEW_SECONDS + 1.0
     assert len(times) >= 3 and min(gaps(times)) > 0.8, gaps(times)
+
+
+# --- two web processes, two workers, two beats: one PostgreSQL, one Redis -------------------------------------
+
+
+class EventReader(threading.Thread):
+    """A websocket client on one web process that keeps every event it receives."""
+
+    def __init__(self, ws, topics: list[str]):
+        super().__init__(daemon=True)
+        self.ws = ws
+        assert json.loads(self.ws.recv(timeout=20))["type"] == "hello"
+        self.ws.send(json.dumps({"subscribe": topics}))
+        assert json.loads(self.ws.recv(timeout=20))["topics"] == topics
+        self.events: list[dict] = []
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                message = json.loads(self.ws.recv(timeout=0.2))
+            except TimeoutError:
+                continue
+            except ConnectionClosed:
+                return
+            if message.get("type") == "event":
+                self.events.append(message)
+
+    def close(self):
+        self.stop.set()
+        self.join(5)
+
+    def kinds(self, kind: str) -> list[dict]:
+        return [event for event in self.events if event["kind"] == kind]
+
+    def succeeded_actions(self) -> set[int]:
+        """Actions heard of as succeeded: one by one (action.succeeded) or in a batch (actions.completed)."""
+        batched = [a for event in self.kinds("actions.completed") for a in event["payload"]["actions"]]
+        single = [event["payload"] for event in self.kinds("action.succeeded")]
+        return {a["action"] for a in batched + single if a["state"] == ActionState.SUCCEEDED}
+
+
+def test_two_web_processes_and_two_workers_handle_each_fault_exactly_once(tmp_path, settings, private_redis, tenant_a):
+    settings.REDIS_URL = private_redis.url  # the children's Redis (broker, channel layer, heartbeats, beat lock)
+    cluster = protected_cluster(nodes=8, spares=4)
+    jobs = [submit(cluster, tenant_a, gpus=16, checkpoint_interval=10**9) for _ in range(4)]
+    failing = [JobAllocation.objects.filter(job=job).order_by("rank_start").first().node for job in jobs]
+    header = token_header(make_user(Role.OPERATOR), "write")["HTTP_AUTHORIZATION"]
+    auth = {"Authorization": header}
+    env = {**FAST_BEAT, "REDIS_URL": private_redis.url}
+
+    with ExitStack() as stack:
+        web_a = stack.enter_context(uvicorn_server(tmp_path, **env))
+        web_b = stack.enter_context(uvicorn_server(tmp_path, **env))
+        workers = [stack.enter_context(celery_worker(tmp_path, **env)) for _ in range(2)]
+        beats = [stack.enter_context(celery_beat(tmp_path, name, **env)) for name in ("one", "two")]
+        ws = stack.enter_context(connect(f"ws://127.0.0.1:{web_b.port}/ws/events/",
+                                         additional_headers={"Authorization": header}, open_timeout=20))
+        reader = EventReader(ws, ["fleet"])
+        reader.start()
+        stack.callback(reader.close)
+
+        # Each fault reported twice, once through each web process, with one idempotency key: web A takes the
+        # first report of faults 0 and 1, web B of faults 2 and 3.
+        reported = {}
+        for i, node in enumerate(failing):
+            first, second = (web_a, web_b) if i < 2 else (web_b, web_a)
+            for server in (first, second):
+                response = requests.post(f"{server.url}/api/v1/faults/", json={"node": node.pk, "kind": "node_unreachable"},
+                                         headers={**auth, "Idempotency-Key": f"ops-{i}"}, timeout=20)
+                assert response.status_code in (200, 201), response.text
+                reported.setdefault(i, []).append((server.port, response.status_code, response.json()["id"]))
+
+        def settled():
+            faults = FaultEvent.objects.filter(cluster=cluster)
+            actions = RecoveryAction.objects.filter(cluster=cluster, job__isnull=False)
+            return (faults.count() == 4 and not faults.exclude(state=FaultState.HANDLED).exists()
+                    and actions.count() >= 4 and not actions.exclude(state=ActionState.SUCCEEDED).exists())
+
+        wait_for(settled, 90, 0.5, what="every fault handled and every migration done")
+        migrations = set(RecoveryAction.objects.filter(cluster=cluster, job__isnull=False).values_list("pk", flat=True))
+        wait_for(lambda: reader.succeeded_actions() >= migrations, 20,
+                 what=f"web B's client to hear every migration succeed ({[e['kind'] for e in reader.events]})")
+        listings = [requests.get(f"{server.url}/api/v1/actions/", params={"cluster": cluster.pk}, headers=auth,
+                                 timeout=20).json()["results"] for server in (web_a, web_b)]
+        holders = [holder_pid(redis.Redis.from_url(private_redis.url))]
+        logs = [worker.log.read_text() for worker in workers]
+        beat_logs = {beat.pid: beat.log.read_text() for beat in beats}
+
+    # Each report's first answer created the fault (201), its second through the other process joined it (200).
+    for i, answers in reported.items():
+        assert [code for _, code, _ in answers] == [201, 200] and answers[0][2] == answers[1][2], answers
+        assert answers[0][0] == (web_a.port if i < 2 else web_b.port)
+    # Exactly one outcome per fault: handled once, one migration for its job, onto a spare of its own.
+    faults = FaultEvent.objects.filter(cluster=cluster)
+    assert faults.count() == 4 and set(faults.values_list("report_count", flat=True)) == {2}
+    actions = RecoveryAction.objects.filter(cluster=cluster, job__isnull=False)
+    assert actions.count() == 4 and actions.values("fault").distinct().count() == 4
+    assert set(actions.values_list("kind", flat=True)) == {ActionKind.LIVE_MIGRATION}
+    assert len(set(actions.values_list("to_node", flat=True))) == 4
+    assert set(actions.values_list("job", flat=True)) == {job.pk for job in jobs}
+    # A websocket client on web B heard the faults reported through web A and what the workers did.
+    heard = {e["url"] for e in reader.kinds("fault.reported")}
+    assert heard == {f"/api/v1/faults/{pk}/" for pk in faults.values_list("pk", flat=True)}, heard
+    assert len(reader.kinds("fault.reported")) == 4        # a report joined to a fault is no new event
+    # Both web processes answer from the one database alike.
+    assert listings[0] == listings[1] and {a["id"] for a in listings[0]} == set(
+        RecoveryAction.objects.filter(cluster=cluster).values_list("pk", flat=True))
+    # Both workers did work, and nothing failed in either.
+    for log in logs:
+        assert "Traceback" not in log, log[-3000:]
+        assert log.count(" succeeded in ") > 0, log[-2000:]
+    # Two beats ran, one scheduled.
+    (holder,) = holders
+    assert holder in beat_logs
+    for pid, log in beat_logs.items():
+        assert ("Sending due task" in log) == (pid == holder), log[-1500:]
+    print(f"tasks done per worker: {[log.count(' succeeded in ') for log in logs]}; "
+          f"events heard on web B: {len(reader.events)}")

@@ -1,8 +1,11 @@
 """Operations with real processes: one beat schedules however many run; two web processes and two workers share
 one PostgreSQL and one Redis; retention prunes while agents keep posting."""
 
+import ast
+import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -13,11 +16,17 @@ from datetime import datetime, timedelta
 import pytest
 import redis
 import requests
+from django.conf import settings
+from django.db import connection
+from django.db.models import Sum
+from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from controlplane.access import Role
 from controlplane.beat import LOCK_KEY
+from controlplane.models import AuditEntry, Event
+from controlplane.tasks import retention_prune_task
 from controlplane.testing.processes import (
     BASE_DIR,
     VENV_BIN,
@@ -29,8 +38,13 @@ from controlplane.testing.processes import (
 )
 from jobs.choices import ActionKind, ActionState, FaultState
 from jobs.models import FaultEvent, JobAllocation, RecoveryAction
+from telemetry.models import GPUSample, IngestBatch, NodeMinute
+from telemetry.tasks import telemetry_prune_task
+from telemetry.tokens import agent_token_create
 from tests.conftest import make_user, token_header
+from tests.fleet_factories import make_cluster, make_node
 from tests.jobs.helpers import protected_cluster, submit
+from tests.telemetry.helpers import batch, reading
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -295,3 +309,115 @@ def test_two_web_processes_and_two_workers_handle_each_fault_exactly_once(tmp_pa
         assert ("Sending due task" in log) == (pid == holder), log[-1500:]
     print(f"tasks done per worker: {[log.count(' succeeded in ') for log in logs]}; "
           f"events heard on web B: {len(reader.events)}")
+
+
+# --- retention prunes while agents keep posting ----------------------------------------------------------------
+
+# table, time column, retention (seconds, from settings), rows seeded, SQL of one seeded row ({t} is its time).
+def retention_tables(cluster, nodes, gpu_id):
+    raw = settings.TELEMETRY_RAW_RETENTION_HOURS * 3600
+    history = settings.TELEMETRY_HISTORY_DAYS * 86400
+    return [
+        (GPUSample, "ts", raw, 120_000, "INSERT INTO {table} (ts, gpu_id, temperature) SELECT {t}, %s, 50.0 FROM {series}",
+         [gpu_id]),
+        (IngestBatch, "received_at", raw, 2_000,
+         "INSERT INTO {table} (batch_id, cluster_id, received_at, readings, nics, events, facility, faults) "
+         "SELECT gen_random_uuid(), %s, {t}, 1, 0, 0, 0, 0 FROM {series}", [cluster.pk]),
+        (NodeMinute, "minute", history, 5_000,
+         "INSERT INTO {table} (node_id, minute, samples, temperature_sum, power_sum, utilization_sum) "
+         "SELECT %s, date_trunc('minute', {t}), 1, 50, 400, 90 FROM {series} "
+         "ON CONFLICT DO NOTHING", [nodes[0].pk]),
+        (Event, "created_at", settings.EVENT_RETENTION_DAYS * 86400, 20_000,
+         "INSERT INTO {table} (topic, seq, kind, payload, url, created_at, sent_at) "
+         "SELECT 'retention-test', g, 'test.old', '{{}}'::jsonb, '', {t}, {t} FROM {series}", []),
+        (AuditEntry, "created_at", settings.AUDIT_RETENTION_DAYS * 86400, 5_000,
+         "INSERT INTO {table} (created_at, actor_name, token_prefix, source, action, object_type, object_id, "
+         "object_repr, changes) SELECT {t}, '', '', 'system', 'test.old', 'test', '', '', '{{}}'::jsonb FROM {series}",
+         []),
+    ]
+
+
+def seed_around_cutoff(model, column, retention, rows, sql, params, now) -> dict[int, float]:
+    """``rows`` rows evenly spread from a quarter of the retention period before its cutoff to a quarter after;
+    returns their ids and times (epoch seconds)."""
+    oldest = now - retention * 1.25
+    newest = now - retention * 0.75
+    t = f"to_timestamp({oldest} + ({newest} - {oldest}) * g / {rows}.0)"
+    with connection.cursor() as cursor:
+        cursor.execute(sql.format(table=model._meta.db_table, t=t, series=f"generate_series(0, {rows - 1}) AS g"), params)
+    return {pk: at.timestamp() for pk, at in model.objects.filter(**{f"{column}__lt": timezone.now() - timedelta(
+        seconds=retention * 0.5)}).values_list("pk", column)}
+
+
+def test_retention_prunes_while_agents_keep_posting(tmp_path):
+    if connection.vendor != "postgresql":
+        pytest.skip("seeds with PostgreSQL's generate_series; the suite's database is PostgreSQL")
+    cluster = make_cluster()
+    nodes = [make_node(cluster, f"ret-{i}", gpus=8, nics=0) for i in range(4)]
+    _, token = agent_token_create(actor=None, cluster=cluster, name="retention")
+    now = time.time()
+    seeded = {}
+    for model, column, retention, rows, sql, params in retention_tables(cluster, nodes, nodes[0].gpus.first().pk):
+        seeded[model] = (column, retention, seed_around_cutoff(model, column, retention, rows, sql, params, now))
+    ingest_from = timezone.now()
+    posts, stop = [], threading.Event()
+
+    def post_telemetry(url):
+        session = requests.Session()
+        session.headers["Authorization"] = f"Bearer {token}"
+        for i in itertools.count():
+            if stop.is_set():
+                return
+            node = nodes[i % len(nodes)]
+            at = time.time()
+            body = batch(node.hostname, readings=[reading(g, at - 1) for g in range(8)] + [reading(g, at) for g in range(8)])
+            try:
+                response = session.post(f"{url}/api/v1/ingest/telemetry/", json=body, timeout=30)
+                posts.append((time.time(), response.status_code, response.json().get("readings")))
+            except Exception as error:  # recorded as a failed post
+                posts.append((time.time(), repr(error), 0))
+
+    with uvicorn_server(tmp_path) as web, celery_worker(tmp_path, concurrency=2) as worker:
+        poster = threading.Thread(target=post_telemetry, args=(web.url,))
+        poster.start()
+        try:
+            wait_for(lambda: len(posts) >= 10, 30, what="ingest to be under way")
+            triggered = time.time()
+            telemetry_prune_task.delay()
+            retention_prune_task.delay()
+            wait_for(lambda: worker.log.read_text().count(" succeeded in ") >= 2, 120, 0.2,
+                     what="both retention tasks to finish")
+            done = time.time()
+            time.sleep(1)
+        finally:
+            stop.set()
+            poster.join(30)
+        log = worker.log.read_text()
+
+    assert "Traceback" not in log, log[-3000:]
+    # Ingest never failed, also while the prune ran.
+    assert posts and {code for _, code, _ in posts} == {200}, [p for p in posts if p[1] != 200][:5]
+    during = [p for p in posts if triggered <= p[0] <= done]
+    assert during, "no batch was posted while the prune ran"
+    readings = sum(n for _, _, n in posts)
+    assert readings == 16 * len(posts)
+    # Everything older than the cutoff went, nothing newer did; the cutoff is taken while the task runs.
+    for model, (_, retention, rows) in seeded.items():
+        kept = set(model.objects.filter(pk__in=rows.keys()).values_list("pk", flat=True))
+        deleted = rows.keys() - kept
+        assert kept and deleted, model
+        assert max(rows[pk] for pk in deleted) < done - retention, model
+        assert min(rows[pk] for pk in kept) >= triggered - retention, model
+        print(f"{model.__name__}: {len(deleted)} pruned, {len(kept)} kept")
+    # What was ingested meanwhile is all there.
+    assert GPUSample.objects.filter(ts__gte=ingest_from - timedelta(seconds=5)).count() == readings
+    assert IngestBatch.objects.filter(received_at__gte=ingest_from).count() == len(posts)
+    assert NodeMinute.objects.filter(minute__gte=ingest_from - timedelta(minutes=1)).aggregate(
+        n=Sum("samples"))["n"] == readings
+    reported = {name: (float(seconds), ast.literal_eval(counts)) for name, seconds, counts in
+                re.findall(r"Task (\S+retention_prune)\[[^]]+\] succeeded in ([\d.]+)s: (\{.*\})", log)}
+    assert set(reported) == {"telemetry.retention_prune", "controlplane.retention_prune"}, log[-2000:]
+    assert reported["telemetry.retention_prune"][1]["gpu_samples"] == len(seeded[GPUSample][2]) - len(
+        set(GPUSample.objects.filter(pk__in=seeded[GPUSample][2].keys()).values_list("pk", flat=True)))
+    print(f"ingest: {len(posts)} batches ({readings} readings) posted, {len(during)} while the prune ran "
+          f"({done - triggered:.1f} s); the tasks reported {reported}")

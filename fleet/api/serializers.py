@@ -1,5 +1,6 @@
 """Shapes of fleet API input and output. Cluster credentials (``connection``) are write-only everywhere."""
 
+from drf_spectacular.utils import PolymorphicProxySerializer
 from rest_framework import serializers
 
 from fleet.choices import DriftMode
@@ -64,10 +65,27 @@ class ClusterSerializer(serializers.ModelSerializer):
     def to_representation(self, cluster):
         full = self.context.get("sees_in_full")
         if full is not None and not full(cluster):
-            version = cluster.blueprint_version
-            return {"id": cluster.pk, "name": cluster.name, "tier": cluster.tier, "shared": True,
-                    "blueprint_version": VersionRefSerializer(version).data if version else None}
+            return ClusterOutlineSerializer(cluster).data
         return super().to_representation(cluster)
+
+
+class ClusterOutlineSerializer(serializers.Serializer):
+    """What a tenant user sees of a shared cluster: its name, tier and blueprint version, nothing more."""
+
+    id = serializers.IntegerField(source="pk")
+    name = serializers.CharField()
+    tier = serializers.CharField()
+    shared = serializers.SerializerMethodField()
+    blueprint_version = VersionRefSerializer(allow_null=True)
+
+    def get_shared(self, cluster) -> bool:
+        return True
+
+
+# A cluster in full, or the outline of a shared one (tenant users): the schema of what the cluster endpoints answer.
+ClusterOrOutlineSerializer = PolymorphicProxySerializer(
+    component_name="ClusterOrOutline", serializers=[ClusterSerializer, ClusterOutlineSerializer],
+    resource_type_field_name=None)
 
 
 class GPUSerializer(serializers.ModelSerializer):
@@ -125,7 +143,7 @@ class BlueprintWriteSerializer(serializers.Serializer):
 
 
 class VersionSerializer(serializers.ModelSerializer):
-    parent = serializers.IntegerField(source="parent.number", read_only=True, default=None)
+    parent = serializers.IntegerField(source="parent.number", read_only=True, default=None, allow_null=True)
     clusters = serializers.SerializerMethodField(help_text="how many clusters carry it (in version lists)")
 
     class Meta:

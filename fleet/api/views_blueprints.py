@@ -59,9 +59,9 @@ class BlueprintViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedV
     def _version(self, number) -> BlueprintVersion:
         return self.get_object().versions.select_related("parent").get(number=number)
 
-    @extend_schema(request=VersionWriteSerializer, responses={200: VersionSerializer(many=True),
-                                                               201: VersionSerializer})
-    @action(detail=True, methods=["get", "post"])
+    @extend_schema(methods=["GET"], request=None, responses=VersionSerializer(many=True))
+    @extend_schema(methods=["POST"], request=VersionWriteSerializer, responses={201: VersionSerializer})
+    @action(detail=True, methods=["get", "post"], pagination_class=None, filter_backends=[])
     def versions(self, request, pk=None):
         """GET: every version with how many clusters carry it; POST: a new draft (``"activate": true`` too)."""
         blueprint = self.get_object()
@@ -118,8 +118,9 @@ class BlueprintViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedV
                 raise ServiceError(f"blueprint {blueprint.name} has no version {number}", field=key)
         return Response(version_diff(found[numbers["from"]], found[numbers["to"]]))
 
-    @extend_schema(request={"application/yaml": OpenApiTypes.STR},
-                   responses={(200, "application/yaml"): OpenApiTypes.STR})
+    # The document is one YAML mapping (docs/fleet.md, YAML), so its schema is an object in either direction.
+    @extend_schema(request={"application/yaml": OpenApiTypes.OBJECT},
+                   responses={(200, "application/yaml"): OpenApiTypes.OBJECT})
     @action(detail=True, methods=["get", "put"], parser_classes=[YAMLTextParser, JSONParser],
             renderer_classes=[JSONRenderer, YAMLTextRenderer])
     def yaml(self, request, pk=None):

@@ -7,10 +7,12 @@ from rest_framework.response import Response
 
 from controlplane.api import ScopedViewSet
 from controlplane.errors import ServiceError
+from controlplane.openapi import ErrorSerializer
 from fleet import selectors
 from fleet.api.permissions import ProviderWrites
 from fleet.api.serializers import (
     AssignmentSerializer,
+    ClusterOrOutlineSerializer,
     ClusterSerializer,
     FleetSerializer,
     NodeActionSerializer,
@@ -81,6 +83,7 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedVie
         context["sees_in_full"] = lambda cluster: selectors.sees_in_full(self.request.user, cluster)
         return context
 
+    @extend_schema(responses=ClusterOrOutlineSerializer)
     def list(self, request):
         queryset = self.filter_queryset(self.get_queryset())
         page = self.paginate_queryset(queryset)
@@ -88,6 +91,7 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedVie
         context["statuses"] = cluster_status([c.pk for c in page])
         return self.get_paginated_response(ClusterSerializer(page, many=True, context=context).data)
 
+    @extend_schema(responses=ClusterOrOutlineSerializer)
     def retrieve(self, request, pk=None):
         cluster = self.get_object()
         context = self.get_serializer_context()
@@ -114,7 +118,7 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedVie
         services.cluster_delete(actor=request.user, cluster=self._full(pk))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-    @extend_schema(request=None, responses={200: dict})
+    @extend_schema(request=None, responses={200: dict, 503: ErrorSerializer})
     @action(detail=True, methods=["post"])
     def reconcile(self, request, pk=None):
         """Observe the cluster now and re-apply whatever of its blueprint version has drifted."""
@@ -145,7 +149,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSe
     def selector(self, *, user):
         return selectors.node_list(user=user).prefetch_related("gpus", "nics")
 
-    @extend_schema(request=NodeWriteSerializer, responses=NodeSerializer)
+    @extend_schema(request=NodeWriteSerializer, responses={200: NodeSerializer, 503: ErrorSerializer})
     def partial_update(self, request, pk=None):
         data = NodeWriteSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -161,17 +165,17 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSe
         node = service(actor=request.user, node=node, reason=data.validated_data["reason"])
         return Response(NodeSerializer(node).data)
 
-    @extend_schema(request=NodeActionSerializer, responses=NodeSerializer)
+    @extend_schema(request=NodeActionSerializer, responses={200: NodeSerializer, 503: ErrorSerializer})
     @action(detail=True, methods=["post"])
     def cordon(self, request, pk=None):
         return self._act(request, Operation.CORDON, node_cordon)
 
-    @extend_schema(request=NodeActionSerializer, responses=NodeSerializer)
+    @extend_schema(request=NodeActionSerializer, responses={200: NodeSerializer, 503: ErrorSerializer})
     @action(detail=True, methods=["post"])
     def drain(self, request, pk=None):
         return self._act(request, Operation.DRAIN, node_drain)
 
-    @extend_schema(request=NodeActionSerializer, responses=NodeSerializer)
+    @extend_schema(request=NodeActionSerializer, responses={200: NodeSerializer, 503: ErrorSerializer})
     @action(detail=True, methods=["post"])
     def uncordon(self, request, pk=None):
         return self._act(request, Operation.UNCORDON, node_uncordon)

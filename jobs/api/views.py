@@ -5,13 +5,14 @@ from datetime import timedelta
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions, mixins, status
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from controlplane.api import ScopedViewSet
+from controlplane.openapi import ErrorSerializer
 from fleet.models import Cluster, Node
 from jobs import figures, selectors
 from jobs.api.serializers import (
@@ -60,7 +61,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
         if who.is_provider:
             if "tenant" not in values:
                 raise exceptions.ValidationError({"tenant": ["provider roles name the tenant the job runs for"]})
-            tenant = get_object_or_404(Tenant, pk=values["tenant"])
+            tenant = Tenant.objects.filter(pk=values["tenant"]).first()
+            if tenant is None:
+                raise exceptions.ValidationError({"tenant": ["no such tenant"]})
         else:
             tenant = get_object_or_404(Tenant, pk=who.tenant_id) if who.tenant_id else None
         if tenant is None or not who.may_submit_jobs(tenant.pk):
@@ -109,8 +112,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
         """Phases, faults, actions, snapshots, iterations against the restart-from-checkpoint counterfactual."""
         return Response(figures.job_timeline(self.get_object()))
 
-    @extend_schema(request=None, responses=SnapshotSerializer(many=True))
-    @action(detail=True, methods=["get", "post"])
+    @extend_schema(methods=["GET"], request=None, responses=SnapshotSerializer(many=True))
+    @extend_schema(methods=["POST"], request=None, responses={201: SnapshotSerializer, 503: ErrorSerializer})
+    @action(detail=True, methods=["get", "post"], pagination_class=None, filter_backends=[])
     def snapshots(self, request, pk=None):
         job = self.get_object()
         if request.method == "POST":
@@ -132,7 +136,9 @@ class FaultViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewS
     def selector(self, *, user):
         return selectors.fault_list(user=user)
 
-    @extend_schema(request=FaultReportSerializer, responses=FaultSerializer)
+    @extend_schema(request=FaultReportSerializer, responses={
+        201: OpenApiResponse(FaultSerializer, description="a new fault event"),
+        200: OpenApiResponse(FaultSerializer, description="a report of a fault already recorded (merged into it)")})
     def create(self, request):
         if not self.principal.may_operate:
             raise exceptions.PermissionDenied("only provider roles report faults")

@@ -8,6 +8,7 @@ from rest_framework.views import APIView
 
 from controlplane.api import ScopedViewSet
 from controlplane.errors import ServiceError
+from controlplane.openapi import AutoSchema
 from fleet.selectors import cluster_list
 from telemetry import selectors
 from telemetry.models import NotificationChannel
@@ -56,6 +57,7 @@ class TelemetryIngestView(APIView):
     authentication_classes = [AgentTokenAuthentication]
     permission_classes = [IsAgent]
     parser_classes = [RawBodyParser]
+    schema = AutoSchema()
 
     @extend_schema(request={"application/json": OpenApiTypes.OBJECT}, responses={200: IngestResultSerializer},
                    examples=[OpenApiExample("schema", value={"see": "agent/lockstep_agent/schema/telemetry-batch.schema.json"})])
@@ -83,8 +85,8 @@ class AgentTokenSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
     prefix = serializers.CharField(read_only=True)
     created_at = serializers.DateTimeField(read_only=True)
-    last_used_at = serializers.DateTimeField(read_only=True)
-    revoked_at = serializers.DateTimeField(read_only=True)
+    last_used_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    revoked_at = serializers.DateTimeField(read_only=True, allow_null=True)
 
 
 class AgentTokenCreatedSerializer(AgentTokenSerializer):
@@ -132,6 +134,7 @@ class AlertmanagerWebhookView(APIView):
     (``http_config.authorization.credentials`` in the receiver). Each alert's outcome is returned."""
 
     permission_classes = [*APIView.permission_classes, IsProvider]
+    schema = AutoSchema()
 
     @extend_schema(request={"application/json": OpenApiTypes.OBJECT}, responses={200: OpenApiTypes.OBJECT})
     def post(self, request):
@@ -154,6 +157,14 @@ class MetricsView(APIView):
 
     permission_classes = [*APIView.permission_classes, IsProvider]
     renderer_classes = [PrometheusRenderer, renderers.JSONRenderer]
+    schema = AutoSchema()
+
+    def handle_exception(self, exc):
+        # A refusal is JSON like everywhere else in the API, not the exposition format the scraper asked for.
+        response = super().handle_exception(exc)
+        self.request.accepted_renderer = renderers.JSONRenderer()
+        self.request.accepted_media_type = "application/json"
+        return response
 
     @extend_schema(responses={(200, "text/plain"): OpenApiTypes.STR})
     def get(self, request):
@@ -261,6 +272,8 @@ class PredictionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Scoped
 class JobDiagnosisView(APIView):
     """Is it the fabric? Why this job runs slow: the fabric ruled in (the likeliest link, switch or rail, with
     the evidence) or out (the GPUs or hosts that stand out instead). Visible to whoever may see the job."""
+
+    schema = AutoSchema()
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request, pk: int):

@@ -48,8 +48,10 @@ class ApiTokenCreatedSerializer(ApiTokenSerializer):
 
 
 class UserSerializer(serializers.ModelSerializer):
-    role = serializers.CharField(source="membership.role", read_only=True, default=None)
-    tenant = serializers.IntegerField(source="membership.tenant_id", read_only=True, default=None)
+    role = serializers.CharField(source="membership.role", read_only=True, default=None, allow_null=True)
+    tenant = serializers.IntegerField(source="membership.tenant_id", read_only=True, default=None, allow_null=True)
+    # Often empty, which an "email" format would refuse.
+    email = serializers.CharField(read_only=True, help_text="an email address, or empty")
 
     class Meta:
         model = User

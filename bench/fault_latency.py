@@ -126,6 +126,23 @@ def cpu_seconds(pgid: int) -> float:
     return total
 
 
+def cpu_seconds_named(name: str) -> float:
+    """CPU seconds (user + system) of every process whose command is ``name`` (postgres, redis-server)."""
+    total = 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.index("(") + 1:stat.rindex(")")] == name:
+            fields = stat.rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
     env = dict(os.environ, DATABASE_URL=DB_URL, REDIS_URL=REDIS_URL, PYTHONUNBUFFERED="1", LOG_LEVEL="WARNING")
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -264,6 +281,9 @@ def main() -> int:
     parser.add_argument("--ramp", default="75,100,150,200,300")
     parser.add_argument("--ramp-seconds", type=float, default=8)
     parser.add_argument("--worker-concurrency", type=int, default=2)
+    parser.add_argument("--web-workers", type=int, default=2,
+                        help="uvicorn worker processes (WEB_CONCURRENCY in production): Django runs a process's sync "
+                             "views on one thread under ASGI, so one process serves one request at a time")
     parser.add_argument("--senders", type=int, default=8, help="client threads POSTing faults (each request holds a PostgreSQL connection)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
     args = parser.parse_args()
@@ -278,7 +298,7 @@ def main() -> int:
     logs = Path(os.environ.get("BENCH_LOG_DIR", "/tmp"))
     venv = Path(sys.executable).parent
     web = start([str(venv / "uvicorn"), "controlplane.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-                 "--log-level", "warning", "--no-access-log"], logs / "bench-uvicorn.log")
+                 "--log-level", "warning", "--no-access-log", "--workers", str(args.web_workers)], logs / "bench-uvicorn.log")
     worker = start([str(venv / "celery"), "-A", "controlplane", "worker", f"--loglevel={os.environ.get('BENCH_WORKER_LOGLEVEL', 'warning')}",
                     f"--concurrency={args.worker_concurrency}", "-n", f"bench-{port}@%h", "--without-gossip",
                     "--without-mingle"], logs / "bench-celery.log")
@@ -300,12 +320,15 @@ def main() -> int:
             if len(targets) < rate * seconds:
                 print(f"not enough distinct faults left for {rate}/s")
                 break
-            cpu_before = (cpu_seconds(web.pid), cpu_seconds(worker.pid), time.perf_counter())
+            cpu_before = (cpu_seconds(web.pid), cpu_seconds(worker.pid), time.perf_counter(), cpu_seconds_named("postgres"),
+                          time.process_time())
             sent, achieved = send_at_rate(url, token, targets, rate, seconds, senders=args.senders)
             stats = measure(listener, sent)
             wall = time.perf_counter() - cpu_before[2]
             stats["cpu"] = {"web": (cpu_seconds(web.pid) - cpu_before[0]) / wall,
-                            "worker": (cpu_seconds(worker.pid) - cpu_before[1]) / wall}
+                            "worker": (cpu_seconds(worker.pid) - cpu_before[1]) / wall,
+                            "postgres": (cpu_seconds_named("postgres") - cpu_before[3]) / wall,
+                            "client": (time.process_time() - cpu_before[4]) / wall}
             stats.update(rate=rate, achieved=achieved, decision=decision_breakdown(sent))
             results.append(stats)
             ok = stats["n"] and not stats["missing"] and stats["p99"] < 500 and achieved >= 0.95 * rate
@@ -315,7 +338,8 @@ def main() -> int:
                   f"p50={stats.get('p50', 0):7.1f} ms  p90={stats.get('p90', 0):7.1f} ms  p99={stats.get('p99', 0):7.1f} ms  "
                   f"max={stats.get('max', 0):7.1f} ms  (received→planned p50 {stats['decision'].get('p50', 0):.1f} ms)"
                   f"  {'sustained' if ok else 'NOT sustained'}  [cores busy: web {stats['cpu']['web']:.2f}, "
-                  f"worker {stats['cpu']['worker']:.2f}]", flush=True)
+                  f"worker {stats['cpu']['worker']:.2f}, postgres {stats['cpu']['postgres']:.2f}, "
+                  f"this client {stats['cpu']['client']:.2f}]", flush=True)
             stats["sustained"] = bool(ok)
             if not ok and rate != args.rate:
                 break

@@ -10,7 +10,11 @@ User = get_user_model()
 
 def principal_for_user(user) -> Principal:
     """The resolver registered with controlplane.access: a user's role and tenant from their membership."""
-    row = Membership.objects.filter(user_id=user.pk).values_list("role", "tenant_id").first()
+    if "membership" in user._state.fields_cache:     # fetched with the user (the bearer-token lookup does)
+        membership = user._state.fields_cache["membership"]
+        row = (membership.role, membership.tenant_id) if membership is not None else None
+    else:
+        row = Membership.objects.filter(user_id=user.pk).values_list("role", "tenant_id").first()
     if row is not None:
         return Principal(user_id=user.pk, role=row[0], tenant_id=row[1])
     if user.is_superuser:

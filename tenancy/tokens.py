@@ -45,7 +45,7 @@ def user_for_bearer(raw: str, *, method: str = "GET"):
         raise TokenError("malformed", "Malformed Authorization header: expected 'Bearer <token>'.")
     if not TOKEN_PATTERN.match(raw):
         raise TokenError("malformed", "Malformed bearer token: Lockstep tokens look like lsk_xxxxxxxx_….")
-    token = ApiToken.objects.select_related("user").filter(digest=digest(raw)).first()
+    token = ApiToken.objects.select_related("user", "user__membership").filter(digest=digest(raw)).first()
     if token is None:
         raise TokenError("unknown", "Unknown token.")
     if token.revoked_at is not None:

@@ -1,0 +1,259 @@
+"""A streaming anomaly detector for one series: ``update(ts, value)`` per reading, small bounded state.
+
+The same core scores NAB's series offline (``bench/predictor_nab.py``) and each node's series online (the
+risk sweep's anomaly term, ``telemetry/prediction/online.py``), with ONE configuration for every series
+(``CONFIG``; docs/prediction.md says why each value is what it is). The method:
+
+* **Memory in hourly blocks.** Each completed hour is summarised (median, max, min, mean absolute deviation
+  from its median) into a ring of the last week (168 blocks). Nothing else about the past is kept, so the state
+  is bounded whatever the cadence (plus the last hour's readings, at most 64 of them, for the level).
+* **Baseline and spread.** The baseline ``B`` is the median of the last day's hourly medians; the spread ``S``
+  is the larger of the typical within-hour deviation and the median deviation of the hourly medians from ``B``.
+  Both change only when an hour closes, so an anomaly does not drag its own baseline along while it happens.
+* **Two channels, two directions.** The reading itself (spikes) and the median of the last hour (sustained
+  shifts) are compared with ``B``, upwards and downwards.
+* **An excursion** begins when a channel's deviation passes ``z_min · S`` and ends when it falls back. It raises
+  an alarm when it goes further than ``(1 + margin)`` times the largest deviation the series showed in the past
+  week — as the week stood when the excursion began, so a slow drift cannot ratchet its own reference — *and*
+  the value is rare in the week's memory (reached in fewer than ``alpha`` of its hours; a memory shorter than
+  ``1 / alpha`` hours cannot establish rarity and does not veto).
+* **Hold.** An alarm stays raised ``hold_seconds`` after its excursion ends (alert damping; it also makes a
+  detection an interval, as Orion pads each of its detections).
+"""
+
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+# (channel, direction): the reading up/down, the last hour's median up/down
+KEYS = (("reading", 1), ("reading", -1), ("level", 1), ("level", -1))
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    block_seconds: float = 3600.0       # resolution of the memory: one summary per hour
+    baseline_blocks: int = 24           # the baseline is the last day (covers a daily cycle)
+    memory_blocks: int = 168            # records and rarity look back a week (covers a weekly cycle)
+    level_seconds: float = 3600.0       # the level channel: median of the last hour
+    level_readings: int = 64            # at most this many of the last hour's readings are kept
+    z_min: float = 4.0                  # an excursion starts beyond 4 spreads from the baseline
+    margin: float = 0.5                 # ... and alarms when 1.5x the week's largest excursion
+    alpha: float = 0.05                 # ... at a value reached in fewer than 5 % of the week's hours
+    hold_seconds: float = 8 * 3600.0    # an alarm is held 8 h after its excursion ends
+    min_blocks: int = 3                 # no verdict before three hours of memory
+
+
+CONFIG = DetectorConfig()
+
+
+@dataclass
+class Verdict:
+    alarm: bool                # an alarm is raised (or held) at this reading
+    score: float               # in [0, 1]: 1 while alarmed, else how close the strongest excursion came
+    channel: str = ""          # "reading" or "level": what drove the score
+    direction: int = 0         # +1 above the baseline, -1 below
+    deviation: float = 0.0     # value minus baseline, in the series' units
+    baseline: float = math.nan
+    new: bool = False          # an alarm started at this reading
+
+
+_SCALARS = ("t0", "last_ts", "block_start", "cur_hi", "cur_lo", "until", "B", "S", "blocks", "ring_head",
+            "ring_n", "days_head", "days_n", "recent_head", "recent_n")
+_MAGIC = b"LSD1"
+
+
+class StreamingDetector:
+    """One series' detector. ``update`` folds a reading in and returns a ``Verdict``; ``to_bytes`` and
+    ``from_bytes`` carry the state (a few kilobytes) between processes."""
+
+    def __init__(self, config: DetectorConfig = CONFIG):
+        c = self.config = config
+        self.t0 = self.last_ts = self.block_start = math.nan
+        self.cur_hi, self.cur_lo = -math.inf, math.inf
+        self.until = -math.inf
+        self.B, self.S = math.nan, math.nan
+        self.blocks = 0                                   # hours closed so far
+        self.ring = np.zeros((c.memory_blocks, 4), np.float32)   # median, max, min, mean abs deviation
+        self.ring_head = self.ring_n = 0
+        days = c.memory_blocks // c.baseline_blocks
+        self.days = np.zeros((days, 4), np.float32)       # each past day's largest deviation per key
+        self.days_head = self.days_n = 0
+        self.recent_t = np.zeros(c.level_readings, np.float64)
+        self.recent_v = np.zeros(c.level_readings, np.float64)
+        self.recent_head = self.recent_n = 0
+        self.today = [0.0, 0.0, 0.0, 0.0]                 # today's largest deviation per key
+        self.excursion = [False] * 4
+        self.on = [False] * 4
+        self.ref = [0.0] * 4                              # the week's record when the excursion began
+        self.ref_week = [0.0] * 4                         # the week's record as of the last closed day
+        self.rare_above = [-math.inf] * 4                 # a value beyond this is rare in the week's memory
+
+    # --- readings ---------------------------------------------------------------------------------------
+
+    def update(self, ts: float, value: float, *, detect: bool = True) -> Verdict:
+        """Fold in one reading (``ts`` in seconds). ``detect=False`` learns without raising alarms (a warm-up,
+        e.g. NAB's probationary period). A reading older than the last one is ignored."""
+        c = self.config
+        value = float(value)
+        if not math.isfinite(value):
+            return Verdict(alarm=ts <= self.until, score=1.0 if ts <= self.until else 0.0)
+        if math.isnan(self.t0):
+            self.t0 = ts
+            self.block_start = math.floor(ts / c.block_seconds) * c.block_seconds
+        elif ts < self.last_ts:   # an older reading (a replay, a clock step) is history: it changes nothing
+            held = ts <= self.until or any(self.on)
+            return Verdict(alarm=held, score=1.0 if held else 0.0, baseline=self.B)
+        if ts >= self.block_start + c.block_seconds:
+            self._close_block()
+            self.block_start = math.floor(ts / c.block_seconds) * c.block_seconds
+        self.last_ts = ts
+        self._remember(ts, value)
+        verdict = Verdict(alarm=False, score=0.0)
+        if self.blocks >= c.min_blocks:
+            verdict = self._judge(ts, value, detect)
+        if value > self.cur_hi:
+            self.cur_hi = value
+        if value < self.cur_lo:
+            self.cur_lo = value
+        if any(self.on):
+            self.until = ts + c.hold_seconds
+            verdict.alarm, verdict.score = True, 1.0
+        elif ts <= self.until:
+            verdict.alarm, verdict.score = True, 1.0
+        return verdict
+
+    def _remember(self, ts: float, value: float) -> None:
+        i = self.recent_head
+        self.recent_t[i], self.recent_v[i] = ts, value
+        self.recent_head = (i + 1) % self.config.level_readings
+        self.recent_n = min(self.recent_n + 1, self.config.level_readings)
+
+    def _recent(self, since: float) -> np.ndarray:
+        n = self.recent_n
+        t, v = self.recent_t[:n], self.recent_v[:n]
+        return v[t > since] if n else v
+
+    def _judge(self, ts: float, value: float, detect: bool) -> Verdict:
+        c = self.config
+        level_values = self._recent(ts - c.level_seconds)
+        level = float(np.median(level_values)) if level_values.size else value
+        start_floor = c.z_min * self.S
+        best = Verdict(alarm=False, score=0.0, baseline=self.B)
+        for k, (channel, direction) in enumerate(KEYS):
+            x = value if channel == "reading" else level
+            d = direction * (x - self.B)
+            if d > start_floor:
+                if not self.excursion[k]:
+                    self.excursion[k] = True
+                    self.ref[k] = max(self.ref_week[k], self.today[k])
+                threshold = max(start_floor, (1.0 + c.margin) * self.ref[k])
+                if not self.on[k] and d > threshold and direction * x > self.rare_above[k] and detect:
+                    self.on[k] = True
+                    best.new = True
+                score = 1.0 if self.on[k] else min(1.0, d / threshold)
+            else:
+                self.excursion[k] = self.on[k] = False
+                score = max(0.0, d / start_floor) * 0.5 if start_floor > 0 else 0.0
+            if score > best.score:
+                best.score, best.channel, best.direction, best.deviation = score, channel, direction, x - self.B
+            if d > self.today[k]:
+                self.today[k] = d
+        return best
+
+    # --- memory -----------------------------------------------------------------------------------------
+
+    def _close_block(self) -> None:
+        c = self.config
+        values = self._recent(self.block_start - 1e-9)
+        values = values[values == values]
+        if values.size == 0 or not math.isfinite(self.cur_hi):
+            self.cur_hi, self.cur_lo = -math.inf, math.inf
+            return
+        med = float(np.median(values))
+        spread = float(np.mean(np.abs(values - med)))
+        self.ring[self.ring_head] = (med, self.cur_hi, self.cur_lo, spread)
+        self.ring_head = (self.ring_head + 1) % c.memory_blocks
+        self.ring_n = min(self.ring_n + 1, c.memory_blocks)
+        self.cur_hi, self.cur_lo = -math.inf, math.inf
+        self.blocks += 1
+        if self.blocks % c.baseline_blocks == 0:
+            self.days[self.days_head] = self.today
+            self.days_head = (self.days_head + 1) % len(self.days)
+            self.days_n = min(self.days_n + 1, len(self.days))
+            self.today = [0.0, 0.0, 0.0, 0.0]
+        self._derive()
+
+    def _last_blocks(self, count: int) -> np.ndarray:
+        n = min(count, self.ring_n)
+        idx = (self.ring_head - 1 - np.arange(n)) % self.config.memory_blocks
+        return self.ring[idx].astype(np.float64)
+
+    def _derive(self) -> None:
+        """Baseline, spread, the week's records and rarity thresholds: recomputed once an hour."""
+        c = self.config
+        day = self._last_blocks(c.baseline_blocks)
+        self.B = float(np.median(day[:, 0]))
+        within = float(np.median(day[:, 3]))
+        between = float(np.median(np.abs(day[:, 0] - self.B)))
+        self.S = max(within, between, 1e-9 * max(abs(self.B), 1.0))
+        week = self._last_blocks(c.memory_blocks)
+        if self.days_n:
+            self.ref_week = [float(v) for v in self.days[: self.days_n].max(axis=0)]
+        n = len(week)
+        j = math.ceil(c.alpha * n)
+        columns = (week[:, 1], -week[:, 2], week[:, 0], -week[:, 0])   # reading up/down, level up/down
+        for k, column in enumerate(columns):
+            # rare: reached in fewer than alpha·n hours, i.e. beyond the j-th largest; no veto below 1/alpha hours
+            self.rare_above[k] = float(np.partition(column, n - j)[n - j]) if c.alpha * n >= 1 else -math.inf
+
+    # --- state ------------------------------------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        scalars = np.array([getattr(self, name) for name in _SCALARS] + self.today + self.ref + self.ref_week
+                           + self.rare_above + [float(b) for b in self.excursion + self.on], np.float64)
+        return b"".join((_MAGIC, struct.pack("<I", len(scalars)), scalars.tobytes(), self.ring.tobytes(),
+                         self.days.tobytes(), self.recent_t.tobytes(), self.recent_v.tobytes()))
+
+    @classmethod
+    def from_bytes(cls, blob: bytes, config: DetectorConfig = CONFIG) -> "StreamingDetector":
+        detector = cls(config)
+        if blob[:4] != _MAGIC:
+            raise ValueError("not a detector state")
+        (count,) = struct.unpack_from("<I", blob, 4)
+        offset = 8
+        scalars = np.frombuffer(blob, np.float64, count, offset)
+        offset += 8 * count
+        for name, value in zip(_SCALARS, scalars, strict=False):
+            setattr(detector, name, int(value) if name in ("blocks", "ring_head", "ring_n", "days_head", "days_n",
+                                                           "recent_head", "recent_n") else float(value))
+        rest = [float(v) for v in scalars[len(_SCALARS):]]
+        detector.today, detector.ref, detector.ref_week, detector.rare_above = (rest[0:4], rest[4:8], rest[8:12],
+                                                                                rest[12:16])
+        detector.excursion = [bool(v) for v in rest[16:20]]
+        detector.on = [bool(v) for v in rest[20:24]]
+        for name in ("ring", "days", "recent_t", "recent_v"):
+            array = getattr(detector, name)
+            size = array.nbytes
+            if len(blob) < offset + size:
+                raise ValueError("detector state is truncated (another configuration?)")
+            setattr(detector, name, np.frombuffer(blob, array.dtype, array.size, offset).reshape(array.shape).copy())
+            offset += size
+        if offset != len(blob):
+            raise ValueError("detector state has the wrong size (another configuration?)")
+        return detector
+
+
+def alarm_intervals(timestamps, alarms) -> list[tuple[float, float]]:
+    """Runs of consecutive alarmed readings as (first, last) timestamps: the detected intervals."""
+    intervals: list[list[float]] = []
+    previous = False
+    for ts, alarm in zip(timestamps, alarms, strict=True):
+        if alarm:
+            if previous:
+                intervals[-1][1] = ts
+            else:
+                intervals.append([ts, ts])
+        previous = alarm
+    return [(a, b) for a, b in intervals]

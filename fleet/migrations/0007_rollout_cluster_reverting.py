@@ -4,6 +4,9 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+    # Written before the expand/contract rule (docs/operations.md): the column is NOT NULL with no database
+    # default, so the previous release's inserts of rollout clusters fail until its processes stop.
+    needs_downtime = "adds fleet_rolloutcluster.reverting NOT NULL without a database default"
 
     dependencies = [
         ('fleet', '0006_rollout_nodes_draining'),

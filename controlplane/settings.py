@@ -10,6 +10,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -17,7 +18,8 @@ VAR_DIR = BASE_DIR / "var"
 # name -> (cast, default, meaning). The single source of truth for configuration.
 ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "DEBUG": (bool, False, "Debug pages and autoreloading static files. Never on in production."),
-    "SECRET_KEY": (str, "", "Django's signing key. Set it in production: without it a fixed insecure key is used, which `manage.py check --deploy` reports."),
+    "SECRET_KEY": (str, "", "Django's signing key (sessions, CSRF) and, unless CREDENTIALS_KEYS is set, the source of the key that encrypts cluster credentials. Required when DEBUG is off; make one with `python -c 'import secrets; print(secrets.token_urlsafe(50))'`."),
+    "SECRET_KEY_FALLBACKS": (list, [], "Earlier SECRET_KEYs, comma-separated, still accepted while rotating: sessions signed with them stay valid and credentials encrypted with keys derived from them still decrypt (run `manage.py rotate_credentials`, then drop them)."),
     "ALLOWED_HOSTS": (list, ["127.0.0.1", "localhost"], "Comma-separated host names the web process answers to."),
     "CSRF_TRUSTED_ORIGINS": (list, [], "Comma-separated origins (scheme://host[:port]) trusted for form posts behind a proxy."),
     "DATABASE_URL": (str, "sqlite:///var/lockstep.sqlite3", "Database URL. The embedded default is a SQLite file (WAL); use postgres://user:pass@host:5432/db in production."),
@@ -34,7 +36,16 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "HEARTBEAT_SECONDS": (int, 5, "How often workers and beat write their heartbeat to Redis."),
     "TOKEN_LAST_USED_RESOLUTION": (int, 60, "Seconds between writes of an API token's last-used time."),
     "LOG_LEVEL": (str, "INFO", "Root log level."),
-    "SECURE_SSL_REDIRECT": (bool, False, "Redirect plain HTTP to HTTPS (set behind a TLS proxy)."),
+    "PLAIN_HTTP": (bool, False, "Serve plain HTTP with DEBUG off: no redirect to HTTPS, no HSTS, cookies without Secure. Only for a local run on localhost (docker compose sets it) and the test suite; never in production. DEBUG=true implies it."),
+    "SECURE_SSL_REDIRECT": (bool, True, "Redirect plain HTTP to HTTPS (unless DEBUG or PLAIN_HTTP). Turn off only where the proxy in front already redirects."),
+    "SECURE_HSTS_SECONDS": (int, 31536000, "Strict-Transport-Security max-age, seconds (unless DEBUG or PLAIN_HTTP); start low (300) on a new domain, 0 turns HSTS off."),
+    "SECURE_HSTS_INCLUDE_SUBDOMAINS": (bool, True, "HSTS covers every subdomain of the host too."),
+    "SECURE_HSTS_PRELOAD": (bool, True, "Send HSTS with `preload` (lets the domain be submitted to browsers' preload lists)."),
+    "TRUST_X_FORWARDED_PROTO": (bool, False, "Believe `X-Forwarded-Proto: https` from the proxy in front (SECURE_PROXY_SSL_HEADER). Set only behind a proxy that sets the header and strips it from clients; uvicorn's --forwarded-allow-ips does the same job."),
+    "CREDENTIALS_KEYS": (list, [], "Fernet keys, comma-separated, newest first, that encrypt cluster credentials at rest: the first encrypts, all decrypt. Empty: keys derived from SECRET_KEY and SECRET_KEY_FALLBACKS. New key: `python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'`."),
+    "LOGIN_RATE": (str, "5/min", "Login attempts allowed per user name and client address (n/s, n/min, n/hour, n/day); more are answered 429 with Retry-After."),
+    "LOGIN_ADDRESS_RATE": (str, "60/min", "Login attempts allowed per client address, whatever the user name."),
+    "TOKEN_CREATE_RATE": (str, "20/hour", "API and agent tokens one user may create or rotate (page or API); more are answered 429 with Retry-After."),
     "DEMO_ADMIN_USERNAME": (str, "admin", "User name of the demo provider-admin that `make run` creates."),
     "TELEMETRY_MAX_BATCH_BYTES": (int, 8 * 1024 * 1024, "Largest telemetry batch accepted, bytes (413 above)."),
     "TELEMETRY_MAX_SKEW_SECONDS": (int, 300, "How far an agent's clock may be from the server's before its batch is refused."),
@@ -63,8 +74,14 @@ if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env")
 
 DEBUG = env("DEBUG")
-# Without SECRET_KEY a fixed key serves development and tests; `check --deploy` flags it (django-insecure-).
-SECRET_KEY = env("SECRET_KEY") or "django-insecure-lockstep-development-key-set-SECRET_KEY-in-production"
+# Production is DEBUG off: it runs on its own key. A DEBUG run (`make run`) may fall back to a fixed development
+# key, which `check --deploy` reports (django-insecure-).
+SECRET_KEY = env("SECRET_KEY")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off (see README, Configuration).")
+    SECRET_KEY = "django-insecure-lockstep-development-key-set-SECRET_KEY-in-production"
+SECRET_KEY_FALLBACKS = env("SECRET_KEY_FALLBACKS")
 ALLOWED_HOSTS = env("ALLOWED_HOSTS")
 CSRF_TRUSTED_ORIGINS = env("CSRF_TRUSTED_ORIGINS")
 
@@ -82,6 +99,8 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_tables2",
     "channels",
+    "csp",
+    "django_ratelimit",
     "controlplane",
     "tenancy",
     "fleet",
@@ -92,6 +111,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "controlplane.security_csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -341,20 +361,72 @@ SPECTACULAR_SETTINGS = {
 # How controlplane reaches the token check without importing tenancy (dependencies point one way).
 LOCKSTEP_TOKEN_AUTHENTICATOR = "tenancy.tokens.user_for_bearer"
 
-# --- security -------------------------------------------------------------------------------------------
+# --- security (docs/security.md) ------------------------------------------------------------------------
+# Production (DEBUG off) speaks HTTPS only: redirect, HSTS, Secure cookies. PLAIN_HTTP lifts that for a local
+# compose run and the test suite, which serve http://127.0.0.1; `manage.py check --deploy` is clean without it.
+PLAIN_HTTP = DEBUG or env("PLAIN_HTTP")
+SECURE_SSL_REDIRECT = env("SECURE_SSL_REDIRECT") and not PLAIN_HTTP
+# Probes and scrapers reach the web process directly over plain HTTP, inside the deployment.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+SECURE_HSTS_SECONDS = 0 if PLAIN_HTTP else env("SECURE_HSTS_SECONDS")
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env("SECURE_HSTS_INCLUDE_SUBDOMAINS")
+SECURE_HSTS_PRELOAD = env("SECURE_HSTS_PRELOAD")
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env("TRUST_X_FORWARDED_PROTO") else None
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+SESSION_COOKIE_SECURE = not PLAIN_HTTP
+CSRF_COOKIE_SECURE = not PLAIN_HTTP
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
-SECURE_SSL_REDIRECT = env("SECURE_SSL_REDIRECT")
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 X_FRAME_OPTIONS = "DENY"
-SECURE_CONTENT_TYPE_NOSNIFF = True
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
+# Content security policy (django-csp): scripts and styles from Lockstep's own origin only, no inline script,
+# no inline style. controlplane.security_csp adds the websocket's ws(s)://<host> and the hashes of the <style>
+# elements plotly.js writes at run time (docs/security.md).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
+
+# Rate limits on the login form and on token issue (controlplane/security_ratelimit.py), counted in Redis.
+LOGIN_RATE = env("LOGIN_RATE")
+LOGIN_ADDRESS_RATE = env("LOGIN_ADDRESS_RATE")
+TOKEN_CREATE_RATE = env("TOKEN_CREATE_RATE")
+# Django's RedisCache increments atomically (INCRBY, SET NX), which is what django-ratelimit needs; its list of
+# supported backends predates Django's own Redis cache, hence its W001.
+SILENCED_SYSTEM_CHECKS = ["django_ratelimit.W001"]
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "lockstep",
+        "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+    }
+}
+
+# Cluster credentials are encrypted at rest with these Fernet keys (controlplane/security_crypto.py).
+CREDENTIALS_KEYS = env("CREDENTIALS_KEYS")
+
+# Every log record passes through the redaction of secrets (controlplane/security_logging.py).
+LOGGING_CONFIG = "controlplane.security_logging.configure"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {"redact_secrets": {"()": "controlplane.security_logging.RedactSecretsFilter"}},
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact_secrets"]}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL")},
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }

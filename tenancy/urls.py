@@ -1,8 +1,12 @@
 from django.urls import path
+from django.views.generic import RedirectView
 
 from tenancy import views
 
 urlpatterns = [
+    # The rate-limited login form (controlplane/urls.py keeps logout); the admin site logs in through it too.
+    path("accounts/login/", views.LoginView.as_view(), name="login"),
+    path("admin/login/", RedirectView.as_view(pattern_name="login", query_string=True)),
     path("tokens/", views.token_list, name="token-list"),
     path("tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
 ]

@@ -1,11 +1,26 @@
 from django.contrib import messages
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from controlplane.errors import ServiceError
+from controlplane.security_ratelimit import LOGIN, TOKEN_CREATE, refused, retry_after
 from tenancy import selectors, services
 from tenancy.forms import ApiTokenForm
+
+
+class LoginView(auth_views.LoginView):
+    """The login form. Attempts past LOGIN_RATE (per user name and address) or LOGIN_ADDRESS_RATE are answered
+    429 with Retry-After, before the password is checked."""
+
+    def post(self, request, *args, **kwargs):
+        wait = refused(request, LOGIN)
+        if wait is None:
+            return super().post(request, *args, **kwargs)
+        form = self.get_form_class()(request, initial={"username": request.POST.get("username", "")})
+        context = self.get_context_data(form=form, throttled=wait)
+        return retry_after(self.render_to_response(context, status=429), wait)
 
 
 @login_required
@@ -13,7 +28,12 @@ def token_list(request):
     """Your API tokens (and, for admins, those you manage); create one, shown once; revoke."""
     form = ApiTokenForm(request.POST or None)
     created = None
-    if request.method == "POST" and form.is_valid():
+    status = 200
+    wait = refused(request, TOKEN_CREATE) if request.method == "POST" else None
+    if wait is not None:
+        form.add_error(None, f"Too many tokens created: try again in {wait} seconds.")
+        status = 429
+    elif request.method == "POST" and form.is_valid():
         try:
             token, raw = services.token_create(actor=request.user, owner=request.user, **form.cleaned_data)
         except ServiceError as error:
@@ -22,7 +42,9 @@ def token_list(request):
             created = {"token": token, "raw": raw}
             form = ApiTokenForm()
     tokens = selectors.token_list(user=request.user)
-    return render(request, "tenancy/apitoken_list.html", {"form": form, "tokens": tokens, "created": created})
+    response = render(request, "tenancy/apitoken_list.html", {"form": form, "tokens": tokens, "created": created},
+                      status=status)
+    return retry_after(response, wait) if wait is not None else response
 
 
 @login_required

@@ -12,7 +12,8 @@ from controlplane.testing.processes import BASE_DIR, free_port, wait_for
 def test_sqlite_migrates_and_serves_login(tmp_path):
     database = tmp_path / "lockstep.sqlite3"
     env = {"PATH": f"{BASE_DIR / '.venv' / 'bin'}:/usr/bin:/bin", "DATABASE_URL": f"sqlite:///{database}",
-           "REDIS_URL": "redis://127.0.0.1:6379/14", "DJANGO_SETTINGS_MODULE": "controlplane.settings"}
+           "REDIS_URL": "redis://127.0.0.1:6379/14", "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+           "DEBUG": "true"}  # as `make run` does: no SECRET_KEY, plain http
     migrate = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=BASE_DIR, env=env,
                              capture_output=True, text=True, timeout=120)
     assert migrate.returncode == 0, migrate.stderr

@@ -3,6 +3,7 @@
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from controlplane.security_crypto import EncryptedJSONField
 from fleet.choices import AutomationMode, ClusterKind, DriverName, GPUHealth, LinkState, NodeState
 from tenancy.choices import TenantTier
 
@@ -43,8 +44,9 @@ class Cluster(models.Model):
     labels = models.JSONField(default=dict, blank=True)
     kind = models.CharField(max_length=30, choices=ClusterKind.choices, default=ClusterKind.KUBERNETES)
     driver = models.CharField(max_length=20, choices=DriverName.choices, default=DriverName.SIMULATED)
-    # Connection settings and credentials for the driver. Never rendered in pages or the API.
-    connection = models.JSONField(default=dict, blank=True)
+    # Connection settings and credentials for the driver: encrypted at rest (docs/security.md), never rendered in
+    # pages or the API. Drivers read the plain dict.
+    connection = EncryptedJSONField(default=dict, blank=True)
     restart_overhead_minutes = models.FloatField(
         default=DEFAULT_RESTART_OVERHEAD_MINUTES, validators=[MinValueValidator(0), MaxValueValidator(24 * 60)]
     )

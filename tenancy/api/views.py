@@ -1,10 +1,11 @@
 from django.contrib.auth import get_user_model
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status
 from rest_framework.response import Response
 
 from controlplane.api import ScopedViewSet
 from controlplane.errors import ServiceError
+from controlplane.security_ratelimit import TokenCreateThrottle
 from tenancy import selectors, services
 from tenancy.api.serializers import (
     ApiTokenCreatedSerializer,
@@ -49,16 +50,21 @@ class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedView
 
 
 class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
-    """API tokens: your own; a tenant admin also sees and manages their tenant's; DELETE revokes."""
+    """API tokens: your own; a tenant admin also sees and manages their tenant's; DELETE revokes. Creating is
+    rate-limited per user (TOKEN_CREATE_RATE)."""
 
     serializer_class = ApiTokenSerializer
+    throttle_classes = [TokenCreateThrottle]
     filterset_fields = ["scope"]
     http_method_names = ["get", "post", "delete", "head", "options"]
 
     def selector(self, *, user):
         return selectors.token_list(user=user)
 
-    @extend_schema(request=ApiTokenCreateSerializer, responses={201: ApiTokenCreatedSerializer})
+    @extend_schema(request=ApiTokenCreateSerializer, responses={
+        201: ApiTokenCreatedSerializer,
+        429: OpenApiResponse(description="Too many tokens created: wait the Retry-After header's seconds."),
+    })
     def create(self, request):
         data = ApiTokenCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)

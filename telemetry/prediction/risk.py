@@ -10,7 +10,10 @@ import math
 from dataclasses import dataclass, field
 
 # weight of each kind of evidence: the probability it leads to a failure when fully present
-WEIGHTS = {"thermal": 0.9, "ecc": 0.9, "remap": 0.9, "nvlink": 0.7, "nic": 0.8, "facility": 0.9, "throttle": 0.5}
+WEIGHTS = {"thermal": 0.9, "ecc": 0.9, "remap": 0.9, "nvlink": 0.7, "nic": 0.8, "facility": 0.9, "throttle": 0.5,
+           # the streaming detector's alarm on the node's own series (online.py): unusual for this node, which
+           # alone is not a failure sign strong enough to cross the default threshold (0.8), but adds to others
+           "anomaly": 0.6}
 
 
 @dataclass
@@ -26,6 +29,8 @@ class NodeFeatures:
     nic_symbol_rate_max: float = 0.0       # symbol errors per hour
     nic_recovery_rate_max: float = 0.0     # link error recoveries per hour
     hottest_gpu: int | None = None
+    anomaly: float = 0.0                   # 1 while the node's detector has an alarm raised (online.py)
+    anomaly_cause: str = ""
 
 
 @dataclass
@@ -59,6 +64,7 @@ def node_risk(features: NodeFeatures, rack: RackFacility | None = None) -> Risk:
         "throttle": min(1.0, features.throttle_share_max),
         # a loop losing pressure while the rack's GPUs warm together: one cause for the whole rack
         "facility": min(1.0, rack.pressure_drop / 0.25) * (1.0 if rack.warming > 1.0 else 0.5),
+        "anomaly": min(1.0, max(0.0, features.anomaly)),
     }
     survive = 1.0
     for kind, strength in evidence.items():
@@ -79,5 +85,6 @@ def node_risk(features: NodeFeatures, rack: RackFacility | None = None) -> Risk:
         "throttle": f"throttled for power or heat {features.throttle_share_max:.0%} of the time",
         "facility": f"rack {features.rack}: cooling loop pressure {rack.pressure_drop:.0%} below normal while its GPUs "
                     f"warm {rack.warming:.1f} °C/h",
+        "anomaly": features.anomaly_cause or "readings unusual for this node",
     }[kind]
     return Risk(score, cause, kind, {k: round(v, 3) for k, v in evidence.items()})

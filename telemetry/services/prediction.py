@@ -7,11 +7,13 @@ true when a hardware fault strikes the node within its horizon (its lead time is
 otherwise; precision, recall and lead time are computed from these records.
 """
 
+import logging
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+import redis
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
@@ -22,7 +24,10 @@ from jobs.models import FaultEvent, RecoveryAction
 from jobs.placement import risk_threshold
 from jobs.services.faults import fault_ingest
 from telemetry.models import FacilityState, GPUState, NICState, Prediction, RiskSample
+from telemetry.prediction import online
 from telemetry.prediction.risk import NodeFeatures, RackFacility, Risk, node_risk
+
+log = logging.getLogger(__name__)
 
 # Faults that count as a node failing (a prediction comes true); a prediction's own fault does not.
 HARDWARE_FAULTS = ("nic_down", "link_flap", "gpu_xid", "ecc_uncorrectable", "nvlink_error", "node_unreachable", "thermal",
@@ -142,9 +147,14 @@ def predictions_resolve(*, now=None) -> int:
 
 
 def risk_sweep(*, cluster_ids: list[int] | None = None, now=None) -> SweepResult:
-    """Score every node, record history, raise predictions over the threshold, judge past ones."""
+    """Score every node (its kept features, and its streaming detectors' alarms), record history, raise
+    predictions over the threshold, judge past ones."""
     now = now or timezone.now()
     features, racks, meta = gather(cluster_ids)
+    try:   # the anomaly term: each node's series through its streaming detector (state kept in Redis)
+        online.observe(features, now.timestamp(), prune=cluster_ids is None)
+    except redis.RedisError as error:   # without Redis the other evidence still scores every node
+        log.warning("risk sweep without the anomaly term: %s", error)
     scores = {node_id: node_risk(f, racks.get((meta[node_id][1], f.rack))) for node_id, f in features.items()}
     result = SweepResult(nodes=len(scores))
     with transaction.atomic():

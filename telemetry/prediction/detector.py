@@ -22,6 +22,7 @@ risk sweep's anomaly term, ``telemetry/prediction/online.py``), with ONE configu
 """
 
 import math
+import statistics
 import struct
 from dataclasses import dataclass
 
@@ -130,15 +131,16 @@ class StreamingDetector:
         self.recent_head = (i + 1) % self.config.level_readings
         self.recent_n = min(self.recent_n + 1, self.config.level_readings)
 
-    def _recent(self, since: float) -> np.ndarray:
+    def _recent(self, since: float) -> list[float]:
+        """The kept readings newer than ``since`` (plain floats: for a few dozen values, faster than numpy)."""
         n = self.recent_n
-        t, v = self.recent_t[:n], self.recent_v[:n]
-        return v[t > since] if n else v
+        times, values = self.recent_t[:n].tolist(), self.recent_v[:n].tolist()
+        return [v for t, v in zip(times, values, strict=True) if t > since]
 
     def _judge(self, ts: float, value: float, detect: bool) -> Verdict:
         c = self.config
         level_values = self._recent(ts - c.level_seconds)
-        level = float(np.median(level_values)) if level_values.size else value
+        level = statistics.median(level_values) if level_values else value
         start_floor = c.z_min * self.S
         best = Verdict(alarm=False, score=0.0, baseline=self.B)
         for k, (channel, direction) in enumerate(KEYS):
@@ -166,8 +168,7 @@ class StreamingDetector:
 
     def _close_block(self) -> None:
         c = self.config
-        values = self._recent(self.block_start - 1e-9)
-        values = values[values == values]
+        values = np.asarray(self._recent(self.block_start - 1e-9))
         if values.size == 0 or not math.isfinite(self.cur_hi):
             self.cur_hi, self.cur_lo = -math.inf, math.inf
             return
@@ -210,39 +211,51 @@ class StreamingDetector:
 
     # --- state ------------------------------------------------------------------------------------------
 
+    def _arrays(self):
+        return (self.ring, self.days, self.recent_t, self.recent_v)
+
     def to_bytes(self) -> bytes:
-        scalars = np.array([getattr(self, name) for name in _SCALARS] + self.today + self.ref + self.ref_week
-                           + self.rare_above + [float(b) for b in self.excursion + self.on], np.float64)
-        return b"".join((_MAGIC, struct.pack("<I", len(scalars)), scalars.tobytes(), self.ring.tobytes(),
-                         self.days.tobytes(), self.recent_t.tobytes(), self.recent_v.tobytes()))
+        scalars = ([float(getattr(self, name)) for name in _SCALARS] + self.today + self.ref + self.ref_week
+                   + self.rare_above + [float(b) for b in self.excursion + self.on])
+        head = _MAGIC + struct.pack(f"<I{len(scalars)}d", len(scalars), *scalars)
+        return b"".join((head, *(array.tobytes() for array in self._arrays())))
 
     @classmethod
     def from_bytes(cls, blob: bytes, config: DetectorConfig = CONFIG) -> "StreamingDetector":
-        detector = cls(config)
-        if blob[:4] != _MAGIC:
+        """The detector ``to_bytes`` wrote. Raises ValueError for anything else (or another configuration's)."""
+        if blob[:4] != _MAGIC or len(blob) < 8:
             raise ValueError("not a detector state")
         (count,) = struct.unpack_from("<I", blob, 4)
-        offset = 8
-        scalars = np.frombuffer(blob, np.float64, count, offset)
-        offset += 8 * count
-        for name, value in zip(_SCALARS, scalars, strict=False):
-            setattr(detector, name, int(value) if name in ("blocks", "ring_head", "ring_n", "days_head", "days_n",
-                                                           "recent_head", "recent_n") else float(value))
-        rest = [float(v) for v in scalars[len(_SCALARS):]]
+        layout = _layout(config)
+        if count != _COUNT or len(blob) != 8 + 8 * count + sum(size for *_, size in layout):
+            raise ValueError("detector state has the wrong size (another configuration?)")
+        detector = cls.__new__(cls)
+        detector.config = config
+        values = struct.unpack_from(f"<{count}d", blob, 8)
+        for name, value in zip(_SCALARS, values, strict=False):
+            setattr(detector, name, int(value) if name in _INTEGERS else value)
+        rest = list(values[len(_SCALARS):])
         detector.today, detector.ref, detector.ref_week, detector.rare_above = (rest[0:4], rest[4:8], rest[8:12],
                                                                                 rest[12:16])
         detector.excursion = [bool(v) for v in rest[16:20]]
         detector.on = [bool(v) for v in rest[20:24]]
-        for name in ("ring", "days", "recent_t", "recent_v"):
-            array = getattr(detector, name)
-            size = array.nbytes
-            if len(blob) < offset + size:
-                raise ValueError("detector state is truncated (another configuration?)")
-            setattr(detector, name, np.frombuffer(blob, array.dtype, array.size, offset).reshape(array.shape).copy())
+        buffer = bytearray(blob)   # one copy; the arrays are writable views into it
+        offset = 8 + 8 * count
+        for name, dtype, shape, size in layout:
+            setattr(detector, name, np.frombuffer(buffer, dtype, math.prod(shape), offset).reshape(shape))
             offset += size
-        if offset != len(blob):
-            raise ValueError("detector state has the wrong size (another configuration?)")
         return detector
+
+
+_INTEGERS = frozenset(("blocks", "ring_head", "ring_n", "days_head", "days_n", "recent_head", "recent_n"))
+_COUNT = len(_SCALARS) + 24
+
+
+def _layout(config: DetectorConfig) -> list[tuple[str, type, tuple, int]]:
+    days = config.memory_blocks // config.baseline_blocks
+    shapes = (("ring", np.float32, (config.memory_blocks, 4)), ("days", np.float32, (days, 4)),
+              ("recent_t", np.float64, (config.level_readings,)), ("recent_v", np.float64, (config.level_readings,)))
+    return [(name, dtype, shape, np.dtype(dtype).itemsize * math.prod(shape)) for name, dtype, shape in shapes]
 
 
 def alarm_intervals(timestamps, alarms) -> list[tuple[float, float]]:

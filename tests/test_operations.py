@@ -141,7 +141,7 @@ def test_two_beats_schedule_once_and_the_survivor_takes_over_when_the_holder_die
         times = [m["at"] for m in messages if m["task"] == task]
         in_window = [t for t in times if window_start <= t < window_end]
         # Once a second over eight seconds, not twice; no two sends of one entry closer than its interval allows.
-        assert 7 <= len(in_window) <= 9, (task, len(in_window))
+        assert 6 <= len(in_window) <= 10, (task, len(in_window))
         assert min(gaps(times)) > 0.8, (task, gaps(times))
         first_after = min(t for t in times if t >= killed_at)
         # The survivor takes over within the lock's lifetime and one renewal interval.

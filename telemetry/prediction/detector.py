@@ -168,12 +168,12 @@ class StreamingDetector:
 
     def _close_block(self) -> None:
         c = self.config
-        values = np.asarray(self._recent(self.block_start - 1e-9))
-        if values.size == 0 or not math.isfinite(self.cur_hi):
+        values = self._recent(self.block_start - 1e-9)
+        if not values or not math.isfinite(self.cur_hi):
             self.cur_hi, self.cur_lo = -math.inf, math.inf
             return
-        med = float(np.median(values))
-        spread = float(np.mean(np.abs(values - med)))
+        med = statistics.median(values)
+        spread = sum(abs(v - med) for v in values) / len(values)
         self.ring[self.ring_head] = (med, self.cur_hi, self.cur_lo, spread)
         self.ring_head = (self.ring_head + 1) % c.memory_blocks
         self.ring_n = min(self.ring_n + 1, c.memory_blocks)
@@ -195,9 +195,10 @@ class StreamingDetector:
         """Baseline, spread, the week's records and rarity thresholds: recomputed once an hour."""
         c = self.config
         day = self._last_blocks(c.baseline_blocks)
-        self.B = float(np.median(day[:, 0]))
-        within = float(np.median(day[:, 3]))
-        between = float(np.median(np.abs(day[:, 0] - self.B)))
+        medians = day[:, 0].tolist()
+        self.B = statistics.median(medians)
+        within = statistics.median(day[:, 3].tolist())
+        between = statistics.median([abs(m - self.B) for m in medians])
         self.S = max(within, between, 1e-9 * max(abs(self.B), 1.0))
         week = self._last_blocks(c.memory_blocks)
         if self.days_n:

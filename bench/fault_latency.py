@@ -51,7 +51,7 @@ def drop_database() -> None:
 
 
 def setup_django():
-    os.environ.update(DATABASE_URL=DB_URL, REDIS_URL=REDIS_URL, DJANGO_SETTINGS_MODULE="controlplane.settings",
+    os.environ.update(DATABASE_URL=DB_URL, REDIS_URL=REDIS_URL, DJANGO_SETTINGS_MODULE="controlplane.testing.settings",
                       LOG_LEVEL="WARNING")
     import django
 
@@ -126,9 +126,9 @@ def cpu_seconds(pgid: int) -> float:
     return total
 
 
-def cpu_seconds_named(name: str) -> float:
-    """CPU seconds (user + system) of every process whose command is ``name`` (postgres, redis-server)."""
-    total = 0.0
+def cpu_by_pid(name: str) -> dict[int, float]:
+    """CPU seconds (user + system) of each process whose command is ``name`` (postgres, redis-server)."""
+    found = {}
     ticks = os.sysconf("SC_CLK_TCK")
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -139,8 +139,13 @@ def cpu_seconds_named(name: str) -> float:
             continue
         if stat[stat.index("(") + 1:stat.rindex(")")] == name:
             fields = stat.rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
+            found[int(entry.name)] = (int(fields[11]) + int(fields[12])) / ticks
+    return found
+
+
+def cpu_used_since(before: dict[int, float], name: str) -> float:
+    """CPU seconds the ``name`` processes used since ``before`` (those that exited meanwhile are not counted)."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in cpu_by_pid(name).items())
 
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
@@ -320,14 +325,14 @@ def main() -> int:
             if len(targets) < rate * seconds:
                 print(f"not enough distinct faults left for {rate}/s")
                 break
-            cpu_before = (cpu_seconds(web.pid), cpu_seconds(worker.pid), time.perf_counter(), cpu_seconds_named("postgres"),
+            cpu_before = (cpu_seconds(web.pid), cpu_seconds(worker.pid), time.perf_counter(), cpu_by_pid("postgres"),
                           time.process_time())
             sent, achieved = send_at_rate(url, token, targets, rate, seconds, senders=args.senders)
             stats = measure(listener, sent)
             wall = time.perf_counter() - cpu_before[2]
             stats["cpu"] = {"web": (cpu_seconds(web.pid) - cpu_before[0]) / wall,
                             "worker": (cpu_seconds(worker.pid) - cpu_before[1]) / wall,
-                            "postgres": (cpu_seconds_named("postgres") - cpu_before[3]) / wall,
+                            "postgres": cpu_used_since(cpu_before[3], "postgres") / wall,
                             "client": (time.process_time() - cpu_before[4]) / wall}
             stats.update(rate=rate, achieved=achieved, decision=decision_breakdown(sent))
             results.append(stats)

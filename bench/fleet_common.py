@@ -18,7 +18,7 @@ def setup() -> None:
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
             conn.execute(f'CREATE DATABASE "{name}"')
     os.environ["DATABASE_URL"] = BENCH_URL
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.testing.settings")  # production settings on plain HTTP
     os.environ.setdefault("LOG_LEVEL", "WARNING")
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/13")  # queued steps go to a scratch Redis DB
     if hasattr(os, "sched_setaffinity"):

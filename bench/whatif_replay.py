@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.testing.settings")  # production settings on plain HTTP
 
 
 def main() -> None:

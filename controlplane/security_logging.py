@@ -82,9 +82,8 @@ def _redact_argument(value):
 def redact_record(record: logging.LogRecord) -> logging.LogRecord:
     """Redact a record in place. Arguments are redacted one by one where that suffices, so formatters that read
     them (uvicorn's access log) keep working; otherwise the message is replaced by its redacted text."""
-    if getattr(record, "_secrets_redacted", False):
-        return record
-    record._secrets_redacted = True
+    if getattr(record, "_redacted_msg", None) is record.msg and record.msg is not None:
+        return record  # already done (the factory, then a handler's filter)
     try:
         message = record.getMessage()
     except Exception:  # a malformed call: logging reports it when the record is emitted
@@ -110,6 +109,7 @@ def redact_record(record: logging.LogRecord) -> logging.LogRecord:
             record.exc_text = redact(text)
     if record.stack_info:
         record.stack_info = redact(record.stack_info)
+    record._redacted_msg = record.msg
     return record
 
 

@@ -104,3 +104,7 @@ def _hour_closing_beat(node_ids: list[int], now) -> float:
     elapsed = time.perf_counter() - started
     connection.delete(online.HASH)
     return elapsed
+
+
+if __name__ == "__main__":
+    main()

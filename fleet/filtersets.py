@@ -7,6 +7,31 @@ from fleet.choices import DriftKind, RolloutState, VersionState
 from fleet.labels import with_labels
 from fleet.models import Blueprint, Cluster, DriftFinding, Fleet, Node, Rollout
 
+# The choices of a filter that names another object are what the reader may see: a filter form must not list
+# the other tenant's clusters or the tenants' names (the isolation matrix holds it).
+
+
+def _user(request):
+    return getattr(request, "user", None)
+
+
+def _fleets(request):
+    from fleet.selectors import fleet_list
+
+    return fleet_list(user=_user(request))
+
+
+def _clusters(request):
+    from fleet.selectors import cluster_list
+
+    return cluster_list(user=_user(request))
+
+
+def _tenants(request):
+    from tenancy.selectors import tenant_list
+
+    return tenant_list(user=_user(request))
+
 
 class FleetFilterSet(django_filters.FilterSet):
     name = django_filters.CharFilter(lookup_expr="icontains")
@@ -21,6 +46,8 @@ class ClusterFilterSet(django_filters.FilterSet):
     label = django_filters.CharFilter(method="by_label", label="Label (key=value)")
     blueprint = django_filters.CharFilter(field_name="blueprint__name")
     version = django_filters.NumberFilter(field_name="blueprint_version__number")
+    fleet = django_filters.ModelChoiceFilter(queryset=_fleets)
+    dedicated_tenant = django_filters.ModelChoiceFilter(queryset=_tenants)
 
     class Meta:
         model = Cluster
@@ -36,6 +63,7 @@ class ClusterFilterSet(django_filters.FilterSet):
 
 class NodeFilterSet(django_filters.FilterSet):
     hostname = django_filters.CharFilter(lookup_expr="icontains")
+    cluster = django_filters.ModelChoiceFilter(queryset=_clusters)
 
     class Meta:
         model = Node
@@ -65,6 +93,7 @@ class DriftFindingFilterSet(django_filters.FilterSet):
     kind = django_filters.ChoiceFilter(choices=DriftKind.choices)
     addon = django_filters.CharFilter()
     since = django_filters.IsoDateTimeFilter(field_name="detected_at", lookup_expr="gte")
+    cluster = django_filters.ModelChoiceFilter(queryset=_clusters)
 
     class Meta:
         model = DriftFinding

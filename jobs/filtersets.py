@@ -1,21 +1,71 @@
+"""One FilterSet per model, serving both its list page and its API endpoint.
+
+The choices of a filter that names another object (a cluster, a tenant, a job) are what the reader may see:
+a filter form must not list the other tenant's clusters or the tenants' names (the isolation matrix holds it).
+"""
+
 import django_filters
 
 from jobs.models import FaultEvent, Job, RecoveryAction
 
 
+def _user(request):
+    return getattr(request, "user", None)
+
+
+def _clusters(request):
+    from fleet.selectors import cluster_catalog
+
+    return cluster_catalog(user=_user(request))
+
+
+def _nodes(request):
+    from fleet.selectors import node_list
+
+    return node_list(user=_user(request))
+
+
+def _tenants(request):
+    from tenancy.selectors import tenant_list
+
+    return tenant_list(user=_user(request))
+
+
+def _jobs(request):
+    from jobs.selectors import job_list
+
+    return job_list(user=_user(request))
+
+
+def _faults(request):
+    from jobs.selectors import fault_list
+
+    return fault_list(user=_user(request))
+
+
 class JobFilterSet(django_filters.FilterSet):
+    cluster = django_filters.ModelChoiceFilter(queryset=_clusters)
+    tenant = django_filters.ModelChoiceFilter(queryset=_tenants)
+
     class Meta:
         model = Job
         fields = ["state", "cluster", "tenant", "simulated"]
 
 
 class FaultEventFilterSet(django_filters.FilterSet):
+    cluster = django_filters.ModelChoiceFilter(queryset=_clusters)
+    node = django_filters.ModelChoiceFilter(queryset=_nodes)
+
     class Meta:
         model = FaultEvent
         fields = ["state", "kind", "cluster", "node", "severity", "needs_human"]
 
 
 class RecoveryActionFilterSet(django_filters.FilterSet):
+    job = django_filters.ModelChoiceFilter(queryset=_jobs)
+    cluster = django_filters.ModelChoiceFilter(queryset=_clusters)
+    fault = django_filters.ModelChoiceFilter(queryset=_faults)
+
     class Meta:
         model = RecoveryAction
         fields = ["state", "kind", "job", "cluster", "fault", "dry_run"]

@@ -25,6 +25,7 @@ from fleet.filtersets import BlueprintFilterSet
 from fleet.models import Blueprint, BlueprintVersion
 from fleet.services import blueprints as services
 from fleet.services.blueprint_documents import blueprint_apply
+from tenancy.permissions import IsProvider
 
 NUMBER = r"(?P<number>[0-9]{1,9})"
 
@@ -34,6 +35,8 @@ class BlueprintViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedV
 
     serializer_class = BlueprintSerializer
     filterset_class = BlueprintFilterSet
+    # Provider roles only (DESIGN), refused before any input is read: the selector alone guards reads, not writes.
+    permission_classes = [*ScopedViewSet.permission_classes, IsProvider]
     http_method_names = ["get", "post", "put", "patch", "head", "options"]
 
     def selector(self, *, user):

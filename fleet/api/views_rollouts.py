@@ -21,6 +21,7 @@ from fleet.api.serializers import (
 from fleet.filtersets import DriftFindingFilterSet, RolloutFilterSet
 from fleet.models import BlueprintVersion, Rollout
 from fleet.services import rollouts as services
+from tenancy.permissions import IsProvider
 
 
 def rollout_body(rollout) -> dict:
@@ -37,6 +38,8 @@ class RolloutViewSet(mixins.ListModelMixin, ScopedViewSet):
 
     serializer_class = RolloutSerializer
     filterset_class = RolloutFilterSet
+    # Provider roles only (DESIGN), refused before any input is read: the selector alone guards reads, not writes.
+    permission_classes = [*ScopedViewSet.permission_classes, IsProvider]
     http_method_names = ["get", "post", "head", "options"]
 
     def selector(self, *, user):

@@ -54,10 +54,12 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
 
     @extend_schema(request=JobSubmitSerializer, responses=JobSerializer)
     def create(self, request):
+        who = self.principal
+        if not who.is_provider and not who.may_submit_jobs(who.tenant_id):
+            raise exceptions.PermissionDenied("you may not submit jobs")   # before reading any input
         data = JobSubmitSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
-        who = self.principal
         if who.is_provider:
             if "tenant" not in values:
                 raise exceptions.ValidationError({"tenant": ["provider roles name the tenant the job runs for"]})

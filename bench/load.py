@@ -4,7 +4,9 @@
     .venv/bin/python bench/load.py --nodes 100 --clients 20 --fault-rate 2 --seconds 10 --warmup 3
 
 What runs: a scratch PostgreSQL database (lockstep_bench_load, dropped and re-created; dropped again at the
-end unless --keep), Redis DB 6 (flushed), and the stack as production runs it, each a subprocess: uvicorn with
+end unless --keep) owned by a role of the same name whose connections are capped (--db-connection-limit, 50: the
+server is shared, and the stack must not take its every connection), Redis DB 6 (flushed), and the stack as
+production runs it (settings with DEBUG off, on plain HTTP), each a subprocess: uvicorn with
 ``--workers 2`` (Django serves a process's sync views on one thread under ASGI, so production runs several:
 WEB_CONCURRENCY), a Celery worker (``--concurrency 2``) and beat. The world: 4 protected simulated clusters,
 ``--nodes`` nodes in all (8 GPUs, 8 NICs each; 8 spares per cluster, one 8-GPU job on every other node, the
@@ -559,7 +561,7 @@ def summarise_processes(samples: list[dict], window: tuple[float, float]) -> lis
             span = max(1e-9, inside[-1]["t"] - inside[0]["t"])
             name = label if len(group) > 1 or label not in per_pid_labels else f"{label} {group[0]}"
             if len(group) > 1:
-                name += f" ({len(group)} processes)"
+                name += f" ({len(group)} pids seen)"
             rows.append((name, peak, last, cpu / span, all((label, pid) not in end["procs"] for pid in group)))
     return rows
 
@@ -625,6 +627,8 @@ def main() -> int:
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--worker-concurrency", type=int, default=2)
     parser.add_argument("--connections", type=int, default=400, help="most HTTP connections the load client opens")
+    parser.add_argument("--db-connection-limit", type=int, default=50,
+                        help="most PostgreSQL connections the stack may open (a role limit: the server is shared)")
     parser.add_argument("--seed", type=int, default=9)
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
     parser.add_argument("--role", choices=["http", "ws"], help=argparse.SUPPRESS)
@@ -647,10 +651,8 @@ def main() -> int:
     import redis
 
     redis.Redis.from_url(REDIS_URL).flushdb()
-    from scratch import scratch_database
-
     started = time.time()
-    db_url = scratch_database(DB_NAME, REDIS_URL=REDIS_URL, LOG_LEVEL="WARNING")
+    db_url = scratch_database(args.db_connection_limit)
     world = build_world(args.nodes, args.clients, args.job_topics, args.seed)
     needed = int(args.fault_rate * (args.warmup + args.seconds)) + 1
     if len(world["targets"]) < needed:
@@ -754,11 +756,36 @@ def main() -> int:
 
         connections.close_all()
         if not args.keep:
-            import psycopg
-
-            with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)')
+            drop_database()
     return 0 if verdict else 1
+
+
+def scratch_database(connection_limit: int) -> str:
+    """A fresh database owned by a role of its own whose connections are capped, so that the stack under load
+    cannot take every connection of the PostgreSQL server it shares with others; Django set up and migrated."""
+    import psycopg
+
+    drop_database()
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{DB_NAME}" LOGIN CONNECTION LIMIT {int(connection_limit)}')
+        conn.execute(f'CREATE DATABASE "{DB_NAME}" OWNER "{DB_NAME}"')
+    url = PG.replace("://postgres@", f"://{DB_NAME}@") + f"/{DB_NAME}"
+    os.environ.update(DATABASE_URL=url, REDIS_URL=REDIS_URL, DJANGO_SETTINGS_MODULE="controlplane.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return url
+
+
+def drop_database() -> None:
+    import psycopg
+
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)')
+        conn.execute(f'DROP ROLE IF EXISTS "{DB_NAME}"')
 
 
 def drain(fault_ids: list[int], deadline: float) -> dict:
@@ -842,7 +869,8 @@ def report(args, world, result, received, sampler, window, drained, alive, load_
     print(f"=== Load (issue 9): {args.nodes} nodes × 1 batch / {args.interval:g} s, {len(world['clients'])} websocket "
           f"clients, {args.fault_rate:g} faults/s; hold {args.seconds:g} s after {args.warmup:g} s warm-up ===")
     print(f"stack: uvicorn --workers {args.web_workers}, celery worker --concurrency {args.worker_concurrency}, beat; "
-          f"PostgreSQL and Redis on 127.0.0.1 (shared with other users of this machine)")
+          f"PostgreSQL (the bench role capped at {args.db_connection_limit} connections) and Redis on 127.0.0.1, "
+          f"both shared with other users of this machine")
     print()
     print(f"{'':34} {'offered':>9} {'achieved':>9} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}  non-2xx / failures")
     for kind, label in (("telemetry", "POST /api/v1/ingest/telemetry/"), ("fault", "POST /api/v1/faults/")):

@@ -3,7 +3,7 @@
 The policy itself is ``CONTENT_SECURITY_POLICY`` in settings. To it this middleware adds, on every response:
 
 - ``ws(s)://<this host>`` to connect-src, for the live pages' websocket (CSP level 3 lets ``'self'`` match the
-  same host's websocket; Safari before 15.4 does not);
+  same host's websocket, level 2 does not);
 - to style-src, the hashes of the ``<style>`` elements plotly.js writes as it runs: empty ones that it then fills
   through the CSSOM (``insertRule``, which CSP does not govern), and the style sheet of its map traces, which it
   inserts whole when it loads. They are read from the bundle Lockstep serves, so an upgrade of plotly keeps the

@@ -60,7 +60,7 @@ class Verdict:
     new: bool = False          # an alarm started at this reading
 
 
-_SCALARS = ("t0", "last_ts", "block_start", "cur_hi", "cur_lo", "until", "B", "S", "blocks", "ring_head",
+_SCALARS = ("phase", "t0", "last_ts", "block_start", "cur_hi", "cur_lo", "until", "B", "S", "blocks", "ring_head",
             "ring_n", "days_head", "days_n", "recent_head", "recent_n")
 _MAGIC = b"LSD1"
 
@@ -69,8 +69,11 @@ class StreamingDetector:
     """One series' detector. ``update`` folds a reading in and returns a ``Verdict``; ``to_bytes`` and
     ``from_bytes`` carry the state (a few kilobytes) between processes."""
 
-    def __init__(self, config: DetectorConfig = CONFIG):
+    def __init__(self, config: DetectorConfig = CONFIG, *, phase: float = 0.0):
+        """``phase`` shifts where the hourly blocks begin (seconds past the hour): it changes nothing in what is
+        detected, only when each hour's bookkeeping is done, so that many detectors need not do it at once."""
         c = self.config = config
+        self.phase = float(phase) % c.block_seconds
         self.t0 = self.last_ts = self.block_start = math.nan
         self.cur_hi, self.cur_lo = -math.inf, math.inf
         self.until = -math.inf
@@ -102,13 +105,13 @@ class StreamingDetector:
             return Verdict(alarm=ts <= self.until, score=1.0 if ts <= self.until else 0.0)
         if math.isnan(self.t0):
             self.t0 = ts
-            self.block_start = math.floor(ts / c.block_seconds) * c.block_seconds
+            self.block_start = self._block_of(ts)
         elif ts < self.last_ts:   # an older reading (a replay, a clock step) is history: it changes nothing
             held = ts <= self.until or any(self.on)
             return Verdict(alarm=held, score=1.0 if held else 0.0, baseline=self.B)
         if ts >= self.block_start + c.block_seconds:
             self._close_block()
-            self.block_start = math.floor(ts / c.block_seconds) * c.block_seconds
+            self.block_start = self._block_of(ts)
         self.last_ts = ts
         self._remember(ts, value)
         verdict = Verdict(alarm=False, score=0.0)
@@ -124,6 +127,10 @@ class StreamingDetector:
         elif ts <= self.until:
             verdict.alarm, verdict.score = True, 1.0
         return verdict
+
+    def _block_of(self, ts: float) -> float:
+        c = self.config
+        return math.floor((ts - self.phase) / c.block_seconds) * c.block_seconds + self.phase
 
     def _remember(self, ts: float, value: float) -> None:
         i = self.recent_head

@@ -43,6 +43,12 @@ def _field(node_id: int, series: str) -> str:
     return f"{node_id}:{series}"
 
 
+def phase(node_id: int, series: str) -> float:
+    """Where this detector's hours begin: spread over the hour (whole minutes), so that at each beat only about a
+    sixtieth of the fleet's detectors close an hour and recompute their baselines."""
+    return 60.0 * ((node_id * 7 + list(SERIES).index(series) * 31) % 60)
+
+
 def describe(series: str, verdict: Verdict, value: float) -> str:
     _, name, unit, number = SERIES[series]
     if not verdict.channel or math.isnan(verdict.baseline):
@@ -74,9 +80,10 @@ def observe(features: dict[int, NodeFeatures], now: float, *, connection: redis.
             if value is None or not math.isfinite(value):
                 continue
             try:
-                detector = StreamingDetector.from_bytes(blob) if blob else StreamingDetector(CONFIG)
+                detector = StreamingDetector.from_bytes(blob) if blob else None
             except ValueError:
-                detector = StreamingDetector(CONFIG)   # a state from another configuration: start again
+                detector = None   # a state from another configuration: start again
+            detector = detector or StreamingDetector(CONFIG, phase=phase(node_id, series))
             verdict = detector.update(now, value, detect=detector.blocks >= WARMUP_BLOCKS)
             updated[_field(node_id, series)] = detector.to_bytes()
             raised += verdict.new

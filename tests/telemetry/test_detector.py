@@ -155,6 +155,7 @@ def test_state_round_trip_continues_exactly():
         detector = StreamingDetector.from_bytes(detector.to_bytes())   # as if every reading came to a new process
         got.append(detector.update(t, v, detect=t - T0 >= DAY))
     assert [(v.alarm, v.new, round(v.score, 9)) for v in got] == [(v.alarm, v.new, round(v.score, 9)) for v in expected]
+    assert StreamingDetector.from_bytes(StreamingDetector(phase=1800).to_bytes()).phase == 1800
     blob = detector.to_bytes()
     assert len(blob) < 8000                                          # bounded: a week of hours, not the readings
     with pytest.raises(ValueError):

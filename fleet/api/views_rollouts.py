@@ -103,9 +103,9 @@ class DriftFindingViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Scop
     @action(detail=False, methods=["post"])
     def sweep(self, request):
         """Queue a drift sweep of every cluster now (provider roles); findings appear as it finishes."""
-        from fleet.tasks import drift_sweep_task
+        from fleet.services.drift import drift_sweep_request
 
         if not self.principal.may_operate:
             raise PermissionDenied("drift sweeps are for provider roles")
-        drift_sweep_task.delay()
+        drift_sweep_request(actor=request.user)
         return Response({"queued": True}, status=status.HTTP_202_ACCEPTED)

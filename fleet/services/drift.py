@@ -35,6 +35,15 @@ class SweepReport:
         return {k: (len(v) if isinstance(v, list) else v) for k, v in self.__dict__.items()}
 
 
+def drift_sweep_request(*, actor) -> None:
+    """Queue a sweep of every cluster now (an operator asked: the audit trail says who)."""
+    from fleet.tasks import drift_sweep_task
+
+    audit_record(actor=actor, action="drift.sweep_requested", object_type="fleet.cluster", object_id="*",
+                 changes={"clusters": "all"})
+    drift_sweep_task.delay()
+
+
 def _sweep_lock() -> bool:
     if connection.vendor != "postgresql":
         return True

@@ -91,6 +91,11 @@ def use_as_previous_release(model) -> None:
         transaction.set_rollback(True)
 
 
+def as_previous_release_reads(models) -> dict:
+    """Every row of the touched tables, as the previous release's code reads it."""
+    return {model.__name__: list(model.objects.order_by("pk").values()) for model in models}
+
+
 def populate(tenant):
     operator = make_user(Role.OPERATOR)
     usable_password(operator, PASSWORD)
@@ -194,6 +199,7 @@ def test_latest_migrations_apply_to_a_populated_database_while_it_serves(tmp_pat
                 for model in old_models:
                     assert model.objects.exists(), f"populate() should give {model.__name__} a row"
                 call_command("migrate", app, previous, verbosity=0)        # the previous release's schema
+                read_before = as_previous_release_reads(old_models)
                 serving = [p for p in ENDPOINTS + PAGES
                            if session.get(f"{web.url}{p}", headers=auth, timeout=30).status_code == 200]
                 assert "/healthz" in serving and len(serving) >= 3, (step, serving)
@@ -202,6 +208,7 @@ def test_latest_migrations_apply_to_a_populated_database_while_it_serves(tmp_pat
                     migrate = subprocess.run([str(VENV_BIN / "python"), "manage.py", "migrate", "--noinput"],
                                              cwd=BASE_DIR, env=child_env(), capture_output=True, text=True, timeout=300)
                     took = time.monotonic() - started
+                read_after = as_previous_release_reads(old_models)
                 assert migrate.returncode == 0, migrate.stdout + migrate.stderr
                 assert f"Applying {app}.{latest}" in migrate.stdout, migrate.stdout
                 summary = (f"{app}.{latest} in {took:.1f} s: {load.requests} requests to {len(serving)} endpoints "
@@ -215,6 +222,11 @@ def test_latest_migrations_apply_to_a_populated_database_while_it_serves(tmp_pat
                           "expand/contract, or declare needs_downtime = '<why>' in it (docs/operations.md)")
                 assert not load.failures, (advice, load.failures[:5])
                 assert not load.write_failures, (advice, load.write_failures[:5])
+                # The previous release reads what it read before: no column changed its meaning under it.
+                for name, rows in read_before.items():
+                    changed = [{key: (old[key], new[key]) for key in old if old[key] != new[key]}
+                               for old, new in zip(rows, read_after[name], strict=True) if old != new]
+                    assert not changed, (advice, f"{name} reads differently now (before, after)", changed[:2])
                 assert load.requests > len(serving) and (load.writes > 0 or not old_models), step
                 assert load.slowest < 10, f"{step}: a request waited {load.slowest:.1f} s on the migration"
                 report.append(summary)

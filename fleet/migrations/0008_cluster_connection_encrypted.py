@@ -32,6 +32,9 @@ def decrypt_connections(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
+    # Changes what the column holds in place (rule 3 of docs/operations.md): the previous release reads the
+    # ciphertext where it expects the connection settings, so its workers and web processes stop first.
+    needs_downtime = "rewrites fleet_cluster.connection from JSON to Fernet ciphertext in place"
 
     dependencies = [
         ('fleet', '0007_rollout_cluster_reverting'),

@@ -427,7 +427,11 @@ def memory(pid: int) -> dict | None:
         parts = rest.split()
         if parts:
             values[name] = int(parts[0]) * 1024
-    return {"rss": values.get("Rss", 0), "pss": values.get("Pss", 0),
+    try:
+        threads = int(re.search(r"^Threads:\s+(\d+)", Path(f"/proc/{pid}/status").read_text(), re.M)[1])
+    except (OSError, TypeError):
+        threads = 0
+    return {"rss": values.get("Rss", 0), "pss": values.get("Pss", 0), "threads": threads,
             "uss": values.get("Private_Clean", 0) + values.get("Private_Dirty", 0)}
 
 
@@ -441,6 +445,33 @@ def named(name: str) -> list[int]:
             except OSError:
                 continue
     return pids
+
+
+def listening(port: int) -> list[int]:
+    """The process listening on a TCP port."""
+    try:
+        listing = subprocess.run(["ss", "-ltnpH", f"( sport = :{port} )"], capture_output=True, text=True,
+                                 timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return sorted({int(pid) for pid in re.findall(r"pid=(\d+)", listing)})
+
+
+def postgres_cpu() -> float | None:
+    """CPU seconds of the whole PostgreSQL server: the postmaster, its live children, and (cutime, cstime) the
+    children it has reaped — short-lived backends that no sample would see."""
+    total, found = 0.0, False
+    pids = set(named("postgres"))
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / TICKS
+        if int(fields[1]) not in pids:   # the postmaster
+            total += (int(fields[13]) + int(fields[14])) / TICKS
+            found = True
+    return total if found else None
 
 
 def children(pid: int) -> list[int]:
@@ -523,6 +554,7 @@ class Sampler(threading.Thread):
         except redis.RedisError:
             depth, used = None, None
         sample["celery_queue"], sample["redis_used"] = depth, used
+        sample["postgres_cpu"] = postgres_cpu()
         return sample
 
     def run(self):
@@ -549,7 +581,7 @@ def summarise_processes(samples: list[dict], window: tuple[float, float]) -> lis
             def total(sample, field, group=group, label=label):
                 return sum(sample["procs"].get((label, pid), {}).get(field, 0) for pid in group)
 
-            peak = {f: max(total(s, f) for s in samples) for f in ("rss", "pss", "uss")}
+            peak = {f: max(total(s, f) for s in samples) for f in ("rss", "pss", "uss", "threads")}
             last = {f: total(end, f) for f in ("rss", "pss", "uss")}
             # CPU in the window: for each pid, its last value in the window minus its first (0 if born inside).
             cpu = 0.0
@@ -626,6 +658,7 @@ def main() -> int:
     parser.add_argument("--drain", type=float, default=30, help="at most this long after the load for the last events")
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--worker-concurrency", type=int, default=2)
+    parser.add_argument("--web-args", default="", help='more uvicorn options, e.g. "--limit-concurrency 32"')
     parser.add_argument("--connections", type=int, default=400, help="most HTTP connections the load client opens")
     parser.add_argument("--db-connection-limit", type=int, default=50,
                         help="most PostgreSQL connections the stack may open (a role limit: the server is shared)")
@@ -668,7 +701,7 @@ def main() -> int:
     url = f"http://127.0.0.1:{port}"
     venv = Path(sys.executable).parent
     web = start([str(venv / "uvicorn"), "controlplane.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-                 "--log-level", "warning", "--no-access-log", "--workers", str(args.web_workers)],
+                 "--log-level", "warning", "--no-access-log", "--workers", str(args.web_workers), *args.web_args.split()],
                 LOGS / "uvicorn.log", db_url)
     worker = start([str(venv / "celery"), "-A", "controlplane", "worker", "--loglevel=warning",
                     f"--concurrency={args.worker_concurrency}", "-n", f"load-{port}@%h", "--without-gossip",
@@ -684,7 +717,7 @@ def main() -> int:
         "celery worker (main)": lambda: [worker.pid],
         "celery pool child": lambda: children(worker.pid),
         "celery beat": lambda: [beat.pid],
-        "redis-server (shared)": lambda: named("redis-server"),
+        "redis-server (shared, port of REDIS_URL)": lambda: listening(int(REDIS_URL.rsplit(":", 1)[1].split("/")[0])),
         "load client: http": lambda: [p.pid for p in clients_procs[1:2]],
         "load client: websockets": lambda: [p.pid for p in clients_procs[:1]],
         "this process": lambda: [me],
@@ -770,7 +803,8 @@ def scratch_database(connection_limit: int) -> str:
         conn.execute(f'CREATE ROLE "{DB_NAME}" LOGIN CONNECTION LIMIT {int(connection_limit)}')
         conn.execute(f'CREATE DATABASE "{DB_NAME}" OWNER "{DB_NAME}"')
     url = PG.replace("://postgres@", f"://{DB_NAME}@") + f"/{DB_NAME}"
-    os.environ.update(DATABASE_URL=url, REDIS_URL=REDIS_URL, DJANGO_SETTINGS_MODULE="controlplane.settings")
+    os.environ.update(DATABASE_URL=url, REDIS_URL=REDIS_URL)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     import django
 
     django.setup()
@@ -868,7 +902,7 @@ def report(args, world, result, received, sampler, window, drained, alive, load_
     print()
     print(f"=== Load (issue 9): {args.nodes} nodes × 1 batch / {args.interval:g} s, {len(world['clients'])} websocket "
           f"clients, {args.fault_rate:g} faults/s; hold {args.seconds:g} s after {args.warmup:g} s warm-up ===")
-    print(f"stack: uvicorn --workers {args.web_workers}, celery worker --concurrency {args.worker_concurrency}, beat; "
+    print(f"stack: uvicorn --workers {args.web_workers} {args.web_args}, celery worker --concurrency {args.worker_concurrency}, beat; "
           f"PostgreSQL (the bench role capped at {args.db_connection_limit} connections) and Redis on 127.0.0.1, "
           f"both shared with other users of this machine")
     print()
@@ -896,14 +930,18 @@ def report(args, world, result, received, sampler, window, drained, alive, load_
         print("first failures:", *result["errors_seen"][:5], sep="\n  ")
     print()
     print(f"{'process':52} {'RSS peak':>9} {'PSS peak':>9} {'USS peak':>9} {'RSS end':>9} {'PSS end':>9} "
+          f"{'threads':>7} "
           f"{'cores':>6}   (MiB; cores = CPU share over the hold)")
     for name, peak, last, cores, gone in summarise_processes(sampler.samples, window):
         print(f"{name[:52]:52} {mib(peak['rss'])}  {mib(peak['pss'])}  {mib(peak['uss'])}  {mib(last['rss'])}  "
-              f"{mib(last['pss'])}  {cores:6.2f}" + ("   (gone at the end)" if gone else ""))
+              f"{mib(last['pss'])}  {peak['threads']:7d}  {cores:6.2f}" + ("   (gone at the end)" if gone else ""))
     inside = [s for s in sampler.samples if window[0] <= s["t"] <= window[1]]
     if len(inside) > 1:
         busy = (inside[-1]["machine"][0] - inside[0]["machine"][0]) / (inside[-1]["t"] - inside[0]["t"])
         print(f"whole machine: {busy:.2f} of {os.cpu_count()} cores busy during the hold")
+        if inside[0].get("postgres_cpu") is not None and inside[-1].get("postgres_cpu") is not None:
+            pg = (inside[-1]["postgres_cpu"] - inside[0]["postgres_cpu"]) / (inside[-1]["t"] - inside[0]["t"])
+            print(f"PostgreSQL server, every database and every backend (exited ones too): {pg:.2f} cores")
         queue = [s["celery_queue"] for s in inside if s["celery_queue"] is not None]
         used = [s["redis_used"] for s in inside if s["redis_used"] is not None]
         if queue:

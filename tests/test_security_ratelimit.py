@@ -81,6 +81,24 @@ def test_the_token_created_past_the_limit_is_refused_through_the_api(api, users)
     assert api.post("/api/v1/tokens/", {"name": "mine"}, format="json").status_code == 201
 
 
+@override_settings(TOKEN_CREATE_RATE="3/hour")
+def test_agent_tokens_issued_and_rotated_count_against_the_same_limit(api, users):
+    from fleet.models import Cluster, Fleet
+    from telemetry.models import AgentToken
+
+    cluster = Cluster.objects.create(fleet=Fleet.objects.create(name="rl"), name="rl-1")
+    api.as_token(users["provider-admin"])
+    first = api.post("/api/v1/agent-tokens/", {"cluster": cluster.pk, "name": "a0"}, format="json")
+    assert first.status_code == 201
+    assert api.post("/api/v1/agent-tokens/", {"cluster": cluster.pk, "name": "a1"}, format="json").status_code == 201
+    assert api.post(f"/api/v1/agent-tokens/{first.json()['id']}/rotate/").status_code == 201
+    refused = api.post("/api/v1/agent-tokens/", {"cluster": cluster.pk, "name": "a2"}, format="json")
+    assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
+    assert api.post(f"/api/v1/agent-tokens/{first.json()['id']}/rotate/").status_code == 429
+    assert AgentToken.objects.filter(cluster=cluster).count() == 3      # two issued, one reissued by the rotation
+    assert api.get("/api/v1/agent-tokens/").status_code == 200
+
+
 @override_settings(TOKEN_CREATE_RATE="2/hour")
 def test_the_token_page_answers_429_past_the_limit(client, users):
     client.force_login(users["tenant-viewer"])

@@ -1,6 +1,6 @@
 from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiExample, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, mixins, permissions, renderers, serializers, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -9,6 +9,7 @@ from rest_framework.views import APIView
 from controlplane.api import ScopedViewSet
 from controlplane.errors import ServiceError
 from controlplane.openapi import AutoSchema
+from controlplane.security_ratelimit import TokenCreateThrottle
 from fleet.selectors import cluster_list
 from telemetry import selectors
 from telemetry.models import NotificationChannel
@@ -93,18 +94,22 @@ class AgentTokenCreatedSerializer(AgentTokenSerializer):
     token = serializers.CharField(read_only=True, help_text="shown once; only its digest is stored")
 
 
+TOO_MANY_TOKENS = OpenApiResponse(description="Too many tokens issued: wait the Retry-After header's seconds.")
+
+
 class AgentTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
     """Agent tokens, each bound to one cluster (provider roles). DELETE revokes; ``rotate/`` revokes and reissues."""
 
     serializer_class = AgentTokenSerializer
     permission_classes = [*ScopedViewSet.permission_classes, IsProvider]
+    throttle_classes = [TokenCreateThrottle]     # create and rotate issue tokens: TOKEN_CREATE_RATE per user
     filterset_fields = ["cluster"]
     http_method_names = ["get", "post", "delete", "head", "options"]
 
     def selector(self, *, user):
         return selectors.agent_token_list(user=user)
 
-    @extend_schema(request=AgentTokenSerializer, responses={201: AgentTokenCreatedSerializer})
+    @extend_schema(request=AgentTokenSerializer, responses={201: AgentTokenCreatedSerializer, 429: TOO_MANY_TOKENS})
     def create(self, request):
         data = AgentTokenSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -120,7 +125,7 @@ class AgentTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Scoped
         agent_token_revoke(actor=request.user, token=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-    @extend_schema(request=None, responses={201: AgentTokenCreatedSerializer})
+    @extend_schema(request=None, responses={201: AgentTokenCreatedSerializer, 429: TOO_MANY_TOKENS})
     @action(detail=True, methods=["post"])
     def rotate(self, request, pk=None):
         token, raw = agent_token_rotate(actor=request.user, token=self.get_object())

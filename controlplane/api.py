@@ -31,7 +31,7 @@ def exception_handler(exc, context):
     if isinstance(exc, IntegrityError):
         log.info("integrity error answered as 409: %s", exc)
         return Response({"detail": "conflicts with existing data"}, status=status.HTTP_409_CONFLICT)
-    # A DataError (input the database refuses) is left to controlplane.middleware.DataErrorMiddleware, which
+    # A DataError (input the database refuses) is left to controlplane.middleware.DatabaseErrorMiddleware, which
     # answers 400 for pages and the API alike.
     response = drf_exception_handler(exc, context)
     return response

@@ -119,7 +119,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "controlplane.context.RequestContextMiddleware",
-    "controlplane.middleware.DataErrorMiddleware",
+    "controlplane.middleware.DatabaseErrorMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 

@@ -62,3 +62,23 @@ def test_out_of_range_filters_are_400_in_the_api(api, users, query):
 def test_out_of_range_filters_are_400_on_the_page(client, users):
     client.force_login(users["operator"])
     assert client.get("/audit/", {"until": "6201-01-29T03:09:34-23:03"}).status_code == 400
+
+
+def test_database_unavailable_is_503_with_retry_after_not_a_server_error(api, client, users, monkeypatch):
+    """The mapping alone (the stack-fault tests stop a real PostgreSQL): an OperationalError from the database
+    layer answers 503 + Retry-After in the API and on pages."""
+    from django.db import OperationalError
+
+    from controlplane import selectors
+
+    def unreachable(**_):
+        raise OperationalError("connection failed: server closed the connection unexpectedly")
+
+    monkeypatch.setattr(selectors, "audit_list", unreachable)
+    api.as_token(users["operator"], "read")
+    response = api.get("/api/v1/audit/")
+    assert response.status_code == 503 and int(response["Retry-After"]) > 0
+    assert "try again" in response.json()["detail"]
+    client.force_login(users["operator"])
+    page = client.get("/audit/")
+    assert page.status_code == 503 and "try again" in page.content.decode()

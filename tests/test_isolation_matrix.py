@@ -31,6 +31,7 @@ from controlplane.testing.matrix import (
     WALK_ROLES,
     Pattern,
     Who,
+    admin_site,
     matrix_world_build,
     url_patterns,
 )
@@ -141,18 +142,44 @@ def send(client, method: str, url: str, headers: dict, api: bool):
     return response
 
 
-def leaks(world, who: Who, body: str) -> list[str]:
-    """What of the other tenant's (or the provider's) the body names."""
+# JSON keys that hold the id of an object of a kind (``"job": 17``, ``"to_node": 5``…).
+ID_KEYS = {"job": "job", "job_id": "job", "tenant": "tenant", "tenant_id": "tenant", "dedicated_tenant": "tenant",
+           "cluster": "cluster", "cluster_id": "cluster", "node": "node", "node_id": "node", "to_node": "node",
+           "from_node": "node", "fault": "fault", "fault_id": "fault", "action": "action", "action_id": "action"}
+
+
+def foreign_ids(world, who: Who, data, found: list[str]) -> list[str]:
+    """Ids of the other tenant's objects anywhere in a JSON answer, under a key that names their kind."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            kind = ID_KEYS.get(key)
+            if kind and isinstance(value, int) and not isinstance(value, bool):
+                for owner, owned in world.owned.items():
+                    if owner != who.tenant and value in owned[kind]:
+                        found.append(f"{key}={value} ({owner}'s)")
+            foreign_ids(world, who, value, found)
+    elif isinstance(data, list):
+        for value in data:
+            foreign_ids(world, who, value, found)
+    return found
+
+
+def leaks(world, who: Who, body: str, content_type: str = "") -> list[str]:
+    """What of the other tenant's (or the provider's) the body names: its names and URLs, and in JSON the ids
+    of its objects."""
     if who.provider:
         return []
     foreign = [owner for owner in world.markers if owner != who.tenant]
-    return [marker for owner in foreign for marker in world.markers[owner] if marker in body]
+    found = [marker for owner in foreign for marker in world.markers[owner] if marker in body]
+    if content_type.startswith("application/json") and body:
+        found += foreign_ids(world, who, json.loads(body), [])
+    return found
 
 
 def walk(pattern: Pattern, world, clients) -> list[str]:
     problems = []
     if pattern.is_admin:
-        methods = {"GET": lambda who, owner, method: LOGIN}
+        methods = {"GET": admin_site}
     else:
         methods = ROUTES[pattern.key].methods
     api = pattern.is_api or pattern.key in ("metrics",)
@@ -180,7 +207,8 @@ def walk(pattern: Pattern, world, clients) -> list[str]:
                     if not response["Location"].startswith(logins):
                         problems.append(f"{where}: redirected to {response['Location']}, not a login page")
                 if response.status_code < 300 and not getattr(response, "streaming", False):
-                    found = leaks(world, who, response.content.decode("utf-8", "replace"))
+                    found = leaks(world, who, response.content.decode("utf-8", "replace"),
+                                  response.get("Content-Type", ""))
                     if found:
                         problems.append(f"{where}: the answer names {found[:5]}")
     return problems
@@ -341,7 +369,7 @@ def test_event_log_answers_per_topic_as_the_websocket_does(role, world, clients)
         if response.status_code != expected:
             problems.append(f"{name} as {role}: {response.status_code}, expected {expected}")
         elif expected == 200 and not who.provider:
-            found = leaks(world, who, json.dumps(response.json()))
+            found = leaks(world, who, response.content.decode(), response["Content-Type"])
             if found:
                 problems.append(f"{name} as {role}: events name {found[:5]}")
     assert not problems, "\n".join(problems)

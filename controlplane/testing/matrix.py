@@ -191,11 +191,10 @@ def provider_admin(ok: Expected = OK, *, api: bool = True) -> Policy:
     return policy
 
 
-def scoped(ok: Expected = OK, *, api: bool = True, shared: int = 404, refused: int = 404,
-           tenant_writes: int | None = None) -> Policy:
+def scoped(ok: Expected = OK, *, api: bool = True, shared: int = 404, tenant_writes: int | None = None) -> Policy:
     """An object of a tenant (or of the provider): provider roles reach every one; a tenant's users reach
     their own tenant's (``ok``), get ``shared`` for a provider object (an outline of a shared cluster is 200)
-    and ``refused`` (404) for the other tenant's. ``tenant_writes`` is what a tenant role gets for its own
+    and 404 for the other tenant's. ``tenant_writes`` is what a tenant role gets for its own
     object when the operation is for provider roles only (403)."""
     def policy(who, owner, method):
         if who.anonymous:
@@ -204,7 +203,7 @@ def scoped(ok: Expected = OK, *, api: bool = True, shared: int = 404, refused: i
             return ok
         relation = who.relation(owner)
         if relation == "other":
-            return refused
+            return 404
         if relation == "provider":
             return shared
         return tenant_writes if tenant_writes is not None else ok
@@ -226,11 +225,11 @@ def tenant_writes(ok: Expected = OK, *, viewer: int = 403, api: bool = True) -> 
     return policy
 
 
-def managed(ok: Expected = OK, *, refused: int = 404, self_only: int | None = 403, api: bool = True) -> Policy:
+def managed(ok: Expected = OK, *, self_only: int | None = 403, api: bool = True) -> Policy:
     """Users and tokens: the provider admin manages all; a tenant admin its tenant's; the operator and a
     tenant viewer only their own (the world's ``acme``/``nimbus`` token and user are the viewer's, the
     ``provider`` one is the operator's). ``self_only`` is what a user gets acting on their own row where only
-    an admin may (deactivating a user)."""
+    an admin may (deactivating a user). Anyone else's is 404."""
     def policy(who, owner, method):
         if who.anonymous:
             return _anonymous(who, api)
@@ -241,12 +240,13 @@ def managed(ok: Expected = OK, *, refused: int = 404, self_only: int | None = 40
             return ok if self_only is None else self_only
         if who.tenant_admin and owner == who.tenant:
             return ok
-        return refused
+        return 404
     return policy
 
 
 def admin_site(who: Who, owner: str | None, method: str) -> int:
-    """Django's admin is for staff; no role of DESIGN's table is staff: every page redirects to its login."""
+    """Django's admin is for staff; no role of DESIGN's table is staff: every page redirects to a login page
+    (the admin's own login sends everyone on to Lockstep's)."""
     return LOGIN
 
 
@@ -379,8 +379,7 @@ ROUTES: dict[str, Route] = {
     "api:stats-list": Route(per_method(get=signed_in())),
 }
 
-# Django's admin: every pattern, filled with these values, redirects every role of the table to a login page
-# (no role is staff; the admin's own login sends everyone to Lockstep's).
+# Django's admin is walked with ``admin_site``, every pattern filled with these values.
 ADMIN_VALUES = {"object_id": "1", "content_type_id": "1", "id": "1", "app_label": "fleet", "url": "nothing-here"}
 
 # --- websocket topics -------------------------------------------------------------------------------------------
@@ -423,6 +422,8 @@ class MatrixWorld:
     objects: dict[str, list[tuple[str, int]]]
     tenant_ids: dict[str, int]
     markers: dict[str, list[str]]
+    # owned[tenant][kind]: ids of every object of that kind only that tenant (and the provider) may see.
+    owned: dict[str, dict[str, set[int]]] = field(default_factory=dict)
 
 
 def matrix_world_build() -> MatrixWorld:
@@ -543,6 +544,18 @@ def matrix_world_build() -> MatrixWorld:
         "action": [(action.job.tenant.slug, action.pk) for action in
                    RecoveryAction.objects.filter(job__isnull=False).select_related("job__tenant").order_by("pk")],
     }
+    owned = {}
+    for slug, tenant in tenants.items():
+        cluster = dedicated[slug]
+        owned[slug] = {
+            "tenant": {tenant.pk},
+            "cluster": {cluster.pk},
+            "node": set(cluster.nodes.values_list("pk", flat=True)),
+            "job": set(Job.objects.filter(tenant=tenant).values_list("pk", flat=True)),
+            "action": set(RecoveryAction.objects.filter(job__tenant=tenant).values_list("pk", flat=True)),
+            "fault": set(FaultEvent.objects.filter(cluster=cluster).values_list("pk", flat=True))
+            | set(RecoveryAction.objects.filter(job__tenant=tenant, fault__isnull=False).values_list("fault_id", flat=True)),
+        }
     markers = {}
     for slug, tenant in tenants.items():
         jobs = Job.objects.filter(tenant=tenant)
@@ -557,4 +570,4 @@ def matrix_world_build() -> MatrixWorld:
                            "operator-matrix-token"]
     assert Fleet.objects.count() == 2 and len(objects["drift"]) >= 3 and len(objects["action"]) >= 2, objects
     return MatrixWorld(users=users, tokens=tokens, objects=objects,
-                       tenant_ids={slug: t.pk for slug, t in tenants.items()}, markers=markers)
+                       tenant_ids={slug: t.pk for slug, t in tenants.items()}, markers=markers, owned=owned)

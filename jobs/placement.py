@@ -160,10 +160,11 @@ def spare_gpus_on_node(node: Node) -> list[int]:
     return [index for index in healthy if index not in held and index not in booked]
 
 
-def book(*, action: RecoveryAction, node: Node, gpu_index: int | None = None) -> SpareBooking:
-    """Reserve a spare node (or one spare GPU) for an action. The unique constraint refuses a second booking."""
-    return SpareBooking.objects.create(action=action, node=node, gpu_index=gpu_index or 0,
-                                       whole_node=gpu_index is None)
+def book_many(bookings: list[tuple[RecoveryAction, Node, int | None]]) -> list[SpareBooking]:
+    """``book`` for many (action, node, GPU index or None for the whole node) at once, in one statement."""
+    return SpareBooking.objects.bulk_create([
+        SpareBooking(action=action, node=node, gpu_index=gpu_index or 0, whole_node=gpu_index is None)
+        for action, node, gpu_index in bookings]) if bookings else []
 
 
 def release(action: RecoveryAction) -> None:

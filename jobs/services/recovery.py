@@ -9,7 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane import events
-from controlplane.audit import audit_record
+from controlplane.audit import audit_entry, audit_record_many
 from fleet.choices import GPUHealth, LinkState
 from fleet.models import GPU, NIC
 from jobs import placement
@@ -121,11 +121,11 @@ def _snapshot_first(job: Job) -> None:
         pass    # not running, not protected, or one already running: the migration goes ahead regardless
 
 
-def _close(fault: FaultEvent, state: str, reason: str) -> None:
+def _close(fault: FaultEvent, state: str, reason: str, at) -> None:
+    """Set a fault's outcome (the caller writes it)."""
     fault.state = state
     fault.state_reason = reason[:300]
-    fault.handled_at = timezone.now()
-    fault.save(update_fields=["state", "state_reason", "handled_at"])
+    fault.handled_at = at
 
 
 def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
@@ -183,6 +183,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     spares = placement.SparePool(cluster)
     booked: set[int] = set()
     created: list[RecoveryAction] = []
+    bookings: list[tuple[RecoveryAction, object]] = []
     recovering: list[tuple[Job, str]] = []
     for index in ordered:
         fault, impact, allocation, job, facts, snapshot, stake = priced[index]
@@ -224,32 +225,37 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
             action.snapshot, action.restore_iteration = snapshot, snapshot.iteration
         if chosen.kind == ActionKind.RESTART_FROM_CHECKPOINT:
             action.restore_iteration = job.checkpoint_iteration_now(min(fault.detected_at, now))
-        action.save()
+        bookings.append((action, spare if chosen.kind != ActionKind.INTRA_NODE_MIGRATION else node))
         if action.to_node_id and chosen.kind != ActionKind.INTRA_NODE_MIGRATION:
-            placement.book(action=action, node=spare)
             booked.add(spare.pk)
-        elif chosen.kind == ActionKind.INTRA_NODE_MIGRATION:
-            placement.book(action=action, node=node, gpu_index=action.to_gpu_index)
         if chosen.kind in BUDGETED_KINDS:
             queued += 1
         if not dry_run and chosen.kind in STOPS_JOB and job.state == JobState.RUNNING:
             job.iteration, job.iteration_at = job.iteration_now(now), now
             job.state = JobState.RECOVERING
-            job.save(update_fields=["iteration", "iteration_at", "state"])
             recovering.append((job, f"{fault.kind} → {chosen.kind}"))
-        if chosen.kind == ActionKind.PROACTIVE_MIGRATION and not dry_run:
-            _snapshot_first(job)
-        audit_record(actor=None, action="recovery.plan", target=action, tenant_id=job.tenant_id,
-                     changes={"kind": chosen.kind, "dry_run": dry_run, "fault": fault.pk})
         outcome[fault.pk].append(f"job {job.pk}: {chosen.kind}" + (" (dry run)" if dry_run else ""))
         created.append(action)
+    # Written together: the actions, their bookings (the unique constraint still refuses a spare booked twice),
+    # the jobs they stop, their audit entries and the faults' outcomes, one statement each.
+    RecoveryAction.objects.bulk_create(created)
+    placement.book_many([(action, node, action.to_gpu_index if action.kind == ActionKind.INTRA_NODE_MIGRATION else None)
+                         for action, node in bookings if action.to_node_id])
+    Job.objects.bulk_update([job for job, _ in recovering], ["iteration", "iteration_at", "state"])
+    for action in created:
+        if action.kind == ActionKind.PROACTIVE_MIGRATION and not dry_run:
+            _snapshot_first(action.job)
+    audit_record_many([audit_entry(actor=None, action="recovery.plan", target=action, tenant_id=action.job.tenant_id,
+                                   changes={"kind": action.kind, "dry_run": dry_run, "fault": action.fault_id})
+                       for action in created])
     for fault in faults:
         notes = outcome.get(fault.pk) or []
         ignore = (fault.triage or {}).get("ignore") or not notes
         text = "; ".join(notes) or "no job affected; nothing to do"
         if (fault.triage or {}).get("ignore"):
             text = f"the catalogue says {fault.triage.get('recommended_action')}: " + text
-        _close(fault, FaultState.IGNORED if ignore else FaultState.HANDLED, text)
+        _close(fault, FaultState.IGNORED if ignore else FaultState.HANDLED, text, now)
+    FaultEvent.objects.bulk_update(faults, ["state", "state_reason", "handled_at"])
     # Highest stake first; migrations over the budget stay planned and start from beat as room frees. One event
     # per action says what was decided (started, or planned when dry-run or waiting), before the faults' events.
     # Publishing comes last: the topics' sequence rows it takes are shared by every writer (fleet, cluster-<id>),

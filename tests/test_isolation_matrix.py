@@ -375,10 +375,12 @@ def test_event_log_answers_per_topic_as_the_websocket_does(role, world, clients)
     assert not problems, "\n".join(problems)
 
 
-def test_walk_figures(world, capsys):
-    """Last in the module: how much the matrix walked."""
+@pytest.fixture(scope="module", autouse=True)
+def figures(request):
+    """After the module: how much the matrix walked."""
+    yield
     admin = sum(1 for p in PATTERNS if p.is_admin)
-    with capsys.disabled():
+    with request.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
         print(f"\nisolation matrix: {len(PATTERNS)} URL patterns ({len(PATTERNS) - admin} Lockstep, {admin} admin) × "
-              f"{len(WALK_ROLES)} roles; {WALKED['requests']} requests so far; "
-              f"{len(topic_names(world))} topics × {len(WALK_ROLES)} roles")
+              f"{len(WALK_ROLES)} roles, {WALKED['requests']} requests; {len(TOPICS)} topic families × "
+              f"{len(WALK_ROLES)} roles over the websocket")

@@ -7,10 +7,10 @@ What runs: a scratch PostgreSQL database (lockstep_bench_load, dropped and re-cr
 end unless --keep) owned by a role of the same name whose connections are capped (--db-connection-limit, 50: the
 server is shared, and the stack must not take its every connection), Redis DB 6 (flushed), and the stack as
 production runs it (settings with DEBUG off, on plain HTTP), each a subprocess: uvicorn with
-``--workers 2`` (Django serves a process's sync views on one thread under ASGI, so production runs several:
-WEB_CONCURRENCY), a Celery worker (``--concurrency 2``) and beat. The world: 4 protected simulated clusters,
-``--nodes`` nodes in all (8 GPUs, 8 NICs each; 8 spares per cluster, one 8-GPU job on every other node, the
-jobs shared between two tenants), an agent token per cluster.
+``--workers 2`` (Django runs each request's sync code on a thread of its own, but a process's Python runs one
+thread at a time, so production runs several: WEB_CONCURRENCY), a Celery worker (``--concurrency 2``) and
+beat. The world: 4 protected simulated clusters, ``--nodes`` nodes in all (8 GPUs, 8 NICs each; 8 spares per
+cluster, one 8-GPU job on every node but the spares, the jobs shared between two tenants), an agent token per cluster.
 
 The load, open-loop (a request goes out when it is due, whether or not earlier ones have been answered):
 
@@ -927,7 +927,7 @@ def report(args, world, result, received, sampler, window, drained, alive, load_
           f"unsent in the outbox; websocket client loop lag p99 {received['lag_p99_ms']:.1f} ms, "
           f"max {received['lag_max_ms']:.1f} ms")
     if result["errors_seen"]:
-        print("first failures:", *result["errors_seen"][:5], sep="\n  ")
+        print("first failures:", *list(dict.fromkeys(result["errors_seen"]))[:5], sep="\n  ")
     print()
     print(f"{'process':52} {'RSS peak':>9} {'PSS peak':>9} {'USS peak':>9} {'RSS end':>9} {'PSS end':>9} "
           f"{'threads':>7} "

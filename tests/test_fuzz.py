@@ -106,7 +106,7 @@ class Fuzzer:
 @pytest.mark.parametrize("username", ["lockstep-simulator", "nimbus-admin"])
 def test_every_operation_answers_as_documented(username, settings, capsys):
     settings.ALLOWED_HOSTS = ["testserver", "localhost"]
-    world_build(seed=3, nodes_per_cluster=4, spares=1)
+    world_build(seed=3, nodes_per_cluster=8, spares=1)   # 8 nodes: a job on every cluster
     user = get_user_model().objects.get(username=username)
     _, raw = token_create(actor=user, owner=user, name="fuzz", scope="write")
     auth = {"Authorization": f"Bearer {raw}"}

@@ -110,7 +110,7 @@ class RecoveryActionSerializer(serializers.ModelSerializer):
 
 
 class SnapshotSerializer(serializers.ModelSerializer):
-    seconds = serializers.FloatField(read_only=True)
+    seconds = serializers.FloatField(read_only=True, allow_null=True, help_text="how long it took; null while it runs")
 
     class Meta:
         model = JobSnapshot

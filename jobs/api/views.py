@@ -5,8 +5,8 @@ from datetime import timedelta
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import exceptions, mixins, status
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -90,7 +90,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
         job = job_services.job_cancel(actor=request.user, job=job)
         return Response(JobSerializer(job, context={}).data)
 
-    @extend_schema(request=ProgressSerializer, responses=JobSerializer)
+    @extend_schema(request=ProgressSerializer, responses=inline_serializer("ProgressResult", {
+        "id": serializers.IntegerField(), "state": serializers.CharField(), "iteration": serializers.IntegerField(),
+        "last_checkpoint_iteration": serializers.IntegerField()}))
     @action(detail=True, methods=["post"])
     def progress(self, request, pk=None):
         """The job reports its progress: with its job token, or as a user who may submit its tenant's jobs."""

@@ -5,8 +5,8 @@ documents the success response alone, so a client (or schemathesis' conformance 
 would not know that a 404 or a 400 can come back. ``AutoSchema`` adds them from what the operation is: any
 operation that needs credentials can answer 401 and 403; one with a path parameter or a page number 404;
 one with input (a body or query parameters) 400; one with a body 413 and 415; a write 409 (a conflict with
-existing data or with the object's state); a rate-limited one 429. Codes an operation declares itself
-(``@extend_schema``) are kept.
+existing data or with the object's state); a rate-limited one 429; and any of them 503 while the database
+cannot be reached (controlplane.middleware). Codes an operation declares itself (``@extend_schema``) are kept.
 """
 
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
@@ -60,6 +60,8 @@ class AutoSchema(SpectacularAutoSchema):
             errors["409"] = {**fields, "description": "The change conflicts with existing data or the object's state."}
         if self.view.get_throttles():
             errors["429"] = {**detail, "description": "Too many requests; Retry-After says when to try again."}
+        errors["503"] = {**detail, "description": "The database cannot be reached right now; Retry-After says when "
+                                                  "to try again."}
         if has_body:
             errors["413"] = {**fields, "description": "The body is larger than this operation accepts."}
             errors["415"] = {**fields, "description": "The body is not in a media type this operation reads."}

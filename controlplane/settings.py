@@ -23,6 +23,7 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "ALLOWED_HOSTS": (list, ["127.0.0.1", "localhost"], "Comma-separated host names the web process answers to."),
     "CSRF_TRUSTED_ORIGINS": (list, [], "Comma-separated origins (scheme://host[:port]) trusted for form posts behind a proxy."),
     "DATABASE_URL": (str, "sqlite:///var/lockstep.sqlite3", "Database URL. The embedded default is a SQLite file (WAL); use postgres://user:pass@host:5432/db in production."),
+    "DATABASE_POOL_SIZE": (int, 0, "PostgreSQL connections a process keeps in a pool (psycopg_pool); 0: one persistent connection per thread instead. The web process (controlplane/asgi.py) uses 4 unless this is set: under ASGI Django runs each request on a thread of its own, so per-thread connections would be opened and dropped with every request. Workers run one task at a time and keep 0."),
     "REDIS_URL": (str, "redis://127.0.0.1:6379/0", "Redis for the Celery broker and the Channels layer."),
     "CELERY_BROKER_URL": (str, "", "Celery broker; defaults to REDIS_URL."),
     "CELERY_VISIBILITY_TIMEOUT": (int, 300, "Seconds before an unacknowledged Celery message is redelivered (Redis broker)."),
@@ -162,8 +163,14 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     }
 else:
     _db.setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
-    _db["CONN_MAX_AGE"] = 60
-    _db["CONN_HEALTH_CHECKS"] = True
+    if env("DATABASE_POOL_SIZE") > 0:
+        # A pool per process, shared by the threads requests run on; Django has the pool check a connection
+        # before handing it out, so one broken by a database restart is replaced rather than failing a request.
+        _db["OPTIONS"]["pool"] = {"min_size": 1, "max_size": env("DATABASE_POOL_SIZE"), "timeout": 10}
+        _db["CONN_MAX_AGE"] = 0
+    else:
+        _db["CONN_MAX_AGE"] = 60
+        _db["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- auth -----------------------------------------------------------------------------------------------
@@ -210,6 +217,9 @@ CELERY_RESULT_SERIALIZER = "json"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Keep a worker's database connection across tasks (Celery's Django fixup otherwise closes it around each
+# task, and every task would open a new PostgreSQL session); connections are still checked before use.
+CELERY_DB_REUSE_MAX = 1000
 CELERY_TASK_TIME_LIMIT = env("CELERY_TASK_TIME_LIMIT")
 CELERY_TASK_SOFT_TIME_LIMIT = max(1, CELERY_TASK_TIME_LIMIT - 10)
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env("CELERY_VISIBILITY_TIMEOUT")}

@@ -207,7 +207,7 @@ def _complete_many(actions: list[RecoveryAction]) -> None:
 
 
 def publish_completions(cluster_id: int, finished: list[RecoveryAction]) -> None:
-    """``actions.completed`` lists, as recovery.publish_decisions does for decisions; each action carries its
+    """``actions.completed`` lists, as recovery.decision_lists does for decisions; each action carries its
     job's new state and iteration."""
     from jobs.services.recovery import action_lists
 

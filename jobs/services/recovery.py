@@ -72,15 +72,15 @@ def _mark_hardware(fault: FaultEvent, verdict: FaultVerdict) -> None:
         NIC.objects.filter(node_id=fault.node_id, name=fault.nic_name).update(link_state=state)
 
 
-def publish_decisions(cluster, created: list[RecoveryAction], started: set[int]) -> None:
-    """Publish a decision's actions as ``actions.decided`` lists (see ``action_lists``)."""
+def decision_lists(cluster, created: list[RecoveryAction], started: set[int]) -> list[events.Item]:
+    """A decision's actions as ``actions.decided`` lists (see ``action_lists``)."""
     if not created:
-        return
+        return []
     payloads = []
     for action in created:
         kind = "action.started" if action.pk in started else "action.planned"
         payloads.append((action, {**action_payload(action), "event": kind}))
-    events.publish_many(action_lists(cluster.pk, payloads, "actions.decided", "decided"))
+    return action_lists(cluster.pk, payloads, "actions.decided", "decided")
 
 
 def action_lists(cluster_id: int, payloads: list, kind: str, verb: str) -> list[events.Item]:
@@ -256,23 +256,22 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
             text = f"the catalogue says {fault.triage.get('recommended_action')}: " + text
         _close(fault, FaultState.IGNORED if ignore else FaultState.HANDLED, text, now)
     FaultEvent.objects.bulk_update(faults, ["state", "state_reason", "handled_at"])
-    # Highest stake first; migrations over the budget stay planned and start from beat as room frees. One event
-    # per action says what was decided (started, or planned when dry-run or waiting), before the faults' events.
-    # Publishing comes last: the topics' sequence rows it takes are shared by every writer (fleet, cluster-<id>),
-    # so they are held only for the moment before COMMIT.
+    # Highest stake first; migrations over the budget stay planned and start from beat as room frees.
     started = {action.pk for action in sorted(created, key=lambda a: -a.gpu_hours_at_stake)
                if not dry_run and action_start(action=action, cluster=cluster, publish=False)}
-    publish_decisions(cluster, created, started)
     if recovering:
         JobPhase.objects.filter(job__in=[j for j, _ in recovering], ended_at__isnull=True,
                                 kind__in=(JobPhaseKind.RUNNING, JobPhaseKind.RECOVERING)).update(ended_at=now)
         JobPhase.objects.bulk_create([JobPhase(job=j, kind=JobPhaseKind.RECOVERING, started_at=now, reason=why[:200])
                                       for j, why in recovering])
         JobProgress.objects.bulk_create([JobProgress(job=j, at=now, iteration=j.iteration) for j, _ in recovering])
-    # A fault answered by actions is reported handled by their events (they carry its state); the others get one.
+    # Publishing is the last statement before COMMIT: the topics' sequence rows it takes are shared by every
+    # writer (fleet, cluster-<id>), so they are held only for that moment. The actions' events say what was
+    # decided (started, or planned when dry-run or waiting) and carry their faults' state; a fault answered by
+    # no action gets a fault.handled event of its own.
     answered = {action.fault_id for action in created}
-    for fault in faults:
-        if fault.pk not in answered:
-            events.publish(cluster_topics(fault.cluster_id, tenant_id), "fault.handled", fault_payload(fault),
-                           url=f"/api/v1/faults/{fault.pk}/")
+    items = decision_lists(cluster, created, started)
+    items += [(cluster_topics(fault.cluster_id, tenant_id), "fault.handled", fault_payload(fault),
+               f"/api/v1/faults/{fault.pk}/") for fault in faults if fault.pk not in answered]
+    events.publish_many(items)
     return [action.pk for action in created]

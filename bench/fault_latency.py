@@ -287,8 +287,8 @@ def main() -> int:
     parser.add_argument("--ramp-seconds", type=float, default=8)
     parser.add_argument("--worker-concurrency", type=int, default=2)
     parser.add_argument("--web-workers", type=int, default=2,
-                        help="uvicorn worker processes (WEB_CONCURRENCY in production): Django runs a process's sync "
-                             "views on one thread under ASGI, so one process serves one request at a time")
+                        help="uvicorn worker processes (WEB_CONCURRENCY in production): one process runs Python on "
+                             "one core at a time, so a 2-core machine wants two")
     parser.add_argument("--senders", type=int, default=8, help="client threads POSTing faults (each request holds a PostgreSQL connection)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
     args = parser.parse_args()

@@ -266,7 +266,7 @@ SECOND = [{"kind": "link_flap", "nic_name": "mlx5_1"}, {"kind": "gpu_xid", "xid"
 def storm_reports(cluster, count: int) -> list[dict]:
     """``count`` different faults over the cluster's nodes, at most two on a node: first a NIC down (NIC
     failover), then one of SECOND. Two strikes stay under the escalation ladder's three, so no node is
-    quarantined (quarantine under a storm of reports is test_quarantine_while_a_fault_is_reported_does_not_deadlock's
+    quarantined (quarantine under a storm of reports is test_quarantining_a_node_while_a_fault_is_reported_on_it_does_not_deadlock's
     business)."""
     nodes = list(cluster.nodes.filter(state="ready").order_by("hostname").values_list("pk", flat=True))
     assert count <= 2 * len(nodes)
@@ -649,12 +649,6 @@ def test_a_worker_killed_mid_decision_and_before_its_relay_loses_nothing_and_act
 # --- What the faults above found: each pinned by a focused test ---------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: Celery 5.7.0 ends the worker ('Unrecoverable error: AttributeError: NoneType has no attribute hostname') "
-    "when the broker connection drops while a late-acknowledged task is in hand: on_connection_error_after_connected "
-    "now calls connection.close() after collect(), and kombu's channel close then restores unacked messages through "
-    "a transport already cleared. Celery 5.6.3 does not close there. Fix: pin celery[redis]>=5.4,<5.7 in "
-    "pyproject.toml until upstream fixes it"))
 def test_a_worker_with_a_task_in_hand_survives_a_redis_restart(tmp_path, settings):
     server = PrivateRedis().start()
     settings.REDIS_URL = server.url
@@ -685,14 +679,6 @@ def test_a_worker_with_a_task_in_hand_survives_a_redis_restart(tmp_path, setting
     assert alive and "Unrecoverable error" not in log, log[-3000:]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "bug: fleet/services/nodes.py _set_state (node_cordon, used by the escalation ladder inside a fault decision) "
-    "locks with select_for_update().select_related('cluster__fleet'), i.e. FOR UPDATE on the node, its cluster and "
-    "its fleet. A fault report on the node (fault_ingest) already holds a KEY SHARE lock on the cluster row (the "
-    "fault's foreign key) and waits for the node row the decision holds: PostgreSQL kills one of them as a "
-    "deadlock, so the report is refused (503) or the decision rolls back. Fix: select_for_update(of=('self',)) "
-    "for the node, and where the cordon caps need the fleet serialised, "
-    "Fleet.objects.select_for_update(no_key=True)"))
 def test_quarantining_a_node_while_a_fault_is_reported_on_it_does_not_deadlock(tenant_a):
     """The order a decision takes its locks in (fault_handle: the cluster; decide: the faults' nodes; the escalation
     ladder: cordon the node), against a fault report on the same node arriving in between."""

@@ -32,7 +32,7 @@ def clean_taints(taints) -> list[dict]:
 def node_set_taints(*, actor, node: Node, taints) -> Node:
     """Replace the node's Lockstep-managed taints: the added ones are applied through the driver."""
     taints = clean_taints(taints)
-    node = Node.objects.select_for_update().select_related("cluster").get(pk=node.pk)
+    node = Node.objects.select_for_update(of=("self",)).select_related("cluster").get(pk=node.pk)
     added = [t for t in taints if t not in node.taints]
     driver = driver_for(node.cluster)
     try:

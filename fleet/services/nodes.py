@@ -12,7 +12,7 @@ from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
 from fleet.choices import NodeState
 from fleet.drivers import DriverError, driver_for
-from fleet.models import Node
+from fleet.models import Fleet, Node
 
 DISRUPTED = (NodeState.CORDONED, NodeState.DRAINING)
 
@@ -43,9 +43,14 @@ def _check_cap(node: Node, new_state: str) -> None:
 
 
 def _set_state(*, actor, node: Node, state: str, reason: str, action: str, call) -> Node:
-    node = Node.objects.select_for_update().select_related("cluster__fleet").get(pk=node.pk)
+    # The node's own row only: FOR UPDATE on its cluster too would wait on (and deadlock with) a fault report
+    # holding the cluster's key-share lock while it waits for this node.
+    node = Node.objects.select_for_update(of=("self",)).select_related("cluster__fleet").get(pk=node.pk)
     if node.state == state:
         return node
+    if state in (NodeState.CORDONED, NodeState.DRAINING):
+        # The fleet's caps count the fleet's disrupted nodes: one cordon or drain of the fleet at a time.
+        list(Fleet.objects.select_for_update(no_key=True).filter(pk=node.cluster.fleet_id).values_list("pk", flat=True))
     _check_cap(node, state)
     try:
         call(driver_for(node.cluster), node)

@@ -336,7 +336,8 @@ def main() -> int:
                             "client": (time.process_time() - cpu_before[4]) / wall}
             stats.update(rate=rate, achieved=achieved, decision=decision_breakdown(sent))
             results.append(stats)
-            ok = stats["n"] and not stats["missing"] and stats["p99"] < 500 and achieved >= 0.95 * rate
+            ok = (stats["n"] and not stats["missing"] and stats["p50"] < 100 and stats["p99"] < 500
+                  and achieved >= 0.95 * rate)
             if listener.reconnects:
                 print(f"  (the websocket client reconnected {listener.reconnects} times and caught up from /api/v1/events/)")
             print(f"{rate:6.0f}/s offered {achieved:6.1f}/s achieved  n={stats['n']:5d} missing={stats['missing']:3d}  "
@@ -373,7 +374,8 @@ def main() -> int:
     if base.get("n"):
         verdict = "PASS" if base["p50"] < 100 and base["p99"] < 500 else "FAIL"
         print(f"  p50 {base['p50']:.1f} ms (target < 100)   p99 {base['p99']:.1f} ms (target < 500)   {verdict}")
-    print(f"  highest sustained rate: {best:.0f} faults/s (p99 < 500 ms, every event received, offered rate kept)")
+    print(f"  highest rate meeting both targets: {best:.0f} faults/s (p50 < 100 ms, p99 < 500 ms, every event received, "
+          f"offered rate kept)")
     print()
     print("Beside published reaction times:")
     print(f"  Lockstep, fault to recovery decision (p50)   {base.get('p50', float('nan')) / 1000:10.3f} s")

@@ -12,7 +12,6 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from controlplane.access import principal
 from controlplane.errors import ServiceError
-from controlplane.openapi import AutoSchema
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,6 @@ def exception_handler(exc, context):
 class ScopedViewSet(viewsets.GenericViewSet):
     """Base viewset: the queryset always comes from a selector that takes the user it reads for."""
 
-    schema = AutoSchema()   # documents the error answers as well as the success
 
     def selector(self, *, user):  # pragma: no cover - each viewset supplies its own
         raise NotImplementedError

@@ -8,7 +8,6 @@ from rest_framework.views import APIView
 
 from controlplane.api import ScopedViewSet
 from controlplane.errors import ServiceError
-from controlplane.openapi import AutoSchema
 from controlplane.security_ratelimit import TokenCreateThrottle
 from fleet.selectors import cluster_list
 from telemetry import selectors
@@ -58,7 +57,6 @@ class TelemetryIngestView(APIView):
     authentication_classes = [AgentTokenAuthentication]
     permission_classes = [IsAgent]
     parser_classes = [RawBodyParser]
-    schema = AutoSchema()
 
     @extend_schema(request={"application/json": OpenApiTypes.OBJECT}, responses={200: IngestResultSerializer},
                    examples=[OpenApiExample("schema", value={"see": "agent/lockstep_agent/schema/telemetry-batch.schema.json"})])
@@ -139,7 +137,6 @@ class AlertmanagerWebhookView(APIView):
     (``http_config.authorization.credentials`` in the receiver). Each alert's outcome is returned."""
 
     permission_classes = [*APIView.permission_classes, IsProvider]
-    schema = AutoSchema()
 
     @extend_schema(request={"application/json": OpenApiTypes.OBJECT}, responses={200: OpenApiTypes.OBJECT})
     def post(self, request):
@@ -162,7 +159,6 @@ class MetricsView(APIView):
 
     permission_classes = [*APIView.permission_classes, IsProvider]
     renderer_classes = [PrometheusRenderer, renderers.JSONRenderer]
-    schema = AutoSchema()
 
     def handle_exception(self, exc):
         # A refusal is JSON like everywhere else in the API, not the exposition format the scraper asked for.
@@ -278,7 +274,6 @@ class JobDiagnosisView(APIView):
     """Is it the fabric? Why this job runs slow: the fabric ruled in (the likeliest link, switch or rail, with
     the evidence) or out (the GPUs or hosts that stand out instead). Visible to whoever may see the job."""
 
-    schema = AutoSchema()
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request, pk: int):

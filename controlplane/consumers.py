@@ -2,33 +2,78 @@
 
 Clients send ``{"subscribe": ["fleet", "job-17"]}`` or ``{"unsubscribe": [...]}``; the consumer asks the
 topic registry whether the user may see each topic before joining its group, and answers with what it
-joined and what it refused. Events arrive as ``{"type": "event", "topic", "seq", "kind", "payload", "url",
-"created"}``.
+joined and what it refused, and each joined topic's head (its last sequence number):
+``{"type": "subscribed", "topics": [...], "refused": [...], "heads": {"fleet": 123}}``. Events arrive as
+``{"type": "event", "topic", "seq", "kind", "payload", "url", "created"}``.
+
+An event can be committed, relayed and marked sent and still reach no socket (a relay in the second after
+Redis returns, before this process has resubscribed its groups). So every ``HEADS_SECONDS`` the consumer
+reads its topics' heads (one query) and, for a topic whose head is still above the last sequence number this
+socket was sent or told of ``HEADS_GRACE_SECONDS`` later, sends ``{"type": "heads", "heads": {"job-7": 4}}``;
+the client catches that topic up from ``/api/v1/events/``. Where every event arrived, nothing is sent.
 """
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Iterable
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from controlplane import events
+from controlplane.models import TopicSequence
+
+log = logging.getLogger(__name__)
 
 MAX_TOPICS = 200
 CLOSE_UNAUTHENTICATED = 4401
+# How often each connection compares its topics' heads with what it delivered (tests set it shorter).
+HEADS_SECONDS = float(os.environ.get("LOCKSTEP_WS_HEADS_SECONDS", "5"))
+# How long a head may run ahead of the socket before it is announced: longer than a relay from commit to
+# socket takes, so an event that is on its way is not announced as well.
+HEADS_GRACE_SECONDS = float(os.environ.get("LOCKSTEP_WS_HEADS_GRACE_SECONDS", "1"))
+
+
+def topic_heads(names: Iterable[str]) -> dict[str, int]:
+    """The last sequence number of each topic (0 where it has none yet), in one query. The caller has
+    checked that the user may subscribe to every one of them."""
+    names = list(names)
+    found = dict(TopicSequence.objects.filter(topic__in=names).values_list("topic", "last_seq"))
+    return {name: found.get(name, 0) for name in names}
 
 
 class EventConsumer(AsyncJsonWebsocketConsumer):
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._stop_heads()
+
     async def connect(self):
         self.topics: set[str] = set()
+        self.told: dict[str, int] = {}  # topic -> the highest sequence number this socket was sent or told of
+        self.heads_task: asyncio.Task | None = None
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         await self.accept()
         await self.send_json({"type": "hello", "user": user.get_username()})
+        self.heads_task = asyncio.create_task(self._watch_heads())
 
     async def disconnect(self, code):
+        self._stop_heads()
         for name in list(getattr(self, "topics", ())):
             await self.channel_layer.group_discard(events.group_name(name), self.channel_name)
         self.topics = set()
+
+    def _stop_heads(self):
+        task = getattr(self, "heads_task", None)
+        if task is not None:
+            task.cancel()
+            self.heads_task = None
 
     async def receive_json(self, content, **kwargs):
         if not isinstance(content, dict) or not ({"subscribe", "unsubscribe"} & content.keys()):
@@ -58,7 +103,10 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
                 allowed.append(name)
             else:
                 refused.append(name)
-        await self.send_json({"type": "subscribed", "topics": allowed, "refused": refused})
+        heads = await self._read_heads(allowed) if allowed else {}
+        for name, head in heads.items():
+            self._tell(name, head)
+        await self.send_json({"type": "subscribed", "topics": allowed, "refused": refused, "heads": heads})
 
     async def _unsubscribe(self, names: list[str]):
         removed = []
@@ -66,10 +114,43 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
             if name in self.topics:
                 await self.channel_layer.group_discard(events.group_name(name), self.channel_name)
                 self.topics.discard(name)
+                self.told.pop(name, None)
                 removed.append(name)
         await self.send_json({"type": "unsubscribed", "topics": removed})
 
     async def event_message(self, message):
         event = message["event"]
         if event.get("topic") in self.topics:
+            self._tell(event["topic"], event.get("seq") or 0)
             await self.send_json({"type": "event", **event})
+
+    def _tell(self, name: str, seq: int) -> None:
+        if seq > self.told.get(name, 0):
+            self.told[name] = seq
+
+    async def _read_heads(self, names: Iterable[str]) -> dict[str, int]:
+        try:
+            return await database_sync_to_async(topic_heads)(names)
+        except Exception as error:  # the database away: the next period reads them again
+            log.info("topic heads not read: %r", error)
+            return {}
+
+    def _ahead(self, heads: dict[str, int]) -> dict[str, int]:
+        told, topics = self.told, self.topics
+        return {name: head for name, head in heads.items() if name in topics and head > told.get(name, 0)}
+
+    async def _watch_heads(self):
+        while True:
+            await asyncio.sleep(HEADS_SECONDS)
+            if not self.topics:
+                continue
+            ahead = self._ahead(await self._read_heads(sorted(self.topics)))
+            if not ahead:
+                continue
+            await asyncio.sleep(HEADS_GRACE_SECONDS)
+            ahead = self._ahead(ahead)
+            if ahead:
+                for name, head in ahead.items():
+                    self._tell(name, head)
+                with contextlib.suppress(Exception):  # the socket went away: disconnect() ends this task
+                    await self.send_json({"type": "heads", "heads": ahead})

@@ -23,7 +23,7 @@ class DatabaseErrorMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request, exception):
-        api = request.path.startswith("/api/")
+        api = request.path.startswith(("/api/", "/metrics"))   # the JSON answers: the API and the scrape endpoint
         if isinstance(exception, DataError):
             log.info("data error answered as 400 on %s: %s", request.path, exception)
             message = "a value in the request is out of the range the database accepts"

@@ -7,10 +7,9 @@ import json
 import os
 import re
 import signal
-import subprocess
 import threading
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from datetime import datetime, timedelta
 
 import pytest
@@ -28,11 +27,9 @@ from controlplane.beat import LOCK_KEY
 from controlplane.models import AuditEntry, Event
 from controlplane.tasks import retention_prune_task
 from controlplane.testing.processes import (
-    BASE_DIR,
-    VENV_BIN,
     PrivateRedis,
+    celery_beat,
     celery_worker,
-    child_env,
     uvicorn_server,
     wait_for,
 )
@@ -53,29 +50,6 @@ FAST_BEAT = {"HEARTBEAT_SECONDS": 1, "RECOVERY_ADVANCE_SECONDS": 1, "FAULT_SWEEP
 LOCK_SECONDS, RENEW_SECONDS = 3, 1
 # Every one-second entry of the schedule, and how long each message may wait (its `expires` option).
 EVERY_SECOND = {"jobs.recovery_advance": 2, "jobs.fault_sweep": 2, "controlplane.outbox_sweep": 2}
-
-
-@contextmanager
-def celery_beat(tmp_path, name: str, **env):
-    """A real `celery -A controlplane beat` in its own process group, with its own schedule file."""
-    log = tmp_path / f"beat-{name}.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [str(VENV_BIN / "celery"), "-A", "controlplane", "beat", "--loglevel=info",
-             "--schedule", str(tmp_path / f"beat-{name}-schedule")],
-            cwd=BASE_DIR, env=child_env(**env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    process.log = log
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(5)
 
 
 def kill(process, sig=signal.SIGKILL) -> float:

@@ -3,8 +3,12 @@
  *   const live = LockstepLive.connect();
  *   live.subscribe("job-17", lastSeqRenderedByServer, (event) => { ... });
  *
- * Events are applied in sequence order and duplicates dropped. After a reconnect the client fetches
- * /api/v1/events/?topic=…&after=<last seq seen> before applying new events, so nothing is missed.
+ * Events are applied in sequence order and duplicates dropped. A topic is caught up from
+ * /api/v1/events/?topic=…&after=<last seq applied> when it is (re)subscribed, when an event's seq jumps, and
+ * when the server says its head (last seq) is above what the page has: the server sends heads with each
+ * subscribe reply and, every few seconds, for a topic whose events did not all reach this socket. Events that
+ * arrive during a catch-up wait in a queue; a catch-up that fails is retried (1 s, doubling to 30 s) and the
+ * queue kept, so nothing is applied out of order or skipped.
  */
 (function () {
   "use strict";
@@ -18,7 +22,8 @@
 
   function Live(url) {
     this.url = url;
-    this.topics = {};       // topic -> {last: seq, handlers: [], catchingUp: bool, queue: []}
+    // topic -> {last: seq applied, known: highest seq known to exist, handlers, catchingUp, queue, retry…}
+    this.topics = {};
     this.socket = null;
     this.backoff = 500;
     this.stateEl = document.getElementById("live-state");
@@ -44,7 +49,14 @@
     socket.onmessage = function (message) {
       var data = JSON.parse(message.data);
       if (data.type === "subscribed") {
-        data.topics.forEach(function (name) { self.catchUp(name); });
+        self.heads(data.heads || {});
+        data.topics.forEach(function (name) { self.catchUp(name, true); });
+      } else if (data.type === "heads") {
+        self.heads(data.heads || {});
+        Object.keys(data.heads || {}).forEach(function (name) {
+          var entry = self.topics[name];
+          if (entry && entry.known > entry.last) { self.catchUp(name); }
+        });
       } else if (data.type === "event") {
         self.receive(data);
       }
@@ -59,7 +71,9 @@
   Live.prototype.subscribe = function (name, lastSeq, handler) {
     var entry = this.topics[name];
     if (!entry) {
-      entry = this.topics[name] = { last: Number(lastSeq) || 0, handlers: [], catchingUp: false, queue: [] };
+      var last = Number(lastSeq) || 0;
+      entry = this.topics[name] = { last: last, known: last, handlers: [], catchingUp: false, queue: [],
+                                    again: false, retryDelay: 1000, retryTimer: null };
       if (this.socket && this.socket.readyState === WebSocket.OPEN) {
         this.socket.send(JSON.stringify({ subscribe: [name] }));
       }
@@ -71,22 +85,50 @@
     var entry = this.topics[name];
     if (!entry || event.seq <= entry.last) { return; }   // a duplicate, or already caught up
     entry.last = event.seq;
-    entry.handlers.forEach(function (handler) { handler(event); });
+    entry.handlers.forEach(function (handler) {
+      // A page's handler that throws must not stop the others, or the events queued behind this one.
+      try { handler(event); } catch (error) { setTimeout(function () { throw error; }); }
+    });
+  };
+
+  // What the server says exists: a topic's head, from a subscribe reply or a heads message.
+  Live.prototype.heads = function (heads) {
+    var self = this;
+    Object.keys(heads).forEach(function (name) {
+      var entry = self.topics[name];
+      var head = Number(heads[name]) || 0;
+      if (entry && head > entry.known) { entry.known = head; }
+    });
   };
 
   Live.prototype.receive = function (event) {
     var entry = this.topics[event.topic];
     if (!entry) { return; }
+    if (event.seq > entry.known) { entry.known = event.seq; }
     if (entry.catchingUp) { entry.queue.push(event); return; }
     if (event.seq > entry.last + 1) { entry.queue.push(event); this.catchUp(event.topic); return; }
     this.apply(event.topic, event);
   };
 
-  Live.prototype.catchUp = function (name) {
+  // Fetch what a topic missed, then apply the queued events that follow on without a gap. `now` (after a
+  // (re)subscribe) retries a failed catch-up at once, or runs one more after the one in flight.
+  Live.prototype.catchUp = function (name, now) {
     var self = this;
     var entry = this.topics[name];
-    if (!entry || entry.catchingUp) { return; }
+    if (!entry) { return; }
+    if (entry.retryTimer !== null) {
+      if (!now) { return; }                       // waiting to retry: the retry fetches this too
+      clearTimeout(entry.retryTimer);
+      entry.retryTimer = null;
+    } else if (entry.catchingUp) {
+      if (now) { entry.again = true; }
+      return;
+    }
     entry.catchingUp = true;
+    entry.again = false;
+    // Everything up to `target` was committed before this fetch starts, so the fetch returns all of it
+    // that still exists (pruned events never come back: the page moves past them).
+    var target = entry.known;
     function page(url) {
       return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
         .then(function (r) { if (!r.ok) { throw new Error("catch-up " + r.status); } return r.json(); })
@@ -96,13 +138,34 @@
         });
     }
     page("/api/v1/events/?page_size=500&topic=" + encodeURIComponent(name) + "&after=" + entry.last)
-      .catch(function () { /* the next reconnect tries again */ })
       .then(function () {
+        entry.retryDelay = 1000;
+        if (entry.last < target) { entry.last = target; }
         entry.catchingUp = false;
-        var queued = entry.queue.sort(function (a, b) { return a.seq - b.seq; });
-        entry.queue = [];
-        queued.forEach(function (event) { self.apply(name, event); });
+        self.drain(name);
+      }, function () {
+        // Keep the queue and stay in catch-up (new events queue too) until a retry fills the gap.
+        var delay = entry.retryDelay;
+        entry.retryDelay = Math.min(delay * 2, 30000);
+        entry.retryTimer = setTimeout(function () {
+          entry.retryTimer = null;
+          entry.catchingUp = false;
+          self.catchUp(name);
+        }, delay);
       });
+  };
+
+  // Apply queued events in order while they follow on; a gap left (an event not yet fetched) means another
+  // catch-up, as does a head above what was applied or a (re)subscribe during the fetch.
+  Live.prototype.drain = function (name) {
+    var entry = this.topics[name];
+    var queued = entry.queue.sort(function (a, b) { return a.seq - b.seq; });
+    entry.queue = [];
+    for (var i = 0; i < queued.length; i++) {
+      if (queued[i].seq > entry.last + 1) { entry.queue = queued.slice(i); break; }
+      this.apply(name, queued[i]);
+    }
+    if (entry.queue.length || entry.known > entry.last || entry.again) { this.catchUp(name); }
   };
 
   // One line of a live feed, newest first: "<time> <code> text". Every page's feed goes through here.

@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery
-from celery.signals import beat_init, worker_ready, worker_shutdown
+from celery.signals import beat_init, task_postrun, task_prerun, worker_ready, worker_shutdown
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
@@ -33,3 +33,15 @@ def _beat_heartbeat(sender=None, **_):
     from controlplane.heartbeat import start_heartbeat
 
     start_heartbeat("beat", "beat")
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _database_connections_checked(**_):
+    """Workers keep their database connection across tasks (CELERY_DB_REUSE_MAX), so treat each task as Django
+    treats a request: drop a connection that errored or outlived CONN_MAX_AGE, and have the next query check the
+    connection first (CONN_HEALTH_CHECKS), so one broken by a database restart is replaced, not reused."""
+    from django.db import close_old_connections
+
+    close_old_connections()
+

@@ -61,8 +61,10 @@ class LiveClient(threading.Thread):
     """A websocket client that follows static/js/live.js: on (re)connect it subscribes to its topics and catches
     each up from ``/api/v1/events/?topic=…&after=<last seq>``; an event whose sequence number jumps is queued and
     the topic caught up; duplicates are dropped; a closed socket is reopened after 0.5 s, doubling. A catch-up
-    that fails is given up and the queued events applied, as live.js does. ``seen`` maps (topic, seq) to how the
-    event came: "live" over the socket or "catch-up" from the API."""
+    that fails is retried after 0.5 s, doubling (live.js: 1 s, up to 30 s), and queued events are applied only
+    while they follow on; a topic whose announced head (the subscribe reply's and the consumer's ``heads``) is
+    above the last event applied is caught up. ``seen`` maps (topic, seq) to how the event came: "live" over the
+    socket or "catch-up" from the API."""
 
     def __init__(self, port: int, token: str, topics: list[str]):
         super().__init__(daemon=True)
@@ -105,6 +107,11 @@ class LiveClient(threading.Thread):
                 for name in data["topics"]:
                     self.catch_up(name)
                 self.subscribed.set()
+            elif data.get("type") == "heads":
+                for name, head in data["heads"].items():
+                    if name in self.last and head > self.last[name]:
+                        self.gaps += 1
+                        self.catch_up(name)
             elif data.get("type") == "event":
                 self.receive(data)
 
@@ -126,18 +133,27 @@ class LiveClient(threading.Thread):
         self.seen[(name, event["seq"])] = (how, event["kind"])
 
     def catch_up(self, name: str) -> None:
-        url = f"{self.base}/api/v1/events/?page_size=500&topic={name}&after={self.last[name]}"
-        try:
-            while url:
-                response = self.session.get(url, timeout=10)
-                response.raise_for_status()
-                body = response.json()
-                for event in body["results"]:
-                    self.apply(name, event, "catch-up")
-                url = body.get("next")
-        except Exception:   # live.js gives up until the next reconnect
-            self.failed_catch_ups += 1
-        for event in sorted(self.queue.pop(name, []), key=lambda e: e["seq"]):
+        backoff = 0.5
+        while not self.stop.is_set():
+            url = f"{self.base}/api/v1/events/?page_size=500&topic={name}&after={self.last[name]}"
+            try:
+                while url:
+                    response = self.session.get(url, timeout=10)
+                    response.raise_for_status()
+                    body = response.json()
+                    for event in body["results"]:
+                        self.apply(name, event, "catch-up")
+                    url = body.get("next")
+                break
+            except Exception:   # keep the queue and try again, as live.js does
+                self.failed_catch_ups += 1
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 8)
+        waiting = sorted(self.queue.pop(name, []), key=lambda e: e["seq"])
+        for index, event in enumerate(waiting):
+            if event["seq"] > self.last[name] + 1:      # still a gap: wait for the next catch-up
+                self.queue[name] = waiting[index:]
+                return
             self.apply(name, event, "live")
 
     def close(self):

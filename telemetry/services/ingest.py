@@ -1,16 +1,19 @@
 """Telemetry ingest: one batch in one transaction, a fixed number of statements whatever its size.
 
 Order of work: validate everything first (schema, clock skew, every node, GPU, rack the batch names — a
-rejected batch stores nothing); record the batch id (a duplicate changes nothing); lock and load the previous
-state of the GPUs and NICs it reports; fold the readings in time order (extract.py); write raw samples,
-latest state with features, the per-minute history and facility series; hand hard faults to jobs'
-``fault_ingest``, which stores them before anything acts on them.
+rejected batch stores nothing). Then, on PostgreSQL, two statements (telemetry/upsert.py): the first records
+the batch id and, unless it was seen before (a duplicate changes nothing and locks nothing), locks and reads
+the previous state of the GPUs, NICs and facility series the batch reports; the readings are folded in time
+order (extract.py); the second writes raw samples, latest state with features, the per-minute history,
+facility series and the nodes' last-seen time. Hard faults go to jobs' ``fault_ingest``, which stores them
+before anything acts on them. Elsewhere (SQLite) the ORM does the same reads and writes, a few more statements.
 """
 
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+import orjson
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
@@ -20,8 +23,16 @@ from fleet.models import Node
 from jobs.services.faults import fault_ingest
 from telemetry import extract
 from telemetry.inventory import Inventory, inventory_for
-from telemetry.models import FacilitySample, FacilityState, GPUSample, GPUState, IngestBatch, NICState
-from telemetry.upsert import upsert
+from telemetry.models import (
+    FacilitySample,
+    FacilityState,
+    GPUSample,
+    GPUState,
+    IngestBatch,
+    NICState,
+    NodeMinute,
+)
+from telemetry.upsert import Statement, fetch, upsert
 from telemetry.validation import parse_batch
 
 GPU_STATE_COLUMNS = [
@@ -33,6 +44,17 @@ NIC_STATE_COLUMNS = [
     "node_id", "ts", "link_state", "fields", "link_downed", "symbol_errors", "link_error_recovery", "port_rcv_errors",
     "symbol_rate", "recovery_rate", "rcv_error_rate", "down_seconds", "flaps", "congestion_rate", "xmit_wait",
 ]
+SAMPLE_COLUMNS = ["ts", "gpu_id", "temperature", "power", "utilization", "sbe_total", "dbe_total", "nvlink_errors",
+                  "throttle_reasons"]
+MINUTE_COLUMNS = ["node_id", "minute", "samples", "temperature_max", "temperature_sum", "power_sum", "utilization_sum"]
+FACILITY_SAMPLE_COLUMNS = ["cluster_id", "ts", "source", "scope", "target", "device", "sensor", "metric", "value",
+                           "health"]
+FACILITY_STATE_COLUMNS = ["cluster_id", "scope", "target", "series", "metric", "ts", "value", "ewma", "trend",
+                          "baseline"]
+# What a fold needs of the previous state (all of it but the reported fields), read with the row locked.
+GPU_PREVIOUS = [c for c in GPU_STATE_COLUMNS if c != "fields"]
+NIC_PREVIOUS = [c for c in NIC_STATE_COLUMNS if c != "fields"]
+FACILITY_PREVIOUS = ["scope", "target", "series", "ts", "value", "ewma", "baseline", "trend"]
 
 
 @dataclass
@@ -50,8 +72,37 @@ class IngestResult:
                 "events": self.events, "facility": self.facility, "faults": self.faults}
 
 
+@dataclass
+class Previous:
+    """The recorded batch's row id and the locked previous state: {gpu id: state}, {nic id: state},
+    {(scope, target, series): state}, times as Unix seconds."""
+
+    batch_pk: int
+    gpus: dict = field(default_factory=dict)
+    nics: dict = field(default_factory=dict)
+    facility: dict = field(default_factory=dict)
+
+
+@dataclass
+class Writes:
+    """Everything a batch writes, as rows (dicts keyed by column)."""
+
+    samples: list = field(default_factory=list)
+    gpus: list = field(default_factory=list)
+    minutes: list = field(default_factory=list)
+    nics: list = field(default_factory=list)
+    facility_samples: list = field(default_factory=list)
+    facility_states: list = field(default_factory=list)
+    nodes: set = field(default_factory=set)
+
+
 def _dt(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=UTC)
+
+
+def _int(value):
+    """A counter as an int: JSON Schema's integers include 3.0, which an integer column would refuse as text."""
+    return value if value is None or type(value) is int else int(value)
 
 
 def _check_time(value: float, name: str, now: float, *, past: float) -> None:
@@ -99,6 +150,10 @@ def _resolve(batch: dict, inventory: Inventory, now: float) -> dict:
     return resolved
 
 
+def _series(sample: dict) -> tuple[str, str, str]:
+    return (sample["scope"], sample["target"], f"{sample.get('device', '')}|{sample.get('sensor', '')}|{sample['metric']}")
+
+
 def telemetry_ingest(*, cluster, body: bytes) -> IngestResult:
     """Take in one batch for ``cluster`` (the agent token's). Raises ServiceError (400) on anything invalid."""
     batch = parse_batch(body)
@@ -107,183 +162,255 @@ def telemetry_ingest(*, cluster, body: bytes) -> IngestResult:
     resolved = _resolve(batch, inventory, now)
     result = IngestResult(batch_id=batch["batch_id"], readings=len(resolved["readings"]), nics=len(resolved["nics"]),
                           events=len(resolved["events"]), facility=len(resolved["facility"]))
+    store = PostgresStore if connection.vendor == "postgresql" else PortableStore
     with transaction.atomic():
-        try:
-            with transaction.atomic():
-                row = IngestBatch.objects.create(batch_id=batch["batch_id"], cluster_id=cluster.pk,
-                                                 received_at=timezone.now(), readings=result.readings,
-                                                 nics=result.nics, events=result.events, facility=result.facility)
-        except IntegrityError:
+        previous = store.begin(cluster.pk, result, resolved)
+        if previous is None:
             result.duplicate = True
             return result
-        candidates: list[extract.FaultCandidate] = []
-        candidates += _ingest_gpus(resolved["readings"])
-        candidates += _ingest_nics(resolved["nics"])
-        _ingest_facility(cluster.pk, resolved["facility"])
+        writes = Writes()
+        candidates = _fold_gpus(resolved["readings"], previous.gpus, writes)
+        candidates += _fold_nics(resolved["nics"], previous.nics, writes)
+        _fold_facility(cluster.pk, resolved["facility"], previous.facility, writes)
         for ts, node, event in resolved["events"]:
             candidates.append(extract.FaultCandidate("gpu_xid", node.id, ts, gpu_index=event.get("gpu"), xid=event["xid"],
                                                      details={"uuid": event.get("uuid", "")}))
-        node_ids = {node.id for _, node, _, _ in resolved["readings"]} | {node.id for _, node, _, _ in resolved["nics"]}
-        if node_ids:
-            Node.objects.filter(pk__in=node_ids).update(last_seen_at=timezone.now())
+        store.write(writes)
         result.faults = _report_faults(candidates)
         if result.faults:
-            IngestBatch.objects.filter(pk=row.pk).update(faults=len(result.faults))
+            IngestBatch.objects.filter(pk=previous.batch_pk).update(faults=len(result.faults))
     return result
 
 
-def _ingest_gpus(readings: list) -> list[extract.FaultCandidate]:
+# --- folding readings into state (no database) -----------------------------------------------------------
+
+
+def _fold_gpus(readings: list, states: dict, writes: Writes) -> list[extract.FaultCandidate]:
     if not readings:
         return []
     readings.sort(key=lambda item: item[0])
-    gpu_ids = {gpu_id for _, _, gpu_id, _ in readings}
-    columns = [c for c in GPU_STATE_COLUMNS if c != "fields"]
-    states: dict[int, dict] = {}
-    for row in GPUState.objects.select_for_update().filter(gpu_id__in=gpu_ids).values("gpu_id", *columns):
-        row["ts"] = row["ts"].timestamp()
-        row["recovery_errors"] = row["nvlink_recovery_errors"]
-        states[row["gpu_id"]] = row
-    samples, faults, latest = [], [], {}
+    faults, latest = [], {}
     limit = settings.TELEMETRY_THERMAL_CELSIUS
+    buckets: dict[tuple[int, int], list] = {}
     for ts, node, gpu_id, reading in readings:
         fields = reading["fields"]
-        samples.append((
-            _dt(ts), gpu_id, fields.get("DCGM_FI_DEV_GPU_TEMP"), fields.get("DCGM_FI_DEV_POWER_USAGE"),
-            fields.get("DCGM_FI_DEV_GPU_UTIL"), fields.get("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"),
-            fields.get("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"), extract.nvlink_total(fields),
-            fields.get("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"),
-        ))
-        prev = states.get(gpu_id)
-        if prev is not None and prev["ts"] is not None and ts <= prev["ts"]:
-            continue  # an older reading (a spool replay) is history, not the latest state
-        state, found = extract.gpu_step(prev, ts, fields, thermal_limit=limit)
-        state.update(node_id=node.id, fields=fields, power=fields.get("DCGM_FI_DEV_POWER_USAGE"),
-                     utilization=fields.get("DCGM_FI_DEV_GPU_UTIL"), recovery_action=reading.get("recovery_action", ""))
-        states[gpu_id] = state
-        latest[gpu_id] = state
-        faults += [extract.FaultCandidate(kind, node.id, ts, gpu_index=reading["gpu"], details=details)
-                   for kind, details in found]
-    _write_samples(samples)
-    for state in latest.values():
-        state["ts"] = _dt(state["ts"])
-        state["nvlink_recovery_errors"] = state.get("recovery_errors", 0)
-        state["recovery_action"] = state.get("recovery_action") or ""
-    upsert(GPUState, "gpu_id", GPU_STATE_COLUMNS, latest)
-    _write_minutes(readings)
-    return faults
-
-
-SAMPLE_COLUMNS = ["ts", "gpu_id", "temperature", "power", "utilization", "sbe_total", "dbe_total", "nvlink_errors",
-                  "throttle_reasons"]
-
-
-def _write_samples(samples: list[tuple]) -> None:
-    """Append raw samples: COPY on PostgreSQL, bulk_create elsewhere."""
-    if connection.vendor != "postgresql":
-        GPUSample.objects.bulk_create([GPUSample(**dict(zip(SAMPLE_COLUMNS, row, strict=True))) for row in samples],
-                                      batch_size=2000)
-        return
-    with connection.cursor() as cursor:
-        with cursor.connection.cursor().copy(
-            f"COPY {GPUSample._meta.db_table} ({', '.join(SAMPLE_COLUMNS)}) FROM STDIN"
-        ) as copy:
-            for sample in samples:
-                copy.write_row(sample)
-
-
-def _write_minutes(readings: list) -> None:
-    """Fold readings into per-node, per-minute buckets with one upsert."""
-    buckets: dict[tuple[int, int], list] = {}
-    for ts, node, _, reading in readings:
-        fields = reading["fields"]
-        key = (node.id, int(ts // 60) * 60)
-        bucket = buckets.setdefault(key, [0, None, 0.0, 0.0, 0.0])
         temperature = fields.get("DCGM_FI_DEV_GPU_TEMP")
+        power = fields.get("DCGM_FI_DEV_POWER_USAGE")
+        utilization = fields.get("DCGM_FI_DEV_GPU_UTIL")
+        writes.samples.append({
+            "ts": _dt(ts), "gpu_id": gpu_id, "temperature": temperature, "power": power, "utilization": utilization,
+            "sbe_total": _int(fields.get("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL")),
+            "dbe_total": _int(fields.get("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL")), "nvlink_errors": extract.nvlink_total(fields),
+            "throttle_reasons": _int(fields.get("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")),
+        })
+        # the per-node, per-minute history: samples, max and sum of temperature, sums of power and utilisation
+        bucket = buckets.setdefault((node.id, int(ts // 60) * 60), [0, None, 0.0, 0.0, 0.0])
         bucket[0] += 1
         if temperature is not None:
             bucket[1] = temperature if bucket[1] is None else max(bucket[1], temperature)
             bucket[2] += temperature
-        bucket[3] += fields.get("DCGM_FI_DEV_POWER_USAGE") or 0.0
-        bucket[4] += fields.get("DCGM_FI_DEV_GPU_UTIL") or 0.0
-    table = "telemetry_nodeminute"
-    greatest = "GREATEST" if connection.vendor == "postgresql" else "MAX"
-    rows, params = [], []
-    for (node_id, minute), (samples, t_max, t_sum, p_sum, u_sum) in buckets.items():
-        rows.append("(%s, %s, %s, %s, %s, %s, %s)")
-        params += [node_id, _dt(minute), samples, t_max, t_sum, p_sum, u_sum]
-    sql = (
-        f"INSERT INTO {table} (node_id, minute, samples, temperature_max, temperature_sum, power_sum, utilization_sum) "
-        f"VALUES {', '.join(rows)} ON CONFLICT (node_id, minute) DO UPDATE SET "
-        f"samples = {table}.samples + excluded.samples, "
-        f"temperature_max = COALESCE({greatest}({table}.temperature_max, excluded.temperature_max), "
-        f"excluded.temperature_max, {table}.temperature_max), "
-        f"temperature_sum = {table}.temperature_sum + excluded.temperature_sum, "
-        f"power_sum = {table}.power_sum + excluded.power_sum, "
-        f"utilization_sum = {table}.utilization_sum + excluded.utilization_sum"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        bucket[3] += power or 0.0
+        bucket[4] += utilization or 0.0
+        writes.nodes.add(node.id)
+        prev = states.get(gpu_id)
+        if prev is not None and prev["ts"] is not None and ts <= prev["ts"]:
+            continue  # an older reading (a spool replay) is history, not the latest state
+        state, found = extract.gpu_step(prev, ts, fields, thermal_limit=limit)
+        state.update(node_id=node.id, fields=fields, power=power, utilization=utilization,
+                     recovery_action=reading.get("recovery_action", ""))
+        states[gpu_id] = latest[gpu_id] = state
+        faults += [extract.FaultCandidate(kind, node.id, ts, gpu_index=reading["gpu"], details=details)
+                   for kind, details in found]
+    for gpu_id, state in latest.items():
+        row = {c: state.get(c) for c in GPU_STATE_COLUMNS}
+        row.update(gpu_id=gpu_id, ts=_dt(state["ts"]), sbe_total=_int(state["sbe_total"]),
+                   dbe_total=_int(state["dbe_total"]), remapped_rows=_int(state["remapped_rows"]),
+                   nvlink_recovery_errors=_int(state.get("recovery_errors", 0)),
+                   recovery_action=state.get("recovery_action") or "")
+        writes.gpus.append(row)
+    writes.minutes += [{"node_id": node_id, "minute": _dt(minute), "samples": samples, "temperature_max": t_max,
+                        "temperature_sum": t_sum, "power_sum": p_sum, "utilization_sum": u_sum}
+                       for (node_id, minute), (samples, t_max, t_sum, p_sum, u_sum) in buckets.items()]
+    return faults
 
 
-def _ingest_nics(nics: list) -> list[extract.FaultCandidate]:
+def _fold_nics(nics: list, states: dict, writes: Writes) -> list[extract.FaultCandidate]:
     if not nics:
         return []
     nics.sort(key=lambda item: item[0])
-    nic_ids = {nic_id for _, _, nic_id, _ in nics}
-    states = {}
-    for row in NICState.objects.select_for_update().filter(nic_id__in=nic_ids).values(
-            "nic_id", *[c for c in NIC_STATE_COLUMNS if c != "fields"]):
-        row["ts"] = row["ts"].timestamp()
-        states[row["nic_id"]] = row
     latest, faults = {}, []
     limit = settings.TELEMETRY_SYMBOL_ERRORS_PER_HOUR
     for ts, node, nic_id, nic in nics:
+        writes.nodes.add(node.id)
         prev = states.get(nic_id)
         if prev is not None and ts <= prev["ts"]:
             continue
         state, found = extract.nic_step(prev, ts, nic["link_state"], nic["fields"], symbol_rate_limit=limit)
         state.update(node_id=node.id, fields=nic["fields"])
         states[nic_id] = latest[nic_id] = state
-        faults += [extract.FaultCandidate(kind, node.id, ts, nic_name=nic["name"], details=details) for kind, details in found]
-    for state in latest.values():
-        state["ts"] = _dt(state["ts"])
-    upsert(NICState, "nic_id", NIC_STATE_COLUMNS, latest)
+        faults += [extract.FaultCandidate(kind, node.id, ts, nic_name=nic["name"], details=details)
+                   for kind, details in found]
+    for nic_id, state in latest.items():
+        row = {c: state[c] for c in NIC_STATE_COLUMNS}
+        row.update(nic_id=nic_id, ts=_dt(state["ts"]), link_downed=_int(state["link_downed"]), flaps=_int(state["flaps"]),
+                   symbol_errors=_int(state["symbol_errors"]), link_error_recovery=_int(state["link_error_recovery"]),
+                   port_rcv_errors=_int(state["port_rcv_errors"]), xmit_wait=_int(state["xmit_wait"]))
+        writes.nics.append(row)
     return faults
 
 
-def _ingest_facility(cluster_id: int, samples: list[dict]) -> None:
+def _fold_facility(cluster_id: int, samples: list[dict], states: dict, writes: Writes) -> None:
     if not samples:
         return
     samples.sort(key=lambda sample: sample["ts"])
-    FacilitySample.objects.bulk_create([
-        FacilitySample(cluster_id=cluster_id, ts=_dt(s["ts"]), source=s["source"], scope=s["scope"], target=s["target"],
-                       device=s.get("device", ""), sensor=s.get("sensor", ""), metric=s["metric"], value=s["value"],
-                       health=s.get("health") or "")
-        for s in samples
-    ])
-
-    def key(s):
-        return (s["scope"], s["target"], f"{s.get('device', '')}|{s.get('sensor', '')}|{s['metric']}")
-
-    keys = {key(s) for s in samples}
-    existing = FacilityState.objects.select_for_update().filter(
-        cluster_id=cluster_id, target__in={k[1] for k in keys}, series__in={k[2] for k in keys})
-    states = {(r.scope, r.target, r.series): {"ts": r.ts.timestamp(), "value": r.value, "ewma": r.ewma,
-                                              "baseline": r.baseline, "trend": r.trend} for r in existing}
     metrics = {}
     for s in samples:
-        k = key(s)
-        if k in states and s["ts"] <= states[k]["ts"]:
+        writes.facility_samples.append({
+            "cluster_id": cluster_id, "ts": _dt(s["ts"]), "source": s["source"], "scope": s["scope"],
+            "target": s["target"], "device": s.get("device", ""), "sensor": s.get("sensor", ""), "metric": s["metric"],
+            "value": s["value"], "health": s.get("health") or "",
+        })
+        key = _series(s)
+        if key in states and s["ts"] <= states[key]["ts"]:
             continue
-        states[k] = extract.facility_step(states.get(k), s["ts"], s["value"])
-        metrics[k] = s["metric"]
-    FacilityState.objects.bulk_create(
-        [FacilityState(cluster_id=cluster_id, scope=k[0], target=k[1], series=k[2], metric=metrics[k], ts=_dt(v["ts"]),
-                       value=v["value"], ewma=v["ewma"], trend=v["trend"], baseline=v["baseline"])
-         for k, v in states.items() if k in metrics],
-        update_conflicts=True, unique_fields=["cluster", "scope", "target", "series"],
-        update_fields=["metric", "ts", "value", "ewma", "trend", "baseline"],
-    )
+        states[key] = extract.facility_step(states.get(key), s["ts"], s["value"])
+        metrics[key] = s["metric"]
+    writes.facility_states += [
+        {"cluster_id": cluster_id, "scope": key[0], "target": key[1], "series": key[2], "metric": metric,
+         "ts": _dt(states[key]["ts"]), **{c: states[key][c] for c in ("value", "ewma", "trend", "baseline")}}
+        for key, metric in metrics.items()
+    ]
+
+
+# --- the database: PostgreSQL in two statements, the ORM elsewhere -------------------------------------------
+
+
+def _locked(table: str, columns: list[str], where: str) -> str:
+    """A scalar subquery: the matching rows of ``table``, locked, as one JSON array (times as Unix seconds); none
+    when the batch was a duplicate."""
+    names = ", ".join("extract(epoch FROM ts)::float8 AS ts" if c == "ts" else c for c in columns)
+    return (f"(SELECT json_agg(s)::text FROM (SELECT {names} FROM {table} WHERE {where} "
+            f"AND EXISTS (SELECT FROM batch) FOR UPDATE) s)")
+
+
+class PostgresStore:
+    @staticmethod
+    def begin(cluster_id: int, result: IngestResult, resolved: dict) -> Previous | None:
+        """Record the batch id and lock and read the previous state, in one statement; None for a duplicate."""
+        gpu_ids = list({gpu_id for _, _, gpu_id, _ in resolved["readings"]})
+        nic_ids = list({nic_id for _, _, nic_id, _ in resolved["nics"]})
+        series = {_series(s) for s in resolved["facility"]}
+        sql = (
+            f"WITH batch AS (INSERT INTO {IngestBatch._meta.db_table} "
+            "(batch_id, cluster_id, received_at, readings, nics, events, facility, faults) "
+            "VALUES (%s::uuid, %s, %s, %s, %s, %s, %s, 0) ON CONFLICT (batch_id) DO NOTHING RETURNING id) "
+            "SELECT (SELECT id FROM batch), "
+            + ", ".join([
+                _locked(GPUState._meta.db_table, ["gpu_id", *GPU_PREVIOUS], "gpu_id = ANY(%s::bigint[])"),
+                _locked(NICState._meta.db_table, ["nic_id", *NIC_PREVIOUS], "nic_id = ANY(%s::bigint[])"),
+                _locked(FacilityState._meta.db_table, FACILITY_PREVIOUS,
+                        "cluster_id = %s AND target = ANY(%s::text[]) AND series = ANY(%s::text[])"),
+            ])
+        )
+        row = fetch(sql, [result.batch_id, cluster_id, timezone.now(), result.readings, result.nics, result.events,
+                          result.facility, gpu_ids, nic_ids, cluster_id, list({k[1] for k in series}),
+                          list({k[2] for k in series})])
+        if row[0] is None:
+            return None
+        previous = Previous(batch_pk=row[0])
+        for state in orjson.loads(row[1] or "[]"):
+            state["recovery_errors"] = state["nvlink_recovery_errors"]
+            previous.gpus[state["gpu_id"]] = state
+        previous.nics = {state["nic_id"]: state for state in orjson.loads(row[2] or "[]")}
+        previous.facility = {key: state for state in orjson.loads(row[3] or "[]")
+                             if (key := (state["scope"], state["target"], state["series"])) in series}
+        return previous
+
+    @staticmethod
+    def write(writes: Writes) -> None:
+        statement = Statement()
+        statement.insert(GPUSample, SAMPLE_COLUMNS, writes.samples)
+        statement.upsert(GPUState, "gpu_id", GPU_STATE_COLUMNS, writes.gpus)
+        statement.insert(NodeMinute, MINUTE_COLUMNS, writes.minutes, conflict="node_id, minute",
+                         update=_minute_sums("GREATEST"))
+        statement.upsert(NICState, "nic_id", NIC_STATE_COLUMNS, writes.nics)
+        statement.insert(FacilitySample, FACILITY_SAMPLE_COLUMNS, writes.facility_samples)
+        statement.insert(FacilityState, FACILITY_STATE_COLUMNS, writes.facility_states,
+                         conflict="cluster_id, scope, target, series",
+                         update="metric = excluded.metric, ts = excluded.ts, value = excluded.value, "
+                                "ewma = excluded.ewma, trend = excluded.trend, baseline = excluded.baseline")
+        if writes.nodes:
+            statement.update(f"UPDATE {Node._meta.db_table} SET last_seen_at = %s WHERE id = ANY(%s::bigint[])",
+                             [timezone.now(), list(writes.nodes)])
+        statement.execute()
+
+
+class PortableStore:
+    """The same reads and writes through the ORM (SQLite for local runs)."""
+
+    @staticmethod
+    def begin(cluster_id: int, result: IngestResult, resolved: dict) -> Previous | None:
+        try:
+            with transaction.atomic():
+                row = IngestBatch.objects.create(batch_id=result.batch_id, cluster_id=cluster_id,
+                                                 received_at=timezone.now(), readings=result.readings,
+                                                 nics=result.nics, events=result.events, facility=result.facility)
+        except IntegrityError:
+            return None
+        previous = Previous(batch_pk=row.pk)
+        gpu_ids = {gpu_id for _, _, gpu_id, _ in resolved["readings"]}
+        for state in GPUState.objects.select_for_update().filter(gpu_id__in=gpu_ids).values("gpu_id", *GPU_PREVIOUS):
+            state.update(ts=state["ts"].timestamp(), recovery_errors=state["nvlink_recovery_errors"])
+            previous.gpus[state["gpu_id"]] = state
+        nic_ids = {nic_id for _, _, nic_id, _ in resolved["nics"]}
+        for state in NICState.objects.select_for_update().filter(nic_id__in=nic_ids).values("nic_id", *NIC_PREVIOUS):
+            state["ts"] = state["ts"].timestamp()
+            previous.nics[state["nic_id"]] = state
+        series = {_series(s) for s in resolved["facility"]}
+        if series:
+            for state in FacilityState.objects.select_for_update().filter(
+                    cluster_id=cluster_id, target__in={k[1] for k in series},
+                    series__in={k[2] for k in series}).values(*FACILITY_PREVIOUS):
+                key = (state["scope"], state["target"], state["series"])
+                if key in series:
+                    previous.facility[key] = dict(state, ts=state["ts"].timestamp())
+        return previous
+
+    @staticmethod
+    def write(writes: Writes) -> None:
+        GPUSample.objects.bulk_create([GPUSample(**row) for row in writes.samples], batch_size=2000)
+        upsert(GPUState, "gpu_id", GPU_STATE_COLUMNS, writes.gpus)
+        _upsert_minutes(writes.minutes)
+        upsert(NICState, "nic_id", NIC_STATE_COLUMNS, writes.nics)
+        FacilitySample.objects.bulk_create([FacilitySample(**row) for row in writes.facility_samples])
+        FacilityState.objects.bulk_create(
+            [FacilityState(**row) for row in writes.facility_states], update_conflicts=True,
+            unique_fields=["cluster", "scope", "target", "series"],
+            update_fields=["metric", "ts", "value", "ewma", "trend", "baseline"])
+        if writes.nodes:
+            Node.objects.filter(pk__in=writes.nodes).update(last_seen_at=timezone.now())
+
+
+def _minute_sums(greatest: str) -> str:
+    """How a minute's bucket takes in more samples: counts and sums add up, the maximum is the greater."""
+    table = NodeMinute._meta.db_table
+    return (f"samples = {table}.samples + excluded.samples, temperature_max = COALESCE({greatest}({table}.temperature_max, "
+            f"excluded.temperature_max), excluded.temperature_max, {table}.temperature_max), "
+            f"temperature_sum = {table}.temperature_sum + excluded.temperature_sum, "
+            f"power_sum = {table}.power_sum + excluded.power_sum, "
+            f"utilization_sum = {table}.utilization_sum + excluded.utilization_sum")
+
+
+def _upsert_minutes(rows: list[dict]) -> None:
+    """Add per-minute buckets to the history with one INSERT … ON CONFLICT (SQLite has it too)."""
+    if not rows:
+        return
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(rows))
+    greatest = "GREATEST" if connection.vendor == "postgresql" else "MAX"
+    sql = (f"INSERT INTO {NodeMinute._meta.db_table} ({', '.join(MINUTE_COLUMNS)}) VALUES {values} "
+           f"ON CONFLICT (node_id, minute) DO UPDATE SET {_minute_sums(greatest)}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [row[c] for row in rows for c in MINUTE_COLUMNS])
 
 
 def _report_faults(candidates: list[extract.FaultCandidate]) -> list[int]:

@@ -1,13 +1,25 @@
 import json
 import time
+import uuid
 
+import psycopg
 import pytest
 
 from controlplane.access import Role
 from fleet.choices import NodeState
 from jobs.models import FaultEvent
 from telemetry import inventory
-from telemetry.models import GPUSample, GPUState, IngestBatch, NICState, NodeMinute
+from telemetry.models import (
+    FacilitySample,
+    FacilityState,
+    GPUSample,
+    GPUState,
+    IngestBatch,
+    NICState,
+    NodeMinute,
+)
+from telemetry.services import ingest
+from telemetry.services.ingest import telemetry_ingest
 from telemetry.tokens import agent_token_create, agent_token_revoke
 from tests.conftest import make_user
 from tests.fleet_factories import make_cluster, make_node
@@ -21,6 +33,15 @@ URL = "/api/v1/ingest/telemetry/"
 @pytest.fixture(autouse=True)
 def _fresh_inventory():
     inventory.forget()
+
+
+@pytest.fixture(autouse=True, params=["postgresql", "portable"])
+def store(request, monkeypatch):
+    """Every test runs with both ways of storing a batch: PostgreSQL's two statements, and the ORM's that SQLite
+    (local runs) uses."""
+    if request.param == "portable":
+        monkeypatch.setattr(ingest, "PostgresStore", ingest.PortableStore)
+    return request.param
 
 
 @pytest.fixture
@@ -184,3 +205,142 @@ def test_temperature_noise_does_not_look_like_a_trend(client, world):
                                                               DCGM_FI_DEV_GPU_TEMP=60.0 + rng.gauss(0, 0.8))]))
     state = GPUState.objects.get(gpu__node=world["node"], gpu__index=0)
     assert abs(state.temperature_trend) < 3.0   # °C per hour: jitter of ±0.8 °C every 10 s is no trend
+
+
+class SentStatements:
+    """The statements psycopg sends while the block runs (the PostgreSQL store binds its parameters on the server,
+    below Django's cursor wrappers, so Django's own query capture would not see them)."""
+
+    def __enter__(self):
+        self.sent, self._original = [], psycopg.Cursor.execute
+        sent, original = self.sent, self._original
+
+        def execute(cursor, query, *args, **kwargs):
+            sent.append(str(query))
+            return original(cursor, query, *args, **kwargs)
+
+        psycopg.Cursor.execute = execute
+        return self
+
+    def __exit__(self, *exc):
+        psycopg.Cursor.execute = self._original
+
+    def work(self) -> list[str]:
+        """Without the savepoints of the test's own transaction (a request has a transaction of its own)."""
+        return [s for s in self.sent if not s.startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
+
+
+def node_batch(node: str, ts: float, **fields) -> dict:
+    """One node agent's batch as bench/load.py sends it: 8 GPUs, 8 InfiniBand ports, and two facility readings."""
+    return batch(node, readings=[reading(g, ts, **fields) for g in range(8)],
+                 nics=[nic(f"mlx5_{n}", ts, port_xmit_wait=int(ts) + n) for n in range(8)],
+                 facility=[{"ts": ts, "source": "redfish", "scope": "node", "target": node, "sensor": "inlet",
+                            "metric": "inlet_temperature_celsius", "value": 24.5},
+                           {"ts": ts, "source": "redfish", "scope": "rack", "target": "r1", "metric": "pdu_power_watts",
+                            "value": 41_000.0}])
+
+
+def test_a_batch_is_two_statements_whatever_its_size(world, store):
+    if store != "postgresql":
+        pytest.skip("the statement count is the PostgreSQL store's")
+    now = time.time()
+    telemetry_ingest(cluster=world["cluster"], body=json.dumps(node_batch("gpu-a1", now - 20)).encode())
+    one_node = node_batch("gpu-a1", now - 10)
+    with SentStatements() as one:
+        result = telemetry_ingest(cluster=world["cluster"], body=json.dumps(one_node).encode())
+    assert result.readings == 8 and result.nics == 8 and result.facility == 2 and not result.duplicate
+    assert len(one.work()) == 2, one.work()   # record the batch + lock and read state; write every table
+    relay = batch(None, readings=[reading(g, now - 5 + step, node=node) for node in ("gpu-a1", "gpu-a2")
+                                  for g in range(8) for step in range(3)],
+                  nics=[nic(f"mlx5_{n}", now - 5, node=node) for node in ("gpu-a1", "gpu-a2") for n in range(8)])
+    with SentStatements() as many:
+        result = telemetry_ingest(cluster=world["cluster"], body=json.dumps(relay).encode())
+    assert result.readings == 48 and len(many.work()) == 2, many.work()
+    with SentStatements() as again:
+        assert telemetry_ingest(cluster=world["cluster"], body=json.dumps(one_node).encode()).duplicate
+    assert len(again.work()) == 1, again.work()   # a duplicate is found by the first statement, and locks nothing
+    assert GPUState.objects.get(gpu__node=world["node"], gpu__index=0).samples == 5
+
+
+def test_facility_series_are_stored_and_folded(client, world):
+    now = time.time()
+
+    def rack(ts, value):
+        return {"ts": ts, "source": "redfish", "scope": "rack", "target": "r1", "device": "cdu-1",
+                "metric": "cdu_supply_temperature_celsius", "value": value}
+
+    assert post(client, world, batch(None, facility=[rack(now - 30, 20.0)])).status_code == 200
+    assert post(client, world, batch(None, facility=[rack(now - 10, 30.0), rack(now - 20, 25.0)])).status_code == 200
+    assert post(client, world, batch(None, facility=[rack(now - 25, 10.0)])).status_code == 200   # a late replay
+    assert FacilitySample.objects.filter(target="r1").count() == 4
+    state = FacilityState.objects.get(cluster=world["cluster"], scope="rack", target="r1")
+    assert state.series == "cdu-1||cdu_supply_temperature_celsius" and state.value == 30.0
+    assert abs(state.ts.timestamp() - (now - 10)) < 1e-3
+    # 20 then 25 then 30 in time order (the replayed 10 is history only): the EWMA moved from 20 towards 30
+    assert state.ewma == pytest.approx(20.0 + 0.1 * 5.0 + 0.1 * (30.0 - (20.0 + 0.1 * 5.0)))
+    assert 20.0 < state.baseline < state.ewma and state.trend > 0
+
+
+def test_counters_sent_as_whole_floats_are_counters_and_out_of_range_is_400(client, world):
+    # JSON Schema calls 3.0 an integer, so the batch is valid: it is stored as 3
+    response = post(client, world, batch("gpu-a1", readings=[reading(0, DCGM_FI_DEV_ECC_SBE_VOL_TOTAL=3.0,
+                                                                       DCGM_FI_DEV_ECC_DBE_VOL_TOTAL=0.0)],
+                                         nics=[nic("mlx5_0", link_downed=1.0, symbol_error=0.0)]))
+    assert response.status_code == 200, response.content
+    assert GPUState.objects.get(gpu__node=world["node"], gpu__index=0).sbe_total == 3
+    assert GPUSample.objects.get().sbe_total == 3
+    assert NICState.objects.get(nic__node=world["node"], nic__name="mlx5_0").link_downed == 1
+    before = counts()
+    response = post(client, world, batch("gpu-a1", readings=[reading(1, DCGM_FI_DEV_ECC_SBE_VOL_TOTAL=10**20)]))
+    assert response.status_code == 400, response.content
+    assert counts() == before
+
+
+def _snapshot() -> dict:
+    """Every telemetry row the batches wrote, without ids and wall-clock times."""
+    return {
+        "samples": sorted(GPUSample.objects.values_list("gpu_id", "ts", "temperature", "power", "utilization",
+                                                        "sbe_total", "dbe_total", "nvlink_errors", "throttle_reasons")),
+        "gpus": sorted(tuple(row.values()) for row in GPUState.objects.values()),
+        "nics": sorted(tuple(row.values()) for row in NICState.objects.values()),
+        "minutes": sorted(NodeMinute.objects.values_list("node_id", "minute", "samples", "temperature_max",
+                                                         "temperature_sum", "power_sum", "utilization_sum")),
+        "facility_samples": sorted(tuple(v for k, v in row.items() if k != "id")
+                                   for row in FacilitySample.objects.values()),
+        "facility": sorted(tuple(v for k, v in row.items() if k != "id") for row in FacilityState.objects.values()),
+        "batches": sorted(IngestBatch.objects.values_list("batch_id", "readings", "nics", "events", "facility", "faults")),
+    }
+
+
+def test_both_stores_write_the_same_rows(world, store, monkeypatch):
+    if store != "postgresql":
+        pytest.skip("compares the two stores in one test")
+    now = time.time()
+    ids = [str(uuid.uuid4()) for _ in range(6)]
+    bodies = [
+        node_batch("gpu-a1", now - 40, DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL=2) | {"batch_id": ids[0]},
+        node_batch("gpu-a1", now - 30, DCGM_FI_DEV_GPU_TEMP=61.5, DCGM_FI_DEV_ECC_SBE_VOL_TOTAL=4,
+                   DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL=2) | {"batch_id": ids[1]},
+        batch("gpu-a1", batch_id=ids[2],
+              readings=[reading(g, now - 20, DCGM_FI_DEV_ECC_DBE_VOL_TOTAL=1, DCGM_FI_DEV_GPU_TEMP=95.0) for g in range(2)]
+              + [reading(3, now - 35)],   # and a late replay
+              nics=[nic("mlx5_2", now - 20, link_state="down", link_downed=1, symbol_error=7)],
+              events=[{"ts": now - 20, "type": "xid", "xid": 79, "gpu": 5}]),
+        node_batch("gpu-a1", now - 40) | {"batch_id": ids[0]},                                     # a duplicate
+        batch(None, batch_id=ids[4], readings=[reading(g, now - 10 + step, node=node) for node in ("gpu-a1", "gpu-a2")
+                                               for g in range(8) for step in range(2)],
+              nics=[nic(f"mlx5_{n}", now - 10, node="gpu-a2", port_xmit_wait=n * 1000) for n in range(8)]),
+        node_batch("gpu-a2", now - 5) | {"batch_id": ids[5]},
+    ]
+    results = {}
+    for name in ("postgresql", "portable"):
+        if name == "portable":
+            monkeypatch.setattr(ingest, "PostgresStore", ingest.PortableStore)
+        answers = [telemetry_ingest(cluster=world["cluster"], body=json.dumps(body).encode()).as_dict()
+                   for body in bodies]
+        results[name] = ([(a["duplicate"], a["readings"], len(a["faults"])) for a in answers], _snapshot())
+        for model in (GPUSample, GPUState, NICState, NodeMinute, FacilitySample, FacilityState, IngestBatch, FaultEvent):
+            model.objects.all().delete()
+    assert results["postgresql"][0] == [(False, 8, 0), (False, 8, 0), (False, 3, 6), (True, 8, 0), (False, 32, 0),
+                                        (False, 8, 0)]
+    assert results["postgresql"] == results["portable"]

@@ -15,7 +15,8 @@ nodes with 8 GPUs and 8 NICs each, then:
    up, and has a client in a separate process post batches closed-loop over ``--clients`` connections, each from
    the next node in turn (bench/load.py's NodeAgent builds them, so the batches are the load test's). Prints the
    uvicorn process group's CPU per request (from /proc, as bench/fault_latency.py does), the CPU of the
-   database's backends per request, and the per-request p50/p99.
+   database's backends per request, and the per-request p50/p99; then, for scale, the CPU of a GET /healthz in
+   the same server (what any request costs there: uvicorn and Django's middleware).
 
 ``--facility N`` adds N node-scope facility readings (inlet temperature, power) to every batch.
 """
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 BASE = Path(__file__).resolve().parent.parent
@@ -202,6 +204,22 @@ def backend_cpu() -> dict[int, float]:
     return found
 
 
+def request_floor(pgid: int, port: int, seconds: float = 4.0) -> float:
+    """CPU seconds per request of GET /healthz in the same server: what any request costs there (uvicorn, Django's
+    middleware), ingest or not."""
+    import requests
+
+    session = requests.Session()
+    url = f"http://127.0.0.1:{port}/healthz"
+    for _ in range(20):
+        session.get(url, timeout=10)
+    before, count, deadline = cpu_seconds(pgid), 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        session.get(url, timeout=10).raise_for_status()
+        count += 1
+    return (cpu_seconds(pgid) - before) / count
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20)
@@ -218,6 +236,8 @@ def main() -> None:
         return
 
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/4")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore:No directory at")  # whitenoise, before collectstatic
+    warnings.filterwarnings("ignore", message="No directory at")
     print(f"setting up {args.nodes:,} nodes / {args.nodes * 8:,} GPUs in {DB_NAME} …", flush=True)
     token = setup(args.nodes)
     counted = count_statements(token, args.nodes, args.facility, args.show)
@@ -249,6 +269,7 @@ def main() -> None:
         load_after = os.getloadavg()[0]
         result = json.loads(Path(out).read_text())
         Path(out).unlink()
+        floor = request_floor(server.pid, args.port)
     finally:
         server.terminate()
         server.wait(20)
@@ -267,7 +288,7 @@ def main() -> None:
     print(f"requests: {requests_ok:,} ok in {result['elapsed']:.1f} s ({requests_ok / result['elapsed']:.0f}/s), "
           f"{result['error_count']} failed {result['errors']}")
     print(f"uvicorn CPU per request: {web_cpu / requests_ok * 1000:.2f} ms  "
-          f"(PostgreSQL backends: {db_cpu / requests_ok * 1000:.2f} ms)")
+          f"(PostgreSQL backends: {db_cpu / requests_ok * 1000:.2f} ms); a GET /healthz there: {floor * 1000:.2f} ms")
     print(f"per-request latency: p50 {p50:.1f} ms, p99 {p99:.1f} ms")
 
 

@@ -163,6 +163,9 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     }
 else:
     _db.setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+    # Statements run with server-side binding five times are prepared (telemetry ingest's two; Django's own
+    # queries bind client-side and are never prepared). Behind PgBouncer < 1.21 in transaction mode, set it off.
+    _db["OPTIONS"].setdefault("prepare_threshold", 5)
     if env("DATABASE_POOL_SIZE") > 0:
         # A pool per process, shared by the threads requests run on; Django has the pool check a connection
         # before handing it out, so one broken by a database restart is replaced rather than failing a request.

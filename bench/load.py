@@ -304,10 +304,12 @@ async def ws_clients(plan: dict, out: Path) -> None:
             if answer.get("type") == "subscribed":
                 break
         mine["refused"] = answer["refused"]
+        for topic, head in (answer.get("heads") or {}).items():   # where each topic stood when we joined
+            mine["last"].setdefault(topic, head)
         return ws
 
-    async def catch_up(client: dict, mine: dict) -> None:
-        for topic in client["topics"]:
+    async def catch_up(client: dict, mine: dict, topics=None) -> None:
+        for topic in topics or client["topics"]:
             after = mine["last"].get(topic, 0)
             page = f"{url}/api/v1/events/?topic={topic}&after={after}&page_size=500"
             while page:
@@ -341,7 +343,15 @@ async def ws_clients(plan: dict, out: Path) -> None:
                     now = time.time()
                     event = orjson.loads(raw)
                     if event.get("type") == "event":
+                        # As static/js/live.js: a sequence number that jumps means events were missed live:
+                        # fetch them from the API first.
+                        if event["topic"] in mine["last"] and event["seq"] > mine["last"][event["topic"]] + 1:
+                            await catch_up(client, mine, [event["topic"]])
                         note(mine, event, now)
+                    elif event.get("type") == "heads":   # the consumer says a topic went further than we saw
+                        behind = [t for t, head in event["heads"].items() if head > mine["last"].get(t, 0)]
+                        if behind:
+                            await catch_up(client, mine, behind)
             except ConnectionClosed:
                 pass
             if stop.is_set():

@@ -112,17 +112,23 @@ def publish_many(items: Iterable[Item]) -> list[Event]:
         prepared.append((kind, payload or {}, url))
     if not rows:
         return []
+    # Each topic's rows are numbered in publishing order up to its new last sequence number: ``back`` is how far
+    # below that number a row sits. Sequence rows are bumped in topic order, so two transactions never wait on
+    # each other in a cycle.
+    counts = collections.Counter(name for name, _ in rows)
+    seen: collections.Counter = collections.Counter()
+    back = []
+    for name, _ in rows:
+        seen[name] += 1
+        back.append(counts[name] - seen[name])
     if connection.vendor == "postgresql":
-        events = _insert_postgresql(rows, prepared)
+        events = _insert_postgresql(rows, back, counts, prepared)
     else:
         with transaction.atomic():
-            # Sequence rows are bumped in sorted order so two transactions never wait on each other in a cycle.
-            counts = collections.Counter(name for name, _ in rows)
             last = {name: _next_seq_by(name, counts[name]) for name in sorted(counts)}
-            seqs = _seqs_in_order(rows, last, counts)
             events = Event.objects.bulk_create(
-                [Event(topic=name, seq=seq, kind=prepared[i][0], payload=prepared[i][1], url=prepared[i][2])
-                 for (name, i), seq in zip(rows, seqs, strict=True)])
+                [Event(topic=name, seq=last[name] - down, kind=prepared[i][0], payload=prepared[i][1],
+                       url=prepared[i][2]) for (name, i), down in zip(rows, back, strict=True)])
     messages = [(event.pk, event.as_message()) for event in events]
     transaction.on_commit(lambda: relay(messages))
     return events
@@ -140,25 +146,10 @@ def _next_seq_by(name: str, count: int) -> int:
         return cursor.fetchone()[0]
 
 
-def _seqs_in_order(rows: list[tuple[str, int]], last: dict[str, int], counts: collections.Counter) -> list[int]:
-    """Number each topic's rows, in publishing order, up to the topic's new last sequence number."""
-    seen: collections.Counter = collections.Counter()
-    seqs = []
-    for name, _ in rows:
-        seen[name] += 1
-        seqs.append(last[name] - counts[name] + seen[name])
-    return seqs
-
-
-def _insert_postgresql(rows: list[tuple[str, int]], prepared: list[tuple[str, dict, str]]) -> list[Event]:
-    """Bump the topics' sequence rows (in topic order, so two publishers never wait on each other in a cycle)
-    and insert the events, in one round trip. Each payload is sent once, however many topics it goes to."""
-    counts = collections.Counter(name for name, _ in rows)
-    seen: collections.Counter = collections.Counter()
-    back = []   # for each row: how far below the topic's new last sequence number it sits
-    for name, _ in rows:
-        seen[name] += 1
-        back.append(counts[name] - seen[name])
+def _insert_postgresql(rows: list[tuple[str, int]], back: list[int], counts: collections.Counter,
+                       prepared: list[tuple[str, dict, str]]) -> list[Event]:
+    """Bump the topics' sequence rows and insert the events, in one round trip. Each payload is sent once,
+    however many topics it goes to."""
     topics = sorted(counts)
     values = ", ".join(["(%s::int, %s::varchar, %s::jsonb, %s::varchar)"] * len(prepared))
     sequence, event = TopicSequence._meta.db_table, Event._meta.db_table
@@ -180,9 +171,9 @@ def _insert_postgresql(rows: list[tuple[str, int]], prepared: list[tuple[str, di
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         inserted = {(topic, seq): pk for pk, topic, seq in cursor.fetchall()}
-    last = {name: None for name in topics}
+    last: dict[str, int] = {}
     for topic, seq in inserted:
-        last[topic] = max(seq, last[topic] or 0)
+        last[topic] = max(seq, last.get(topic, 0))
     events = []
     for (name, i), down in zip(rows, back, strict=True):
         seq = last[name] - down

@@ -25,6 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from procstat import cpu_by_pid, group_cpu, named  # noqa: E402
+
 DB_NAME = "lockstep_bench_faults"
 ADMIN_URL = os.environ.get("BENCH_ADMIN_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 DB_URL = ADMIN_URL.rsplit("/", 1)[0] + f"/{DB_NAME}"
@@ -110,42 +113,9 @@ def build_world() -> tuple[str, list[tuple[int, str]]]:
     return token, targets
 
 
-def cpu_seconds(pgid: int) -> float:
-    """CPU seconds (user + system) of every process in a process group, from /proc."""
-    total = 0.0
-    ticks = os.sysconf("SC_CLK_TCK")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
-
-
-def cpu_by_pid(name: str) -> dict[int, float]:
-    """CPU seconds (user + system) of each process whose command is ``name`` (postgres, redis-server)."""
-    found = {}
-    ticks = os.sysconf("SC_CLK_TCK")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.index("(") + 1:stat.rindex(")")] == name:
-            fields = stat.rsplit(")", 1)[1].split()
-            found[int(entry.name)] = (int(fields[11]) + int(fields[12])) / ticks
-    return found
-
-
 def cpu_used_since(before: dict[int, float], name: str) -> float:
     """CPU seconds the ``name`` processes used since ``before`` (those that exited meanwhile are not counted)."""
-    return sum(seconds - before.get(pid, 0.0) for pid, seconds in cpu_by_pid(name).items())
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in cpu_by_pid(named(name)).items())
 
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
@@ -297,7 +267,7 @@ def main() -> int:
     setup_django()
     token, targets = build_world()
     targets.reverse()
-    from controlplane.testing.processes import free_port, wait_for
+    from controlplane.testing.processes import free_port, stop_group, wait_for
 
     port = free_port()
     logs = Path(os.environ.get("BENCH_LOG_DIR", "/tmp"))
@@ -325,13 +295,13 @@ def main() -> int:
             if len(targets) < rate * seconds:
                 print(f"not enough distinct faults left for {rate}/s")
                 break
-            cpu_before = (cpu_seconds(web.pid), cpu_seconds(worker.pid), time.perf_counter(), cpu_by_pid("postgres"),
+            cpu_before = (group_cpu(web.pid), group_cpu(worker.pid), time.perf_counter(), cpu_by_pid(named("postgres")),
                           time.process_time())
             sent, achieved = send_at_rate(url, token, targets, rate, seconds, senders=args.senders)
             stats = measure(listener, sent)
             wall = time.perf_counter() - cpu_before[2]
-            stats["cpu"] = {"web": (cpu_seconds(web.pid) - cpu_before[0]) / wall,
-                            "worker": (cpu_seconds(worker.pid) - cpu_before[1]) / wall,
+            stats["cpu"] = {"web": (group_cpu(web.pid) - cpu_before[0]) / wall,
+                            "worker": (group_cpu(worker.pid) - cpu_before[1]) / wall,
                             "postgres": cpu_used_since(cpu_before[3], "postgres") / wall,
                             "client": (time.process_time() - cpu_before[4]) / wall}
             stats.update(rate=rate, achieved=achieved, decision=decision_breakdown(sent))
@@ -353,12 +323,7 @@ def main() -> int:
         listener.stop.set()
     finally:
         for process in (beat, worker, web):
-            if process.poll() is None:
-                os.killpg(process.pid, 15)
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, 9)
+            stop_group(process, 15)
         from django.db import connections
 
         connections.close_all()

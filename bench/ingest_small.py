@@ -35,9 +35,10 @@ from pathlib import Path
 BASE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fault_latency import cpu_seconds  # noqa: E402
+from ingest_throughput import setup  # noqa: E402
 from load import NodeAgent  # noqa: E402
-from scratch import PG, scratch_database  # noqa: E402
+from procstat import cpu_by_pid, group_cpu  # noqa: E402
+from scratch import PG  # noqa: E402
 
 DB_NAME = "lockstep_bench_ingest_small"
 URL_PATH = "/api/v1/ingest/telemetry/"
@@ -92,23 +93,6 @@ def client(url: str, token: str, nodes: int, seconds: float, clients: int, facil
         thread.join()
     Path(out).write_text(json.dumps({"latencies": latencies, "errors": errors[:5], "error_count": len(errors),
                                      "elapsed": time.monotonic() - started}))
-
-
-def setup(nodes: int) -> str:
-    scratch_database(DB_NAME, DATABASE_POOL_SIZE="4", LOG_LEVEL="WARNING")  # the web process's pool (asgi.py)
-    from fleet.models import GPU, NIC, Cluster, Fleet, Node
-    from telemetry.tokens import agent_token_create
-
-    fleet = Fleet.objects.create(name="bench")
-    cluster = Cluster.objects.create(fleet=fleet, name="bench-cluster")
-    Node.objects.bulk_create([Node(cluster=cluster, hostname=f"node-{i:05d}", gpu_model="H100", rack=f"r{i // 32}",
-                                   leaf_switch=f"leaf-{i // 32}") for i in range(nodes)], batch_size=5000)
-    ids = list(Node.objects.filter(cluster=cluster).values_list("id", flat=True))
-    GPU.objects.bulk_create([GPU(node_id=n, index=g, uuid=f"GPU-{n}-{g}", model="H100") for n in ids for g in range(8)],
-                            batch_size=10000)
-    NIC.objects.bulk_create([NIC(node_id=n, name=f"mlx5_{r}", rail=r) for n in ids for r in range(8)], batch_size=10000)
-    _, token = agent_token_create(actor=None, cluster=cluster, name="bench")
-    return token
 
 
 class StatementCounter:
@@ -191,17 +175,9 @@ def backend_cpu() -> dict[int, float]:
     """CPU seconds of each PostgreSQL backend connected to the bench database."""
     import psycopg
 
-    ticks = os.sysconf("SC_CLK_TCK")
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
         pids = [row[0] for row in conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", [DB_NAME])]
-    found = {}
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        found[pid] = (int(fields[11]) + int(fields[12])) / ticks
-    return found
+    return cpu_by_pid(pids)
 
 
 def request_floor(pgid: int, port: int, seconds: float = 4.0) -> float:
@@ -213,11 +189,11 @@ def request_floor(pgid: int, port: int, seconds: float = 4.0) -> float:
     url = f"http://127.0.0.1:{port}/healthz"
     for _ in range(20):
         session.get(url, timeout=10)
-    before, count, deadline = cpu_seconds(pgid), 0, time.monotonic() + seconds
+    before, count, deadline = group_cpu(pgid), 0, time.monotonic() + seconds
     while time.monotonic() < deadline:
         session.get(url, timeout=10).raise_for_status()
         count += 1
-    return (cpu_seconds(pgid) - before) / count
+    return (group_cpu(pgid) - before) / count
 
 
 def main() -> None:
@@ -239,7 +215,7 @@ def main() -> None:
     os.environ.setdefault("PYTHONWARNINGS", "ignore:No directory at")  # whitenoise, before collectstatic
     warnings.filterwarnings("ignore", message="No directory at")
     print(f"setting up {args.nodes:,} nodes / {args.nodes * 8:,} GPUs in {DB_NAME} …", flush=True)
-    token = setup(args.nodes)
+    token = setup(args.nodes, DB_NAME, DATABASE_POOL_SIZE="4", LOG_LEVEL="WARNING")  # the web process's pool (asgi.py)
     counted = count_statements(token, args.nodes, args.facility, args.show)
     env = dict(os.environ, LOG_LEVEL="WARNING")
     env.pop("DATABASE_POOL_SIZE")  # the web process picks its own (controlplane/asgi.py)
@@ -249,30 +225,28 @@ def main() -> None:
     try:
         import requests
 
-        for _ in range(150):
-            try:
-                if requests.get(f"http://127.0.0.1:{args.port}/healthz", timeout=1).ok:
-                    break
-            except requests.ConnectionError:
-                time.sleep(0.2)
+        from controlplane.testing.processes import wait_for
+
+        wait_for(lambda: requests.get(f"http://127.0.0.1:{args.port}/healthz", timeout=1).ok, 30, 0.2, what="uvicorn")
         url = f"http://127.0.0.1:{args.port}{URL_PATH}"
         out = f"/tmp/lockstep-ingest-small-{os.getpid()}.json"
         common = ["--nodes", str(args.nodes), "--clients", str(args.clients), "--facility", str(args.facility),
                   "--out", out]
         subprocess.run([sys.executable, __file__, "--client", url, token, "--seconds", "4", *common], check=True, cwd=BASE)
         load_before = os.getloadavg()[0]
-        web_before, db_before = cpu_seconds(server.pid), backend_cpu()
+        web_before, db_before = group_cpu(server.pid), backend_cpu()
         subprocess.run([sys.executable, __file__, "--client", url, token, "--seconds", str(args.seconds), *common],
                        check=True, cwd=BASE)
-        web_cpu = cpu_seconds(server.pid) - web_before
+        web_cpu = group_cpu(server.pid) - web_before
         db_cpu = sum(seconds - db_before.get(pid, 0.0) for pid, seconds in backend_cpu().items())
         load_after = os.getloadavg()[0]
         result = json.loads(Path(out).read_text())
         Path(out).unlink()
         floor = request_floor(server.pid, args.port)
     finally:
-        server.terminate()
-        server.wait(20)
+        from controlplane.testing.processes import stop_group
+
+        stop_group(server)
         import psycopg
 
         with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:

@@ -89,8 +89,9 @@ def client(url: str, token: str, nodes: int, batch: int, seconds: float, clients
                                      "elapsed": time.monotonic() - started}))
 
 
-def setup(nodes: int) -> str:
-    scratch_database(DB_NAME)
+def setup(nodes: int, database: str = DB_NAME, **environment: str) -> str:
+    """A scratch database with one cluster of ``nodes`` nodes (8 GPUs, 8 NICs each); returns an agent token."""
+    scratch_database(database, **environment)
     from fleet.models import GPU, NIC, Cluster, Fleet, Node
     from telemetry.tokens import agent_token_create
 

@@ -44,7 +44,6 @@ import os
 import random
 import re
 import secrets
-import signal
 import subprocess
 import sys
 import threading
@@ -56,13 +55,13 @@ from pathlib import Path
 BASE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from procstat import TICKS, named, proc_stat  # noqa: E402
 
 DB_NAME = "lockstep_bench_load"
 PG = os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/6")
 LOGS = Path(os.environ.get("BENCH_LOG_DIR", "/tmp/lockstep-bench-load"))
 CLUSTERS, SPARES, NICS, GPUS = 4, 8, 8, 8
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # --- the world ---------------------------------------------------------------------------------------------
@@ -416,15 +415,6 @@ def client_main(role: str, plan_path: str, out: str) -> None:
 
 # --- processes, memory and CPU -----------------------------------------------------------------------------
 
-def proc_stat(pid: int) -> tuple[int, int, float] | None:
-    """(ppid, pgid, CPU seconds) of a process, or None once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[1]), int(fields[2]), (int(fields[11]) + int(fields[12])) / TICKS
-
-
 def memory(pid: int) -> dict | None:
     """RSS, PSS and USS (private clean + dirty) in bytes, from smaps_rollup."""
     try:
@@ -445,18 +435,6 @@ def memory(pid: int) -> dict | None:
             "uss": values.get("Private_Clean", 0) + values.get("Private_Dirty", 0)}
 
 
-def named(name: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() == name:
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
-
-
 def listening(port: int) -> list[int]:
     """The process listening on a TCP port."""
     try:
@@ -473,13 +451,12 @@ def postgres_cpu() -> float | None:
     total, found = 0.0, False
     pids = set(named("postgres"))
     for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+        stat = proc_stat(pid)
+        if stat is None:
             continue
-        total += (int(fields[11]) + int(fields[12])) / TICKS
-        if int(fields[1]) not in pids:   # the postmaster
-            total += (int(fields[13]) + int(fields[14])) / TICKS
+        total += stat.cpu
+        if stat.ppid not in pids:   # the postmaster
+            total += stat.reaped_cpu
             found = True
     return total if found else None
 
@@ -489,7 +466,7 @@ def children(pid: int) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             stat = proc_stat(int(entry.name))
-            if stat and stat[0] == pid:
+            if stat and stat.ppid == pid:
                 try:
                     if b"resource_tracker" in (entry / "cmdline").read_bytes():
                         continue
@@ -529,7 +506,7 @@ class Sampler(threading.Thread):
             for pid in pids():
                 stat, mem = proc_stat(pid), memory(pid)
                 if stat and mem:
-                    sample["procs"][(label, pid)] = {**mem, "cpu": stat[2]}
+                    sample["procs"][(label, pid)] = {**mem, "cpu": stat.cpu}
         try:
             with psycopg.connect(f"{PG}/postgres", autocommit=True, connect_timeout=5) as conn:
                 rows = conn.execute("SELECT pid, state, wait_event_type, wait_event, left(query, 90) "
@@ -542,7 +519,7 @@ class Sampler(threading.Thread):
         for pid, status, wait_type, wait, query in rows:
             stat, mem = proc_stat(pid), memory(pid)
             if stat and mem:
-                sample["procs"][("postgres backends (bench db)", pid)] = {**mem, "cpu": stat[2]}
+                sample["procs"][("postgres backends (bench db)", pid)] = {**mem, "cpu": stat.cpu}
             if status and status != "idle":
                 self.waits[f"{status}: {wait_type}:{wait}" if wait_type else f"{status}: on CPU"] += 1
                 self.active_queries[" ".join((query or "").split())[:90]] += 1
@@ -556,7 +533,7 @@ class Sampler(threading.Thread):
         for pid in named("postgres"):
             stat, mem = proc_stat(pid), memory(pid)
             if stat and mem:
-                sample["procs"][("postgres server (all databases)", pid)] = {**mem, "cpu": stat[2]}
+                sample["procs"][("postgres server (all databases)", pid)] = {**mem, "cpu": stat.cpu}
         try:
             client = redis.Redis.from_url(REDIS_URL, socket_timeout=2)
             depth = client.llen("celery")
@@ -621,36 +598,6 @@ def start(cmd: list[str], log: Path, db_url: str) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def stop_process(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(5)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if predicate():
-                return
-        except Exception:  # not up yet
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"timed out waiting for {what}")
-
-
 def mib(value: float) -> str:
     return f"{value / 2**20:8.1f}"
 
@@ -697,6 +644,7 @@ def main() -> int:
     started = time.time()
     db_url = scratch_database(args.db_connection_limit)
     world = build_world(args.nodes, args.clients, args.job_topics, args.seed)
+    from controlplane.testing.processes import free_port, stop_group, wait_for  # Django is set up now
     needed = int(args.fault_rate * (args.warmup + args.seconds)) + 1
     if len(world["targets"]) < needed:
         print(f"only {len(world['targets'])} distinct (node, NIC) pairs for {needed} faults: fewer nodes or faults")
@@ -736,8 +684,8 @@ def main() -> int:
     try:
         import requests
 
-        wait_until(lambda: requests.get(f"{url}/healthz", timeout=2).ok, 60, "uvicorn")
-        wait_until(lambda: len(children(worker.pid)) >= args.worker_concurrency, 60, "celery pool")
+        wait_for(lambda: requests.get(f"{url}/healthz", timeout=2).ok, 60, 0.2, what="uvicorn")
+        wait_for(lambda: len(children(worker.pid)) >= args.worker_concurrency, 60, 0.2, what="celery pool")
         sampler.start()
         plan_path, ready, stop_file = LOGS / "plan.json", LOGS / "ws-ready", LOGS / "ws-stop"
         plan = {"url": url, "clients": world["clients"], "ready_file": str(ready), "stop_file": str(stop_file),
@@ -749,7 +697,7 @@ def main() -> int:
                               stderr=subprocess.STDOUT)
         clients_procs.append(ws)
         connect_began = time.time()
-        wait_until(lambda: ready.exists() or ws.poll() is not None, 300, "websocket clients")
+        wait_for(lambda: ready.exists() or ws.poll() is not None, 300, 0.2, what="websocket clients")
         if ws.poll() is not None:
             raise RuntimeError(f"websocket client process failed: {(LOGS / 'ws-client.log').read_text()[-2000:]}")
         print(f"{len(world['clients'])} websocket clients connected and subscribed in {time.time() - connect_began:.1f} s",
@@ -794,7 +742,7 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     process.kill()
         for process in stack:
-            stop_process(process)
+            stop_group(process)
         from django.db import connections
 
         connections.close_all()

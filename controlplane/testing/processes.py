@@ -263,6 +263,22 @@ def _stop(process: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 15) ->
             process.wait(5)
 
 
+def stop_group(process: subprocess.Popen, timeout: float = 20) -> None:
+    """End a process started in a session of its own, children included: SIGTERM to its process group, then
+    SIGKILL if it has not exited within ``timeout`` seconds."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(5)
+
+
 @contextmanager
 def uvicorn_server(tmp_path: Path, **env):
     import requests
@@ -303,16 +319,7 @@ def celery_worker(tmp_path: Path, *, concurrency: int = 1, queues: str = "celery
                  what=f"celery worker ({log.read_text()[-800:] if log.exists() else ''})")
         yield process
     finally:
-        if process.poll() is None:
-            try:
-                os.killpg(process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(5)
+        stop_group(process)
 
 
 @contextmanager
@@ -330,10 +337,4 @@ def celery_beat(tmp_path: Path, name: str = "beat", **env):
     try:
         yield process
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(5)
+        stop_group(process, 15)

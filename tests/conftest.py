@@ -146,7 +146,8 @@ def page(chromium):
 
 @pytest.fixture
 def server(tmp_path):
+    from controlplane.testing.browser import SERVER_ENV
     from controlplane.testing.processes import uvicorn_server
 
-    with uvicorn_server(tmp_path) as running:
+    with uvicorn_server(tmp_path, **SERVER_ENV) as running:
         yield running

@@ -21,9 +21,10 @@ HEADS_SECONDS, GRACE_SECONDS = 2.0, 1.0   # the server's heads period, shorter t
 
 @pytest.fixture
 def server(tmp_path):
+    from controlplane.testing.browser import SERVER_ENV
     from controlplane.testing.processes import uvicorn_server
 
-    with uvicorn_server(tmp_path, LOCKSTEP_WS_HEADS_SECONDS=HEADS_SECONDS,
+    with uvicorn_server(tmp_path, **SERVER_ENV, LOCKSTEP_WS_HEADS_SECONDS=HEADS_SECONDS,
                         LOCKSTEP_WS_HEADS_GRACE_SECONDS=GRACE_SECONDS) as running:
         yield running
 

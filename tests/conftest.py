@@ -45,6 +45,17 @@ def _terminate_stray_connections(django_db_setup, django_db_blocker):
 
 
 @pytest.fixture(autouse=True)
+def _no_tasks_left_by_earlier_tests():
+    """Tasks an earlier test queued with no worker to run them must not run in a later test's worker: their rows
+    are gone, or they act on the later test's rows (a drift sweep queued by the audit test re-observed the storm
+    test's cluster while it ran, and its jobs were judged unprotected). Only what was queued before this test
+    starts is dropped: its own tasks, and their redelivery to a restarted worker, are untouched."""
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    stale = [key for key in client.scan_iter("celery*") if client.type(key) == b"list"]
+    client.delete(*stale, "unacked", "unacked_index", "unacked_mutex")
+
+
+@pytest.fixture(autouse=True)
 def _fresh_channel_layers():
     channel_layers.backends.clear()
     yield

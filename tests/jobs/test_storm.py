@@ -123,7 +123,8 @@ def test_storm_books_each_spare_once_keeps_the_budget_and_restarts_the_rest(tmp_
     assert set(actions.values_list("state", flat=True)) == {ActionState.SUCCEEDED}
     migrations = actions.filter(kind=ActionKind.LIVE_MIGRATION)
     restarts = actions.filter(kind=ActionKind.RESTART_FROM_CHECKPOINT)
-    assert migrations.count() == 32 and restarts.count() == 32
+    assert migrations.count() == 32 and restarts.count() == 32, (
+        sorted(actions.values_list("kind", flat=True)), actions.order_by("pk").first().alternatives)
     # No spare booked twice.
     targets = list(migrations.values_list("to_node", flat=True))
     assert len(set(targets)) == 32

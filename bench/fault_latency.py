@@ -113,6 +113,14 @@ def build_world() -> tuple[str, list[tuple[int, str]]]:
     return token, targets
 
 
+def cpu_reference_ms() -> float:
+    """Milliseconds this machine takes for a fixed piece of pure Python (best of 5), printed so that runs on
+    different machines can be compared: per-fault CPU scales with it."""
+    import timeit
+
+    return min(timeit.repeat("sum(range(10**6))", number=1, repeat=5)) * 1000
+
+
 def cpu_used_since(before: dict[int, float], name: str) -> float:
     """CPU seconds the ``name`` processes used since ``before`` (those that exited meanwhile are not counted)."""
     return sum(seconds - before.get(pid, 0.0) for pid, seconds in cpu_by_pid(named(name)).items())
@@ -334,7 +342,7 @@ def main() -> int:
     best = max((r["rate"] for r in results if r.get("sustained")), default=0)
     print()
     print(f"load average during the run (1, 5, 15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())} on "
-          f"{os.cpu_count()} CPUs")
+          f"{os.cpu_count()} CPUs; CPU reference: sum(range(10**6)) in {cpu_reference_ms():.1f} ms")
     print(f"Fault-to-decision latency at {args.rate:.0f} faults/s (POST sent → action event received over the websocket):")
     if base.get("n"):
         verdict = "PASS" if base["p50"] < 100 and base["p99"] < 500 else "FAIL"

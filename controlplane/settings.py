@@ -213,6 +213,10 @@ REDIS_URL = env("REDIS_URL")
 CELERY_BROKER_URL = env("CELERY_BROKER_URL") or REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL
 CELERY_RESULT_EXPIRES = 3600
+# One result backend object for all threads (its Redis connection pool is thread-safe). Without it Celery builds
+# one per thread, scanning the installed packages' entry points each time; the web process runs every request on
+# a new thread, so each task queued from a request paid for that scan (a fifth of a fault report's CPU).
+CELERY_RESULT_BACKEND_THREAD_SAFE = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_SERIALIZER = "json"

@@ -27,11 +27,13 @@ def lock_cluster(cluster_id: int) -> Cluster:
     return Cluster.objects.select_for_update(of=("self",), no_key=True).select_related("fleet").get(pk=cluster_id)
 
 
-def lock_nodes(node_ids) -> None:
-    """Lock node rows (as fleet's node services do), in id order so two lockers never wait on each other."""
+def lock_nodes(node_ids) -> dict[int, Node]:
+    """Lock node rows (as fleet's node services do), in id order so two lockers never wait on each other;
+    returns them, as read under the lock, by id."""
     ids = sorted({pk for pk in node_ids if pk})
-    if ids:
-        list(Node.objects.select_for_update(of=("self",)).filter(pk__in=ids).order_by("pk").values_list("pk", flat=True))
+    if not ids:
+        return {}
+    return {node.pk: node for node in Node.objects.select_for_update(of=("self",)).filter(pk__in=ids).order_by("pk")}
 
 
 def _skip_locked(queryset):

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from controlplane import events
 from controlplane.audit import audit_entry, audit_record, audit_record_many
+from controlplane.bulk import update_rows
 from controlplane.errors import ServiceError
 from fleet.choices import NodeState
 from fleet.drivers import DriverError, driver_for
@@ -173,8 +174,7 @@ def _complete_many(actions: list[RecoveryAction]) -> None:
         entries.append(audit_entry(actor=None, action="recovery.complete", target=action, tenant_id=job.tenant_id,
                                    changes={"gpu_hours_saved": round(action.gpu_hours_saved, 4)}))
         action.job = job
-    RecoveryAction.objects.bulk_update(actions, ["pause_seconds", "work_lost_seconds", "gpu_hours_lost",
-                                                 "gpu_hours_saved", "state", "ended_at"])
+    update_rows(actions, ["pause_seconds", "work_lost_seconds", "gpu_hours_lost", "gpu_hours_saved", "state", "ended_at"])
     placement.release_many(actions)
     # A job whose other recoveries are still under way stays Recovering (proactive migrations waiting for the
     # budget do not hold it back); the others are Running again.
@@ -201,7 +201,7 @@ def _complete_many(actions: list[RecoveryAction]) -> None:
         jobs[pk].state = JobState.RUNNING
     for job in jobs.values():
         job.iteration_at = now
-    Job.objects.bulk_update(list(jobs.values()), ["iteration", "iteration_at", "state", "slowdown", "degraded_until"])
+    update_rows(list(jobs.values()), ["iteration", "iteration_at", "state", "slowdown", "degraded_until"])
     JobProgress.objects.bulk_create([JobProgress(job=job, at=now, iteration=job.iteration) for job in jobs.values()])
     audit_record_many(entries)
 

@@ -11,10 +11,11 @@ from controlplane import events
 from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
 from fleet.choices import AutomationMode
+from fleet.models import GPU, NIC
 from jobs.choices import FaultKind, FaultSource, FaultState, Severity
 from jobs.models import FaultEvent, JobAllocation
 from jobs.placement import immediate_constraints
-from jobs.services.common import cluster_topics, fault_payload, job_topics
+from jobs.services.common import cluster_topics, fault_payload
 from jobs.triage import classify_fault
 
 DEFAULT_SEVERITY = {
@@ -22,6 +23,10 @@ DEFAULT_SEVERITY = {
     FaultKind.ECC_UNCORRECTABLE: Severity.CRITICAL, FaultKind.NIC_DOWN: Severity.CRITICAL,
     FaultKind.NVLINK_ERROR: Severity.CRITICAL,
 }
+
+
+# The node fields fault_ingest reads, for callers that load the node just for it (the API's intake).
+INGEST_NODE_FIELDS = ("id", "hostname", "rack", "cluster_id", "cluster__id", "cluster__name", "cluster__dedicated_tenant_id")
 
 
 def correlation_key(*, node_id: int, kind: str, gpu_index: int | None, nic_name: str | None, xid: int | None) -> str:
@@ -38,8 +43,8 @@ def _advisory_lock(key: str) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [number])
 
 
-def _merge(fault: FaultEvent, *, source: str, details: dict | None, now: datetime) -> FaultEvent:
-    fault = FaultEvent.objects.select_for_update(of=("self",), no_key=True).select_related("node").get(pk=fault.pk)
+def _merge(fault_id: int, *, source: str, details: dict | None, now: datetime) -> FaultEvent:
+    fault = FaultEvent.objects.select_for_update(of=("self",), no_key=True).select_related("node").get(pk=fault_id)
     if source not in fault.sources:
         fault.sources = [*fault.sources, source]
     fault.report_count += 1
@@ -57,9 +62,9 @@ def _validate(source, kind, severity, gpu_index, nic_name, node):
         raise ServiceError(f"unknown source {source!r}", field="source")
     if severity and severity not in Severity.values:
         raise ServiceError(f"unknown severity {severity!r}", field="severity")
-    if gpu_index is not None and not node.gpus.filter(index=gpu_index).exists():
+    if gpu_index is not None and not GPU.objects.filter(node_id=node.pk, index=gpu_index).values("pk").exists():
         raise ServiceError(f"node {node.hostname} has no GPU {gpu_index}", field="gpu_index")
-    if nic_name and not node.nics.filter(name=nic_name).exists():
+    if nic_name and not NIC.objects.filter(node_id=node.pk, name=nic_name).values("pk").exists():
         raise ServiceError(f"node {node.hostname} has no NIC {nic_name}", field="nic_name")
 
 
@@ -82,13 +87,13 @@ def fault_ingest(*, source: str, kind: str, node, gpu_index: int | None = None, 
         immediate_constraints()
         _advisory_lock(idempotency_key or key)
         if idempotency_key:
-            existing = FaultEvent.objects.filter(idempotency_key=idempotency_key).first()
+            existing = FaultEvent.objects.filter(idempotency_key=idempotency_key).values_list("pk", flat=True).first()
             if existing is not None:
                 return _merge(existing, source=source, details=details, now=now), False
             _advisory_lock(key)
         window = timedelta(seconds=settings.FAULT_CORRELATION_SECONDS)
         existing = (FaultEvent.objects.filter(correlation_key=key, received_at__gte=now - window)
-                    .order_by("-received_at").first())
+                    .order_by("-received_at").values_list("pk", flat=True).first())
         if existing is not None:
             return _merge(existing, source=source, details=details, now=now), False
         verdict = classify_fault(kind, xid=xid, details=details)
@@ -103,15 +108,16 @@ def fault_ingest(*, source: str, kind: str, node, gpu_index: int | None = None, 
                     correlation_key=key, idempotency_key=idempotency_key or None, details=details or {},
                 )
         except IntegrityError:
-            existing = FaultEvent.objects.get(idempotency_key=idempotency_key)
+            existing = FaultEvent.objects.values_list("pk", flat=True).get(idempotency_key=idempotency_key)
             return _merge(existing, source=source, details=details, now=now), False
         fault.node = node
         tenant_id = node.cluster.dedicated_tenant_id if hasattr(node, "cluster") else None
         audit_record(actor=actor, action="fault.ingest", target=fault, tenant_id=tenant_id,
                      changes={"source": source, "kind": kind, "xid": xid, "triage": verdict.explanation})
         topics = cluster_topics(fault.cluster_id, tenant_id)
-        for allocation in JobAllocation.objects.filter(node=node, released_at__isnull=True).select_related("job"):
-            topics += job_topics(allocation.job)
+        for job_id, job_tenant_id in (JobAllocation.objects.filter(node=node, released_at__isnull=True)
+                                      .values_list("job_id", "job__tenant_id")):
+            topics += [events.topic("job", job_id), events.topic("tenant", job_tenant_id)]
         fault_id = fault.pk
         # Queue the handling first, then relay the event: the decision should not wait for the relay.
         transaction.on_commit(lambda: _enqueue(fault_id))

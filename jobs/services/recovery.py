@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from controlplane import events
 from controlplane.audit import audit_entry, audit_record_many
+from controlplane.bulk import update_rows
 from fleet.choices import GPUHealth, LinkState
 from fleet.models import GPU, NIC
 from jobs import placement
@@ -138,7 +139,9 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     tenant_id = cluster.dedicated_tenant_id
     # Lock the faulty nodes before anything publishes: node services lock them too, and a transaction must not
     # wait for a row lock while it holds its topics' event-sequence rows (see placement.immediate_constraints).
-    placement.lock_nodes({fault.node_id for fault in faults})
+    nodes = placement.lock_nodes({fault.node_id for fault in faults})
+    for fault in faults:
+        fault.node = nodes[fault.node_id]
     verdicts = {fault.pk: FaultVerdict(**fault.triage) if fault.triage else FaultVerdict("none", False, True, True, "")
                 for fault in faults}
     ladders = escalation.ladders_for([f.node_id for f in faults if verdicts[f.pk].escalates or verdicts[f.pk].out_of_service])
@@ -241,7 +244,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     RecoveryAction.objects.bulk_create(created)
     placement.book_many([(action, node, action.to_gpu_index if action.kind == ActionKind.INTRA_NODE_MIGRATION else None)
                          for action, node in bookings if action.to_node_id])
-    Job.objects.bulk_update([job for job, _ in recovering], ["iteration", "iteration_at", "state"])
+    update_rows([job for job, _ in recovering], ["iteration", "iteration_at", "state"])
     for action in created:
         if action.kind == ActionKind.PROACTIVE_MIGRATION and not dry_run:
             _snapshot_first(action.job)
@@ -255,7 +258,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
         if (fault.triage or {}).get("ignore"):
             text = f"the catalogue says {fault.triage.get('recommended_action')}: " + text
         _close(fault, FaultState.IGNORED if ignore else FaultState.HANDLED, text, now)
-    FaultEvent.objects.bulk_update(faults, ["state", "state_reason", "handled_at"])
+    update_rows(faults, ["state", "state_reason", "handled_at"])
     # Highest stake first; migrations over the budget stay planned and start from beat as room frees.
     started = {action.pk for action in sorted(created, key=lambda a: -a.gpu_hours_at_stake)
                if not dry_run and action_start(action=action, cluster=cluster, publish=False)}

@@ -4,7 +4,6 @@ one PostgreSQL and one Redis; retention prunes while agents keep posting."""
 import ast
 import itertools
 import json
-import os
 import re
 import signal
 import threading
@@ -30,6 +29,7 @@ from controlplane.testing.processes import (
     PrivateRedis,
     celery_beat,
     celery_worker,
+    kill_group,
     uvicorn_server,
     wait_for,
 )
@@ -50,12 +50,6 @@ FAST_BEAT = {"HEARTBEAT_SECONDS": 1, "RECOVERY_ADVANCE_SECONDS": 1, "FAULT_SWEEP
 LOCK_SECONDS, RENEW_SECONDS = 3, 1
 # Every one-second entry of the schedule, and how long each message may wait (its `expires` option).
 EVERY_SECOND = {"jobs.recovery_advance": 2, "jobs.fault_sweep": 2, "controlplane.outbox_sweep": 2}
-
-
-def kill(process, sig=signal.SIGKILL) -> float:
-    os.killpg(process.pid, sig)
-    process.wait(15)
-    return time.time()
 
 
 def sent_messages(client: redis.Redis) -> list[dict]:
@@ -100,7 +94,7 @@ def test_two_beats_schedule_once_and_the_survivor_takes_over_when_the_holder_die
         window_end = time.time()
         holder = beats[holder_pid(client)]
         survivor = b if holder is a else a
-        killed_at = kill(holder)
+        killed_at = kill_group(holder)
         wait_for(lambda: holder_pid(client) == survivor.pid, LOCK_SECONDS + 5, 0.05, what="the survivor to take the lock")
         time.sleep(5)
         messages = sent_messages(client)
@@ -139,7 +133,7 @@ def test_a_stopped_holder_hands_over_at_once_and_beats_survive_a_redis_restart(t
             time.sleep(1.5)
             assert holder_pid(client) == a.pid
             # A clean stop releases the lock: b takes it at its next try, not after the lock expires.
-            stopped_at = kill(a, signal.SIGTERM)
+            stopped_at = kill_group(a, signal.SIGTERM)
             wait_for(lambda: holder_pid(client) == b.pid, LOCK_SECONDS + 5, 0.05, what="b to take the lock")
             handover = time.time() - stopped_at
             assert handover < RENEW_SECONDS + 0.5, handover

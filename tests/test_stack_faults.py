@@ -10,7 +10,6 @@ were injected and lost (none may be) and how long the stack took to recover.
 """
 
 import json
-import os
 import signal
 import threading
 import time
@@ -35,6 +34,8 @@ from controlplane.testing.processes import (
     celery_beat,
     celery_worker,
     database_url,
+    kill_group,
+    lock_waiters,
     uvicorn_server,
     wait_for,
 )
@@ -543,18 +544,6 @@ def test_postgresql_stop_and_start_while_workers_run_loses_no_fault(tmp_path, se
 # --- 3. A worker killed mid-decision, and between its commit and the relay of its events -----------------------
 
 
-def kill(process) -> None:
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait(10)
-
-
-def lock_waiters() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND wait_event_type = 'Lock'")
-        return cursor.fetchone()[0]
-
-
 def hold_jobs(cluster):
     """Another session holds the cluster's job rows: a decision blocks half-way, after it took its faults."""
     holder = psycopg.connect(database_url(), autocommit=False)
@@ -595,7 +584,7 @@ def test_a_worker_killed_mid_decision_and_before_its_relay_loses_nothing_and_act
             holder = hold_jobs(cluster)
             with celery_worker(tmp_path, **env) as first:
                 wait_for(lambda: lock_waiters() > 0, 30, what="the decision to block on the job rows")
-                kill(first)
+                kill_group(first)
             holder.rollback()                       # the dead worker's session ends once it gets the rows
             wait_for(lambda: lock_waiters() == 0, 30, what="the dead worker's session to end")
             states = set(FaultEvent.objects.filter(pk__in=fault_ids).values_list("state", flat=True))
@@ -616,7 +605,7 @@ def test_a_worker_killed_mid_decision_and_before_its_relay_loses_nothing_and_act
                 time.sleep(0.5)
                 decided = set(Event.objects.filter(kind="actions.decided").values_list("pk", flat=True))
                 unsent = set(Event.objects.filter(pk__in=decided, sent_at__isnull=True).values_list("pk", flat=True))
-                kill(second)
+                kill_group(second)
             server.process.send_signal(signal.SIGCONT)
             resumed = time.monotonic()
 

@@ -263,6 +263,22 @@ def _stop(process: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 15) ->
             process.wait(5)
 
 
+def kill_group(process: subprocess.Popen, sig: int = signal.SIGKILL, timeout: float = 15) -> float:
+    """Send ``sig`` to a process started in a session of its own, children included, and wait for it to exit;
+    returns the time (epoch seconds) it was sent."""
+    os.killpg(process.pid, sig)
+    process.wait(timeout)
+    return time.time()
+
+
+def lock_waiters() -> int:
+    """Sessions of the test database waiting for a lock right now."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND wait_event_type = 'Lock'")
+        return cursor.fetchone()[0]
+
+
 def stop_group(process: subprocess.Popen, timeout: float = 20) -> None:
     """End a process started in a session of its own, children included: SIGTERM to its process group, then
     SIGKILL if it has not exited within ``timeout`` seconds."""

@@ -151,8 +151,7 @@ class FaultViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewS
         values = dict(data.validated_data)
         # Only what intake reads (the hot path of fault reports: every column of a node and its cluster costs).
         node = (Node.objects.select_related("cluster").only(*fault_services.INGEST_NODE_FIELDS)
-                .filter(pk=values.pop("node")).order_by()[:1])
-        node = node[0] if node else None
+                .filter(pk=values.pop("node")).first())
         if node is None:
             raise exceptions.ValidationError({"node": ["no such node"]})
         key = (request.headers.get("Idempotency-Key") or "").strip() or None

@@ -13,8 +13,13 @@ from jobs.planner import Estimates
 
 def job_topics(job: Job) -> list[str]:
     """Every event about a job goes to its own topic, its cluster's, its tenant's and the fleet's."""
-    return [events.topic("job", job.pk), events.topic("cluster", job.cluster_id),
-            events.topic("tenant", job.tenant_id), events.topic("fleet")]
+    return job_topics_of(job.pk, job.cluster_id, job.tenant_id)
+
+
+def job_topics_of(job_id: int, cluster_id: int, tenant_id: int) -> list[str]:
+    """``job_topics`` from the job's ids, for callers that have only those."""
+    return [events.topic("job", job_id), events.topic("cluster", cluster_id),
+            events.topic("tenant", tenant_id), events.topic("fleet")]
 
 
 def cluster_topics(cluster_id: int, tenant_id: int | None = None) -> list[str]:

@@ -15,7 +15,7 @@ from fleet.models import GPU, NIC
 from jobs.choices import FaultKind, FaultSource, FaultState, Severity
 from jobs.models import FaultEvent, JobAllocation
 from jobs.placement import immediate_constraints
-from jobs.services.common import cluster_topics, fault_payload
+from jobs.services.common import cluster_topics, fault_payload, job_topics_of
 from jobs.triage import classify_fault
 
 DEFAULT_SEVERITY = {
@@ -62,9 +62,9 @@ def _validate(source, kind, severity, gpu_index, nic_name, node):
         raise ServiceError(f"unknown source {source!r}", field="source")
     if severity and severity not in Severity.values:
         raise ServiceError(f"unknown severity {severity!r}", field="severity")
-    if gpu_index is not None and not GPU.objects.filter(node_id=node.pk, index=gpu_index).values("pk").exists():
+    if gpu_index is not None and not GPU.objects.filter(node_id=node.pk, index=gpu_index).exists():
         raise ServiceError(f"node {node.hostname} has no GPU {gpu_index}", field="gpu_index")
-    if nic_name and not NIC.objects.filter(node_id=node.pk, name=nic_name).values("pk").exists():
+    if nic_name and not NIC.objects.filter(node_id=node.pk, name=nic_name).exists():
         raise ServiceError(f"node {node.hostname} has no NIC {nic_name}", field="nic_name")
 
 
@@ -115,9 +115,9 @@ def fault_ingest(*, source: str, kind: str, node, gpu_index: int | None = None, 
         audit_record(actor=actor, action="fault.ingest", target=fault, tenant_id=tenant_id,
                      changes={"source": source, "kind": kind, "xid": xid, "triage": verdict.explanation})
         topics = cluster_topics(fault.cluster_id, tenant_id)
-        for job_id, job_tenant_id in (JobAllocation.objects.filter(node=node, released_at__isnull=True)
-                                      .values_list("job_id", "job__tenant_id")):
-            topics += [events.topic("job", job_id), events.topic("tenant", job_tenant_id)]
+        for job_id, job_cluster_id, job_tenant_id in (JobAllocation.objects.filter(node=node, released_at__isnull=True)
+                                                      .values_list("job_id", "job__cluster_id", "job__tenant_id")):
+            topics += job_topics_of(job_id, job_cluster_id, job_tenant_id)
         fault_id = fault.pk
         # Queue the handling first, then relay the event: the decision should not wait for the relay.
         transaction.on_commit(lambda: _enqueue(fault_id))

@@ -1,14 +1,11 @@
 """A real Celery worker SIGKILLed mid-way, twice: the migration still completes, exactly once."""
 
-import os
-import signal
 import threading
 
 import psycopg
 import pytest
-from django.db import connection
 
-from controlplane.testing.processes import celery_worker, database_url, wait_for
+from controlplane.testing.processes import celery_worker, database_url, kill_group, lock_waiters, wait_for
 from fleet.models import SimulatedOperation
 from jobs.choices import ActionKind, ActionState, FaultState, JobState
 from jobs.models import FaultEvent, JobAllocation, RecoveryAction, SpareBooking
@@ -17,18 +14,6 @@ from jobs.tasks import fault_sweep_task, recovery_advance_task
 from tests.jobs.helpers import protected_cluster, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-def kill(worker):
-    os.killpg(worker.pid, signal.SIGKILL)
-    worker.wait(10)
-
-
-def waiting_on_a_lock() -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND wait_event_type = 'Lock'")
-        return cursor.fetchone()[0] > 0
 
 
 def test_worker_killed_mid_decision_and_mid_migration_completes_it_exactly_once(tmp_path, tenant_a):
@@ -41,10 +26,10 @@ def test_worker_killed_mid_decision_and_mid_migration_completes_it_exactly_once(
 
     with celery_worker(tmp_path) as worker:
         fault, _ = fault_ingest(source="agent", kind="node_unreachable", node=failed)
-        wait_for(waiting_on_a_lock, 30, what="the handler to block on the job row")
-        kill(worker)                                            # dies mid-decision
+        wait_for(lambda: lock_waiters() > 0, 30, what="the handler to block on the job row")
+        kill_group(worker)                                            # dies mid-decision
     threading.Timer(0.5, holder.rollback).start()
-    wait_for(lambda: not waiting_on_a_lock(), 30, what="the dead worker's transaction to end")
+    wait_for(lambda: lock_waiters() == 0, 30, what="the dead worker's transaction to end")
     holder.close()
     fault.refresh_from_db()
     assert fault.state == FaultState.NEW and not RecoveryAction.objects.filter(fault=fault).exists()
@@ -54,7 +39,7 @@ def test_worker_killed_mid_decision_and_mid_migration_completes_it_exactly_once(
             fault_sweep_task.delay()                            # beat: the fault is still new, so queued again
             return RecoveryAction.objects.filter(fault=fault, state=ActionState.RUNNING).exists()
         wait_for(started, 30, 0.5, what="the migration to start")
-        kill(worker)                                            # dies while the migration runs
+        kill_group(worker)                                            # dies while the migration runs
     action = RecoveryAction.objects.get(fault=fault, job=job)
     assert action.kind == ActionKind.LIVE_MIGRATION and action.state == ActionState.RUNNING
 

@@ -10,6 +10,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from controlplane.audit import audit_record
+from controlplane.bulk import update_rows
 from fleet.choices import DriftMode
 from fleet.desired import compare, desired_state, is_node_software, load_versions
 from fleet.models import Cluster, DriftFinding
@@ -106,7 +107,7 @@ def _findings(checks: dict, now, report: SweepReport) -> dict[int, dict]:
     for finding in moved:
         finding.diff = current[(finding.cluster_id, finding.addon, finding.kind)].diff
     if moved:
-        DriftFinding.objects.bulk_update(moved, ["diff"])
+        update_rows(moved, ["diff"])
     gone = [f for key, f in open_rows.items() if key not in current]
     by_resolution = defaultdict(list)
     for finding in gone:

@@ -19,6 +19,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from controlplane.bulk import update_rows
 from fleet.models import Cluster, Node
 from jobs.models import FaultEvent, RecoveryAction
 from jobs.placement import risk_threshold
@@ -90,7 +91,7 @@ def _record_history(scores: dict[int, Risk], meta: dict, now) -> int:
 def _write_scores(scores: dict[int, Risk], meta: dict, now) -> None:
     changed = [Node(pk=node_id, risk_score=risk.score, risk_updated_at=now) for node_id, risk in scores.items()
                if abs(risk.score - (meta[node_id][3] or 0.0)) >= 0.001]
-    Node.objects.bulk_update(changed, ["risk_score", "risk_updated_at"], batch_size=1000)
+    update_rows(changed, ["risk_score", "risk_updated_at"])
 
 
 def _predict(scores: dict[int, Risk], meta: dict, now, result: SweepResult) -> None:

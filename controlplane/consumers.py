@@ -23,7 +23,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from controlplane import events
-from controlplane.models import TopicSequence
+from controlplane.selectors import topic_heads
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +34,6 @@ HEADS_SECONDS = float(os.environ.get("LOCKSTEP_WS_HEADS_SECONDS", "5"))
 # How long a head may run ahead of the socket before it is announced: longer than a relay from commit to
 # socket takes, so an event that is on its way is not announced as well.
 HEADS_GRACE_SECONDS = float(os.environ.get("LOCKSTEP_WS_HEADS_GRACE_SECONDS", "1"))
-
-
-def topic_heads(names: Iterable[str]) -> dict[str, int]:
-    """The last sequence number of each topic (0 where it has none yet), in one query. The caller has
-    checked that the user may subscribe to every one of them."""
-    names = list(names)
-    found = dict(TopicSequence.objects.filter(topic__in=names).values_list("topic", "last_seq"))
-    return {name: found.get(name, 0) for name in names}
 
 
 class EventConsumer(AsyncJsonWebsocketConsumer):

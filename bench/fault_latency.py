@@ -88,7 +88,7 @@ def build_world() -> tuple[str, list[tuple[int, str]]]:
     version = BlueprintVersion.objects.create(blueprint=blueprint, number=1, state="active",
                                               policy={"protection": {"nic_failover": True, "live_migration": True}})
     fleet = Fleet.objects.create(name="bench", max_cordoned_nodes=10_000, max_draining_nodes=10_000)
-    targets, now = [], timezone.now()
+    ordered, now = [], timezone.now()
     for c in range(CLUSTERS):
         cluster = Cluster.objects.create(fleet=fleet, name=f"bench-{c}", blueprint=blueprint, blueprint_version=version,
                                          connection={"nic_failover_seconds": 1, "migration_pause_seconds": 30})
@@ -107,9 +107,10 @@ def build_world() -> tuple[str, list[tuple[int, str]]]:
                                         for i in range(NODES_PER_CLUSTER)])
         JobAllocation.objects.bulk_create([JobAllocation(job=j, node=n, gpu_indices=list(range(8)), rank_start=0,
                                                          rank_end=7) for j, n in zip(jobs, nodes, strict=True)])
-        targets += [(n.pk, f"mlx5_{k}") for n in nodes for k in range(1, NICS)]
-    # Interleave clusters and NICs so consecutive faults land on different nodes and clusters.
-    targets.sort(key=lambda t: (int(t[1].split("_")[1]), t[0] % CLUSTERS, t[0]))
+        ordered += [((k, i, c), (n.pk, f"mlx5_{k}")) for i, n in enumerate(nodes) for k in range(1, NICS)]
+    # Interleave clusters and NICs so consecutive faults land on different nodes and clusters: NIC 1 of the
+    # first node of each cluster in turn, then of the second node…
+    targets = [target for _, target in sorted(ordered)]
     return token, targets
 
 
@@ -139,6 +140,7 @@ class Listener(threading.Thread):
         super().__init__(daemon=True)
         self.port, self.token = port, token
         self.first: dict[int, float] = {}
+        self.first_wall: dict[int, float] = {}   # the same moment on the wall clock, to set beside database times
         self.last_seq = 0
         self.reconnects = 0
         self.stop = threading.Event()
@@ -158,7 +160,9 @@ class Listener(threading.Thread):
         self.last_seq = max(self.last_seq, message.get("seq", 0))
         for action in message["payload"].get("actions") or [message["payload"]]:
             if (message["kind"] == "actions.decided" or message["kind"].startswith("action.")) and action.get("fault"):
-                self.first.setdefault(action["fault"], now)
+                if action["fault"] not in self.first:
+                    self.first[action["fault"]] = now
+                    self.first_wall[action["fault"]] = time.time()
 
     def _catch_up(self) -> None:
         import requests
@@ -189,8 +193,10 @@ class Listener(threading.Thread):
                 self._note(message, time.perf_counter())
 
 
-def send_at_rate(url: str, token: str, targets: list, rate: float, seconds: float, senders: int = 8) -> tuple[dict, float]:
-    """POST ``rate`` faults a second for ``seconds``; returns {fault id: send time} and the rate achieved."""
+def send_at_rate(url: str, token: str, targets: list, rate: float, seconds: float, senders: int = 8,
+                 walls: dict | None = None) -> tuple[dict, float]:
+    """POST ``rate`` faults a second for ``seconds``; returns {fault id: send time} and the rate achieved. With
+    ``walls``, also records each fault's (send, answer) times on the wall clock there."""
     import requests
 
     total = int(rate * seconds)
@@ -213,13 +219,16 @@ def send_at_rate(url: str, token: str, targets: list, rate: float, seconds: floa
             delay = due - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            began = time.perf_counter()
+            began, began_wall = time.perf_counter(), time.time()
             response = session.post(f"{url}/api/v1/faults/", json={"node": node, "kind": "nic_down", "nic_name": nic,
                                                                    "source": "agent"}, timeout=30)
             if response.status_code != 201:
                 errors.append(response.text[:200])
                 continue
-            sent[response.json()["id"]] = began
+            fault_id = response.json()["id"]
+            sent[fault_id] = began
+            if walls is not None:
+                walls[fault_id] = (began_wall, time.time())
 
     threads = [threading.Thread(target=sender) for _ in range(senders)]
     for thread in threads:
@@ -257,6 +266,42 @@ def decision_breakdown(fault_ids) -> dict:
     return {"p50": values[len(values) // 2], "p99": values[int(0.99 * (len(values) - 1))]} if values else {}
 
 
+PHASES = ("POST sent → stored (received_at)", "stored → POST answered", "stored → action planned",
+          "planned → its event relayed (sent_at)", "relayed → received by the websocket client")
+
+
+def phase_breakdown(walls: dict, listener: Listener) -> dict[str, tuple[float, float]]:
+    """Where the time goes, per fault, from the wall clock (client and server share it): p50 and p99 of each phase."""
+    from controlplane.models import Event
+    from jobs.models import RecoveryAction
+
+    planned = {}
+    for action in RecoveryAction.objects.filter(fault_id__in=list(walls)).select_related("fault"):
+        planned.setdefault(action.fault_id, (action.fault.received_at.timestamp(), action.planned_at.timestamp()))
+    relayed: dict[int, float] = {}
+    for event in Event.objects.filter(topic="fleet", sent_at__isnull=False,
+                                      kind__in=["actions.decided", "action.planned", "action.started"]).only(
+                                          "payload", "sent_at").iterator():
+        for action in event.payload.get("actions") or [event.payload]:
+            fault = action.get("fault")
+            if fault in walls:
+                relayed[fault] = min(relayed.get(fault, float("inf")), event.sent_at.timestamp())
+    spans: dict[str, list[float]] = {name: [] for name in PHASES}
+    for fault, (began, answered) in walls.items():
+        if fault not in planned or fault not in relayed or fault not in listener.first_wall:
+            continue
+        received, decided = planned[fault]
+        for name, value in zip(PHASES, (received - began, answered - received, decided - received, relayed[fault] - decided,
+                                         listener.first_wall[fault] - relayed[fault]), strict=True):
+            spans[name].append(value * 1000)
+    result = {}
+    for name, values in spans.items():
+        values.sort()
+        if values:
+            result[name] = (values[len(values) // 2], values[int(0.99 * (len(values) - 1))])
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=50)
@@ -269,6 +314,7 @@ def main() -> int:
                              "one core at a time, so a 2-core machine wants two")
     parser.add_argument("--senders", type=int, default=8, help="client threads POSTing faults (each request holds a PostgreSQL connection)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
+    parser.add_argument("--phases", action="store_true", help="print where the time goes, phase by phase, at each rate")
     args = parser.parse_args()
 
     scratch_database()
@@ -305,7 +351,8 @@ def main() -> int:
                 break
             cpu_before = (group_cpu(web.pid), group_cpu(worker.pid), time.perf_counter(), cpu_by_pid(named("postgres")),
                           time.process_time())
-            sent, achieved = send_at_rate(url, token, targets, rate, seconds, senders=args.senders)
+            walls: dict[int, tuple[float, float]] = {}
+            sent, achieved = send_at_rate(url, token, targets, rate, seconds, senders=args.senders, walls=walls)
             stats = measure(listener, sent)
             wall = time.perf_counter() - cpu_before[2]
             stats["cpu"] = {"web": (group_cpu(web.pid) - cpu_before[0]) / wall,
@@ -325,6 +372,9 @@ def main() -> int:
                   f"worker {stats['cpu']['worker']:.2f}, postgres {stats['cpu']['postgres']:.2f}, "
                   f"this client {stats['cpu']['client']:.2f}]", flush=True)
             stats["sustained"] = bool(ok)
+            if args.phases:
+                for name, (p50, p99) in phase_breakdown(walls, listener).items():
+                    print(f"        {name:<45} p50 {p50:7.1f} ms   p99 {p99:7.1f} ms")
             if not ok and rate != args.rate:
                 break
             time.sleep(8)   # let the stack drain before the next rate

@@ -110,6 +110,14 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
                 removed.append(name)
         await self.send_json({"type": "unsubscribed", "topics": removed})
 
+    async def dispatch(self, message):
+        # Channels checks the process's database connections (a hop to a thread and back) before every message;
+        # relaying an event touches no database, and there are many of them, so they go straight to the handler.
+        if message.get("type") == "event.message":
+            await self.event_message(message)
+        else:
+            await super().dispatch(message)
+
     async def event_message(self, message):
         event = message["event"]
         if event.get("topic") in self.topics:

@@ -53,7 +53,7 @@ def risk_threshold(cluster: Cluster) -> float:
         return DEFAULT_RISK_THRESHOLD
 
 
-@dataclass(frozen=True)
+@dataclass
 class Budget:
     cluster_running: int
     cluster_cap: int

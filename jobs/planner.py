@@ -5,7 +5,8 @@ with the ledger's formula (docs/gpu-hours.md), and choose the cheapest feasible 
 only restart from checkpoint.
 """
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 
 from jobs.ledger import actual_gpu_hours, baseline_gpu_hours
 
@@ -161,6 +162,30 @@ def plan(job: JobFacts, situation: Situation, est: Estimates) -> Plan:
     if chosen is not None and chosen.kind.startswith("stay_"):
         return Plan(None, ranked, baseline)
     return Plan(chosen, ranked, baseline)
+
+
+# The recoveries that need a spare node (and room in the migration budget).
+SPARE_KINDS = frozenset({"live_migration", "proactive_migration"})
+
+
+def plan_with_spare_lookup(job: JobFacts, situation: Situation, est: Estimates,
+                           look_up: Callable[[], tuple[bool, float]]) -> tuple[Plan, bool]:
+    """``plan``, looking for a spare node only when one could change the choice.
+
+    First price the recoveries as if a spare node were free now with no wait for the budget: the best a spare
+    could do. If even then the cheapest recovery needs no spare, a real spare (taken, or after a wait) could only
+    cost more, so the choice stands without reading the spare pool; the spare recoveries keep that best-case
+    price and say they were not looked up. Otherwise ``look_up()`` gives (a spare is available, seconds to wait
+    for the budget) and the plan is made with that. Returns the plan and whether the pool was looked up."""
+    best_case = plan(job, replace(situation, spare_node=True, spare_wait_seconds=0.0), est)
+    if best_case.chosen is not None and best_case.chosen.kind in SPARE_KINDS:
+        available, wait = look_up()
+        return plan(job, replace(situation, spare_node=available, spare_wait_seconds=wait), est), True
+    cheaper = best_case.chosen.kind if best_case.chosen is not None else "staying put"
+    note = f"spares not looked up: even with one free now it loses more than {cheaper}"
+    options = [replace(o, why=f"{o.why}; {note}") if o.kind in SPARE_KINDS and o.feasible else o
+               for o in best_case.options]
+    return Plan(best_case.chosen, options, best_case.baseline), False
 
 
 def gpu_hours_at_stake(job: JobFacts) -> float:

@@ -52,21 +52,18 @@ def _gpus_on(action: RecoveryAction) -> int:
     return allocation.gpu_count if allocation else 1
 
 
-def action_start(*, action: RecoveryAction, cluster: Cluster, publish: bool = True) -> bool:
-    """Start a planned action through the driver, within the migration budgets. Returns whether it started;
-    an action over budget, or refused by a transient driver error, stays planned for beat to retry."""
-    if action.dry_run or action.state != ActionState.PLANNED:
-        return False
+def start_through_driver(action: RecoveryAction, cluster: Cluster, budget: placement.Budget | None) -> str:
+    """Ask the driver to carry out a planned action, the migration budget permitting, and set the action's fields
+    in memory (the caller writes them). Returns ``"started"`` (and counts it in ``budget``), ``"waiting"`` (over
+    the budget, or a transient driver error: it stays planned and ``error`` says why) or ``"refused"`` (``error``
+    says why; the caller fails it). ``budget`` is needed for the budgeted kinds only."""
+    leaf = ""
     if action.kind in BUDGETED_KINDS:
-        budget = placement.migration_budget(cluster)
         leaf = action.to_node.leaf_switch if action.to_node_id else ""
         if not budget.room(leaf):
-            note = (f"waiting for the migration budget ({budget.cluster_running}/{budget.cluster_cap} in the cluster, "
-                    f"{budget.leaf_running.get(leaf, 0)}/{budget.leaf_cap} on {leaf or 'the leaf'})")
-            if action.error != note:
-                RecoveryAction.objects.filter(pk=action.pk).update(error=note)
-                action.error = note
-            return False
+            action.error = (f"waiting for the migration budget ({budget.cluster_running}/{budget.cluster_cap} in the "
+                            f"cluster, {budget.leaf_running.get(leaf, 0)}/{budget.leaf_cap} on {leaf or 'the leaf'})")
+            return "waiting"
     call = CALLS.get(action.kind)
     now = timezone.now()
     if call is None:
@@ -76,31 +73,60 @@ def action_start(*, action: RecoveryAction, cluster: Cluster, publish: bool = Tr
             result = call(driver_for(cluster), action)
             result_handle, done_at = result.handle, result.done_at or now
         except (DriverError, NotImplementedError) as error:
-            transient = getattr(error, "transient", False)
-            if transient:
-                RecoveryAction.objects.filter(pk=action.pk).update(error=str(error)[:300])
-                return False
-            if action.kind == ActionKind.RESTART_FROM_CHECKPOINT:
-                # No driver support: the job's own launcher restarts it; the record stands.
-                result_handle, done_at = "", now
-            else:
-                _fail(action, f"the driver refused: {error}")
-                return False
+            if getattr(error, "transient", False):
+                action.error = str(error)[:300]
+                return "waiting"
+            if action.kind != ActionKind.RESTART_FROM_CHECKPOINT:
+                action.error = f"the driver refused: {error}"[:300]
+                return "refused"
+            # No driver support: the job's own launcher restarts it; the record stands.
+            result_handle, done_at = "", now
     action.state = ActionState.RUNNING
     action.handle, action.done_at, action.started_at, action.error = result_handle, done_at, now, ""
-    action.save(update_fields=["state", "handle", "done_at", "started_at", "error"])
+    if action.kind in BUDGETED_KINDS:
+        budget.cluster_running += 1
+        budget.leaf_running[leaf] = budget.leaf_running.get(leaf, 0) + 1
+    return "started"
+
+
+STARTED_FIELDS = ["state", "handle", "done_at", "started_at", "error"]
+
+
+def after_start(action: RecoveryAction) -> None:
+    """What starting an action changes beyond the action: a proactive migration stops its running job."""
     job = action.job
     if action.kind == ActionKind.PROACTIVE_MIGRATION and job.state == JobState.RUNNING:
+        now = action.started_at
         job.iteration, job.iteration_at, job.state = job.iteration_now(now), now, JobState.RECOVERING
         job.save(update_fields=["iteration", "iteration_at", "state"])
         phase_start(job, JobPhaseKind.RECOVERING, reason="proactive migration", at=now)
         record_progress(job, at=now, iteration=job.iteration)
+
+
+def action_start(*, action: RecoveryAction, cluster: Cluster, publish: bool = True) -> bool:
+    """Start a planned action through the driver, within the migration budgets. Returns whether it started;
+    an action over budget, or refused by a transient driver error, stays planned for beat to retry."""
+    if action.dry_run or action.state != ActionState.PLANNED:
+        return False
+    before = action.error
+    budget = placement.migration_budget(cluster) if action.kind in BUDGETED_KINDS else None
+    outcome = start_through_driver(action, cluster, budget)
+    if outcome == "waiting":
+        if action.error != before:
+            RecoveryAction.objects.filter(pk=action.pk).update(error=action.error)
+        return False
+    if outcome == "refused":
+        fail_action(action, action.error)
+        return False
+    action.save(update_fields=STARTED_FIELDS)
+    after_start(action)
     if publish:
         publish_action(action, "action.started")
     return True
 
 
-def _fail(action: RecoveryAction, error: str) -> None:
+def fail_action(action: RecoveryAction, error: str) -> None:
+    """The action failed (the driver refused it, or the cluster reported it failed): release its spare, say why."""
     action.state, action.error, action.ended_at = ActionState.FAILED, error[:300], timezone.now()
     action.gpu_hours_saved = 0.0
     action.save(update_fields=["state", "error", "ended_at", "gpu_hours_saved"])
@@ -224,7 +250,7 @@ def actions_advance(*, cluster: Cluster, action_ids: list[int], finished: list) 
     fail those it failed, leave the rest running. Completed actions are appended to ``finished`` for the
     caller to publish; returns how many completed."""
     actions = list(RecoveryAction.objects.select_for_update(of=("self",), skip_locked=True, no_key=True)
-                   .select_related("job", "cluster", "node", "to_node", "snapshot")
+                   .select_related("job", "cluster", "node", "to_node", "snapshot", "fault")
                    .filter(pk__in=action_ids, state=ActionState.RUNNING).order_by("pk"))
     now = timezone.now()
     actions = [a for a in actions if not (a.done_at and a.done_at > now)]
@@ -243,7 +269,7 @@ def actions_advance(*, cluster: Cluster, action_ids: list[int], finished: list) 
             action.save(update_fields=["state", "ended_at"])
             publish_action(action, "action.succeeded")
         elif status == "failed":
-            _fail(action, "the cluster reported the operation failed")
+            fail_action(action, "the cluster reported the operation failed")
     if done:
         _complete_many(done)
         finished += done

@@ -71,10 +71,16 @@ def ladders_for(node_ids) -> dict[int, NodeEscalation]:
             .order_by("node_id")}
 
 
+STRIKE_FIELDS = ["stage", "strikes", "needs_human", "updated_at"]
+
+
 def on_fault(*, fault: FaultEvent, verdict: FaultVerdict, cluster, dry_run: bool,
-             ladders: dict[int, NodeEscalation] | None = None) -> str:
+             ladders: dict[int, NodeEscalation] | None = None, strikes: list[NodeEscalation] | None = None) -> str:
     """Record the fault on its node's ladder; quarantine (cordon) the node when the fault is fatal to a
-    device or the node, or when strikes add up. Returns what happened, in words ("" for nothing)."""
+    device or the node, or when strikes add up. Returns what happened, in words ("" for nothing).
+
+    With ``strikes``, a ladder that only counted a strike is appended there for the caller to write (its
+    ``STRIKE_FIELDS``, with the rest of a batch) instead of being saved here."""
     if not (verdict.out_of_service or verdict.escalates):
         return ""
     now = timezone.now()
@@ -90,7 +96,11 @@ def on_fault(*, fault: FaultEvent, verdict: FaultVerdict, cluster, dry_run: bool
     escalation.needs_human = escalation.needs_human or verdict.needs_human
     fatal = verdict.out_of_service
     if not fatal and len(escalation.strikes) < settings.ESCALATION_STRIKES:
-        escalation.save()
+        if strikes is None:
+            escalation.save()
+        else:
+            escalation.updated_at = now
+            strikes.append(escalation)
         return f"strike {len(escalation.strikes)} of {settings.ESCALATION_STRIKES}"
     escalation.fault = fault
     escalation.gpu_index = fault.gpu_index

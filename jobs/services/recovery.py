@@ -5,7 +5,12 @@ at this moment. Everything happens in the caller's transaction: if the worker di
 the faults stay new, and the sweep hands them out again.
 """
 
+import functools
+import math
+import operator
+
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from controlplane import events
@@ -14,11 +19,11 @@ from controlplane.bulk import update_rows
 from fleet.choices import GPUHealth, LinkState
 from fleet.models import GPU, NIC
 from jobs import placement
-from jobs.choices import BUDGETED_KINDS, ActionKind, FaultState, JobPhaseKind, JobState
+from jobs.choices import BUDGETED_KINDS, ActionKind, ActionState, FaultState, JobPhaseKind, JobState
 from jobs.models import FaultEvent, Job, JobAllocation, JobPhase, JobProgress, JobSnapshot, RecoveryAction
-from jobs.planner import JobFacts, Situation, fair_order, gpu_hours_at_stake, plan
+from jobs.planner import JobFacts, Situation, fair_order, gpu_hours_at_stake, plan, plan_with_spare_lookup
 from jobs.services import escalation
-from jobs.services.actions import action_start
+from jobs.services.actions import after_start, fail_action, start_through_driver
 from jobs.services.common import (
     action_payload,
     cluster_topics,
@@ -63,14 +68,19 @@ def _facts(job: Job, allocation: JobAllocation, impact: str, fault: FaultEvent, 
                     protected=protected, restart_overhead_seconds=overhead, seconds_since_snapshot=since_snapshot), snapshot
 
 
-def _mark_hardware(fault: FaultEvent, verdict: FaultVerdict) -> None:
-    """Record on the fleet's rows what the fault took out: the GPU, or the NIC's link."""
-    if verdict.out_of_service and fault.gpu_index is not None:
-        GPU.objects.filter(node_id=fault.node_id, index=fault.gpu_index).update(
-            health=GPUHealth.FAILED, health_reason=verdict.explanation[:300])
-    if fault.nic_name and verdict.job_impact in ("nic", "degraded"):
-        state = LinkState.DOWN if verdict.job_impact == "nic" else LinkState.DEGRADED
-        NIC.objects.filter(node_id=fault.node_id, name=fault.nic_name).update(link_state=state)
+def _mark_hardware(marks: list[tuple[FaultEvent, FaultVerdict]]) -> None:
+    """Record on the fleet's rows what the faults took out: the GPUs, or the NICs' links (the links in one
+    statement per new state)."""
+    links: dict[str, list[Q]] = {}
+    for fault, verdict in marks:
+        if verdict.out_of_service and fault.gpu_index is not None:
+            GPU.objects.filter(node_id=fault.node_id, index=fault.gpu_index).update(
+                health=GPUHealth.FAILED, health_reason=verdict.explanation[:300])
+        if fault.nic_name and verdict.job_impact in ("nic", "degraded"):
+            state = LinkState.DOWN if verdict.job_impact == "nic" else LinkState.DEGRADED
+            links.setdefault(state, []).append(Q(node_id=fault.node_id, name=fault.nic_name))
+    for state, which in sorted(links.items()):
+        NIC.objects.filter(functools.reduce(operator.or_, which)).update(link_state=state)
 
 
 def decision_lists(cluster, created: list[RecoveryAction], started: set[int]) -> list[events.Item]:
@@ -148,14 +158,16 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     on_nodes: dict[int, list[JobAllocation]] = {}
     for allocation in _active_allocations().filter(node_id__in={f.node_id for f in faults}):
         on_nodes.setdefault(allocation.node_id, []).append(allocation)
+    if not dry_run:
+        _mark_hardware([(fault, verdicts[fault.pk]) for fault in faults])
     pairs = []
     outcome: dict[int, list[str]] = {}
+    strikes: list = []
     for fault in faults:
         verdict = verdicts[fault.pk]
         impact = verdict.job_impact
-        if not dry_run:
-            _mark_hardware(fault, verdict)
-        ladder = escalation.on_fault(fault=fault, verdict=verdict, cluster=cluster, dry_run=dry_run, ladders=ladders)
+        ladder = escalation.on_fault(fault=fault, verdict=verdict, cluster=cluster, dry_run=dry_run, ladders=ladders,
+                                     strikes=strikes)
         outcome[fault.pk] = [ladder] if ladder else []
         if impact == "none" and ladder.startswith("quarantined"):
             impact = "risk"     # repeated non-fatal faults: move protected jobs off before the node fails
@@ -163,6 +175,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
             continue
         for allocation in _affected(fault, impact, on_nodes):
             pairs.append((fault, impact, allocation))
+    update_rows(strikes, escalation.STRIKE_FIELDS)
     done = set(RecoveryAction.objects.filter(fault__in=faults, job__isnull=False).values_list("fault_id", "job_id"))
     pairs = [p for p in pairs if (p[0].pk, p[2].job_id) not in done]
     jobs = {job.pk: job for job in Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant")
@@ -181,29 +194,44 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
         priced.append((fault, impact, allocation, job, facts, snapshot, gpu_hours_at_stake(facts)))
     # Spares go first to the jobs with the most GPU-hours at stake, shared between tenants by tier.
     ordered = fair_order([(p[3].tenant_id, p[3].tenant.tier, p[6], i) for i, p in enumerate(priced)])
-    budget = placement.migration_budget(cluster)
-    queued = budget.queued
     spares = placement.SparePool(cluster)
+    budgets: list[placement.Budget] = []   # the migration budget, read when a recovery first needs a spare node
+    queued = 0                             # budgeted moves this decision queued
     booked: set[int] = set()
     created: list[RecoveryAction] = []
     bookings: list[tuple[RecoveryAction, object]] = []
     recovering: list[tuple[Job, str]] = []
+
+    def spare_for(node, gpus: int) -> tuple[object, float]:
+        """The spare node for a worker leaving ``node``, and the wait for the budget to move it there."""
+        if not budgets:
+            budgets.append(placement.migration_budget(cluster))
+        budget = budgets[0]
+        wait = placement.Budget(budget.cluster_running, budget.cluster_cap, budget.leaf_running, budget.leaf_cap,
+                                budget.queued + queued).wait_seconds(est.migration_pause)
+        return spares.pick(near=node, gpus=gpus, exclude=booked), wait
+
     for index in ordered:
         fault, impact, allocation, job, facts, snapshot, stake = priced[index]
         node = allocation.node
-        spare = None
-        if impact in ("device", "node", "nic", "risk") and facts.protected:
-            spare = spares.pick(near=node, gpus=allocation.gpu_count, exclude=booked)
         spare_gpus = placement.spare_gpus_on_node(node) if impact == "device" and facts.protected else []
         spare_nic = next((n for n in up_nics.get(node.pk, []) if n != fault.nic_name), None)
-        healthy_nic = spare_nic is not None
-        wait = placement.Budget(budget.cluster_running, budget.cluster_cap, budget.leaf_running, budget.leaf_cap,
-                                queued).wait_seconds(est.migration_pause)
-        situation = Situation(impact=impact, healthy_nic=healthy_nic, spare_gpus_on_node=len(spare_gpus),
-                              spare_node=spare is not None and wait != float("inf"), spare_wait_seconds=min(wait, 1e9),
+        situation = Situation(impact=impact, healthy_nic=spare_nic is not None, spare_gpus_on_node=len(spare_gpus),
                               gpu_reset=(fault.triage or {}).get("remediation") == "gpu_reset",
                               risk=max(node.risk_score, 0.5), supports=supports)
-        decision = plan(facts, situation, est)
+        found = []
+
+        def look_up(node=node, gpus=allocation.gpu_count, found=found) -> tuple[bool, float]:
+            spare, wait = spare_for(node, gpus)
+            found.append(spare)
+            return spare is not None and wait != math.inf, min(wait, 1e9)
+
+        if impact in ("device", "node", "nic", "risk") and facts.protected:
+            # The spare pool is read only when a spare could beat the recoveries that need none.
+            decision, _ = plan_with_spare_lookup(facts, situation, est, look_up)
+        else:
+            decision = plan(facts, situation, est)
+        spare = found[0] if found else None
         if decision.chosen is None:
             outcome[fault.pk].append(f"job {job.pk}: {decision.options[0].why if decision.options else 'nothing to do'}"
                                      if decision.options else f"job {job.pk}: no action needed")
@@ -239,15 +267,28 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
             recovering.append((job, f"{fault.kind} → {chosen.kind}"))
         outcome[fault.pk].append(f"job {job.pk}: {chosen.kind}" + (" (dry run)" if dry_run else ""))
         created.append(action)
+    # Start them, highest stake first, before writing them: an action the driver started is written running.
+    # Migrations over the budget stay planned and start from beat as room frees. A proactive migration first
+    # takes a snapshot: a fresh restore point if the move goes wrong.
+    refused: list[RecoveryAction] = []
+    if not dry_run:
+        for action in created:
+            if action.kind == ActionKind.PROACTIVE_MIGRATION:
+                _snapshot_first(action.job)
+        budget = None
+        if any(action.kind in BUDGETED_KINDS for action in created):
+            read = budgets[0] if budgets else placement.migration_budget(cluster)
+            budget = placement.Budget(read.cluster_running, read.cluster_cap, dict(read.leaf_running), read.leaf_cap,
+                                      read.queued)
+        for action in sorted(created, key=lambda a: -a.gpu_hours_at_stake):
+            if start_through_driver(action, cluster, budget) == "refused":
+                refused.append(action)
     # Written together: the actions, their bookings (the unique constraint still refuses a spare booked twice),
     # the jobs they stop, their audit entries and the faults' outcomes, one statement each.
     RecoveryAction.objects.bulk_create(created)
     placement.book_many([(action, node, action.to_gpu_index if action.kind == ActionKind.INTRA_NODE_MIGRATION else None)
                          for action, node in bookings if action.to_node_id])
     update_rows([job for job, _ in recovering], ["iteration", "iteration_at", "state"])
-    for action in created:
-        if action.kind == ActionKind.PROACTIVE_MIGRATION and not dry_run:
-            _snapshot_first(action.job)
     audit_record_many([audit_entry(actor=None, action="recovery.plan", target=action, tenant_id=action.job.tenant_id,
                                    changes={"kind": action.kind, "dry_run": dry_run, "fault": action.fault_id})
                        for action in created])
@@ -259,9 +300,12 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
             text = f"the catalogue says {fault.triage.get('recommended_action')}: " + text
         _close(fault, FaultState.IGNORED if ignore else FaultState.HANDLED, text, now)
     update_rows(faults, ["state", "state_reason", "handled_at"])
-    # Highest stake first; migrations over the budget stay planned and start from beat as room frees.
-    started = {action.pk for action in sorted(created, key=lambda a: -a.gpu_hours_at_stake)
-               if not dry_run and action_start(action=action, cluster=cluster, publish=False)}
+    for action in refused:
+        fail_action(action, action.error)
+    started = {action.pk for action in created if action.state == ActionState.RUNNING}
+    for action in created:
+        if action.pk in started:
+            after_start(action)
     if recovering:
         JobPhase.objects.filter(job__in=[j for j, _ in recovering], ended_at__isnull=True,
                                 kind__in=(JobPhaseKind.RUNNING, JobPhaseKind.RECOVERING)).update(ended_at=now)

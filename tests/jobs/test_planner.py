@@ -3,7 +3,7 @@
 import pytest
 
 from jobs.ledger import actual_gpu_hours, baseline_gpu_hours, ledger
-from jobs.planner import Estimates, JobFacts, Situation, fair_order, plan
+from jobs.planner import Estimates, JobFacts, Situation, fair_order, plan, plan_with_spare_lookup
 
 EST = Estimates(nic_failover=1, migration_pause=30, intra_node_pause=10, gpu_reset=20, restore_pause=30,
                 nic_degraded_seconds=1800, nic_slowdown=0.01)
@@ -81,6 +81,61 @@ def test_predicted_failure_moves_a_job_early_only_when_worth_it():
 def test_driver_that_cannot_migrate_leaves_restart():
     decision = plan(job(), Situation(impact="node", spare_node=True, supports=frozenset({"restart_from_checkpoint"})), EST)
     assert decision.chosen.kind == "restart_from_checkpoint"
+
+
+class SpareLookUp:
+    """A spare pool stand-in that counts how often it was asked."""
+
+    def __init__(self, available: bool, wait: float = 0.0):
+        self.answer, self.calls = (available, wait), 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.answer
+
+
+def test_a_nic_failover_is_chosen_without_looking_for_spares():
+    look_up = SpareLookUp(True)
+    decision, looked = plan_with_spare_lookup(job(), Situation(impact="nic", healthy_nic=True), EST, look_up)
+    assert decision.chosen.kind == "nic_failover" and not looked and look_up.calls == 0
+    live = next(o for o in decision.options if o.kind == "live_migration")
+    # Its price is the best a spare could do (free now, no wait), and it says it was not looked up.
+    assert live.gpu_hours_lost == pytest.approx(64 * 30 / 3600)
+    assert "not looked up" in live.why and "nic_failover" in live.why
+    assert decision.chosen == plan(job(), Situation(impact="nic", healthy_nic=True, spare_node=True), EST).chosen
+
+
+def test_spares_are_looked_up_when_one_could_win():
+    look_up = SpareLookUp(True, wait=0.0)
+    decision, looked = plan_with_spare_lookup(job(), Situation(impact="node"), EST, look_up)
+    assert looked and look_up.calls == 1 and decision.chosen.kind == "live_migration"
+    # No spare after all: the real plan says so, as plan() would.
+    decision, looked = plan_with_spare_lookup(job(), Situation(impact="node"), EST, SpareLookUp(False))
+    assert looked and decision.chosen.kind == "restart_from_checkpoint"
+    live = next(o for o in decision.options if o.kind == "live_migration")
+    assert not live.feasible and live.why == "no spare node"
+
+
+def test_a_long_budget_wait_found_on_lookup_can_lose_to_a_restart():
+    facts = job(seconds_since_checkpoint=10, restart_overhead_seconds=60)
+    decision, looked = plan_with_spare_lookup(facts, Situation(impact="node"), EST, SpareLookUp(True, wait=600))
+    assert looked and decision.chosen.kind == "restart_from_checkpoint"
+    assert decision == plan(facts, Situation(impact="node", spare_node=True, spare_wait_seconds=600), EST)
+
+
+def test_the_lazy_plan_chooses_what_the_full_plan_chooses():
+    """Whatever the pool holds, looking it up only when needed never changes the choice."""
+    for impact in ("nic", "node", "device", "risk", "degraded", "restart"):
+        for healthy_nic in (True, False):
+            for available, wait in ((True, 0.0), (True, 90.0), (False, 0.0)):
+                for since in (10, 1800):
+                    facts = job(seconds_since_checkpoint=since)
+                    base = Situation(impact=impact, healthy_nic=healthy_nic, spare_gpus_on_node=1, risk=0.9)
+                    full = plan(facts, Situation(impact=impact, healthy_nic=healthy_nic, spare_gpus_on_node=1, risk=0.9,
+                                                 spare_node=available, spare_wait_seconds=wait), EST)
+                    lazy, _ = plan_with_spare_lookup(facts, base, EST, SpareLookUp(available, wait))
+                    assert (lazy.chosen.kind if lazy.chosen else None) == (full.chosen.kind if full.chosen else None), \
+                        (impact, healthy_nic, available, wait, since)
 
 
 def test_fair_order_by_tier_then_stake():

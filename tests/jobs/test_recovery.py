@@ -268,3 +268,61 @@ def test_app_crash_restores_from_a_fresh_snapshot(tenant_a):
     action = RecoveryAction.objects.get(pk=action_id)
     assert action.kind == ActionKind.RESTORE_FROM_SNAPSHOT and action.restore_iteration == snapshot.iteration
     assert GPU.objects.get(node=node_of(job), index=0).health == GPUHealth.HEALTHY   # application error only
+
+
+def test_the_decision_starts_actions_through_the_driver_or_leaves_them_planned(tenant_a, monkeypatch):
+    """Actions start before they are written: a started one is written running; a transient driver error leaves it
+    planned with the reason, for beat to start later; a refusal fails it and frees its spare."""
+    cluster = protected_cluster(nodes=4, spares=2, connection={**INSTANT, "unreachable": True})
+    job = submit(cluster, tenant_a, gpus=8, checkpoint_interval=100_000)
+    age(job, 3600)
+    fault, _ = fault_ingest(source="agent", kind="node_unreachable", node=node_of(job))
+    [action_id] = fault_handle(fault_id=fault.pk)
+    action = RecoveryAction.objects.get(pk=action_id)
+    assert action.kind == ActionKind.LIVE_MIGRATION and action.state == ActionState.PLANNED
+    assert "unreachable" in action.error and not SimulatedOperation.objects.filter(cluster=cluster).exists()
+    assert SpareBooking.objects.filter(action=action, released_at__isnull=True).exists()
+    type(cluster).objects.filter(pk=cluster.pk).update(connection=INSTANT)
+    assert recovery_advance()["started"] == 1
+    action.refresh_from_db()
+    assert action.state in (ActionState.RUNNING, ActionState.SUCCEEDED) and action.handle.startswith("sim-")
+
+    from fleet.drivers import DriverError
+    from fleet.drivers.simulated import SimulatedDriver
+
+    def refuse(self, *args, **kwargs):
+        raise DriverError("no such worker")
+
+    monkeypatch.setattr(SimulatedDriver, "migrate_worker", refuse)
+    other = submit(cluster, tenant_a, gpus=8, checkpoint_interval=100_000)
+    age(other, 3600)
+    fault, _ = fault_ingest(source="agent", kind="node_unreachable", node=node_of(other))
+    [action_id] = fault_handle(fault_id=fault.pk)
+    action = RecoveryAction.objects.get(pk=action_id)
+    assert action.state == ActionState.FAILED and "the driver refused: no such worker" in action.error
+    assert not SpareBooking.objects.filter(action=action, released_at__isnull=True).exists()
+
+
+def _statements_to_decide_and_complete(tenant, faults: int) -> tuple[int, int]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    cluster = protected_cluster(nodes=faults, spares=0, connection=INSTANT)
+    jobs = [submit(cluster, tenant, gpus=8) for _ in range(faults)]
+    reported = [fault_ingest(source="agent", kind="nic_down", nic_name="mlx5_1", node=node_of(job))[0] for job in jobs]
+    with CaptureQueriesContext(connection) as decided:
+        assert len(fault_handle(fault_id=reported[0].pk)) == faults
+    RecoveryAction.objects.update(done_at=timezone.now())
+    SimulatedOperation.objects.update(done_at=timezone.now())
+    with CaptureQueriesContext(connection) as completed:
+        assert recovery_advance(cluster_ids=[cluster.pk])["completed"] == faults
+    return len(decided), len(completed)
+
+
+def test_deciding_and_completing_a_batch_costs_the_same_statements_whatever_its_size(tenant_a):
+    """Per batch, not per fault: one fault more must not add a statement (an N+1 would)."""
+    one = _statements_to_decide_and_complete(tenant_a, 2)
+    six = _statements_to_decide_and_complete(tenant_a, 6)
+    assert six[1] == one[1], f"completing: {one[1]} statements for 2 actions, {six[1]} for 6"
+    # A NIC failover is one driver call per action (the simulated driver writes a row for each).
+    assert six[0] - one[0] == 4, f"deciding: {one[0]} statements for 2 faults, {six[0]} for 6"

@@ -28,6 +28,7 @@ from jobs.services.common import (
     action_payload,
     phase_end,
     phase_start,
+    phases_switch,
     publish_action,
     publish_job,
     record_progress,
@@ -212,23 +213,18 @@ def _complete_many(actions: list[RecoveryAction]) -> None:
                  if jobs[action.job_id].state == JobState.RECOVERING and action.job_id not in still}
     phases_ended = [(pk, [JobPhaseKind.DEGRADED]) for pk in degraded_jobs]
     phases_ended += [(pk, [JobPhaseKind.RUNNING, JobPhaseKind.RECOVERING]) for pk in recovered]
-    if phases_ended:
-        ended = Q()
-        for pk, kinds in phases_ended:
-            ended |= Q(job_id=pk, kind__in=kinds)
-        JobPhase.objects.filter(ended, ended_at__isnull=True).update(ended_at=now)
     by_job = {action.job_id: action for action in actions}
-    JobPhase.objects.bulk_create(
-        [JobPhase(job_id=pk, kind=JobPhaseKind.DEGRADED, started_at=now,
-                  reason=f"running on {by_job[pk].to_nic_name}"[:200]) for pk in sorted(degraded_jobs)]
-        + [JobPhase(job_id=pk, kind=JobPhaseKind.RUNNING, started_at=now, reason=f"recovered by {kind}"[:200])
-           for pk, kind in sorted(recovered.items())])
+    opened = ([JobPhase(job_id=pk, kind=JobPhaseKind.DEGRADED, started_at=now,
+                        reason=f"running on {by_job[pk].to_nic_name}"[:200]) for pk in sorted(degraded_jobs)]
+              + [JobPhase(job_id=pk, kind=JobPhaseKind.RUNNING, started_at=now, reason=f"recovered by {kind}"[:200])
+                 for pk, kind in sorted(recovered.items())])
     for pk in recovered:
         jobs[pk].state = JobState.RUNNING
     for job in jobs.values():
         job.iteration_at = now
     update_rows(list(jobs.values()), ["iteration", "iteration_at", "state", "slowdown", "degraded_until"])
-    JobProgress.objects.bulk_create([JobProgress(job=job, at=now, iteration=job.iteration) for job in jobs.values()])
+    phases_switch(at=now, ended=phases_ended, started=opened,
+                  progress=[JobProgress(job=job, at=now, iteration=job.iteration) for job in jobs.values()])
     audit_record_many(entries)
 
 

@@ -10,7 +10,7 @@ import math
 import operator
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from controlplane import events
@@ -29,6 +29,7 @@ from jobs.services.common import (
     cluster_topics,
     estimates_for,
     fault_payload,
+    phases_switch,
     protection_of,
     supported_operations,
 )
@@ -176,12 +177,15 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
         for allocation in _affected(fault, impact, on_nodes):
             pairs.append((fault, impact, allocation))
     update_rows(strikes, escalation.STRIKE_FIELDS)
-    done = set(RecoveryAction.objects.filter(fault__in=faults, job__isnull=False).values_list("fault_id", "job_id"))
-    pairs = [p for p in pairs if (p[0].pk, p[2].job_id) not in done]
+    # No fault here has an action yet: the faults are new and row-locked, and a fault's actions are written only
+    # in the transaction that closes it (nothing reopens a fault). The unique constraint on (fault, job) stands
+    # behind that: a second action for a pair would roll the whole decision back.
     jobs = {job.pk: job for job in Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant")
+            .annotate(has_snapshots=Exists(JobSnapshot.objects.filter(job=OuterRef("pk"), state="succeeded")))
             .filter(pk__in={p[2].job_id for p in pairs}).order_by("pk")}
     snapshots: dict[int, list[JobSnapshot]] = {}
-    for snapshot in JobSnapshot.objects.filter(job_id__in=jobs, state="succeeded"):
+    with_snapshots = [pk for pk, job in jobs.items() if job.has_snapshots]
+    for snapshot in JobSnapshot.objects.filter(job_id__in=with_snapshots, state="succeeded") if with_snapshots else ():
         snapshots.setdefault(snapshot.job_id, []).append(snapshot)
     up_nics: dict[int, list[str]] = {}
     for node_id, name in (NIC.objects.filter(node_id__in={p[2].node_id for p in pairs if p[1] in ("nic", "degraded")},
@@ -307,11 +311,10 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
         if action.pk in started:
             after_start(action)
     if recovering:
-        JobPhase.objects.filter(job__in=[j for j, _ in recovering], ended_at__isnull=True,
-                                kind__in=(JobPhaseKind.RUNNING, JobPhaseKind.RECOVERING)).update(ended_at=now)
-        JobPhase.objects.bulk_create([JobPhase(job=j, kind=JobPhaseKind.RECOVERING, started_at=now, reason=why[:200])
-                                      for j, why in recovering])
-        JobProgress.objects.bulk_create([JobProgress(job=j, at=now, iteration=j.iteration) for j, _ in recovering])
+        phases_switch(at=now, ended=[(j.pk, [JobPhaseKind.RUNNING, JobPhaseKind.RECOVERING]) for j, _ in recovering],
+                      started=[JobPhase(job=j, kind=JobPhaseKind.RECOVERING, started_at=now, reason=why[:200])
+                               for j, why in recovering],
+                      progress=[JobProgress(job=j, at=now, iteration=j.iteration) for j, _ in recovering])
     # Publishing is the last statement before COMMIT: the topics' sequence rows it takes are shared by every
     # writer (fleet, cluster-<id>), so they are held only for that moment. The actions' events say what was
     # decided (started, or planned when dry-run or waiting) and carry their faults' state; a fault answered by

@@ -326,3 +326,32 @@ def test_deciding_and_completing_a_batch_costs_the_same_statements_whatever_its_
     assert six[1] == one[1], f"completing: {one[1]} statements for 2 actions, {six[1]} for 6"
     # A NIC failover is one driver call per action (the simulated driver writes a row for each).
     assert six[0] - one[0] == 4, f"deciding: {one[0]} statements for 2 faults, {six[0]} for 6"
+
+
+def test_phases_switch_ends_opens_and_records_in_one_go(tenant_a):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs.choices import JobPhaseKind
+    from jobs.models import JobPhase, JobProgress
+    from jobs.services.common import phases_switch
+
+    cluster = protected_cluster(nodes=2, spares=0, connection=INSTANT)
+    job, other = submit(cluster, tenant_a, gpus=8), submit(cluster, tenant_a, gpus=8)
+    earlier = timezone.now() - timedelta(minutes=5)
+    JobPhase.objects.create(job=job, kind=JobPhaseKind.DEGRADED, started_at=earlier)
+    open_before = {(p.job_id, p.kind): p.pk for p in JobPhase.objects.filter(ended_at__isnull=True)}
+    at = timezone.now()
+    with CaptureQueriesContext(connection) as statements:
+        phases_switch(at=at, ended=[(job.pk, [JobPhaseKind.RUNNING, JobPhaseKind.RECOVERING, JobPhaseKind.DEGRADED])],
+                      started=[JobPhase(job=job, kind=JobPhaseKind.RECOVERING, started_at=at, reason="r"),
+                               JobPhase(job=job, kind=JobPhaseKind.DEGRADED, started_at=at, reason="d")],
+                      progress=[JobProgress(job=job, at=at, iteration=7)])
+    assert len(statements) == 1
+    now_open = {(p.job_id, p.kind): p for p in JobPhase.objects.filter(ended_at__isnull=True)}
+    assert set(now_open) == {(job.pk, JobPhaseKind.RECOVERING), (job.pk, JobPhaseKind.DEGRADED),
+                             (other.pk, JobPhaseKind.RUNNING)}
+    assert now_open[(job.pk, JobPhaseKind.DEGRADED)].pk != open_before[(job.pk, JobPhaseKind.DEGRADED)]
+    assert now_open[(other.pk, JobPhaseKind.RUNNING)].pk == open_before[(other.pk, JobPhaseKind.RUNNING)]
+    assert JobPhase.objects.get(pk=open_before[(job.pk, JobPhaseKind.RUNNING)]).ended_at == at
+    assert JobProgress.objects.filter(job=job, iteration=7, at=at, checkpoint=False).count() == 1

@@ -5,6 +5,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Min
 from django.utils import timezone
 
 from controlplane import events
@@ -162,14 +163,16 @@ def fault_handle(*, fault_id: int) -> list[int]:
         return decide(cluster=cluster, faults=[fault, *others], dry_run=mode == AutomationMode.DRY_RUN)
 
 
-def fault_sweep(*, min_age_seconds: float | None = None, limit: int = 500) -> int:
-    """Queue again the faults still new after a few seconds (their message was lost, or a worker died);
-    faults held by paused automation stay where they are. Returns how many were queued."""
+def fault_sweep(*, min_age_seconds: float | None = None) -> int:
+    """Nudge the clusters that still have faults new after a few seconds (a message was lost, or a worker died);
+    faults held by paused automation stay where they are. A decision takes every new fault of its cluster, so one
+    task per cluster (for its oldest such fault) is enough: re-queueing every fault would, under a backlog, flood
+    the queue with tasks that each find their fault already decided. Returns how many tasks were queued."""
     age = settings.FAULT_SWEEP_SECONDS if min_age_seconds is None else min_age_seconds
     cutoff = timezone.now() - timedelta(seconds=age)
     rows = (FaultEvent.objects.filter(state=FaultState.NEW, received_at__lte=cutoff)
             .exclude(cluster__automation=AutomationMode.PAUSED).exclude(cluster__fleet__automation=AutomationMode.PAUSED)
-            .order_by("received_at").values_list("pk", flat=True)[:limit])
+            .values("cluster_id").annotate(oldest=Min("id")).order_by("oldest").values_list("oldest", flat=True))
     ids = list(rows)
     for fault_id in ids:
         _enqueue(fault_id)

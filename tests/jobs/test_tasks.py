@@ -89,3 +89,22 @@ def test_pages_need_a_login_and_cluster_feeds_follow_topic_rules(client, users, 
     client.force_login(users["operator"])
     page = client.get(reverse("fault-overview") + f"?cluster={shared.pk}").content.decode()
     assert f'data-topic="cluster-{shared.pk}"' in page
+
+
+def test_sweep_queues_one_task_per_cluster_with_old_new_faults(tenant_a, monkeypatch):
+    """A decision takes all its cluster's new faults, so a backlog is nudged once per cluster, not once per fault."""
+    from jobs.services import faults as fault_services
+
+    queued = []
+    monkeypatch.setattr(fault_services, "_enqueue", queued.append)
+    clusters = [protected_cluster(nodes=3, spares=0, connection=INSTANT) for _ in range(2)]
+    nodes = [node_of(submit(cluster, tenant_a, gpus=8)) for cluster in clusters for _ in range(3)]
+    reported = [fault_ingest(source="agent", kind="thermal", node=node)[0] for node in nodes]
+    FaultEvent.objects.update(received_at=timezone.now() - timedelta(minutes=1))
+    assert fault_services.fault_sweep() == 2
+    assert queued == [reported[0].pk, reported[3].pk]      # the oldest of each cluster
+    for fault_id in queued:
+        fault_handle_task(fault_id)
+    assert not FaultEvent.objects.filter(state=FaultState.NEW).exists()
+    queued.clear()
+    assert fault_services.fault_sweep() == 0 and queued == []

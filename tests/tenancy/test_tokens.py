@@ -168,3 +168,31 @@ def test_token_writes_are_audited(admin):
     services.token_revoke(actor=admin, token=token)
     actions = list(AuditEntry.objects.filter(object_id=str(token.pk)).values_list("action", flat=True))
     assert sorted(actions) == ["token.create", "token.revoke"]
+
+
+@pytest.mark.parametrize("role", [Role.PROVIDER_ADMIN, Role.TENANT_VIEWER, None])
+def test_a_bearer_token_loads_its_user_and_role_in_one_statement(role, tenant_a):
+    """The token, its user and the user's membership (or that there is none) come from one statement; the role
+    checks that follow ask the database nothing more."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from controlplane.access import principal
+    from tenancy.tokens import user_for_bearer
+
+    if role is None:
+        user = get_user_model().objects.create_user("no-membership", password="x" * 20)
+    else:
+        user = make_user(role, tenant_a if role == Role.TENANT_VIEWER else None)
+    _, raw = services.token_create(actor=user, owner=user, name="t", scope="write")
+    ApiToken.objects.update(last_used_at=timezone.now())      # no last-used write in the count
+    with CaptureQueriesContext(connection) as statements:
+        found, token = user_for_bearer(raw)
+        who = principal(found)
+    assert len(statements) == 1
+    assert found.pk == user.pk and token.user_id == user.pk and token.digest == digest(raw)
+    if role is None:
+        assert not who.is_authenticated
+    else:
+        assert who.role == role and who.tenant_id == (tenant_a.pk if role == Role.TENANT_VIEWER else None)

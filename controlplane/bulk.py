@@ -14,10 +14,16 @@ from django.db.models import Model
 ROWS_PER_STATEMENT = 1000   # a statement's parameters stay far below PostgreSQL's 65,535
 
 
+_casts: dict = {}
+
+
 def _cast(field) -> str:
-    kind = field.cast_db_type(connection)
-    # A value too long for varchar(n) is refused on assignment, but an explicit cast to varchar(n) would cut it.
-    return "text" if kind.startswith("varchar") else kind
+    cast = _casts.get(field)
+    if cast is None:
+        kind = field.cast_db_type(connection)
+        # A value too long for varchar(n) is refused on assignment, but an explicit cast to varchar(n) would cut it.
+        cast = _casts[field] = "text" if kind.startswith("varchar") else kind
+    return cast
 
 
 def update_rows(objs: list[Model], fields: list[str]) -> int:

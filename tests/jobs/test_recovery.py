@@ -25,6 +25,13 @@ def node_of(job, rank=0):
     return JobAllocation.objects.get(job=job, released_at__isnull=True, rank_start__lte=rank, rank_end__gte=rank).node
 
 
+def report_and_decide(**report):
+    """An agent reports a fault and it is decided: the fault and the one action it was answered with."""
+    fault, _ = fault_ingest(source="agent", **report)
+    [action_id] = fault_handle(fault_id=fault.pk)
+    return fault, RecoveryAction.objects.get(pk=action_id)
+
+
 def age(job, seconds):
     """Pretend the job has been running for a while (so there is work since its last checkpoint)."""
     type(job).objects.filter(pk=job.pk).update(iteration_at=timezone.now() - timedelta(seconds=seconds))
@@ -82,9 +89,7 @@ def test_xid_on_one_gpu_moves_the_worker_to_a_spare_gpu_on_the_same_node(tenant_
     cluster = protected_cluster(nodes=2, spares=0, connection=INSTANT)
     job = submit(cluster, tenant_a, gpus=12)           # 8 + 4: the second node has 4 idle GPUs
     node = JobAllocation.objects.get(job=job, rank_start=8).node
-    fault, _ = fault_ingest(source="agent", kind="gpu_xid", xid=95, gpu_index=1, node=node)
-    [action_id] = fault_handle(fault_id=fault.pk)
-    action = RecoveryAction.objects.get(pk=action_id)
+    fault, action = report_and_decide(kind="gpu_xid", xid=95, gpu_index=1, node=node)
     assert action.kind == ActionKind.INTRA_NODE_MIGRATION and action.to_gpu_index >= 4
     assert GPU.objects.get(node=node, index=1).health == GPUHealth.FAILED
     recovery_advance()
@@ -96,9 +101,7 @@ def test_nic_down_fails_over_and_the_job_runs_degraded(tenant_a):
     cluster = protected_cluster(nodes=2, spares=1, connection={**INSTANT, "migration_pause_seconds": 30})
     job = submit(cluster, tenant_a, gpus=16)
     node = node_of(job)
-    fault, _ = fault_ingest(source="agent", kind="nic_down", node=node, nic_name="mlx5_2")
-    [action_id] = fault_handle(fault_id=fault.pk)
-    action = RecoveryAction.objects.get(pk=action_id)
+    fault, action = report_and_decide(kind="nic_down", node=node, nic_name="mlx5_2")
     assert action.kind == ActionKind.NIC_FAILOVER and action.to_nic_name == "mlx5_0"
     assert NIC.objects.get(node=node, name="mlx5_2").link_state == LinkState.DOWN
     recovery_advance()
@@ -113,9 +116,7 @@ def test_unprotected_job_restarts_from_checkpoint_and_saves_nothing(tenant_a):
     bulk_nodes(cluster, 2, state=NodeState.SPARE)
     job = submit(cluster, tenant_a, gpus=16, checkpoint_interval=100)
     age(job, 250)
-    fault, _ = fault_ingest(source="agent", kind="node_unreachable", node=node_of(job))
-    [action_id] = fault_handle(fault_id=fault.pk)
-    action = RecoveryAction.objects.get(pk=action_id)
+    fault, action = report_and_decide(kind="node_unreachable", node=node_of(job))
     assert action.kind == ActionKind.RESTART_FROM_CHECKPOINT and "not protected" in action.reason
     assert action.restore_iteration == 200
     recovery_advance()
@@ -130,9 +131,7 @@ def test_dry_run_decides_and_records_but_does_nothing(tenant_a):
     job = submit(cluster, tenant_a, gpus=16)
     node = node_of(job)
     before = SimulatedOperation.objects.count()
-    fault, _ = fault_ingest(source="agent", kind="node_unreachable", node=node)
-    [action_id] = fault_handle(fault_id=fault.pk)
-    action = RecoveryAction.objects.get(pk=action_id)
+    fault, action = report_and_decide(kind="node_unreachable", node=node)
     assert action.dry_run and action.kind == ActionKind.LIVE_MIGRATION and action.state == ActionState.PLANNED
     recovery_advance()
     action.refresh_from_db()
@@ -263,9 +262,7 @@ def test_app_crash_restores_from_a_fresh_snapshot(tenant_a):
     recovery_advance()
     snapshot.refresh_from_db()
     assert snapshot.state == "succeeded" and snapshot.iteration >= 899
-    fault, _ = fault_ingest(source="agent", kind="gpu_xid", xid=13, gpu_index=0, node=node_of(job))
-    [action_id] = fault_handle(fault_id=fault.pk)
-    action = RecoveryAction.objects.get(pk=action_id)
+    fault, action = report_and_decide(kind="gpu_xid", xid=13, gpu_index=0, node=node_of(job))
     assert action.kind == ActionKind.RESTORE_FROM_SNAPSHOT and action.restore_iteration == snapshot.iteration
     assert GPU.objects.get(node=node_of(job), index=0).health == GPUHealth.HEALTHY   # application error only
 
@@ -276,9 +273,7 @@ def test_the_decision_starts_actions_through_the_driver_or_leaves_them_planned(t
     cluster = protected_cluster(nodes=4, spares=2, connection={**INSTANT, "unreachable": True})
     job = submit(cluster, tenant_a, gpus=8, checkpoint_interval=100_000)
     age(job, 3600)
-    fault, _ = fault_ingest(source="agent", kind="node_unreachable", node=node_of(job))
-    [action_id] = fault_handle(fault_id=fault.pk)
-    action = RecoveryAction.objects.get(pk=action_id)
+    fault, action = report_and_decide(kind="node_unreachable", node=node_of(job))
     assert action.kind == ActionKind.LIVE_MIGRATION and action.state == ActionState.PLANNED
     assert "unreachable" in action.error and not SimulatedOperation.objects.filter(cluster=cluster).exists()
     assert SpareBooking.objects.filter(action=action, released_at__isnull=True).exists()
@@ -296,9 +291,7 @@ def test_the_decision_starts_actions_through_the_driver_or_leaves_them_planned(t
     monkeypatch.setattr(SimulatedDriver, "migrate_worker", refuse)
     other = submit(cluster, tenant_a, gpus=8, checkpoint_interval=100_000)
     age(other, 3600)
-    fault, _ = fault_ingest(source="agent", kind="node_unreachable", node=node_of(other))
-    [action_id] = fault_handle(fault_id=fault.pk)
-    action = RecoveryAction.objects.get(pk=action_id)
+    fault, action = report_and_decide(kind="node_unreachable", node=node_of(other))
     assert action.state == ActionState.FAILED and "the driver refused: no such worker" in action.error
     assert not SpareBooking.objects.filter(action=action, released_at__isnull=True).exists()
 

@@ -27,6 +27,7 @@ from jobs.models import JobAllocation, RecoveryAction
 from jobs.services.common import (
     action_payload,
     phase_end,
+    phase_family,
     phase_start,
     phases_switch,
     publish_action,
@@ -211,8 +212,8 @@ def _complete_many(actions: list[RecoveryAction]) -> None:
                 .values_list("job_id", flat=True).distinct())
     recovered = {action.job_id: action.kind for action in actions
                  if jobs[action.job_id].state == JobState.RECOVERING and action.job_id not in still}
-    phases_ended = [(pk, [JobPhaseKind.DEGRADED]) for pk in degraded_jobs]
-    phases_ended += [(pk, [JobPhaseKind.RUNNING, JobPhaseKind.RECOVERING]) for pk in recovered]
+    phases_ended = [(pk, phase_family(JobPhaseKind.DEGRADED)) for pk in degraded_jobs]
+    phases_ended += [(pk, phase_family(JobPhaseKind.RUNNING)) for pk in recovered]
     by_job = {action.job_id: action for action in actions}
     opened = ([JobPhase(job_id=pk, kind=JobPhaseKind.DEGRADED, started_at=now,
                         reason=f"running on {by_job[pk].to_nic_name}"[:200]) for pk in sorted(degraded_jobs)]

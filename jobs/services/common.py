@@ -86,13 +86,17 @@ def publish_job(job: Job, kind: str, **extra) -> None:
     events.publish(job_topics(job), kind, job_payload(job, **extra), url=f"/api/v1/jobs/{job.pk}/")
 
 
+def phase_family(kind: str) -> list[str]:
+    """The phases a new phase of this kind ends: a job has one open phase at a time (running or recovering),
+    plus at most one open degraded phase."""
+    return [kind] if kind == JobPhaseKind.DEGRADED else [JobPhaseKind.RUNNING, JobPhaseKind.RECOVERING]
+
+
 def phase_start(job: Job, kind: str, reason: str = "", at=None) -> None:
-    """End the open phase of this kind family and open a new one (a job has one open phase at a time,
-    plus at most one open degraded phase)."""
+    """End the open phase of this kind family and open a new one."""
     at = at or timezone.now()
-    family = [kind] if kind == JobPhaseKind.DEGRADED else [JobPhaseKind.RUNNING, JobPhaseKind.RECOVERING]
-    JobPhase.objects.filter(job=job, kind__in=family, ended_at__isnull=True).update(ended_at=at)
-    JobPhase.objects.create(job=job, kind=kind, started_at=at, reason=reason[:200])
+    phases_switch(at=at, ended=[(job.pk, phase_family(kind))],
+                  started=[JobPhase(job=job, kind=kind, started_at=at, reason=reason[:200])], progress=[])
 
 
 def phase_end(job: Job, kinds=None, at=None) -> None:

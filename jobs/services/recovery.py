@@ -29,6 +29,7 @@ from jobs.services.common import (
     cluster_topics,
     estimates_for,
     fault_payload,
+    phase_family,
     phases_switch,
     protection_of,
     supported_operations,
@@ -311,7 +312,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
         if action.pk in started:
             after_start(action)
     if recovering:
-        phases_switch(at=now, ended=[(j.pk, [JobPhaseKind.RUNNING, JobPhaseKind.RECOVERING]) for j, _ in recovering],
+        phases_switch(at=now, ended=[(j.pk, phase_family(JobPhaseKind.RECOVERING)) for j, _ in recovering],
                       started=[JobPhase(job=j, kind=JobPhaseKind.RECOVERING, started_at=now, reason=why[:200])
                                for j, why in recovering],
                       progress=[JobProgress(job=j, at=now, iteration=j.iteration) for j, _ in recovering])

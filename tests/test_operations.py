@@ -241,8 +241,12 @@ def test_two_web_processes_and_two_workers_handle_each_fault_exactly_once(tmp_pa
         migrations = set(RecoveryAction.objects.filter(cluster=cluster, job__isnull=False).values_list("pk", flat=True))
         wait_for(lambda: reader.succeeded_actions() >= migrations, 20,
                  what=f"web B's client to hear every migration succeed ({[e['kind'] for e in reader.events]})")
-        listings = [requests.get(f"{server.url}/api/v1/actions/", params={"cluster": cluster.pk}, headers=auth,
-                                 timeout=20).json()["results"] for server in (web_a, web_b)]
+        listings = {}
+        for server in (web_a, web_b):
+            sent = time.time()
+            response = requests.get(f"{server.url}/api/v1/actions/", headers=auth, timeout=20,
+                                    params={"cluster": cluster.pk, "kind": ActionKind.LIVE_MIGRATION, "page_size": 500})
+            listings[server.port] = (sent, response.status_code, response.json())
         holders = [holder_pid(redis.Redis.from_url(private_redis.url))]
         logs = [worker.log.read_text() for worker in workers]
         beat_logs = {beat.pid: beat.log.read_text() for beat in beats}
@@ -263,10 +267,14 @@ def test_two_web_processes_and_two_workers_handle_each_fault_exactly_once(tmp_pa
     heard = {e["url"] for e in reader.kinds("fault.reported")}
     assert heard == {f"/api/v1/faults/{pk}/" for pk in faults.values_list("pk", flat=True)}, heard
     assert len(reader.kinds("fault.reported")) == 4        # a report joined to a fault is no new event
-    # Both web processes answer from the one database alike (the finished migrations; node-level drains may
-    # still be moving between the two requests).
-    settled = [[a for a in listing if a["id"] in migrations] for listing in listings]
-    assert settled[0] == settled[1] and {a["id"] for a in settled[0]} == migrations
+    # Both web processes answer from the one database alike: the finished migrations, each as the other lists it
+    # (node-level drains may still be moving between the two requests, so the listing asks for migrations only).
+    rows = list(actions.order_by("-planned_at", "-id").values_list("id", "state", "planned_at"))
+    why = f"the database: {rows}; each web process (port: sent at, status, answer): {listings}"
+    (_, status_a, body_a), (_, status_b, body_b) = listings[web_a.port], listings[web_b.port]
+    assert status_a == status_b == 200, why
+    assert [a["id"] for a in body_a["results"]] == [row[0] for row in rows] and body_a["count"] == 4, why
+    assert body_a == body_b, why
     # Both workers did work, and nothing failed in either.
     for log in logs:
         assert "Traceback" not in log, log[-3000:]

@@ -6,6 +6,7 @@ from django_tables2 import SingleTableMixin
 from controlplane import selectors
 from controlplane.access import principal
 from controlplane.filtersets import AuditEntryFilterSet
+from controlplane.pagination import OneMomentPaginator
 from controlplane.tables import AuditEntryTable
 
 
@@ -13,6 +14,7 @@ class AuditEntryListView(LoginRequiredMixin, SingleTableMixin, FilterView):
     """The audit trail: sortable, filtered by the same FilterSet as /api/v1/audit/, paginated."""
 
     template_name = "controlplane/auditentry_list.html"
+    paginator_class = OneMomentPaginator
     table_class = AuditEntryTable
     filterset_class = AuditEntryFilterSet
 

@@ -15,6 +15,7 @@ from django_tables2 import RequestConfig, SingleTableMixin
 
 from controlplane.access import principal
 from controlplane.errors import ServiceError
+from controlplane.pagination import OneMomentPaginator
 from controlplane.selectors import topic_seq
 from fleet import selectors
 from fleet.desired import desired_state, load_versions
@@ -37,6 +38,7 @@ class FleetOverviewView(LoginRequiredMixin, SingleTableMixin, FilterView):
     """Clusters with their status roll-up; for provider roles also compliance (clusters per version) and drift."""
 
     template_name = "fleet/overview.html"
+    paginator_class = OneMomentPaginator
     filterset_class = ClusterFilterSet
     table_class = ClusterTable
 
@@ -76,7 +78,7 @@ def cluster_detail(request, pk: int):
     addons = [{"name": name, "desired": desired.get(name), "observed": observed.get(name)}
               for name in sorted(set(desired) | set(observed))]
     nodes = NodeTable(cluster.nodes.annotate(gpu_count=Count("gpus")), prefix="nodes-")
-    RequestConfig(request, paginate={"per_page": 100}).configure(nodes)
+    RequestConfig(request, paginate={"per_page": 100, "paginator_class": OneMomentPaginator}).configure(nodes)
     who = principal(request.user)
     context = {
         "cluster": cluster, "version": version, "addons": addons, "nodes": nodes, "who": who,
@@ -138,6 +140,7 @@ def blueprint_detail(request, pk: int):
 
 class RolloutListView(LoginRequiredMixin, SingleTableMixin, FilterView):
     template_name = "fleet/rollout_list.html"
+    paginator_class = OneMomentPaginator
     filterset_class = RolloutFilterSet
     table_class = RolloutTable
 
@@ -191,6 +194,7 @@ def rollout_action(request, pk: int, action: str):
 
 class DriftListView(LoginRequiredMixin, SingleTableMixin, FilterView):
     template_name = "fleet/drift_list.html"
+    paginator_class = OneMomentPaginator
     filterset_class = DriftFindingFilterSet
     table_class = DriftFindingTable
 

@@ -10,6 +10,7 @@ from django_tables2 import SingleTableMixin
 
 from controlplane.access import principal
 from controlplane.events import may_subscribe
+from controlplane.pagination import OneMomentPaginator
 from controlplane.selectors import topic_seq
 from fleet.models import Cluster
 from jobs import figures, selectors
@@ -22,6 +23,7 @@ class JobListView(LoginRequiredMixin, SingleTableMixin, FilterView):
     """Training jobs the reader may see: sortable, filtered by the same FilterSet as /api/v1/jobs/, live."""
 
     template_name = "jobs/job_list.html"
+    paginator_class = OneMomentPaginator
     table_class = JobTable
     filterset_class = JobFilterSet
 

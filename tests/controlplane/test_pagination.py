@@ -1,4 +1,4 @@
-"""A page of a list endpoint is counted and fetched as of one moment."""
+"""A page of a list endpoint or a table is counted and fetched as of one moment."""
 
 import threading
 
@@ -7,19 +7,22 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from controlplane.access import Role
+from controlplane.models import AuditEntry
+from fleet.models import Fleet
 from tests.conftest import make_user, token_header
 from tests.fleet_factories import make_fleet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def write_between_count_and_page(write):
-    """An execute wrapper that, once the paginator's count has run, has another session write and commit."""
+def write_between_count_and_page(write, table: str = ""):
+    """An execute wrapper that, once the paginator's count (of ``table``'s rows) has run, has another session
+    write and commit."""
     written = []
 
     def wrapper(execute, sql, params, many, context):
         result = execute(sql, params, many, context)
-        if sql.lstrip().upper().startswith("SELECT COUNT(") and not written:
+        if sql.lstrip().upper().startswith("SELECT COUNT(") and f'"{table}"' in sql and not written:
             def other_session():
                 try:
                     written.append(write())
@@ -39,7 +42,8 @@ def test_a_row_written_between_the_count_and_the_page_leaves_out_no_row_that_was
     for name in names:
         make_fleet(name)
     header = token_header(make_user(Role.OPERATOR), "read")
-    wrapper, written = write_between_count_and_page(lambda: make_fleet("a-fleet-written-meanwhile"))
+    wrapper, written = write_between_count_and_page(lambda: make_fleet("a-fleet-written-meanwhile"),
+                                                    table=Fleet._meta.db_table)
 
     with connection.execute_wrapper(wrapper):
         answer = APIClient().get("/api/v1/fleets/", **header)
@@ -51,3 +55,23 @@ def test_a_row_written_between_the_count_and_the_page_leaves_out_no_row_that_was
     assert [fleet["name"] for fleet in body["results"]] == names and body["count"] == 3, body
     after = APIClient().get("/api/v1/fleets/", **header).json()
     assert [fleet["name"] for fleet in after["results"]] == ["a-fleet-written-meanwhile", *names]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the one-moment page is PostgreSQL's")
+def test_a_table_page_is_counted_and_fetched_as_of_one_moment(client):
+    client.force_login(make_user(Role.PROVIDER_ADMIN))
+    AuditEntry.objects.all().delete()
+    names = [f"entry-{i}" for i in range(3)]
+    for name in names:
+        AuditEntry.objects.create(action="test.write", object_type="test", object_repr=name)
+    wrapper, written = write_between_count_and_page(
+        lambda: AuditEntry.objects.create(action="test.write", object_type="test", object_repr="written-meanwhile"),
+        table=AuditEntry._meta.db_table)
+
+    with connection.execute_wrapper(wrapper):
+        page = client.get("/audit/").content.decode()
+
+    assert written, "the other session never wrote"
+    # Newest first: read at two moments, the page would be the newcomer and the two newest, entry-0 cut off.
+    assert all(name in page for name in names) and "written-meanwhile" not in page
+    assert "written-meanwhile" in client.get("/audit/").content.decode()

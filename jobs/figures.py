@@ -5,6 +5,7 @@ from django.db.models import Count, Sum
 from django.db.models.functions import TruncDay, TruncHour, TruncMinute
 from django.utils import timezone
 
+from controlplane.snapshot import one_moment
 from jobs.choices import ActionState, JobState
 from jobs.models import FaultEvent, Job, JobPhase, JobProgress, JobSnapshot, RecoveryAction
 from jobs.services.common import action_payload, fault_payload
@@ -25,8 +26,9 @@ def counterfactual(points: list[tuple], savings: list[tuple], seconds_per_iterat
     return out
 
 
+@one_moment()
 def job_timeline(job: Job) -> dict:
-    """Everything the job page draws, from the database (so a reload loses nothing)."""
+    """Everything the job page draws, from the database (so a reload loses nothing), as of one moment."""
     now = timezone.now()
     phases = [{"kind": p.kind, "start": _iso(p.started_at), "end": _iso(p.ended_at), "reason": p.reason}
               for p in JobPhase.objects.filter(job=job).order_by("started_at", "id")]
@@ -63,9 +65,11 @@ GROUPS = {
 BUCKETS = {"minute": TruncMinute, "hour": TruncHour, "day": TruncDay}
 
 
+@one_moment()
 def gpu_hours_stats(*, actions, faults, group: str, bucket: str, since=None) -> dict:
-    """Totals of the ledger per group, and GPU-hours saved per time bucket (with a running total).
-    ``actions`` and ``faults`` are querysets already scoped to the reader."""
+    """Totals of the ledger per group, and GPU-hours saved per time bucket (with a running total), all read as
+    of one moment (the series' last running total is the total). ``actions`` and ``faults`` are querysets already
+    scoped to the reader."""
     done = actions.filter(state=ActionState.SUCCEEDED, dry_run=False, job__isnull=False)
     if since is not None:
         done = done.filter(ended_at__gte=since)

@@ -1,28 +1,35 @@
-"""A page of a list endpoint or a table is counted and fetched as of one moment."""
+"""Reads made of several statements see one moment: a page and its count, the GPU-hours ledger's figures."""
 
 import threading
 
 import pytest
 from django.db import connection
+from django.db.models import F
 from rest_framework.test import APIClient
 
 from controlplane.access import Role
 from controlplane.models import AuditEntry
 from fleet.models import Fleet
+from jobs.choices import ActionState
+from jobs.models import RecoveryAction
+from jobs.services.actions import recovery_advance
+from jobs.services.faults import fault_handle
 from tests.conftest import make_user, token_header
 from tests.fleet_factories import make_fleet
+from tests.jobs.helpers import protected_cluster, submit
+from tests.jobs.test_recovery import INSTANT, node_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def write_between_count_and_page(write, table: str = ""):
-    """An execute wrapper that, once the paginator's count (of ``table``'s rows) has run, has another session
-    write and commit."""
+def write_between_count_and_page(write, table: str = "", first: str = "SELECT COUNT("):
+    """An execute wrapper that, once the first statement reading ``table`` (the paginator's count, unless told)
+    has run, has another session write and commit."""
     written = []
 
     def wrapper(execute, sql, params, many, context):
         result = execute(sql, params, many, context)
-        if sql.lstrip().upper().startswith("SELECT COUNT(") and f'"{table}"' in sql and not written:
+        if sql.lstrip().upper().startswith(first) and f'"{table}"' in sql and not written:
             def other_session():
                 try:
                     written.append(write())
@@ -75,3 +82,28 @@ def test_a_table_page_is_counted_and_fetched_as_of_one_moment(client):
     # Newest first: read at two moments, the page would be the newcomer and the two newest, entry-0 cut off.
     assert all(name in page for name in names) and "written-meanwhile" not in page
     assert "written-meanwhile" in client.get("/audit/").content.decode()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="one moment is PostgreSQL's")
+def test_the_ledgers_totals_groups_and_series_agree_while_an_action_completes(api, tenant_a):
+    cluster = protected_cluster(nodes=4, spares=1, connection=INSTANT)
+    job = submit(cluster, tenant_a, gpus=8)
+    api.as_token(make_user(Role.OPERATOR))
+    fault = api.post("/api/v1/faults/", {"node": node_of(job).pk, "kind": "node_unreachable"}, format="json").json()
+    fault_handle(fault_id=fault["id"])
+    recovery_advance()
+    (action,) = RecoveryAction.objects.filter(job=job, state=ActionState.SUCCEEDED)
+    wrapper, written = write_between_count_and_page(
+        lambda: RecoveryAction.objects.filter(pk=action.pk).update(gpu_hours_saved=F("gpu_hours_saved") + 100),
+        table=RecoveryAction._meta.db_table, first="SELECT")
+
+    with connection.execute_wrapper(wrapper):
+        stats = api.get("/api/v1/stats/?group=fleet&bucket=minute").json()
+
+    assert written, "the other session never wrote"
+    saved = action.gpu_hours_saved
+    # The groups were read before the write; the series and the totals must be read as of the same moment.
+    assert stats["groups"][0]["gpu_hours_saved"] == stats["totals"]["gpu_hours_saved"] == pytest.approx(saved, abs=1e-3)
+    assert stats["series"][-1]["cumulative"] == pytest.approx(saved, abs=1e-3), stats
+    after = api.get("/api/v1/stats/?group=fleet&bucket=minute").json()
+    assert after["totals"]["gpu_hours_saved"] == pytest.approx(saved + 100, abs=1e-3)

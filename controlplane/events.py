@@ -20,7 +20,7 @@ import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from controlplane.access import Principal, principal
@@ -254,7 +254,13 @@ def relay(messages: list[tuple[int, dict]]) -> int:
         log.warning("event relay failed: %r", error)
         return 0
     if sent:
-        _mark_sent(sent)
+        try:
+            _mark_sent(sent)
+        except DatabaseError as error:
+            # The relay runs after COMMIT: the change and its events are stored, so a database gone away now
+            # must not turn the request or task that made them into an error (an API client would retry a
+            # report that was stored). Unmarked, the sweep sends them again; clients drop the duplicates.
+            log.warning("relayed %d events but could not mark them sent: %r", len(sent), error)
     return len(sent)
 
 

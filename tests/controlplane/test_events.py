@@ -1,5 +1,5 @@
 import pytest
-from django.db import transaction
+from django.db import OperationalError, connection, transaction
 
 from controlplane import events
 from controlplane.models import Event
@@ -81,6 +81,25 @@ def test_outbox_sweep_sends_unsent_events_and_marks_them():
     assert sent == 1
     assert not Event.objects.filter(sent_at__isnull=True).exists()
     assert events.outbox_sweep(min_age_seconds=0) == 0
+
+
+def test_a_relay_that_cannot_mark_its_events_sent_does_not_fail_its_caller():
+    """The relay runs after COMMIT: a database gone away by then (PostgreSQL restarting) must not turn the request
+    that stored a fault into an error, or its client retries a report that was stored."""
+    (event,) = events.publish(["fleet"], "a.b", {"n": 1})
+
+    def refuse_updates(execute, sql, params, many, context):
+        if sql.lstrip().upper().startswith("UPDATE"):
+            raise OperationalError("server closed the connection unexpectedly")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(refuse_updates):
+        assert events.relay([(event.pk, event.as_message())]) == 1
+    event.refresh_from_db()
+    assert event.sent_at is None                      # unmarked: the sweep sends it again
+    assert events.outbox_sweep(min_age_seconds=0) == 1
+    event.refresh_from_db()
+    assert event.sent_at is not None
 
 
 def test_retention_prunes_old_events():

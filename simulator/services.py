@@ -9,6 +9,7 @@ from controlplane import events
 from controlplane.access import principal
 from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
+from controlplane.queueing import queue
 from simulator.models import WhatIfRun
 from simulator.profiles import PROFILES
 from simulator.whatif import WhatIfConfig, whatif_run
@@ -69,7 +70,7 @@ def whatif_start(*, actor, config: dict) -> WhatIfRun:
 def _queue(run_id: int) -> None:
     from simulator.tasks import whatif_task
 
-    whatif_task.delay(run_id)
+    queue(whatif_task, run_id)
 
 
 def whatif_execute(*, run_id: int) -> str:

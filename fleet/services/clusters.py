@@ -5,6 +5,7 @@ from django.db import IntegrityError, transaction
 from controlplane.access import principal
 from controlplane.audit import audit_record, field_changes
 from controlplane.errors import ServiceError
+from controlplane.queueing import queue
 from fleet.choices import VersionState
 from fleet.desired import compare, desired_state, load_versions
 from fleet.drivers import DriverError
@@ -156,7 +157,7 @@ def cluster_assign(*, actor, cluster: Cluster, blueprint: Blueprint, version: in
     if previous != target:
         from fleet.tasks import cluster_reconcile_task
 
-        transaction.on_commit(lambda: cluster_reconcile_task.delay(cluster.pk))
+        transaction.on_commit(lambda: queue(cluster_reconcile_task, cluster.pk))
     return cluster
 
 

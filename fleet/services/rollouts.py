@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
+from controlplane.queueing import queue
 from fleet.choices import RolloutClusterStatus, RolloutState, VersionState
 from fleet.labels import with_labels
 from fleet.models import BlueprintVersion, Cluster, Fleet, Rollout, RolloutBatch, RolloutCluster
@@ -156,7 +157,7 @@ def rollout_start(*, actor, version: BlueprintVersion, targets: dict, strategy: 
 def _queue_step(rollout_id: int) -> None:
     from fleet.tasks import rollout_progress_task
 
-    transaction.on_commit(lambda: rollout_progress_task.delay(rollout_id))
+    transaction.on_commit(lambda: queue(rollout_progress_task, rollout_id))
 
 
 def release_drained_nodes(row: RolloutCluster) -> None:

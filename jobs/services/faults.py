@@ -11,6 +11,7 @@ from django.utils import timezone
 from controlplane import events
 from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
+from controlplane.queueing import queue
 from fleet.choices import AutomationMode
 from fleet.models import GPU, NIC
 from jobs.choices import FaultKind, FaultSource, FaultState, Severity
@@ -129,12 +130,7 @@ def fault_ingest(*, source: str, kind: str, node, gpu_index: int | None = None, 
 def _enqueue(fault_id: int) -> None:
     from jobs.tasks import fault_handle_task
 
-    try:
-        fault_handle_task.delay(fault_id)
-    except Exception:  # the broker is away: the fault is stored and the sweep enqueues it again
-        import logging
-
-        logging.getLogger(__name__).warning("could not queue fault %s; the sweep will", fault_id)
+    queue(fault_handle_task, fault_id)   # the broker away: the fault is stored, and the fault sweep queues it
 
 
 def fault_handle(*, fault_id: int) -> list[int]:

@@ -253,8 +253,14 @@ def measure(listener: Listener, sent: dict, wait: float = 15.0) -> dict:
     def pct(p):
         return latencies[min(len(latencies) - 1, int(round(p / 100 * (len(latencies) - 1))))]
 
+    # Latency by when the fault was sent, in 5-second windows: a backlog from the start drains, a steady state stays.
+    start, windows = min(sent.values()), {}
+    for f, t in sent.items():
+        if f in listener.first:
+            windows.setdefault(int((t - start) // 5), []).append((listener.first[f] - t) * 1000)
+    by_window = [(5 * w, statistics.median(v), sorted(v)[int(0.99 * (len(v) - 1))]) for w, v in sorted(windows.items())]
     return {"n": len(latencies), "missing": missing, "p50": pct(50), "p90": pct(90), "p99": pct(99),
-            "max": latencies[-1], "mean": statistics.fmean(latencies)}
+            "max": latencies[-1], "mean": statistics.fmean(latencies), "windows": by_window}
 
 
 def decision_breakdown(fault_ids) -> dict:
@@ -314,6 +320,7 @@ def main() -> int:
                              "one core at a time, so a 2-core machine wants two")
     parser.add_argument("--senders", type=int, default=8, help="client threads POSTing faults (each request holds a PostgreSQL connection)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
+    parser.add_argument("--windows", action="store_true", help="print p50/p99 by 5-second window of sending")
     parser.add_argument("--phases", action="store_true", help="print where the time goes, phase by phase, at each rate")
     args = parser.parse_args()
 
@@ -372,6 +379,9 @@ def main() -> int:
                   f"worker {stats['cpu']['worker']:.2f}, postgres {stats['cpu']['postgres']:.2f}, "
                   f"this client {stats['cpu']['client']:.2f}]", flush=True)
             stats["sustained"] = bool(ok)
+            if args.windows:
+                print("        by 5 s window of sending (p50/p99 ms): "
+                      + ", ".join(f"{t}s {p50:.0f}/{p99:.0f}" for t, p50, p99 in stats["windows"]))
             if args.phases:
                 for name, (p50, p99) in phase_breakdown(walls, listener).items():
                     print(f"        {name:<45} p50 {p50:7.1f} ms   p99 {p99:7.1f} ms")

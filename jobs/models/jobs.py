@@ -125,6 +125,10 @@ class JobPhase(models.Model):
 
     class Meta:
         ordering = ["job_id", "started_at", "id"]
+        # The open phases (one or two a job), which every decision and completion ends by job and kind: without
+        # it PostgreSQL ended a batch's phases with a scan of every phase ever recorded (a growing table).
+        indexes = [models.Index(fields=["job", "kind"], condition=Q(ended_at__isnull=True),
+                                name="jobphase_open_idx")]
 
     def __str__(self):
         return f"job {self.job_id} {self.kind} from {self.started_at:%H:%M:%S}"

@@ -8,6 +8,7 @@ the faults stay new, and the sweep hands them out again.
 import functools
 import math
 import operator
+from dataclasses import replace
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
@@ -212,8 +213,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
         if not budgets:
             budgets.append(placement.migration_budget(cluster))
         budget = budgets[0]
-        wait = placement.Budget(budget.cluster_running, budget.cluster_cap, budget.leaf_running, budget.leaf_cap,
-                                budget.queued + queued).wait_seconds(est.migration_pause)
+        wait = replace(budget, queued=budget.queued + queued).wait_seconds(est.migration_pause)
         return spares.pick(near=node, gpus=gpus, exclude=booked), wait
 
     for index in ordered:
@@ -283,8 +283,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
         budget = None
         if any(action.kind in BUDGETED_KINDS for action in created):
             read = budgets[0] if budgets else placement.migration_budget(cluster)
-            budget = placement.Budget(read.cluster_running, read.cluster_cap, dict(read.leaf_running), read.leaf_cap,
-                                      read.queued)
+            budget = replace(read, leaf_running=dict(read.leaf_running))   # starting counts in it: a copy
         for action in sorted(created, key=lambda a: -a.gpu_hours_at_stake):
             if start_through_driver(action, cluster, budget) == "refused":
                 refused.append(action)

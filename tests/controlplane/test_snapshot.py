@@ -22,9 +22,9 @@ from tests.jobs.test_recovery import INSTANT, node_of
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def write_between_count_and_page(write, table: str = "", first: str = "SELECT COUNT("):
-    """An execute wrapper that, once the first statement reading ``table`` (the paginator's count, unless told)
-    has run, has another session write and commit."""
+def write_after_first_read(write, table: str = "", first: str = "SELECT COUNT("):
+    """An execute wrapper that, once the first statement reading ``table`` has run (the paginator's count,
+    unless ``first`` says otherwise), has another session write and commit."""
     written = []
 
     def wrapper(execute, sql, params, many, context):
@@ -49,7 +49,7 @@ def test_a_row_written_between_the_count_and_the_page_leaves_out_no_row_that_was
     for name in names:
         make_fleet(name)
     header = token_header(make_user(Role.OPERATOR), "read")
-    wrapper, written = write_between_count_and_page(lambda: make_fleet("a-fleet-written-meanwhile"),
+    wrapper, written = write_after_first_read(lambda: make_fleet("a-fleet-written-meanwhile"),
                                                     table=Fleet._meta.db_table)
 
     with connection.execute_wrapper(wrapper):
@@ -71,7 +71,7 @@ def test_a_table_page_is_counted_and_fetched_as_of_one_moment(client):
     names = [f"entry-{i}" for i in range(3)]
     for name in names:
         AuditEntry.objects.create(action="test.write", object_type="test", object_repr=name)
-    wrapper, written = write_between_count_and_page(
+    wrapper, written = write_after_first_read(
         lambda: AuditEntry.objects.create(action="test.write", object_type="test", object_repr="written-meanwhile"),
         table=AuditEntry._meta.db_table)
 
@@ -93,7 +93,7 @@ def test_the_ledgers_totals_groups_and_series_agree_while_an_action_completes(ap
     fault_handle(fault_id=fault["id"])
     recovery_advance()
     (action,) = RecoveryAction.objects.filter(job=job, state=ActionState.SUCCEEDED)
-    wrapper, written = write_between_count_and_page(
+    wrapper, written = write_after_first_read(
         lambda: RecoveryAction.objects.filter(pk=action.pk).update(gpu_hours_saved=F("gpu_hours_saved") + 100),
         table=RecoveryAction._meta.db_table, first="SELECT")
 

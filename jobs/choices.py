@@ -102,3 +102,29 @@ class EscalationStage(models.TextChoices):
     REPAIRED = "repaired", "Repaired"
     VALIDATED = "validated", "Validated"
     RETURNED = "returned", "Returned to the spare pool"
+
+
+class IncidentScope(models.TextChoices):
+    NODE = "node"
+    NIC = "nic"
+
+
+class IncidentState(models.TextChoices):
+    OPEN = "open"
+    RESOLVED = "resolved"
+
+
+class SavingState(models.TextChoices):
+    """How firm an action's GPU-hours saved are (docs/gpu-hours.md)."""
+
+    REALIZED = "realized"          # what happened: the recovery answered a failure that occurred
+    EXPECTED = "expected"          # a proactive move whose prediction is not settled yet
+    NOT_REALIZED = "not_realized"  # settled: the predicted failure did not come, nothing was saved
+
+
+# The order in which an incident's kind is the most severe of its reports (docs/incidents.md); a gpu_xid
+# ranks as fatal when its triage takes the GPU out of service.
+INCIDENT_SEVERITY = (
+    "node_unreachable", "gpu_xid_fatal", "ecc_uncorrectable", "nvlink_error", "nic_down", "link_degraded",
+    "link_flap", "software_crash", "gpu_xid", "thermal", "straggler", "facility", "predicted_failure",
+)

@@ -4,13 +4,14 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.choices import ActionKind, ActionState, EscalationStage
+from jobs.choices import ActionKind, ActionState, EscalationStage, SavingState
 
 
 class RecoveryAction(models.Model):
     """One recovery for one job (or one node-level step of the escalation ladder, with no job).
 
-    At most one action per fault and job; ``alternatives`` are the options the planner weighed, with their
+    At most one recovery under way per job; a failed or superseded attempt is followed by one that names it as
+    ``previous`` (docs/incidents.md). ``alternatives`` are the options the planner weighed, with their
     expected GPU-hours lost. The ledger fields follow docs/gpu-hours.md.
     """
 
@@ -23,6 +24,11 @@ class RecoveryAction(models.Model):
 
     fault = models.ForeignKey("jobs.FaultEvent", null=True, blank=True, on_delete=models.CASCADE,
                               related_name="actions")
+    incident = models.ForeignKey("jobs.Incident", null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="actions")
+    previous = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                                 help_text="the attempt of the same recovery this one replaced (failed or superseded)")
+    attempt = models.PositiveSmallIntegerField(default=1, help_text="1 for a recovery's first attempt")
     job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.CASCADE, related_name="actions")
     cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="recovery_actions")
     kind = models.CharField(max_length=24, choices=ActionKind.choices)
@@ -42,6 +48,8 @@ class RecoveryAction(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     done_at = models.DateTimeField(null=True, blank=True, help_text="when the driver expects it to finish")
     ended_at = models.DateTimeField(null=True, blank=True)
+    deadline_at = models.DateTimeField(null=True, blank=True, help_text="failed as timed out if not done by then")
+    retry_at = models.DateTimeField(null=True, blank=True, help_text="a planned retry waits until then (back-off)")
     # Ledger, in GPU-hours (docs/gpu-hours.md).
     gpus = models.PositiveIntegerField(default=0)
     pause_seconds = models.FloatField(default=0.0)
@@ -53,6 +61,9 @@ class RecoveryAction(models.Model):
     gpu_hours_baseline = models.FloatField(default=0.0)
     gpu_hours_saved = models.FloatField(default=0.0)
     gpu_hours_at_stake = models.FloatField(default=0.0)
+    saving = models.CharField(max_length=12, choices=SavingState.choices, default=SavingState.REALIZED)
+    gpu_hours_expected = models.FloatField(default=0.0, help_text="a proactive move's expected saving (docs/gpu-hours.md)")
+    risk_score = models.FloatField(null=True, blank=True, help_text="the node's risk when a proactive move was chosen")
     reason = models.TextField(blank=True)
     alternatives = models.JSONField(default=list, blank=True)
     error = models.CharField(max_length=300, blank=True)
@@ -63,8 +74,16 @@ class RecoveryAction(models.Model):
         ordering = ["-planned_at", "-id"]
         indexes = [models.Index(fields=["cluster", "state", "kind"]), models.Index(fields=["state", "done_at"])]
         constraints = [
-            models.UniqueConstraint(fields=["fault", "job"], condition=Q(job__isnull=False, fault__isnull=False),
+            models.UniqueConstraint(fields=["fault", "job"],
+                                    condition=Q(job__isnull=False, fault__isnull=False, previous__isnull=True),
                                     name="one_action_per_fault_and_job"),
+            # One incident, one recovery: a job has at most one recovery under way; a new fault folds into it
+            # or replaces it (and each attempt is replaced at most once).
+            models.UniqueConstraint(fields=["job"], condition=Q(job__isnull=False, dry_run=False,
+                                                               state__in=("planned", "running")),
+                                    name="one_active_recovery_per_job"),
+            models.UniqueConstraint(fields=["previous"], condition=Q(previous__isnull=False),
+                                    name="one_successor_per_attempt"),
             models.UniqueConstraint(fields=["fault", "kind", "node"],
                                     condition=Q(job__isnull=True, fault__isnull=False),
                                     name="one_node_step_per_fault"),

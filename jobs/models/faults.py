@@ -34,6 +34,8 @@ class FaultEvent(models.Model):
     correlation_key = models.CharField(max_length=200)
     idempotency_key = models.CharField(max_length=200, null=True, blank=True, unique=True)
     details = models.JSONField(default=dict, blank=True)
+    incident = models.ForeignKey("jobs.Incident", null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="faults", help_text="the failure this report is of")
 
     tenant_scope = "cluster__dedicated_tenant_id"
 

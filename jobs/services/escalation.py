@@ -22,6 +22,7 @@ from fleet.choices import GPUHealth, LinkState, NodeState
 from fleet.drivers import DriverError, driver_for
 from fleet.models import GPU, NIC, Node
 from fleet.services import nodes as node_services
+from fleet.services.hardware import gpus_mark, node_gpus_mark, node_nic_links_set
 from jobs.choices import ActionKind, ActionState, EscalationStage, JobState
 from jobs.models import FaultEvent, JobAllocation, NodeEscalation, RecoveryAction
 from jobs.services.common import cluster_topics, publish_action
@@ -180,7 +181,7 @@ def _step(escalation: NodeEscalation) -> str:
         RecoveryAction.objects.filter(handle=escalation.handle, job__isnull=True, state=ActionState.RUNNING).update(
             state=ActionState.SUCCEEDED if status == "succeeded" else ActionState.FAILED, ended_at=timezone.now())
         if status == "succeeded":
-            GPU.objects.filter(node=node, index=escalation.gpu_index).update(health=GPUHealth.HEALTHY, health_reason="reset")
+            gpus_mark(marks=[(node.pk, escalation.gpu_index, GPUHealth.HEALTHY, "reset")])
             escalation.stage = EscalationStage.REPAIRED
             return "repaired"
         node_services.node_mark_failed(actor=None, node=node, reason="GPU reset failed")
@@ -241,8 +242,8 @@ def escalation_repaired(*, actor, node: Node, reason: str = "") -> NodeEscalatio
     escalation = NodeEscalation.objects.select_for_update(no_key=True).filter(node=node).first()
     if escalation is None or escalation.stage != EscalationStage.FAILED:
         raise ServiceError("the node is not waiting for a repair", status=409)
-    GPU.objects.filter(node=node).update(health=GPUHealth.HEALTHY, health_reason=reason[:300] or "repaired")
-    NIC.objects.filter(node=node).update(link_state=LinkState.UP)
+    node_gpus_mark(node_id=node.pk, health=GPUHealth.HEALTHY, reason=reason or "repaired")
+    node_nic_links_set(node_id=node.pk, state=LinkState.UP)
     escalation.stage, escalation.blocked, escalation.node = EscalationStage.REPAIRED, "", node
     escalation.save()
     audit_record(actor=actor, action="node.repaired", target=node, tenant_id=node.cluster.dedicated_tenant_id,

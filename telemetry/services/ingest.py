@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from controlplane.errors import ServiceError
 from fleet.models import Node
+from fleet.services.hardware import nodes_mark_seen, nodes_mark_seen_sql
 from jobs.services.faults import fault_ingest
 from telemetry import extract
 from telemetry.inventory import Inventory, inventory_for
@@ -340,8 +341,7 @@ class PostgresStore:
                          update="metric = excluded.metric, ts = excluded.ts, value = excluded.value, "
                                 "ewma = excluded.ewma, trend = excluded.trend, baseline = excluded.baseline")
         if writes.nodes:
-            statement.update(f"UPDATE {Node._meta.db_table} SET last_seen_at = %s WHERE id = ANY(%s::bigint[])",
-                             [timezone.now(), list(writes.nodes)])
+            statement.update(*nodes_mark_seen_sql(node_ids=writes.nodes, at=timezone.now()))
         statement.execute()
 
 
@@ -387,8 +387,7 @@ class PortableStore:
             [FacilityState(**row) for row in writes.facility_states], update_conflicts=True,
             unique_fields=["cluster", "scope", "target", "series"],
             update_fields=["metric", "ts", "value", "ewma", "trend", "baseline"])
-        if writes.nodes:
-            Node.objects.filter(pk__in=writes.nodes).update(last_seen_at=timezone.now())
+        nodes_mark_seen(node_ids=writes.nodes)
 
 
 def _minute_sums(greatest: str) -> str:

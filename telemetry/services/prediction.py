@@ -19,8 +19,8 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from controlplane.bulk import update_rows
 from fleet.models import Cluster, Node
+from fleet.services.hardware import nodes_set_risk
 from jobs.models import FaultEvent, RecoveryAction
 from jobs.placement import risk_threshold
 from jobs.services.faults import fault_ingest
@@ -89,9 +89,8 @@ def _record_history(scores: dict[int, Risk], meta: dict, now) -> int:
 
 
 def _write_scores(scores: dict[int, Risk], meta: dict, now) -> None:
-    changed = [Node(pk=node_id, risk_score=risk.score, risk_updated_at=now) for node_id, risk in scores.items()
-               if abs(risk.score - (meta[node_id][3] or 0.0)) >= 0.001]
-    update_rows(changed, ["risk_score", "risk_updated_at"])
+    nodes_set_risk(scores={node_id: risk.score for node_id, risk in scores.items()
+                           if abs(risk.score - (meta[node_id][3] or 0.0)) >= 0.001}, at=now)
 
 
 def _predict(scores: dict[int, Risk], meta: dict, now, result: SweepResult) -> None:

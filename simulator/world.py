@@ -16,7 +16,7 @@ from django.utils import timezone
 from controlplane.access import Role
 from fleet.choices import DriftMode, NodeState
 from fleet.desired import desired_state
-from fleet.drivers.simulated import simulate_drift
+from fleet.drivers.simulated import set_recovery_failure_probability, simulate_drift
 from fleet.models import GPU, NIC, Cluster, Node, SimulatedAddon
 from fleet.services.blueprints import blueprint_create, version_create
 from fleet.services.clusters import cluster_create, fleet_create
@@ -57,6 +57,9 @@ CLUSTERS = [
     ("euw-h100-c", "eu-west", "H100", "acme", "gpu-base", 1),
     ("euw-h200-d", "eu-west", "H200", None, "gpu-resilient", 2),
 ]
+# The share of recovery operations that fail on the clusters of the live demo (``simulate run``), so job pages
+# show a recovery falling back to the next one; a world that is only built (``simulate world``) has none.
+DEMO_RECOVERY_FAILURE_PROBABILITY = 0.05
 
 
 @dataclass
@@ -176,6 +179,15 @@ def world_build(*, seed: int = 7, nodes_per_cluster: int = 64, spares: int = 8) 
     rollout_start(actor=actor, version=base_v2, targets={"clusters": [c.pk for c in clusters if c.blueprint_id == base.pk]},
                   strategy={"batch_size": 1, "soak_seconds": 600, "progress_deadline_seconds": 900})
     return BuiltWorld(world, created=True, passwords=passwords)
+
+
+def world_set_recovery_failures(*, probability: float) -> list[str]:
+    """Make the share ``probability`` of recovery operations fail on the demo world's clusters; returns their
+    names."""
+    clusters = list(Cluster.objects.filter(name__in=[name for name, *_ in CLUSTERS], driver="simulated").order_by("pk"))
+    for cluster in clusters:
+        set_recovery_failure_probability(cluster, probability=probability)
+    return [cluster.name for cluster in clusters]
 
 
 def world_tenant_users() -> list[str]:

@@ -6,14 +6,23 @@ Timings and failures come from the cluster's ``connection`` settings, so tests a
     restart_seconds (60), snapshot_seconds_per_gpu (0.05) with snapshot_base_seconds (2),
     bad_charts ([]) — charts whose release fails, unreachable (false) — every call raises,
     apply_fails (false) — every Helm apply or removal is refused (a correction that keeps failing),
-    call_latency_seconds (0) — how long each apply blocks its caller, as a slow cluster API would.
+    call_latency_seconds (0) — how long each apply blocks its caller, as a slow cluster API would,
+    recovery_failure_probability (0) — the share of recovery operations (NIC failover, worker migration, GPU
+    reset, restart from checkpoint, restore from snapshot) that fail partway: each is started as usual and
+    reported "failed" when its status is asked; add-ons, node operations and snapshots never fail this way,
+    recovery_failure_seed (none) — seeds those chances, so a demo process fails the same operations each time,
+    fail_next ([]) — failures queued by ``fail_next_recovery``, counted down as recovery operations consume them.
 
-``simulate_drift`` changes a simulated cluster's state out of band (``manage.py simulate drift``).
+``simulate_drift`` changes a simulated cluster's state out of band (``manage.py simulate drift``);
+``fail_next_recovery`` makes its next recovery operations fail or be refused (``manage.py simulate fail-next``).
 """
 
+import copy
+import random
 import time
 from datetime import timedelta
 
+from django.db import transaction
 from django.utils import timezone
 
 from fleet.choices import HealthStatus
@@ -28,6 +37,42 @@ DEFAULTS = {
     "snapshot_base_seconds": 2.0,
     "snapshot_seconds_per_gpu": 0.05,
 }
+
+RECOVERY_OPERATIONS = frozenset({Operation.NIC_FAILOVER, Operation.MIGRATE_WORKER, Operation.GPU_RESET,
+                                 Operation.RESTART_FROM_CHECKPOINT, Operation.RESTORE_FROM_SNAPSHOT})
+FAILURE_KINDS = ("fail", "refuse")
+PENDING_FAILURES = "fail_next"
+
+_chance = random.Random()
+_seeded_chances: dict[tuple[int, str], random.Random] = {}
+
+
+def _chance_for(cluster) -> random.Random:
+    """The generator that rolls the cluster's recovery failures: its own, seeded by ``recovery_failure_seed``
+    when that is set (the same failures each time within a process), else the shared unseeded one."""
+    seed = (cluster.connection or {}).get("recovery_failure_seed")
+    if seed is None:
+        return _chance
+    key = (cluster.pk, str(seed))
+    if key not in _seeded_chances:
+        _seeded_chances[key] = random.Random(seed)
+    return _seeded_chances[key]
+
+
+def _change_connection(cluster, change):
+    """Run ``change`` on the cluster's stored connection settings, read under the row lock (FOR NO KEY UPDATE, as
+    the fault path holds it), write them back if it edited them, and leave the same dict in ``cluster.connection``.
+    Returns what ``change`` returned. The column is encrypted, so the dict is written whole, never patched in SQL."""
+    from fleet.models import Cluster
+
+    with transaction.atomic():
+        stored = Cluster.objects.select_for_update(no_key=True).only("connection").get(pk=cluster.pk).connection or {}
+        connection = copy.deepcopy(stored)
+        result = change(connection)
+        if connection != stored:
+            Cluster.objects.filter(pk=cluster.pk).update(connection=connection)
+    cluster.connection = connection
+    return result
 
 
 def _health(row, now) -> str:
@@ -51,10 +96,45 @@ class SimulatedDriver(ClusterDriver):
         from fleet.models import SimulatedOperation
 
         self._reachable()
+        fails = operation in RECOVERY_OPERATIONS and self._recovery_fails(operation)
         done_at = timezone.now() + timedelta(seconds=float(seconds))
         row = SimulatedOperation.objects.create(cluster=self.cluster, operation=operation.value, target=target,
-                                                params=params, done_at=done_at)
+                                                params=params, done_at=done_at, fails=fails)
         return OperationResult(handle=f"sim-{row.pk}", done_at=done_at, detail=f"{operation.value} {target}")
+
+    def _recovery_fails(self, operation: Operation) -> bool:
+        """Whether this recovery operation is to fail partway: a pending failure says so (and one to be refused
+        raises DriverError here), else chance at the cluster's ``recovery_failure_probability``."""
+        how = self._take_pending_failure(operation)
+        if how == "refuse":
+            raise DriverError(f"cluster {self.cluster.name} refused {operation.value} (simulated)")
+        if how == "fail":
+            return True
+        probability = float(self.setting("recovery_failure_probability") or 0)
+        return probability > 0 and _chance_for(self.cluster).random() < probability
+
+    def _take_pending_failure(self, operation: Operation) -> str | None:
+        """The ``how`` of the first pending failure that covers ``operation``, counted down in the cluster's row;
+        None when none does. A failure queued after this driver's cluster row was read waits for a fresh read
+        (the fault path reads it under its lock), so a cluster with none pending costs no query."""
+        if not (self.cluster.connection or {}).get(PENDING_FAILURES):
+            return None
+
+        def take(connection: dict) -> str | None:
+            pending = connection.get(PENDING_FAILURES) or []
+            entry = next((item for item in pending
+                          if not item.get("operations") or operation.value in item["operations"]), None)
+            if entry is None:
+                return None
+            entry["count"] -= 1
+            remaining = [item for item in pending if item["count"] > 0]
+            if remaining:
+                connection[PENDING_FAILURES] = remaining
+            else:
+                del connection[PENDING_FAILURES]
+            return entry["how"]
+
+        return _change_connection(self.cluster, take)
 
     def operation_status(self, handle: str) -> str:
         from fleet.models import SimulatedOperation
@@ -219,3 +299,41 @@ def simulate_drift(cluster, *, addon: str | None = None, kind: str = "version", 
         return f"removed {row.name} from {cluster.name}"
     row.save()
     return f"{kind} drift on {cluster.name}/{row.name}"
+
+
+def fail_next_recovery(cluster, *, count: int = 1, operations: list[str] | None = None, how: str = "fail") -> str:
+    """Make the simulated cluster's next ``count`` recovery operations (of ``operations``, values of Operation;
+    None: any recovery operation) fail: ``how="fail"`` starts them and reports them failed when their status is
+    asked, as a migration failing partway; ``how="refuse"`` makes the driver call raise a non-transient
+    DriverError. Queued in the cluster's connection settings after any failures already pending; returns what
+    was queued."""
+    if cluster.driver != "simulated":
+        raise DriverError(f"cluster {cluster.name} is not simulated")
+    if how not in FAILURE_KINDS:
+        raise DriverError(f"unknown failure {how!r}; one of {', '.join(FAILURE_KINDS)}")
+    if count < 1:
+        raise DriverError("count must be at least 1")
+    recovery = sorted(operation.value for operation in RECOVERY_OPERATIONS)
+    unknown = sorted(set(operations or ()) - set(recovery))
+    if unknown:
+        raise DriverError(f"not recovery operations: {', '.join(unknown)}; one of {', '.join(recovery)}")
+    entry = {"how": how, "operations": sorted(set(operations or ())), "count": count}
+    _change_connection(cluster, lambda connection: connection.setdefault(PENDING_FAILURES, []).append(entry))
+    which = ", ".join(entry["operations"]) or "any"
+    verb = "fail" if how == "fail" else "be refused"
+    return f"the next {count} recovery operation(s) ({which}) on {cluster.name} will {verb}"
+
+
+def set_recovery_failure_probability(cluster, *, probability: float) -> None:
+    """Make the share ``probability`` (0..1) of the simulated cluster's recovery operations fail from now on;
+    0 removes the setting."""
+    if not 0 <= probability <= 1:
+        raise DriverError("recovery_failure_probability must lie between 0 and 1")
+
+    def change(connection: dict) -> None:
+        if probability:
+            connection["recovery_failure_probability"] = probability
+        else:
+            connection.pop("recovery_failure_probability", None)
+
+    _change_connection(cluster, change)

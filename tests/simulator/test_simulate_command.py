@@ -1,10 +1,12 @@
 from io import StringIO
+from types import SimpleNamespace
 
 import pytest
 from django.core.management import CommandError, call_command
 
-from fleet.models import DriftFinding, SimulatedAddon
+from fleet.models import Cluster, DriftFinding, SimulatedAddon
 from fleet.services.drift import drift_sweep
+from simulator.world import DEMO_RECOVERY_FAILURE_PROBABILITY
 from tests.fleet.helpers import blueprint, clusters_on
 
 pytestmark = pytest.mark.django_db
@@ -30,3 +32,15 @@ def test_simulate_drift_refuses_unknown_clusters_and_add_ons(users):
         call_command("simulate", "drift", "--cluster", "nope")
     with pytest.raises(CommandError):
         call_command("simulate", "drift", "--cluster", cluster.name, "--addon", "nope")
+
+
+def test_simulate_world_leaves_recovery_operations_alone_and_run_fails_a_share(monkeypatch):
+    call_command("simulate", "world", "--nodes", "4", "--spares", "1", stdout=StringIO())
+    assert [c.connection.get("recovery_failure_probability") for c in Cluster.objects.all()] == [None] * 4
+    monkeypatch.setattr("requests.get", lambda *args, **kwargs: SimpleNamespace(ok=True))
+    out = StringIO()
+    call_command("simulate", "run", "--nodes", "4", "--spares", "1", "--ticks", "0", stdout=out)
+    assert "5% of recovery operations fail" in out.getvalue()
+    assert [c.connection.get("recovery_failure_probability") for c in Cluster.objects.all()] == [
+        DEMO_RECOVERY_FAILURE_PROBABILITY] * 4
+    assert all(c.connection["apply_seconds"] == 20 for c in Cluster.objects.all())

@@ -11,7 +11,13 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from fleet.drivers import DriverError
-from fleet.drivers.simulated import DRIFT_KINDS, simulate_drift
+from fleet.drivers.simulated import (
+    DRIFT_KINDS,
+    FAILURE_KINDS,
+    RECOVERY_OPERATIONS,
+    fail_next_recovery,
+    simulate_drift,
+)
 from fleet.models import Cluster
 from simulator.profiles import PROFILES
 
@@ -24,12 +30,35 @@ def _drift_arguments(parser):
     parser.add_argument("--version", default="", help="the version to drift to (version and extra)")
 
 
-def _drift(command, options):
-    cluster = Cluster.objects.filter(name=options["cluster"]).first()
+def _named_cluster(name: str) -> Cluster:
+    cluster = Cluster.objects.filter(name=name).first()
     if cluster is None:
-        raise CommandError(f"no cluster named {options['cluster']}")
+        raise CommandError(f"no cluster named {name}")
+    return cluster
+
+
+def _drift(command, options):
+    cluster = _named_cluster(options["cluster"])
     try:
         done = simulate_drift(cluster, addon=options.get("addon"), kind=options["kind"], version=options["version"])
+    except DriverError as error:
+        raise CommandError(str(error)) from error
+    command.stdout.write(done)
+
+
+def _fail_next_arguments(parser):
+    parser.add_argument("--cluster", required=True, help="the simulated cluster's name")
+    parser.add_argument("--count", type=int, default=1, help="how many recovery operations fail")
+    parser.add_argument("--operation", action="append", choices=sorted(op.value for op in RECOVERY_OPERATIONS),
+                        help="only this recovery operation (repeatable; default: any)")
+    parser.add_argument("--how", choices=FAILURE_KINDS, default="fail",
+                        help="fail: started, then reported failed; refuse: the cluster refuses the call")
+
+
+def _fail_next(command, options):
+    cluster = _named_cluster(options["cluster"])
+    try:
+        done = fail_next_recovery(cluster, count=options["count"], operations=options["operation"], how=options["how"])
     except DriverError as error:
         raise CommandError(str(error)) from error
     command.stdout.write(done)
@@ -68,8 +97,11 @@ def _run(command, options):
     import requests
 
     from simulator.runner import Runner
+    from simulator.world import DEMO_RECOVERY_FAILURE_PROBABILITY, world_set_recovery_failures
 
     _world(command, options)
+    names = world_set_recovery_failures(probability=DEMO_RECOVERY_FAILURE_PROBABILITY)
+    command.stdout.write(f"{DEMO_RECOVERY_FAILURE_PROBABILITY:.0%} of recovery operations fail on {', '.join(names)}.")
     url = options["url"].rstrip("/")
     for _ in range(240):
         try:
@@ -141,6 +173,8 @@ SUBCOMMANDS = {
     "what-if": ("replay a long training run through Lockstep's planner, without and with protection",
                 _whatif_arguments, _whatif),
     "drift": ("change a simulated cluster's add-ons out of band, to create drift", _drift_arguments, _drift),
+    "fail-next": ("make a simulated cluster's next recovery operations fail or be refused", _fail_next_arguments,
+                  _fail_next),
     "world": ("build the demo world if there is none", _world_arguments, _world),
     "run": ("build the demo world if needed, then run it: telemetry, jobs, faults (the default)", _run_arguments, _run),
 }

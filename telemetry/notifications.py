@@ -35,9 +35,13 @@ def _automation_paused(kind: str, payload: dict) -> bool:
 
 # rule name -> (predicate on an event's kind and payload, one line for a human)
 RULES = {
-    "recovery_failed": (lambda kind, p: kind == "action.failed",
-                        lambda p: f"Recovery failed: {p.get('summary', '')} (job {p.get('job')}, node {p.get('node')}). "
+    # A job's failed attempt is followed by the next (jobs.services.fallback): what a human must hear is that the
+    # job's recovery gave up. Node-level steps of the ladder have no next attempt.
+    "recovery_failed": (lambda kind, p: kind == "action.failed" and not p.get("job"),
+                        lambda p: f"Recovery failed: {p.get('summary', '')} (node {p.get('node')}). "
                                   f"{p.get('reason', '')}"),
+    "job_failed": (lambda kind, p: kind == "job.state" and p.get("state") == "Failed",
+                   lambda p: f"Job {p.get('name', '')} ({p.get('job')}) failed: {p.get('reason', 'recovery gave up')}"),
     "needs_human": (lambda kind, p: kind in ("node.escalation", "fault.reported") and bool(p.get("needs_human")),
                     lambda p: f"Needs a human (CONTACT_SUPPORT or no automatic remedy): node {p.get('hostname') or p.get('node')} "
                               f"{p.get('stage', '')} {p.get('kind', '')}".strip()),

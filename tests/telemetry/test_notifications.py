@@ -53,8 +53,9 @@ def receiver():
 
 
 def failed_action():
-    events.publish(["fleet"], "action.failed", {"summary": "live migration failed", "job": 7, "node": 3,
-                                                "reason": "no spare"})
+    """Recovery gave up on job 7 (jobs.services.jobs.job_fail publishes this)."""
+    events.publish(["fleet"], "job.state", {"job": 7, "name": "llm-pretrain", "state": "Failed",
+                                            "reason": "restart from checkpoint failed 4 times; last: no spare"})
 
 
 def test_failed_recovery_reaches_generic_and_slack_webhooks_once(users, receiver):
@@ -69,10 +70,21 @@ def test_failed_recovery_reaches_generic_and_slack_webhooks_once(users, receiver
     assert counts["delivered"] == 2
     generic = next(b for b in receiver.bodies if "rule" in b)
     slack = next(b for b in receiver.bodies if "text" in b)
-    assert generic["rule"] == "recovery_failed" and generic["kind"] == "action.failed" and generic["payload"]["job"] == 7
-    assert "live migration failed" in slack["text"] and slack["blocks"]
+    assert generic["rule"] == "job_failed" and generic["kind"] == "job.state" and generic["payload"]["job"] == 7
+    assert "llm-pretrain (7) failed: restart from checkpoint failed 4 times" in slack["text"] and slack["blocks"]
     assert notifications_deliver()["delivered"] == 0
     assert len(receiver.bodies) == 2
+
+
+def test_a_failed_attempt_that_falls_back_is_not_announced_but_a_failed_ladder_step_is(users, receiver):
+    channel_create(actor=users["provider-admin"], name="ops", url=receiver.url)
+    events.publish(["fleet"], "action.failed", {"summary": "live migration failed", "job": 7, "node": 3})
+    events.publish(["fleet"], "job.state", {"job": 7, "state": "Running"})
+    assert notifications_dispatch() == 0       # the next attempt carries the recovery on
+    events.publish(["fleet"], "action.failed", {"summary": "gpu reset failed", "job": None, "node": 3})
+    assert notifications_dispatch() == 1
+    notifications_deliver()
+    assert receiver.bodies[0]["rule"] == "recovery_failed"
 
 
 def test_failing_receiver_is_retried_with_backoff_then_given_up(users):

@@ -67,6 +67,12 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "ESCALATION_STRIKES": (int, 3, "Non-fatal faults on one node within ESCALATION_WINDOW_SECONDS that quarantine it."),
     "ESCALATION_WINDOW_SECONDS": (int, 3600, "The window in which repeated non-fatal faults escalate."),
     "NODE_COOLDOWN_SECONDS": (int, 1800, "After a job migrates off a node, no job is migrated onto it for this long (anti-thrash)."),
+    "RECOVERY_DEADLINE_FACTOR": (float, 3.0, "A recovery action fails as timed out when not done within the larger of this many times its estimate and ..."),
+    "RECOVERY_DEADLINE_EXTRA_SECONDS": (float, 60.0, "... its estimate plus this many seconds (docs/incidents.md)."),
+    "RECOVERY_RESTART_RETRIES": (int, 3, "How often a failed restart from checkpoint is retried before the job is Failed."),
+    "RECOVERY_RETRY_BACKOFF_SECONDS": (float, 30.0, "The first retry of a failed restart waits this long; each later one twice as long."),
+    "PROACTIVE_PRECISION_PRIOR": (float, 0.5, "Until enough predictions of a score band are judged, a proactive move's expected saving assumes this precision."),
+    "PROACTIVE_PRECISION_MIN_JUDGED": (int, 20, "How many judged predictions of a score band its measured precision needs before it replaces the prior."),
     "NIC_REPAIR_SECONDS": (int, 1800, "Expected time until a failed-over NIC is repaired: how long a job runs degraded in the ledger."),
 }
 
@@ -339,6 +345,12 @@ ESCALATION_STRIKES = env("ESCALATION_STRIKES")
 ESCALATION_WINDOW_SECONDS = env("ESCALATION_WINDOW_SECONDS")
 NODE_COOLDOWN_SECONDS = env("NODE_COOLDOWN_SECONDS")
 NIC_REPAIR_SECONDS = env("NIC_REPAIR_SECONDS")
+RECOVERY_DEADLINE_FACTOR = env("RECOVERY_DEADLINE_FACTOR")
+RECOVERY_DEADLINE_EXTRA_SECONDS = env("RECOVERY_DEADLINE_EXTRA_SECONDS")
+RECOVERY_RESTART_RETRIES = env("RECOVERY_RESTART_RETRIES")
+RECOVERY_RETRY_BACKOFF_SECONDS = env("RECOVERY_RETRY_BACKOFF_SECONDS")
+PROACTIVE_PRECISION_PRIOR = env("PROACTIVE_PRECISION_PRIOR")
+PROACTIVE_PRECISION_MIN_JUDGED = env("PROACTIVE_PRECISION_MIN_JUDGED")
 
 # --- REST API -------------------------------------------------------------------------------------------
 REST_FRAMEWORK = {

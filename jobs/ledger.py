@@ -44,3 +44,13 @@ def ledger(*, gpus: int, seconds_since_checkpoint: float, restart_overhead_secon
         actual=actual_gpu_hours(gpus=gpus, pause_seconds=pause_seconds, work_lost_seconds=work_lost_seconds,
                                 degraded_seconds=degraded_seconds, slowdown=slowdown),
     )
+
+
+def expected_saving(saving: float, *, score: float | None) -> tuple[float, str]:
+    """A proactive move's expected GPU-hours saved until its prediction is settled: the saving it would be worth
+    if the node failed, weighted by the measured precision of predictions of that score band (or, until enough
+    are judged, the stated prior PROACTIVE_PRECISION_PRIOR). Returns the figure and its assumption, in words."""
+    from jobs import hooks
+
+    precision, basis = hooks.prediction_precision(score)
+    return max(0.0, saving) * precision, f"{max(0.0, saving):.2f} GPU-h if the node fails × precision {precision:.2f} ({basis})"

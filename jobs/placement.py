@@ -5,9 +5,9 @@ cluster (never one per event racing another). Spare rows are also taken with ``S
 LOCKED`` and booked in SpareBooking, whose partial unique constraint lets a spare be booked only once.
 """
 
+import logging
 import math
 from dataclasses import dataclass
-from datetime import timedelta
 
 from django.db import connection
 from django.db.models import Count, Q
@@ -17,6 +17,8 @@ from fleet.choices import GPUHealth, NodeState
 from fleet.models import GPU, Cluster, Node
 from jobs.choices import BUDGETED_KINDS, ActionState
 from jobs.models import JobAllocation, RecoveryAction, SpareBooking
+
+log = logging.getLogger(__name__)
 
 DEFAULT_RISK_THRESHOLD = 0.8
 
@@ -177,9 +179,59 @@ def release_many(actions: list[RecoveryAction]) -> None:
     SpareBooking.objects.filter(action__in=actions, released_at__isnull=True).update(released_at=timezone.now())
 
 
-def cool_down(node: Node, seconds: float) -> None:
-    """No job is migrated onto this node for a while (anti-thrash); the Node field exists for this."""
-    Node.objects.filter(pk=node.pk).update(cooldown_until=timezone.now() + timedelta(seconds=seconds))
+def allocations_move(moves: list[tuple[JobAllocation, Node]]) -> None:
+    """Move workers to other nodes: each allocation is released (kept as history) and its ranks start again on its
+    new node, on that node's first GPUs; a spare among them joins the job."""
+    if not moves:
+        return
+    now = timezone.now()
+    for allocation, _ in moves:
+        allocation.released_at = now
+    JobAllocation.objects.bulk_update([allocation for allocation, _ in moves], ["released_at"])
+    JobAllocation.objects.bulk_create([
+        JobAllocation(job_id=allocation.job_id, node=node, gpu_indices=list(range(allocation.gpu_count)),
+                      rank_start=allocation.rank_start, rank_end=allocation.rank_end) for allocation, node in moves])
+    for allocation, node in moves:
+        join_as_replacement(node, allocation.job_id)
+
+
+def unusable_nodes(allocations: list[JobAllocation]) -> set[int]:
+    """Of the nodes these allocations hold, those a restarted job must not come back on: not ready (failed,
+    cordoned or quarantined, draining), or with a GPU of the allocation out of health."""
+    node_ids = {a.node_id for a in allocations}
+    bad = set(Node.objects.filter(pk__in=node_ids).exclude(state=NodeState.READY).values_list("pk", flat=True))
+    sick = set(GPU.objects.filter(node_id__in=node_ids).exclude(health=GPUHealth.HEALTHY).values_list("node_id", "index"))
+    return bad | {a.node_id for a in allocations if any((a.node_id, i) in sick for i in a.gpu_indices)}
+
+
+def replacements(job, pool: "SparePool", taken: set[int]) -> tuple[list[tuple[JobAllocation, Node]], str]:
+    """Where a restarting job goes instead of its failed or quarantined nodes: a healthy spare for each worker there
+    (from ``pool``, never one in ``taken``, which grows). Returns the moves for ``allocations_move``, or none and
+    why not: all or nothing."""
+    allocations = list(JobAllocation.objects.filter(job=job, released_at__isnull=True).select_related("node"))
+    bad = unusable_nodes(allocations)
+    moves = []
+    for allocation in (a for a in allocations if a.node_id in bad):
+        spare = pool.pick(near=allocation.node, gpus=allocation.gpu_count, exclude=taken)
+        if spare is None:
+            taken.difference_update(node.pk for _, node in moves)
+            return [], (f"no healthy spare node to restart ranks {allocation.rank_start}-{allocation.rank_end} on "
+                        f"({allocation.node.hostname} is {allocation.node.state})")
+        moves.append((allocation, spare))
+        taken.add(spare.pk)
+    return moves, ""
+
+
+def join_as_replacement(node: Node, job_id: int) -> None:
+    """A spare that a job moved onto leaves the pool: it is a ready node of the job now."""
+    from controlplane.errors import ServiceError
+    from fleet.services.nodes import node_uncordon
+
+    if node.state == NodeState.SPARE:
+        try:
+            node_uncordon(actor=None, node=node, reason=f"joined job {job_id} as a replacement")
+        except ServiceError as error:
+            log.warning("spare %s stays spare: %s", node, error.detail)
 
 
 def immediate_constraints() -> None:

@@ -5,10 +5,35 @@ with the ledger's formula (docs/gpu-hours.md), and choose the cheapest feasible 
 only restart from checkpoint.
 """
 
+import enum
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from jobs.ledger import actual_gpu_hours, baseline_gpu_hours
+
+
+class Impact(enum.StrEnum):
+    """What the faults hitting a job mean for it (triage.FaultVerdict.job_impact), most severe first."""
+
+    NODE = "node"           # the whole node is gone
+    DEVICE = "device"       # a GPU is gone
+    NIC = "nic"             # one NIC is down
+    RESTART = "restart"     # the job itself must restart (it crashed, or workers on several nodes are hit)
+    DEGRADED = "degraded"   # it runs slower
+    RISK = "risk"           # its node may fail soon
+    NONE = "none"
+
+    @property
+    def stops_job(self) -> bool:
+        return self in (Impact.NODE, Impact.DEVICE, Impact.NIC, Impact.RESTART)
+
+    @property
+    def rank(self) -> int:
+        return list(Impact).index(self)
+
+
+# The recoveries that stop the whole job and restart it elsewhere: they answer faults on any of its nodes.
+WHOLE_JOB_KINDS = frozenset({"restart_from_checkpoint", "restore_from_snapshot"})
 
 
 @dataclass(frozen=True)
@@ -33,6 +58,7 @@ class Situation:
     gpu_reset: bool = False           # the catalogue recommends a reset and the driver can do it
     risk: float = 0.5                 # probability the node fails soon (predicted failures)
     supports: frozenset[str] = frozenset()
+    excluded: frozenset[str] = frozenset()   # kinds already tried for this recovery that failed
 
 
 @dataclass(frozen=True)
@@ -144,9 +170,10 @@ def options_for(job: JobFacts, situation: Situation, est: Estimates) -> list[Opt
         found.append(_option("stay_at_risk", True, f"wait and see (risk {situation.risk:.2f})", job, pause=expected))
     if situation.supports:
         found = [o if o.kind.startswith("stay_") or o.kind in situation.supports or not o.feasible
-                 else Option(o.kind, False, o.gpu_hours_lost, o.pause_seconds, o.work_lost_seconds,
-                             o.degraded_seconds, o.slowdown, "the cluster's driver cannot do this")
-                 for o in found]
+                 else replace(o, feasible=False, why="the cluster's driver cannot do this") for o in found]
+    if situation.excluded:
+        found = [replace(o, feasible=False, why="tried for this recovery, and it failed")
+                 if o.feasible and o.kind in situation.excluded else o for o in found]
     return found
 
 

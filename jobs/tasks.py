@@ -17,7 +17,7 @@ def fault_sweep_task() -> int:
 
 @shared_task(name="jobs.recovery_advance", ignore_result=True, time_limit=60, soft_time_limit=50)
 def recovery_advance_task() -> dict:
-    from jobs.services.actions import recovery_advance
+    from jobs.services.advance import recovery_advance
 
     return recovery_advance()
 

@@ -6,6 +6,10 @@ class TelemetryConfig(AppConfig):
 
     def ready(self):
         from controlplane import navigation
+        from jobs import hooks
         from telemetry import schema  # noqa: F401  (registers the agent token scheme with drf-spectacular)
+        from telemetry.services.prediction import precision_in_band
+
+        hooks.register_precision(precision_in_band)
 
         navigation.register("Predictions", "prediction-list-page", audience="provider", order=65)

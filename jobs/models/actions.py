@@ -32,6 +32,7 @@ class RecoveryAction(models.Model):
     job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.CASCADE, related_name="actions")
     cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="recovery_actions")
     kind = models.CharField(max_length=24, choices=ActionKind.choices)
+    impact = models.CharField(max_length=10, blank=True, help_text="what the faults meant for the job (planner.Impact)")
     state = models.CharField(max_length=10, choices=ActionState.choices, default=ActionState.PLANNED)
     dry_run = models.BooleanField(default=False, help_text="decided and recorded; nothing was done")
     node = models.ForeignKey("fleet.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")

@@ -20,6 +20,7 @@ class Incident(models.Model):
     nic_name = models.CharField(max_length=30, blank=True, help_text="the one NIC of a nic-scoped incident")
     kind = models.CharField(max_length=20, choices=FaultKind.choices)
     xid = models.PositiveIntegerField(null=True, blank=True)
+    fatal = models.BooleanField(default=False, help_text="its kind took a GPU or the node out of service")
     state = models.CharField(max_length=10, choices=IncidentState.choices, default=IncidentState.OPEN)
     opened_at = models.DateTimeField(default=timezone.now, help_text="when its first report was detected")
     last_reported_at = models.DateTimeField(default=timezone.now)

@@ -36,7 +36,7 @@ def cluster_topics(cluster_id: int, tenant_id: int | None = None) -> list[str]:
 
 def fault_payload(fault: FaultEvent) -> dict:
     return {
-        "fault": fault.pk, "kind": fault.kind, "xid": fault.xid, "severity": fault.severity, "state": fault.state,
+        "fault": fault.pk, "incident": fault.incident_id, "kind": fault.kind, "xid": fault.xid, "severity": fault.severity, "state": fault.state,
         "state_reason": fault.state_reason, "node": fault.node_id, "hostname": fault.node.hostname,
         "cluster": fault.cluster_id, "device": fault.device, "sources": fault.sources,
         "detected_at": fault.detected_at.isoformat(), "needs_human": fault.needs_human,
@@ -192,3 +192,39 @@ def supported_operations(cluster) -> frozenset[str]:
     if Operation.RESTORE_FROM_SNAPSHOT in ops:
         kinds.add("restore_from_snapshot")
     return frozenset(kinds)
+def decision_lists(cluster, created: list[RecoveryAction], started: set[int]) -> list[events.Item]:
+    """A decision's actions as ``actions.decided`` lists (see ``action_lists``)."""
+    if not created:
+        return []
+    payloads = []
+    for action in created:
+        kind = "action.started" if action.pk in started else "action.planned"
+        payloads.append((action, {**action_payload(action), "event": kind}))
+    return action_lists(cluster.pk, payloads, "actions.decided", "decided")
+
+
+def action_lists(cluster_id: int, payloads: list, kind: str, verb: str) -> list[events.Item]:
+    """Events listing a batch of actions: all of them on the cluster's and the fleet's topics, each tenant's own
+    on that tenant's topic, and each job's own on the job's topic (no tenant ever sees another's). Fewer, larger
+    events, all written by one ``publish_many``: the topics' shared sequence rows are taken once, together, in
+    one global order, and held only for the moment before COMMIT."""
+    every = [p for _, p in payloads]
+    items: list[events.Item] = [
+        ([events.topic("cluster", cluster_id), events.topic("fleet")], kind,
+         {"actions": every, "cluster": cluster_id, "summary": f"{len(every)} recovery action(s) {verb}"},
+         f"/api/v1/actions/?cluster={cluster_id}")]
+    by_tenant: dict[int, list] = {}
+    by_job: dict[int, list] = {}
+    for action, payload in payloads:
+        by_tenant.setdefault(action.job.tenant_id, []).append(payload)
+        by_job.setdefault(action.job_id, []).append(payload)
+    for tenant_id, mine in sorted(by_tenant.items()):
+        items.append(([events.topic("tenant", tenant_id)], kind,
+                      {"actions": mine, "summary": f"{len(mine)} recovery action(s) {verb}"}, "/api/v1/actions/"))
+    for job_id, mine in sorted(by_job.items()):
+        items.append(([events.topic("job", job_id)], kind,
+                      {"actions": mine, "summary": f"{len(mine)} recovery action(s) {verb}"},
+                      f"/api/v1/actions/?job={job_id}"))
+    return items
+
+

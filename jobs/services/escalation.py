@@ -9,6 +9,7 @@ Each later step is taken by beat (``escalation_advance``), one step per call, th
 services (which enforce the fleet-wide cordon and drain caps: a step refused over a cap waits and retries).
 """
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -72,25 +73,34 @@ def ladders_for(node_ids) -> dict[int, NodeEscalation]:
             .order_by("node_id")}
 
 
+@dataclass(frozen=True)
+class LadderStep:
+    """What a fault did on its node's ladder: whether it quarantined the node now, and what happened, in words."""
+
+    quarantined: bool = False
+    text: str = ""
+
+
 STRIKE_FIELDS = ["stage", "strikes", "needs_human", "updated_at"]
 
 
 def on_fault(*, fault: FaultEvent, verdict: FaultVerdict, cluster, dry_run: bool,
-             ladders: dict[int, NodeEscalation] | None = None, strikes: list[NodeEscalation] | None = None) -> str:
+             ladders: dict[int, NodeEscalation] | None = None,
+             strikes: list[NodeEscalation] | None = None) -> "LadderStep":
     """Record the fault on its node's ladder; quarantine (cordon) the node when the fault is fatal to a
-    device or the node, or when strikes add up. Returns what happened, in words ("" for nothing).
+    device or the node, or when strikes add up. Returns what happened (``LadderStep``).
 
     With ``strikes``, a ladder that only counted a strike is appended there for the caller to write (its
     ``STRIKE_FIELDS``, with the rest of a batch) instead of being saved here."""
     if not (verdict.out_of_service or verdict.escalates):
-        return ""
+        return LadderStep()
     now = timezone.now()
     escalation = (ladders or {}).get(fault.node_id)
     if escalation is None:
         escalation, _ = NodeEscalation.objects.select_for_update(no_key=True).get_or_create(node_id=fault.node_id)
     escalation.node = fault.node
     if escalation.stage in OPEN_STAGES or escalation.stage == EscalationStage.FAILED:
-        return f"ladder already at {escalation.stage}"
+        return LadderStep(text=f"ladder already at {escalation.stage}")
     if escalation.stage == EscalationStage.RETURNED:
         escalation.stage = EscalationStage.WATCHING
     escalation.strikes = _strikes(escalation, now)
@@ -102,7 +112,7 @@ def on_fault(*, fault: FaultEvent, verdict: FaultVerdict, cluster, dry_run: bool
         else:
             escalation.updated_at = now
             strikes.append(escalation)
-        return f"strike {len(escalation.strikes)} of {settings.ESCALATION_STRIKES}"
+        return LadderStep(text=f"strike {len(escalation.strikes)} of {settings.ESCALATION_STRIKES}")
     escalation.fault = fault
     escalation.gpu_index = fault.gpu_index
     escalation.remediation = verdict.remediation
@@ -110,7 +120,7 @@ def on_fault(*, fault: FaultEvent, verdict: FaultVerdict, cluster, dry_run: bool
                          f"{len(escalation.strikes)} faults within {settings.ESCALATION_WINDOW_SECONDS} s")[:300]
     if dry_run:
         escalation.save()
-        return "quarantined (dry run: the node was not cordoned)"
+        return LadderStep(quarantined=True, text="quarantined (dry run: the node was not cordoned)")
     escalation.stage = EscalationStage.QUARANTINED
     escalation.strikes = []
     escalation.blocked = ""
@@ -121,7 +131,7 @@ def on_fault(*, fault: FaultEvent, verdict: FaultVerdict, cluster, dry_run: bool
         escalation.blocked = f"cordon waits: {error.detail}"[:300]
     escalation.save()
     _publish(escalation, "node.escalation")
-    return "quarantined" + (f" ({escalation.blocked})" if escalation.blocked else "")
+    return LadderStep(quarantined=True, text="quarantined" + (f" ({escalation.blocked})" if escalation.blocked else ""))
 
 
 def _jobs_still_on(node: Node) -> list[int]:

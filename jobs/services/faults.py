@@ -18,6 +18,7 @@ from jobs.choices import FaultKind, FaultSource, FaultState, Severity
 from jobs.models import FaultEvent, JobAllocation
 from jobs.placement import immediate_constraints
 from jobs.services.common import cluster_topics, fault_payload, job_topics_of
+from jobs.services.incidents import incident_join, incident_report
 from jobs.triage import classify_fault
 
 DEFAULT_SEVERITY = {
@@ -46,7 +47,9 @@ def _advisory_lock(key: str) -> None:
 
 
 def _merge(fault_id: int, *, source: str, details: dict | None, now: datetime) -> FaultEvent:
+    """Another report of a stored fault: it adds its source, and its incident counts it."""
     fault = FaultEvent.objects.select_for_update(of=("self",), no_key=True).select_related("node").get(pk=fault_id)
+    incident_report(incident_id=fault.incident_id, now=now)
     if source not in fault.sources:
         fault.sources = [*fault.sources, source]
     fault.report_count += 1
@@ -77,7 +80,8 @@ def fault_ingest(*, source: str, kind: str, node, gpu_index: int | None = None, 
 
     Returns (fault, created). ``created`` is False when the report joined an existing fault: one with the
     same idempotency key, or the same node, device, kind and code within FAULT_CORRELATION_SECONDS (its
-    source is added to the fault's sources). Only a new fault is handled; merging never acts twice.
+    source is added to the fault's sources). Only a new fault is handled; merging never acts twice. A new fault
+    opens its node's incident or folds into the one open (jobs.services.incidents), under the node's lock.
     """
     _validate(source, kind, severity, gpu_index, nic_name, node)
     now = timezone.now()
@@ -99,16 +103,19 @@ def fault_ingest(*, source: str, kind: str, node, gpu_index: int | None = None, 
         if existing is not None:
             return _merge(existing, source=source, details=details, now=now), False
         verdict = classify_fault(kind, xid=xid, details=details)
+        _advisory_lock(f"incident:{node.pk}")
         try:
             # The advisory lock already serialises reports with this key; the savepoint only guards other writers.
             with transaction.atomic(savepoint=bool(idempotency_key)):
-                fault = FaultEvent.objects.create(
+                fault = FaultEvent(
                     kind=kind, xid=xid, severity=severity or DEFAULT_SEVERITY.get(kind, Severity.WARNING),
                     cluster_id=node.cluster_id, node=node, gpu_index=gpu_index, nic_name=nic_name or "",
                     rack=node.rack, sources=[source], detected_at=detected_at, received_at=now,
                     last_reported_at=now, triage=verdict.as_dict(), needs_human=verdict.needs_human,
                     correlation_key=key, idempotency_key=idempotency_key or None, details=details or {},
                 )
+                incident_join(fault=fault, fatal=verdict.out_of_service, now=now)
+                fault.save(force_insert=True)
         except IntegrityError:
             existing = FaultEvent.objects.values_list("pk", flat=True).get(idempotency_key=idempotency_key)
             return _merge(existing, source=source, details=details, now=now), False

@@ -12,7 +12,7 @@ from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
 from fleet.choices import DriverName, GPUHealth, NodeState
 from fleet.models import Cluster, Node
-from jobs.choices import ACTIVE_JOB_STATES, ActionState, JobPhaseKind, JobState
+from jobs.choices import ACTIVE_JOB_STATES, JobPhaseKind, JobState
 from jobs.models import Job, JobAllocation, JobToken, RecoveryAction
 from jobs.placement import busy_node_ids, immediate_constraints, lock_cluster
 from jobs.services.common import job_payload, phase_end, phase_start, publish_job, record_progress
@@ -90,27 +90,43 @@ def job_submit(*, actor, tenant, cluster: Cluster, name: str, gpus: int, gpus_pe
     return job, raw
 
 
+def _stop(job: Job, state: str, *, reason: str) -> str:
+    """End a job in ``state``: its GPUs are released, its recoveries under way end failed with ``reason``."""
+    from jobs.services.actions import ACTIVE_STATES, fail_many
+
+    now = timezone.now()
+    job.iteration, job.iteration_at = job.iteration_now(now), now
+    old, job.state, job.ended_at = job.state, state, now
+    job.save(update_fields=["iteration", "iteration_at", "state", "ended_at"])
+    JobAllocation.objects.filter(job=job, released_at__isnull=True).update(released_at=now)
+    active = list(RecoveryAction.objects.filter(job=job, state__in=ACTIVE_STATES).select_related("job"))
+    fail_many(active, {action.pk: reason for action in active})
+    phase_end(job, at=now)
+    record_progress(job, at=now, iteration=job.iteration)
+    return old
+
+
 @transaction.atomic
 def job_cancel(*, actor, job: Job) -> Job:
-    """Stop a job: its GPUs are released, planned recoveries are dropped."""
+    """Stop a job: its GPUs are released, its recoveries under way are dropped."""
     job = Job.objects.select_for_update(of=("self",), no_key=True).get(pk=job.pk)
     if job.state not in ACTIVE_JOB_STATES:
         raise ServiceError(f"job {job.pk} is already {job.state}", status=409)
-    now = timezone.now()
-    job.iteration, job.iteration_at = job.iteration_now(now), now
-    old, job.state, job.ended_at = job.state, JobState.CANCELLED, now
-    job.save(update_fields=["iteration", "iteration_at", "state", "ended_at"])
-    JobAllocation.objects.filter(job=job, released_at__isnull=True).update(released_at=now)
-    for action in RecoveryAction.objects.filter(job=job, state=ActionState.PLANNED):
-        action.state, action.ended_at, action.error = ActionState.FAILED, now, "the job was cancelled"
-        action.save(update_fields=["state", "ended_at", "error"])
-        from jobs.placement import release
-
-        release(action)
-    phase_end(job, at=now)
-    record_progress(job, at=now, iteration=job.iteration)
+    old = _stop(job, JobState.CANCELLED, reason="the job was cancelled")
     audit_record(actor=actor, action="job.cancel", target=job, tenant_id=job.tenant_id, changes={"state": [old, job.state]})
     publish_job(job, "job.state")
+    return job
+
+
+def job_fail(*, job: Job, reason: str) -> Job:
+    """Recovery gave up on a job (its restarts kept failing): it is Failed, with the reason on its timeline, and a
+    ``job.state`` event that the notifications send on. The caller holds the job's row lock."""
+    job.state_reason = reason[:300]
+    job.save(update_fields=["state_reason"])
+    old = _stop(job, JobState.FAILED, reason=f"the job failed: {reason}")
+    audit_record(actor=None, action="job.fail", target=job, tenant_id=job.tenant_id,
+                 changes={"state": [old, job.state], "reason": reason})
+    publish_job(job, "job.state", reason=reason)
     return job
 
 

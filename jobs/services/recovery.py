@@ -1,33 +1,51 @@
-"""The decision for a batch of new faults of one cluster: triage, ladder, cost-ranked plan, placement.
+"""The decision for a batch of new faults of one cluster, in named stages:
 
-Called by ``fault_handle`` with the cluster row locked, so it is the one placement decision of the cluster
-at this moment. Everything happens in the caller's transaction: if the worker dies mid-way nothing is kept,
-the faults stay new, and the sweep hands them out again.
+    gather → triage → plan → place → act → record
+
+Called by ``fault_handle`` with the cluster row locked, so it is the one placement decision of the cluster at
+this moment. Everything happens in the caller's transaction: if the worker dies mid-way nothing is kept, the
+faults stay new, and the sweep hands them out again.
+
+One incident, one recovery (docs/incidents.md): the faults of a decision that hit one job are answered by one
+action (the most severe decides; workers hit on several nodes restart the whole job), and a fault on a job whose
+recovery is already under way folds into it, or replaces it when that recovery no longer answers it.
 """
 
-import functools
 import math
-import operator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from controlplane import events
 from controlplane.audit import audit_entry, audit_record_many
 from controlplane.bulk import update_rows
 from fleet.choices import GPUHealth, LinkState
-from fleet.models import GPU, NIC
+from fleet.models import NIC
+from fleet.services import hardware
 from jobs import placement
 from jobs.choices import BUDGETED_KINDS, ActionKind, ActionState, FaultState, JobPhaseKind, JobState
 from jobs.models import FaultEvent, Job, JobAllocation, JobPhase, JobProgress, JobSnapshot, RecoveryAction
-from jobs.planner import JobFacts, Situation, fair_order, gpu_hours_at_stake, plan, plan_with_spare_lookup
+from jobs.planner import (
+    SPARE_KINDS,
+    WHOLE_JOB_KINDS,
+    Estimates,
+    Impact,
+    JobFacts,
+    Situation,
+    fair_order,
+    gpu_hours_at_stake,
+    plan,
+    plan_with_spare_lookup,
+)
 from jobs.services import escalation
-from jobs.services.actions import after_start, fail_action, start_through_driver
+from jobs.services.actions import ACTIVE_STATES, after_start, deadline_after, start_through_driver
 from jobs.services.common import (
-    action_payload,
     cluster_topics,
+    decision_lists,
     estimates_for,
     fault_payload,
     phase_family,
@@ -41,9 +59,79 @@ STOPS_JOB = {ActionKind.INTRA_NODE_MIGRATION, ActionKind.LIVE_MIGRATION, ActionK
              ActionKind.RESTORE_FROM_SNAPSHOT, ActionKind.RESTART_FROM_CHECKPOINT, ActionKind.NIC_FAILOVER}
 
 
+# --- gather ------------------------------------------------------------------------------------------------
+
+@dataclass
+class Context:
+    """What a decision knows of its cluster, read once: estimates, protection, the spare pool and budget."""
+
+    cluster: object
+    now: datetime
+    dry_run: bool
+    estimates: Estimates
+    supports: frozenset[str]
+    protected: bool
+    overhead: float
+    spares: placement.SparePool
+    budget: placement.Budget | None = None   # read when a recovery first needs a spare node
+    queued: int = 0                          # budgeted moves this decision queued
+    booked: set[int] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, cluster, *, dry_run: bool) -> "Context":
+        return cls(cluster=cluster, now=timezone.now(), dry_run=dry_run, estimates=estimates_for(cluster),
+                   supports=supported_operations(cluster), protected=protection_of(cluster, max_age=2.0).protected,
+                   overhead=cluster.restart_overhead_minutes * 60.0, spares=placement.SparePool(cluster))
+
+    def spare_for(self, node, gpus: int, exclude=frozenset()) -> tuple[object, float]:
+        """The spare node for a worker leaving ``node``, and the wait for the budget to move it there."""
+        if self.budget is None:
+            self.budget = placement.migration_budget(self.cluster)
+        wait = replace(self.budget, queued=self.budget.queued + self.queued).wait_seconds(self.estimates.migration_pause)
+        return self.spares.pick(near=node, gpus=gpus, exclude=self.booked | set(exclude)), wait
+
+
 def _active_allocations():
     return (JobAllocation.objects.filter(released_at__isnull=True, job__state__in=(JobState.RUNNING, JobState.RECOVERING))
             .select_related("node"))
+
+
+def _jobs_locked(job_ids) -> dict[int, Job]:
+    """The jobs, row-locked, knowing whether they have snapshots and a recovery under way."""
+    active = RecoveryAction.objects.filter(job=OuterRef("pk"), dry_run=False, state__in=ACTIVE_STATES)
+    return {job.pk: job for job in Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant")
+            .annotate(has_snapshots=Exists(JobSnapshot.objects.filter(job=OuterRef("pk"), state="succeeded")),
+                      recovering_now=Exists(active))
+            .filter(pk__in=set(job_ids)).order_by("pk")}
+
+
+def snapshots_of(jobs) -> dict[int, list[JobSnapshot]]:
+    found: dict[int, list[JobSnapshot]] = {}
+    with_snapshots = [job.pk for job in jobs if getattr(job, "has_snapshots", True)]
+    for snapshot in JobSnapshot.objects.filter(job_id__in=with_snapshots, state="succeeded") if with_snapshots else ():
+        found.setdefault(snapshot.job_id, []).append(snapshot)
+    return found
+
+
+def healthy_nics_of(node_ids) -> dict[int, list[str]]:
+    found: dict[int, list[str]] = {}
+    for node_id, name in (NIC.objects.filter(node_id__in=set(node_ids), link_state=LinkState.UP).order_by("rail")
+                          .values_list("node_id", "name")) if node_ids else ():
+        found.setdefault(node_id, []).append(name)
+    return found
+
+
+# --- triage ------------------------------------------------------------------------------------------------
+
+@dataclass
+class Hit:
+    """One job hit by one or more faults: the recovery of the job answers all of them."""
+
+    job: Job
+    fault: FaultEvent            # the most severe: the action is recorded against it
+    impact: Impact
+    allocation: JobAllocation    # the worker it hit
+    faults: list[FaultEvent] = field(default_factory=list)
 
 
 def _affected(fault: FaultEvent, impact: str, on_nodes: dict[int, list[JobAllocation]]) -> list[JobAllocation]:
@@ -52,78 +140,288 @@ def _affected(fault: FaultEvent, impact: str, on_nodes: dict[int, list[JobAlloca
         found = list(_active_allocations().filter(node__cluster_id=fault.cluster_id, node__rack=fault.rack))
     else:
         found = on_nodes.get(fault.node_id, [])
-    if impact == "device" and fault.gpu_index is not None:
+    if impact == Impact.DEVICE and fault.gpu_index is not None:
         found = [a for a in found if fault.gpu_index in a.gpu_indices]
     return found
 
 
-def _facts(job: Job, allocation: JobAllocation, impact: str, fault: FaultEvent, protected: bool,
-           overhead: float, snapshots: list[JobSnapshot]) -> tuple[JobFacts, JobSnapshot | None]:
-    at = min(fault.detected_at, timezone.now())
+def _mark_hardware(marks: list[tuple[FaultEvent, FaultVerdict]]) -> None:
+    """Record on the fleet's rows what the faults took out: the GPUs, or the NICs' links."""
+    gpus = [(fault.node_id, fault.gpu_index, GPUHealth.FAILED, verdict.explanation) for fault, verdict in marks
+            if verdict.out_of_service and fault.gpu_index is not None]
+    links: dict[str, list[tuple[int, str]]] = {}
+    for fault, verdict in marks:
+        if fault.nic_name and verdict.job_impact in (Impact.NIC, Impact.DEGRADED):
+            state = LinkState.DOWN if verdict.job_impact == Impact.NIC else LinkState.DEGRADED
+            links.setdefault(state, []).append((fault.node_id, fault.nic_name))
+    if gpus:
+        hardware.gpus_mark(marks=gpus)
+    for state, which in sorted(links.items()):
+        hardware.nic_links_set(links=which, state=state)
+
+
+def group_hits(pairs: list[tuple[FaultEvent, Impact, JobAllocation]], jobs: dict[int, Job],
+               outcome: dict[int, list[str]]) -> list[Hit]:
+    """One Hit per job from the (fault, impact, allocation) pairs of a decision. The most severe pair decides;
+    workers hit on two or more nodes make it a whole-job restart. Faults that do not decide are noted as folded."""
+    by_job: dict[int, list[tuple[FaultEvent, Impact, JobAllocation]]] = {}
+    for pair in pairs:
+        by_job.setdefault(pair[2].job_id, []).append(pair)
+    hits = []
+    for job_id, mine in by_job.items():
+        mine.sort(key=lambda p: (p[1].rank, p[0].received_at, p[0].pk))
+        fault, impact, allocation = mine[0]
+        stopped_nodes = {p[2].node_id for p in mine if p[1].stops_job}
+        if len(stopped_nodes) > 1:
+            impact = Impact.RESTART
+        faults = list({p[0].pk: p[0] for p in mine}.values())
+        for other in faults:
+            if other.pk != fault.pk:
+                outcome[other.pk].append(f"job {job_id}: folded into its recovery for fault {fault.pk}")
+        hits.append(Hit(job=jobs[job_id], fault=fault, impact=impact, allocation=allocation, faults=faults))
+    return hits
+
+
+def covers(active: RecoveryAction, hit: Hit) -> bool:
+    """Whether a recovery under way already answers a new hit of its job: a whole-job restart answers anything;
+    a move off a node answers anything on that node; otherwise only a hit no more severe than the one it answers.
+    A fault that does not stop the job never interrupts a recovery."""
+    if not hit.impact.stops_job or active.kind in WHOLE_JOB_KINDS:
+        return True
+    if hit.allocation.node_id != active.node_id:
+        return False
+    if active.kind == ActionKind.LIVE_MIGRATION or (active.kind == ActionKind.PROACTIVE_MIGRATION
+                                                    and active.state == ActionState.RUNNING):
+        return True
+    return Impact(active.impact or Impact.NONE).rank <= hit.impact.rank
+
+
+# --- plan and place ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Retry:
+    """What a new attempt carries over from the one it replaces (failed, timed out or superseded)."""
+
+    previous: RecoveryAction
+    excluded: frozenset[str] = frozenset()     # kinds that failed for this recovery
+    spare_exclude: frozenset[int] = frozenset()  # spares already tried
+    retry_at: datetime | None = None
+
+
+def _facts(job: Job, allocation: JobAllocation, impact: Impact, fault: FaultEvent, protected: bool,
+           overhead: float, snapshots: list[JobSnapshot], now) -> tuple[JobFacts, JobSnapshot | None]:
+    at = min(fault.detected_at, now)
     iteration = job.iteration_now(at)
     checkpoint = job.checkpoint_iteration_now(at)
     since_checkpoint = max(0, iteration - checkpoint) * job.seconds_per_iteration
     usable = [s for s in snapshots if checkpoint < s.iteration <= iteration]
     snapshot = max(usable, key=lambda s: s.iteration) if usable else None
     since_snapshot = (iteration - snapshot.iteration) * job.seconds_per_iteration if snapshot else None
-    affected = 1 if impact == "device" else allocation.gpu_count
+    affected = 1 if impact == Impact.DEVICE else allocation.gpu_count
     return JobFacts(gpus=job.gpus, gpus_affected=affected, seconds_since_checkpoint=since_checkpoint,
                     protected=protected, restart_overhead_seconds=overhead, seconds_since_snapshot=since_snapshot), snapshot
 
 
-def _mark_hardware(marks: list[tuple[FaultEvent, FaultVerdict]]) -> None:
-    """Record on the fleet's rows what the faults took out: the GPUs, or the NICs' links (the links in one
-    statement per new state)."""
-    links: dict[str, list[Q]] = {}
-    for fault, verdict in marks:
-        if verdict.out_of_service and fault.gpu_index is not None:
-            GPU.objects.filter(node_id=fault.node_id, index=fault.gpu_index).update(
-                health=GPUHealth.FAILED, health_reason=verdict.explanation[:300])
-        if fault.nic_name and verdict.job_impact in ("nic", "degraded"):
-            state = LinkState.DOWN if verdict.job_impact == "nic" else LinkState.DEGRADED
-            links.setdefault(state, []).append(Q(node_id=fault.node_id, name=fault.nic_name))
-    for state, which in sorted(links.items()):
-        NIC.objects.filter(functools.reduce(operator.or_, which)).update(link_state=state)
+def plan_hit(ctx: Context, hit: Hit, *, snapshots: list[JobSnapshot], healthy_nics: list[str],
+             retry: Retry | None = None) -> tuple[RecoveryAction | None, str]:
+    """Plan and place the one recovery for a hit (not yet written): the cheapest feasible option, its spare, GPU,
+    NIC or restore point. With ``retry`` it is the next attempt of a recovery: the kinds that failed are out, and
+    it keeps the recovery's clock and baseline. Returns the action (None when nothing needs doing) and a note."""
+    job, fault, allocation = hit.job, hit.fault, hit.allocation
+    node, now = allocation.node, ctx.now
+    facts, snapshot = _facts(job, allocation, hit.impact, fault, ctx.protected, ctx.overhead, snapshots, now)
+    stake = gpu_hours_at_stake(facts)
+    spare_gpus = placement.spare_gpus_on_node(node) if hit.impact == Impact.DEVICE and facts.protected else []
+    spare_nic = next((n for n in healthy_nics if n != fault.nic_name), None)
+    situation = Situation(impact=hit.impact, healthy_nic=spare_nic is not None, spare_gpus_on_node=len(spare_gpus),
+                          gpu_reset=(fault.triage or {}).get("remediation") == "gpu_reset",
+                          risk=max(node.risk_score, 0.5), supports=ctx.supports,
+                          excluded=retry.excluded if retry else frozenset())
+    found = []
+
+    def look_up() -> tuple[bool, float]:
+        spare, wait = ctx.spare_for(node, allocation.gpu_count, exclude=retry.spare_exclude if retry else frozenset())
+        found.append(spare)
+        return spare is not None and wait != math.inf, min(wait, 1e9)
+
+    if hit.impact in (Impact.DEVICE, Impact.NODE, Impact.NIC, Impact.RISK) and facts.protected:
+        # The spare pool is read only when a spare could beat the recoveries that need none.
+        decision, _ = plan_with_spare_lookup(facts, situation, ctx.estimates, look_up)
+    else:
+        decision = plan(facts, situation, ctx.estimates)
+    if decision.chosen is None:
+        why = decision.options[0].why if decision.options else "no action needed"
+        return None, f"job {job.pk}: {why}"
+    chosen = decision.chosen
+    action = RecoveryAction(
+        fault=fault, incident_id=fault.incident_id, job=job, cluster=ctx.cluster, kind=chosen.kind, impact=hit.impact,
+        dry_run=ctx.dry_run, node=node, detected_at=fault.detected_at, planned_at=now, gpus=job.gpus,
+        pause_seconds=chosen.pause_seconds, work_lost_seconds=chosen.work_lost_seconds,
+        degraded_seconds=chosen.degraded_seconds, slowdown=chosen.slowdown, gpu_hours_lost=chosen.gpu_hours_lost,
+        gpu_hours_baseline=decision.baseline, gpu_hours_saved=decision.baseline - chosen.gpu_hours_lost,
+        gpu_hours_at_stake=stake, reason=decision.reason, alternatives=[o.as_dict() for o in decision.options],
+        gpu_index=fault.gpu_index, nic_name=fault.nic_name,
+        deadline_at=now + deadline_after(chosen.pause_seconds), risk_score=situation.risk)
+    if retry is not None:
+        # One recovery, one clock and one baseline: the attempt it replaces booked them.
+        previous = retry.previous
+        action.previous, action.attempt, action.detected_at = previous, previous.attempt + 1, previous.detected_at
+        action.gpu_hours_baseline = previous.gpu_hours_baseline
+        action.gpu_hours_saved = action.gpu_hours_baseline - action.gpu_hours_lost
+        action.retry_at = retry.retry_at
+        if retry.retry_at:
+            action.deadline_at = retry.retry_at + deadline_after(chosen.pause_seconds)
+        action.reason = f"attempt {action.attempt}, after {previous.kind} (action {previous.pk}) ended: {action.reason}"
+    _place(ctx, action, chosen.kind, spare=found[0] if found else None, spare_gpus=spare_gpus, spare_nic=spare_nic,
+           snapshot=snapshot)
+    return action, f"job {job.pk}: {chosen.kind}" + (" (dry run)" if ctx.dry_run else "")
 
 
-def decision_lists(cluster, created: list[RecoveryAction], started: set[int]) -> list[events.Item]:
-    """A decision's actions as ``actions.decided`` lists (see ``action_lists``)."""
-    if not created:
-        return []
-    payloads = []
+def _place(ctx: Context, action: RecoveryAction, kind: str, *, spare, spare_gpus, spare_nic, snapshot) -> None:
+    """Where the chosen recovery goes: the spare node, the spare GPU, the healthy NIC or the restore point."""
+    if kind in SPARE_KINDS:
+        action.to_node = spare
+        ctx.booked.add(spare.pk)
+    if kind in BUDGETED_KINDS:
+        ctx.queued += 1
+    if kind == ActionKind.INTRA_NODE_MIGRATION:
+        action.to_node, action.to_gpu_index = action.node, spare_gpus[0]
+    if kind == ActionKind.NIC_FAILOVER:
+        action.to_nic_name = spare_nic
+    if kind == ActionKind.RESTORE_FROM_SNAPSHOT:
+        action.snapshot, action.restore_iteration = snapshot, snapshot.iteration
+    if kind in (ActionKind.RESTART_FROM_CHECKPOINT, ActionKind.GPU_RESET):
+        at = min(action.fault.detected_at, ctx.now)
+        action.restore_iteration = action.job.checkpoint_iteration_now(at)
+        if kind == ActionKind.GPU_RESET and snapshot is not None:
+            action.snapshot, action.restore_iteration = snapshot, snapshot.iteration
+
+
+def booking_of(action: RecoveryAction) -> tuple[RecoveryAction, object, int | None] | None:
+    """The spare an action books (a whole node, or one GPU for an intra-node move); dry runs book nothing."""
+    if action.dry_run or not action.to_node_id:
+        return None
+    if action.kind == ActionKind.INTRA_NODE_MIGRATION:
+        return action, action.node, action.to_gpu_index
+    return action, action.to_node, None
+
+
+def supersede(active: list[RecoveryAction], reasons: dict[int, str]) -> None:
+    """End recoveries that a new fault replaces: failed, "superseded by …", their spares back in the pool, their
+    baseline passed on to the attempt that replaces them (booked once per recovery)."""
+    from jobs.services.actions import fail_many
+
+    fail_many(active, reasons, baseline_moves=True)
+
+
+# --- the decision ------------------------------------------------------------------------------------------
+
+def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
+    """Plan (and, unless dry-run, start) one recovery per affected job; close the faults. Returns action ids."""
+    ctx = Context.of(cluster, dry_run=dry_run)
+    now, tenant_id = ctx.now, cluster.dedicated_tenant_id
+    # gather. Lock the faulty nodes before anything publishes: node services lock them too, and a transaction must
+    # not wait for a row lock while it holds its topics' event-sequence rows (placement.immediate_constraints).
+    nodes = placement.lock_nodes({fault.node_id for fault in faults})
+    for fault in faults:
+        fault.node = nodes[fault.node_id]
+    verdicts = {fault.pk: FaultVerdict(**fault.triage) if fault.triage else FaultVerdict("none", False, True, True, "")
+                for fault in faults}
+    ladders = escalation.ladders_for([f.node_id for f in faults if verdicts[f.pk].escalates or verdicts[f.pk].out_of_service])
+    on_nodes: dict[int, list[JobAllocation]] = {}
+    for allocation in _active_allocations().filter(node_id__in={f.node_id for f in faults}):
+        on_nodes.setdefault(allocation.node_id, []).append(allocation)
+    # triage
+    if not dry_run:
+        _mark_hardware([(fault, verdicts[fault.pk]) for fault in faults])
+    pairs: list[tuple[FaultEvent, Impact, JobAllocation]] = []
+    outcome: dict[int, list[str]] = {}
+    strikes: list = []
+    for fault in faults:
+        verdict = verdicts[fault.pk]
+        impact = Impact(verdict.job_impact)
+        step = escalation.on_fault(fault=fault, verdict=verdict, cluster=cluster, dry_run=dry_run, ladders=ladders,
+                                   strikes=strikes)
+        outcome[fault.pk] = [step.text] if step.text else []
+        if impact == Impact.NONE and step.quarantined:
+            impact = Impact.RISK    # repeated non-fatal faults: move protected jobs off before the node fails
+        if impact == Impact.NONE:
+            continue
+        pairs.extend((fault, impact, allocation) for allocation in _affected(fault, impact, on_nodes))
+    update_rows(strikes, escalation.STRIKE_FIELDS)
+    jobs = _jobs_locked(p[2].job_id for p in pairs)
+    hits = group_hits(pairs, jobs, outcome)
+    # A job already recovering: the new fault folds into that recovery, or replaces it (superseded).
+    active = {action.job_id: action for action in RecoveryAction.objects.select_for_update(of=("self",), no_key=True)
+              .filter(job_id__in=[pk for pk, job in jobs.items() if job.recovering_now], dry_run=False,
+                      state__in=ACTIVE_STATES)} if not dry_run and any(j.recovering_now for j in jobs.values()) else {}
+    retries: dict[int, Retry] = {}
+    replaced: dict[int, str] = {}
+    for hit in list(hits):
+        running = active.get(hit.job.pk)
+        if running is None:
+            continue
+        if covers(running, hit):
+            outcome[hit.fault.pk].append(f"job {hit.job.pk}: folded into its {running.kind} (action {running.pk})")
+            hits.remove(hit)
+            continue
+        if hit.allocation.node_id != running.node_id:
+            hit.impact = Impact.RESTART     # workers on two nodes are hit now: the whole job restarts
+        retries[hit.job.pk] = Retry(previous=running)
+        replaced[running.pk] = f"superseded by fault {hit.fault.pk} ({hit.fault.kind} on {hit.fault.node.hostname})"
+    supersede([a for a in active.values() if a.pk in replaced], replaced)
+    # plan and place: spares go first to the jobs with the most GPU-hours at stake, shared between tenants by tier.
+    snapshots = snapshots_of(jobs.values())
+    nics = healthy_nics_of({h.allocation.node_id for h in hits if h.impact in (Impact.NIC, Impact.DEGRADED)})
+    stakes = [gpu_hours_at_stake(_facts(h.job, h.allocation, h.impact, h.fault, ctx.protected, ctx.overhead,
+                                        snapshots.get(h.job.pk, []), now)[0]) for h in hits]
+    ordered = fair_order([(h.job.tenant_id, h.job.tenant.tier, stakes[i], i) for i, h in enumerate(hits)])
+    created: list[RecoveryAction] = []
+    recovering: list[tuple[Job, str]] = []
+    for index in ordered:
+        hit = hits[index]
+        action, note = plan_hit(ctx, hit, snapshots=snapshots.get(hit.job.pk, []),
+                                healthy_nics=nics.get(hit.allocation.node_id, []), retry=retries.get(hit.job.pk))
+        outcome[hit.fault.pk].append(note + (f" (replaces action {retries[hit.job.pk].previous.pk})"
+                                             if action and hit.job.pk in retries else ""))
+        if action is None:
+            continue
+        job = hit.job
+        if not dry_run and action.kind in STOPS_JOB and job.state == JobState.RUNNING:
+            job.iteration, job.iteration_at = job.iteration_now(now), now
+            job.state = JobState.RECOVERING
+            recovering.append((job, f"{hit.fault.kind} → {action.kind}"))
+        created.append(action)
+    refused = act(ctx, created) if not dry_run else []
+    record(ctx, faults=faults, created=created, refused=refused, recovering=recovering, outcome=outcome,
+           tenant_id=tenant_id)
+    return [action.pk for action in created]
+
+
+# --- act ---------------------------------------------------------------------------------------------------
+
+def act(ctx: Context, created: list[RecoveryAction]) -> list[RecoveryAction]:
+    """Start the decided actions through the driver, highest stake first, before they are written: an action the
+    driver started is written running. Migrations over the budget stay planned and start from beat as room frees;
+    a retry waiting out its back-off stays planned too. A proactive migration first takes a snapshot: a fresh
+    restore point if the move goes wrong. Returns those the driver refused (``error`` says why)."""
     for action in created:
-        kind = "action.started" if action.pk in started else "action.planned"
-        payloads.append((action, {**action_payload(action), "event": kind}))
-    return action_lists(cluster.pk, payloads, "actions.decided", "decided")
-
-
-def action_lists(cluster_id: int, payloads: list, kind: str, verb: str) -> list[events.Item]:
-    """Events listing a batch of actions: all of them on the cluster's and the fleet's topics, each tenant's own
-    on that tenant's topic, and each job's own on the job's topic (no tenant ever sees another's). Fewer, larger
-    events, all written by one ``publish_many``: the topics' shared sequence rows are taken once, together, in
-    one global order, and held only for the moment before COMMIT."""
-    every = [p for _, p in payloads]
-    items: list[events.Item] = [
-        ([events.topic("cluster", cluster_id), events.topic("fleet")], kind,
-         {"actions": every, "cluster": cluster_id, "summary": f"{len(every)} recovery action(s) {verb}"},
-         f"/api/v1/actions/?cluster={cluster_id}")]
-    by_tenant: dict[int, list] = {}
-    by_job: dict[int, list] = {}
-    for action, payload in payloads:
-        by_tenant.setdefault(action.job.tenant_id, []).append(payload)
-        by_job.setdefault(action.job_id, []).append(payload)
-    for tenant_id, mine in sorted(by_tenant.items()):
-        items.append(([events.topic("tenant", tenant_id)], kind,
-                      {"actions": mine, "summary": f"{len(mine)} recovery action(s) {verb}"}, "/api/v1/actions/"))
-    for job_id, mine in sorted(by_job.items()):
-        items.append(([events.topic("job", job_id)], kind,
-                      {"actions": mine, "summary": f"{len(mine)} recovery action(s) {verb}"},
-                      f"/api/v1/actions/?job={job_id}"))
-    return items
+        if action.kind == ActionKind.PROACTIVE_MIGRATION:
+            _snapshot_first(action.job)
+    budget = None
+    if any(action.kind in BUDGETED_KINDS for action in created):
+        read = ctx.budget or placement.migration_budget(ctx.cluster)
+        budget = replace(read, leaf_running=dict(read.leaf_running))   # starting counts in it: a copy
+    refused = []
+    for action in sorted(created, key=lambda a: -a.gpu_hours_at_stake):
+        if action.retry_at and action.retry_at > ctx.now:
+            continue
+        if start_through_driver(action, ctx.cluster, budget, taken=ctx.booked) == "refused":
+            refused.append(action)
+    return refused
 
 
 def _snapshot_first(job: Job) -> None:
-    """Before a proactive migration, take a platform snapshot: a fresh restore point if the move goes wrong."""
     from controlplane.errors import ServiceError
     from jobs.choices import SnapshotReason
     from jobs.services.snapshots import snapshot_take
@@ -135,193 +433,53 @@ def _snapshot_first(job: Job) -> None:
         pass    # not running, not protected, or one already running: the migration goes ahead regardless
 
 
-def _close(fault: FaultEvent, state: str, reason: str, at) -> None:
-    """Set a fault's outcome (the caller writes it)."""
-    fault.state = state
-    fault.state_reason = reason[:300]
-    fault.handled_at = at
+# --- record ------------------------------------------------------------------------------------------------
 
+def record(ctx: Context, *, faults: list[FaultEvent], created: list[RecoveryAction], refused: list[RecoveryAction],
+           recovering: list[tuple[Job, str]], outcome: dict[int, list[str]], tenant_id) -> None:
+    """Write the decision together, one statement a table: the actions, their bookings (the unique constraint
+    still refuses a spare booked twice), the jobs they stop, audit entries, the faults' outcomes, phases; then
+    fail the ones the driver refused (each falls back) and publish."""
+    from jobs.services.fallback import fail_and_fall_back
 
-def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
-    """Plan (and, unless dry-run, start) one recovery per affected job and fault; close the faults."""
-    now = timezone.now()
-    est = estimates_for(cluster)
-    supports = supported_operations(cluster)
-    protection = protection_of(cluster, max_age=2.0)
-    overhead = cluster.restart_overhead_minutes * 60.0
-    tenant_id = cluster.dedicated_tenant_id
-    # Lock the faulty nodes before anything publishes: node services lock them too, and a transaction must not
-    # wait for a row lock while it holds its topics' event-sequence rows (see placement.immediate_constraints).
-    nodes = placement.lock_nodes({fault.node_id for fault in faults})
-    for fault in faults:
-        fault.node = nodes[fault.node_id]
-    verdicts = {fault.pk: FaultVerdict(**fault.triage) if fault.triage else FaultVerdict("none", False, True, True, "")
-                for fault in faults}
-    ladders = escalation.ladders_for([f.node_id for f in faults if verdicts[f.pk].escalates or verdicts[f.pk].out_of_service])
-    on_nodes: dict[int, list[JobAllocation]] = {}
-    for allocation in _active_allocations().filter(node_id__in={f.node_id for f in faults}):
-        on_nodes.setdefault(allocation.node_id, []).append(allocation)
-    if not dry_run:
-        _mark_hardware([(fault, verdicts[fault.pk]) for fault in faults])
-    pairs = []
-    outcome: dict[int, list[str]] = {}
-    strikes: list = []
-    for fault in faults:
-        verdict = verdicts[fault.pk]
-        impact = verdict.job_impact
-        ladder = escalation.on_fault(fault=fault, verdict=verdict, cluster=cluster, dry_run=dry_run, ladders=ladders,
-                                     strikes=strikes)
-        outcome[fault.pk] = [ladder] if ladder else []
-        if impact == "none" and ladder.startswith("quarantined"):
-            impact = "risk"     # repeated non-fatal faults: move protected jobs off before the node fails
-        if impact == "none":
-            continue
-        for allocation in _affected(fault, impact, on_nodes):
-            pairs.append((fault, impact, allocation))
-    update_rows(strikes, escalation.STRIKE_FIELDS)
-    # No fault here has an action yet: the faults are new and row-locked, and a fault's actions are written only
-    # in the transaction that closes it (nothing reopens a fault). The unique constraint on (fault, job) stands
-    # behind that: a second action for a pair would roll the whole decision back.
-    jobs = {job.pk: job for job in Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant")
-            .annotate(has_snapshots=Exists(JobSnapshot.objects.filter(job=OuterRef("pk"), state="succeeded")))
-            .filter(pk__in={p[2].job_id for p in pairs}).order_by("pk")}
-    snapshots: dict[int, list[JobSnapshot]] = {}
-    with_snapshots = [pk for pk, job in jobs.items() if job.has_snapshots]
-    for snapshot in JobSnapshot.objects.filter(job_id__in=with_snapshots, state="succeeded") if with_snapshots else ():
-        snapshots.setdefault(snapshot.job_id, []).append(snapshot)
-    up_nics: dict[int, list[str]] = {}
-    for node_id, name in (NIC.objects.filter(node_id__in={p[2].node_id for p in pairs if p[1] in ("nic", "degraded")},
-                                             link_state=LinkState.UP).order_by("rail").values_list("node_id", "name")):
-        up_nics.setdefault(node_id, []).append(name)
-    priced = []
-    for fault, impact, allocation in pairs:
-        job = jobs[allocation.job_id]
-        facts, snapshot = _facts(job, allocation, impact, fault, protection.protected, overhead, snapshots.get(job.pk, []))
-        priced.append((fault, impact, allocation, job, facts, snapshot, gpu_hours_at_stake(facts)))
-    # Spares go first to the jobs with the most GPU-hours at stake, shared between tenants by tier.
-    ordered = fair_order([(p[3].tenant_id, p[3].tenant.tier, p[6], i) for i, p in enumerate(priced)])
-    spares = placement.SparePool(cluster)
-    budgets: list[placement.Budget] = []   # the migration budget, read when a recovery first needs a spare node
-    queued = 0                             # budgeted moves this decision queued
-    booked: set[int] = set()
-    created: list[RecoveryAction] = []
-    bookings: list[tuple[RecoveryAction, object]] = []
-    recovering: list[tuple[Job, str]] = []
-
-    def spare_for(node, gpus: int) -> tuple[object, float]:
-        """The spare node for a worker leaving ``node``, and the wait for the budget to move it there."""
-        if not budgets:
-            budgets.append(placement.migration_budget(cluster))
-        budget = budgets[0]
-        wait = replace(budget, queued=budget.queued + queued).wait_seconds(est.migration_pause)
-        return spares.pick(near=node, gpus=gpus, exclude=booked), wait
-
-    for index in ordered:
-        fault, impact, allocation, job, facts, snapshot, stake = priced[index]
-        node = allocation.node
-        spare_gpus = placement.spare_gpus_on_node(node) if impact == "device" and facts.protected else []
-        spare_nic = next((n for n in up_nics.get(node.pk, []) if n != fault.nic_name), None)
-        situation = Situation(impact=impact, healthy_nic=spare_nic is not None, spare_gpus_on_node=len(spare_gpus),
-                              gpu_reset=(fault.triage or {}).get("remediation") == "gpu_reset",
-                              risk=max(node.risk_score, 0.5), supports=supports)
-        found = []
-
-        def look_up(node=node, gpus=allocation.gpu_count, found=found) -> tuple[bool, float]:
-            spare, wait = spare_for(node, gpus)
-            found.append(spare)
-            return spare is not None and wait != math.inf, min(wait, 1e9)
-
-        if impact in ("device", "node", "nic", "risk") and facts.protected:
-            # The spare pool is read only when a spare could beat the recoveries that need none.
-            decision, _ = plan_with_spare_lookup(facts, situation, est, look_up)
-        else:
-            decision = plan(facts, situation, est)
-        spare = found[0] if found else None
-        if decision.chosen is None:
-            outcome[fault.pk].append(f"job {job.pk}: {decision.options[0].why if decision.options else 'nothing to do'}"
-                                     if decision.options else f"job {job.pk}: no action needed")
-            continue
-        chosen = decision.chosen
-        action = RecoveryAction(
-            fault=fault, job=job, cluster=cluster, kind=chosen.kind, dry_run=dry_run, node=node,
-            detected_at=fault.detected_at, planned_at=now, gpus=job.gpus, pause_seconds=chosen.pause_seconds,
-            work_lost_seconds=chosen.work_lost_seconds, degraded_seconds=chosen.degraded_seconds,
-            slowdown=chosen.slowdown, gpu_hours_lost=chosen.gpu_hours_lost, gpu_hours_baseline=decision.baseline,
-            gpu_hours_saved=decision.baseline - chosen.gpu_hours_lost, gpu_hours_at_stake=stake,
-            reason=decision.reason, alternatives=[o.as_dict() for o in decision.options],
-            gpu_index=fault.gpu_index, nic_name=fault.nic_name,
-        )
-        if chosen.kind in (ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION):
-            action.to_node = spare
-        if chosen.kind == ActionKind.INTRA_NODE_MIGRATION:
-            action.to_node, action.to_gpu_index = node, spare_gpus[0]
-        if chosen.kind == ActionKind.NIC_FAILOVER:
-            action.to_nic_name = spare_nic
-        if chosen.kind == ActionKind.RESTORE_FROM_SNAPSHOT:
-            action.snapshot, action.restore_iteration = snapshot, snapshot.iteration
-        if chosen.kind == ActionKind.RESTART_FROM_CHECKPOINT:
-            action.restore_iteration = job.checkpoint_iteration_now(min(fault.detected_at, now))
-        bookings.append((action, spare if chosen.kind != ActionKind.INTRA_NODE_MIGRATION else node))
-        if action.to_node_id and chosen.kind != ActionKind.INTRA_NODE_MIGRATION:
-            booked.add(spare.pk)
-        if chosen.kind in BUDGETED_KINDS:
-            queued += 1
-        if not dry_run and chosen.kind in STOPS_JOB and job.state == JobState.RUNNING:
-            job.iteration, job.iteration_at = job.iteration_now(now), now
-            job.state = JobState.RECOVERING
-            recovering.append((job, f"{fault.kind} → {chosen.kind}"))
-        outcome[fault.pk].append(f"job {job.pk}: {chosen.kind}" + (" (dry run)" if dry_run else ""))
-        created.append(action)
-    # Start them, highest stake first, before writing them: an action the driver started is written running.
-    # Migrations over the budget stay planned and start from beat as room frees. A proactive migration first
-    # takes a snapshot: a fresh restore point if the move goes wrong.
-    refused: list[RecoveryAction] = []
-    if not dry_run:
-        for action in created:
-            if action.kind == ActionKind.PROACTIVE_MIGRATION:
-                _snapshot_first(action.job)
-        budget = None
-        if any(action.kind in BUDGETED_KINDS for action in created):
-            read = budgets[0] if budgets else placement.migration_budget(cluster)
-            budget = replace(read, leaf_running=dict(read.leaf_running))   # starting counts in it: a copy
-        for action in sorted(created, key=lambda a: -a.gpu_hours_at_stake):
-            if start_through_driver(action, cluster, budget) == "refused":
-                refused.append(action)
-    # Written together: the actions, their bookings (the unique constraint still refuses a spare booked twice),
-    # the jobs they stop, their audit entries and the faults' outcomes, one statement each.
     RecoveryAction.objects.bulk_create(created)
-    placement.book_many([(action, node, action.to_gpu_index if action.kind == ActionKind.INTRA_NODE_MIGRATION else None)
-                         for action, node in bookings if action.to_node_id])
+    placement.book_many([b for b in map(booking_of, created) if b])
     update_rows([job for job, _ in recovering], ["iteration", "iteration_at", "state"])
     audit_record_many([audit_entry(actor=None, action="recovery.plan", target=action, tenant_id=action.job.tenant_id,
-                                   changes={"kind": action.kind, "dry_run": dry_run, "fault": action.fault_id})
+                                   changes={"kind": action.kind, "dry_run": ctx.dry_run, "fault": action.fault_id,
+                                            "attempt": action.attempt})
                        for action in created])
     for fault in faults:
-        notes = outcome.get(fault.pk) or []
+        notes = [note for note in outcome.get(fault.pk) or [] if note]
         ignore = (fault.triage or {}).get("ignore") or not notes
         text = "; ".join(notes) or "no job affected; nothing to do"
         if (fault.triage or {}).get("ignore"):
             text = f"the catalogue says {fault.triage.get('recommended_action')}: " + text
-        _close(fault, FaultState.IGNORED if ignore else FaultState.HANDLED, text, now)
+        fault.state = FaultState.IGNORED if ignore else FaultState.HANDLED
+        fault.state_reason, fault.handled_at = text[:300], ctx.now
     update_rows(faults, ["state", "state_reason", "handled_at"])
-    for action in refused:
-        fail_action(action, action.error)
-    started = {action.pk for action in created if action.state == ActionState.RUNNING}
+    running = {action.pk for action in created if action.state == ActionState.RUNNING}
     for action in created:
-        if action.pk in started:
+        if action.pk in running:
             after_start(action)
     if recovering:
-        phases_switch(at=now, ended=[(j.pk, phase_family(JobPhaseKind.RECOVERING)) for j, _ in recovering],
-                      started=[JobPhase(job=j, kind=JobPhaseKind.RECOVERING, started_at=now, reason=why[:200])
+        phases_switch(at=ctx.now, ended=[(j.pk, phase_family(JobPhaseKind.RECOVERING)) for j, _ in recovering],
+                      started=[JobPhase(job=j, kind=JobPhaseKind.RECOVERING, started_at=ctx.now, reason=why[:200])
                                for j, why in recovering],
-                      progress=[JobProgress(job=j, at=now, iteration=j.iteration) for j, _ in recovering])
+                      progress=[JobProgress(job=j, at=ctx.now, iteration=j.iteration) for j, _ in recovering])
+    if refused:
+        fail_and_fall_back(ctx.cluster, [(action, action.error) for action in refused])
     # Publishing is the last statement before COMMIT: the topics' sequence rows it takes are shared by every
     # writer (fleet, cluster-<id>), so they are held only for that moment. The actions' events say what was
     # decided (started, or planned when dry-run or waiting) and carry their faults' state; a fault answered by
     # no action gets a fault.handled event of its own.
     answered = {action.fault_id for action in created}
-    items = decision_lists(cluster, created, started)
+    items = decision_lists(ctx.cluster, created, running)
     items += [(cluster_topics(fault.cluster_id, tenant_id), "fault.handled", fault_payload(fault),
                f"/api/v1/faults/{fault.pk}/") for fault in faults if fault.pk not in answered]
     events.publish_many(items)
-    return [action.pk for action in created]
+
+
+def retry_backoff(attempt: int) -> timedelta:
+    """How long the n-th retry of a failed restart waits (doubling from RECOVERY_RETRY_BACKOFF_SECONDS)."""
+    return timedelta(seconds=settings.RECOVERY_RETRY_BACKOFF_SECONDS * 2 ** max(0, attempt - 1))

@@ -8,6 +8,7 @@ otherwise; precision, recall and lead time are computed from these records.
 """
 
 import logging
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from datetime import timedelta
 import redis
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from fleet.models import Cluster, Node
@@ -186,3 +187,16 @@ def prediction_metrics(*, since_days: float = 30.0, now=None) -> dict:
         "failures": total_failures,
         "lead_time_median_seconds": round(statistics.median(leads), 1) if leads else None,
     }
+
+
+def precision_in_band(score: float) -> tuple[float, int, str] | None:
+    """jobs.hooks precision provider: the share of judged predictions with a score in ``score``'s band (tenths)
+    that came true, how many were judged, and the band in words; None when none was judged."""
+    low = min(0.9, math.floor(max(0.0, score) * 10) / 10)
+    judged = Prediction.objects.exclude(outcome=Prediction.Outcome.OPEN).filter(score__gte=low)
+    if low < 0.9:
+        judged = judged.filter(score__lt=low + 0.1)
+    counts = judged.aggregate(n=Count("id"), true=Count("id", filter=Q(outcome=Prediction.Outcome.FAILED)))
+    if not counts["n"]:
+        return None
+    return counts["true"] / counts["n"], counts["n"], f"{low:.1f}–{min(1.0, low + 0.1):.1f}"

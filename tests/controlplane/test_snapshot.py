@@ -12,7 +12,7 @@ from controlplane.models import AuditEntry
 from fleet.models import Fleet
 from jobs.choices import ActionState
 from jobs.models import RecoveryAction
-from jobs.services.actions import recovery_advance
+from jobs.services.advance import recovery_advance
 from jobs.services.faults import fault_handle
 from tests.conftest import make_user, token_header
 from tests.fleet_factories import make_fleet

@@ -4,7 +4,7 @@ import pytest
 from django.urls import reverse
 
 from jobs.models import FaultEvent, Job, RecoveryAction
-from jobs.services.actions import recovery_advance
+from jobs.services.advance import recovery_advance
 from jobs.services.faults import fault_handle
 from tests.jobs.helpers import protected_cluster, submit
 from tests.jobs.test_recovery import INSTANT, node_of

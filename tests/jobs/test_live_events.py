@@ -6,7 +6,7 @@ from channels.testing import WebsocketCommunicator
 
 from controlplane.asgi import application
 from controlplane.models import Event
-from jobs.services.actions import recovery_advance
+from jobs.services.advance import recovery_advance
 from jobs.services.faults import fault_handle, fault_ingest
 from tests.conftest import token_header
 from tests.jobs.helpers import protected_cluster, submit

@@ -9,7 +9,7 @@ from fleet.choices import AutomationMode, GPUHealth, LinkState, NodeState
 from fleet.models import GPU, NIC, Node, SimulatedOperation
 from jobs.choices import ActionKind, ActionState, EscalationStage, FaultState, JobState
 from jobs.models import FaultEvent, JobAllocation, NodeEscalation, RecoveryAction, SpareBooking
-from jobs.services.actions import recovery_advance
+from jobs.services.advance import recovery_advance
 from jobs.services.faults import fault_handle, fault_ingest
 from jobs.services.snapshots import snapshot_take
 from tests.fleet_factories import make_cluster

@@ -1,20 +1,22 @@
 """The storm, with a real prefork Celery worker against PostgreSQL: 64 of 1,024 nodes fail within one second,
-32 spares, a budget of 8 concurrent migrations (4 per leaf switch)."""
+32 spares, a budget of 8 concurrent migrations (4 per leaf switch), and some of the migrations fail."""
 
+import itertools
 import threading
 import time
 from datetime import timedelta
 
 import pytest
-from django.db import close_old_connections, connection, connections
+from django.db import close_old_connections, connection
 from django.db.models import Count
 from django.utils import timezone
 
 from controlplane.testing.processes import celery_worker, wait_for
 from fleet.choices import NodeState
+from fleet.drivers.simulated import fail_next_recovery
 from jobs.choices import ActionKind, ActionState, FaultState, JobState
 from jobs.models import FaultEvent, Job, JobAllocation, RecoveryAction, SpareBooking
-from jobs.services.actions import recovery_advance
+from jobs.services.advance import recovery_advance
 from jobs.services.faults import fault_ingest, fault_sweep
 from tests.fleet_factories import make_cluster, make_fleet
 from tests.jobs.helpers import bulk_nodes, protect
@@ -53,8 +55,22 @@ def max_overlap(intervals):
     return peak
 
 
-def test_storm_books_each_spare_once_keeps_the_budget_and_restarts_the_rest(tmp_path, tenant_a):
+def overlapping(intervals) -> bool:
+    """Whether any two (start, end or None) intervals overlap."""
+    ordered = sorted((start, end or timezone.now()) for start, end in intervals)
+    return any(later[0] < earlier[1] for earlier, later in itertools.pairwise(ordered))
+
+
+# Short back-offs, so the restarts that find no healthy node give up within the test (in the worker and here).
+RETRIES = {"RECOVERY_RESTART_RETRIES": 1, "RECOVERY_RETRY_BACKOFF_SECONDS": 0.2}
+FAILING_MIGRATIONS = 4
+
+
+def test_storm_books_each_spare_once_keeps_the_budget_and_every_recovery_ends(tmp_path, tenant_a, settings):
+    for name, value in RETRIES.items():
+        setattr(settings, name, value)
     cluster, jobs, nodes = build(tenant_a)
+    fail_next_recovery(cluster, count=FAILING_MIGRATIONS, operations=["migrate_worker"])
     failing = [nodes[8 * i + 3] for i in range(64)]          # one node of each of 64 jobs
     samples, stop = [], threading.Event()
 
@@ -90,7 +106,11 @@ def test_storm_books_each_spare_once_keeps_the_budget_and_restarts_the_rest(tmp_
         finally:
             connection.close()
 
-    with celery_worker(tmp_path, concurrency=4) as worker:
+    def settled():
+        under_way = RecoveryAction.objects.filter(job__isnull=False, state__in=(ActionState.PLANNED, ActionState.RUNNING))
+        return not under_way.exists() and not Job.objects.filter(state=JobState.RECOVERING).exists()
+
+    with celery_worker(tmp_path, concurrency=4, **RETRIES) as worker:
         watchers = [threading.Thread(target=sample_budget), threading.Thread(target=beat)]
         for thread in watchers:
             thread.start()
@@ -103,8 +123,7 @@ def test_storm_books_each_spare_once_keeps_the_budget_and_restarts_the_rest(tmp_
         reported_in = time.monotonic() - started
         try:
             wait_for(lambda: not FaultEvent.objects.filter(state=FaultState.NEW).exists(), 60, 0.2, what="every fault handled")
-            wait_for(lambda: RecoveryAction.objects.filter(job__isnull=False).exclude(state=ActionState.SUCCEEDED).count() == 0,
-                     90, 0.3, what="every action done")
+            wait_for(settled, 90, 0.3, what="every recovery ended")
         finally:
             stop.set()
             for thread in watchers:
@@ -117,33 +136,40 @@ def test_storm_books_each_spare_once_keeps_the_budget_and_restarts_the_rest(tmp_
     detected = sorted(faults.values_list("detected_at", flat=True))
     assert (detected[-1] - detected[0]).total_seconds() < 1.0
     actions = RecoveryAction.objects.filter(cluster=cluster, job__isnull=False)
-    # One action per fault and job, every one done.
-    assert actions.count() == 64
-    assert actions.values("fault", "job").distinct().count() == 64
-    assert set(actions.values_list("state", flat=True)) == {ActionState.SUCCEEDED}
-    migrations = actions.filter(kind=ActionKind.LIVE_MIGRATION)
-    restarts = actions.filter(kind=ActionKind.RESTART_FROM_CHECKPOINT)
+    first = actions.filter(attempt=1)
+    # One recovery per fault and job, decided once; every attempt ended, and each failed one was followed by the
+    # next attempt or ended its job.
+    assert first.count() == 64 and first.values("fault", "job").distinct().count() == 64
+    assert not actions.filter(state__in=(ActionState.PLANNED, ActionState.RUNNING)).exists()
+    followed = set(actions.filter(previous__isnull=False).values_list("previous_id", flat=True))
+    for action in actions.filter(state=ActionState.FAILED):
+        assert action.pk in followed or action.job.state == JobState.FAILED, (action.kind, action.error)
+    migrations = first.filter(kind=ActionKind.LIVE_MIGRATION)
+    restarts = first.filter(kind=ActionKind.RESTART_FROM_CHECKPOINT)
     assert migrations.count() == 32 and restarts.count() == 32, (
-        sorted(actions.values_list("kind", flat=True)), actions.order_by("pk").first().alternatives)
-    # No spare booked twice.
-    targets = list(migrations.values_list("to_node", flat=True))
-    assert len(set(targets)) == 32
-    assert SpareBooking.objects.values("node").distinct().count() == SpareBooking.objects.count() == 32
-    # Jobs beyond the spares restart from checkpoint, having weighed live migration without a spare.
+        sorted(first.values_list("kind", flat=True)), first.order_by("pk").first().alternatives)
+    # The injected failures: that many migrations failed, and their recoveries fell back.
+    failed_moves = actions.filter(kind=ActionKind.LIVE_MIGRATION, state=ActionState.FAILED,
+                                  error="the cluster reported the operation failed")
+    assert failed_moves.count() == FAILING_MIGRATIONS
+    assert all(a.pk in followed for a in failed_moves)
+    # No spare booked twice at once (a spare a failed migration gave back may be booked again later).
+    for node_id in set(SpareBooking.objects.values_list("node", flat=True)):
+        assert not overlapping(SpareBooking.objects.filter(node_id=node_id).values_list("booked_at", "released_at"))
+    # Jobs beyond the spares chose restart from checkpoint, having weighed live migration without a spare.
     for action in restarts:
         live = next(o for o in action.alternatives if o["kind"] == "live_migration")
         assert not live["feasible"] and live["why"] == "no spare node"
+    # Every job ended Running or Failed (with its reason), none on a failed node, no node held by two jobs.
+    states = dict(Job.objects.filter(cluster=cluster).values_list("pk", "state"))
+    assert set(states.values()) <= {JobState.RUNNING, JobState.FAILED}
+    assert all(Job.objects.get(pk=pk).state_reason for pk, state in states.items() if state == JobState.FAILED)
+    held = list(JobAllocation.objects.filter(job__cluster=cluster, released_at__isnull=True).values_list("node_id", flat=True))
+    assert len(held) == len(set(held)) and not set(held) & {node.pk for node in failing}
+    assert sum(state == JobState.RUNNING for state in states.values()) >= 64 + 32 - FAILING_MIGRATIONS
     # The budget held at every instant: sampled while it ran, and from the recorded intervals.
     assert samples and max(total for total, _ in samples) <= BUDGET
     assert max(leaf for _, leaf in samples) <= PER_LEAF
-    intervals = list(migrations.values_list("started_at", "ended_at"))
+    intervals = list(actions.filter(kind=ActionKind.LIVE_MIGRATION).exclude(started_at=None)
+                     .values_list("started_at", "ended_at"))
     assert max_overlap(intervals) <= BUDGET
-    for leaf in set(migrations.values_list("to_node__leaf_switch", flat=True)):
-        assert max_overlap(list(migrations.filter(to_node__leaf_switch=leaf).values_list("started_at", "ended_at"))) <= PER_LEAF
-    assert max_overlap(intervals) == BUDGET, "the storm should fill the budget"
-    # Every job runs again, and every migrated job now runs on its spare.
-    assert set(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("state", flat=True)) == {JobState.RUNNING}
-    for action in migrations:
-        assert JobAllocation.objects.filter(job=action.job, node=action.to_node, released_at__isnull=True).exists()
-    for alias in connections:
-        connections[alias].close()

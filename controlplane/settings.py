@@ -382,6 +382,13 @@ SPECTACULAR_SETTINGS = {
     # Several models have a "kind" or "state" choice: name each enum after what it is.
     "ENUM_NAME_OVERRIDES": {
         "FaultKindEnum": "jobs.choices.FaultKind",
+        # Choice sets an incident's detail shares with the fault and action components (the names they had).
+        "FaultStateEnum": "jobs.choices.FaultState",
+        "RecoveryActionKindEnum": "jobs.choices.ActionKind",
+        "RecoveryActionStateEnum": "jobs.choices.ActionState",
+        "IncidentStateEnum": "jobs.choices.IncidentState",
+        "IncidentScopeEnum": "jobs.choices.IncidentScope",
+        "ScopeEnum": "tenancy.choices.TokenScope",
         "RolloutStateEnum": "fleet.choices.RolloutState",
         "BlueprintVersionStateEnum": "fleet.choices.VersionState",
     },

@@ -6,7 +6,7 @@ from django.db.models.functions import TruncDay, TruncHour, TruncMinute
 from django.utils import timezone
 
 from controlplane.snapshot import one_moment
-from jobs.choices import ActionState, JobState
+from jobs.choices import ActionState, JobState, SavingState
 from jobs.models import FaultEvent, Job, JobPhase, JobProgress, JobSnapshot, RecoveryAction
 from jobs.services.common import action_payload, fault_payload
 
@@ -95,6 +95,21 @@ def gpu_hours_stats(*, actions, faults, group: str, bucket: str, since=None) -> 
                    "gpu_hours_saved": round(totals["saved"] or 0, 4), "gpu_hours_lost": round(totals["lost"] or 0, 4),
                    "gpu_hours_baseline": round(totals["baseline"] or 0, 4)},
         "groups": groups, "series": series,
+    }
+
+
+def incident_ledger(actions) -> dict:
+    """An incident's ledger entry, from its actions (docs/gpu-hours.md, "Per incident"): baseline, lost and
+    realized saved GPU-hours of its succeeded recoveries as every total counts them (dry runs left out), the
+    expected saving of those whose prediction is not settled, and how many jobs it hit."""
+    actions = list(actions)
+    booked = [a for a in actions if a.state == ActionState.SUCCEEDED and not a.dry_run and a.job_id is not None]
+    return {
+        "gpu_hours_baseline": round(sum(a.gpu_hours_baseline for a in booked), 4),
+        "gpu_hours_lost": round(sum(a.gpu_hours_lost for a in booked), 4),
+        "gpu_hours_saved": round(sum(a.gpu_hours_saved for a in booked if a.saving == SavingState.REALIZED), 4),
+        "gpu_hours_expected": round(sum(a.gpu_hours_expected for a in booked if a.saving == SavingState.EXPECTED), 4),
+        "jobs": len({a.job_id for a in actions if a.job_id is not None}),
     }
 
 

@@ -6,7 +6,7 @@ a filter form must not list the other tenant's clusters or the tenants' names (t
 
 import django_filters
 
-from jobs.models import FaultEvent, Job, RecoveryAction
+from jobs.models import FaultEvent, Incident, Job, RecoveryAction
 
 
 def _user(request):
@@ -59,6 +59,17 @@ class FaultEventFilterSet(django_filters.FilterSet):
     class Meta:
         model = FaultEvent
         fields = ["state", "kind", "cluster", "node", "severity", "needs_human"]
+
+
+class IncidentFilterSet(django_filters.FilterSet):
+    cluster = django_filters.ModelChoiceFilter(queryset=_clusters)
+    node = django_filters.ModelChoiceFilter(queryset=_nodes)
+    job = django_filters.ModelChoiceFilter(queryset=_jobs, field_name="actions__job", distinct=True,
+                                           label="incidents that hit this job (a recovery of it was for the job)")
+
+    class Meta:
+        model = Incident
+        fields = ["state", "kind", "scope", "cluster", "node", "job"]
 
 
 class RecoveryActionFilterSet(django_filters.FilterSet):

@@ -1,4 +1,5 @@
-"""Pages: the job list, the job page (live Plotly timeline) and the fault overview (live feed, GPU-hours saved)."""
+"""Pages: the job list, the job page (live Plotly timeline, its incidents) and the fault overview (live feed of
+incidents and their reports, GPU-hours saved)."""
 
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.mixins import LoginRequiredMixin
@@ -50,13 +51,15 @@ def job_detail(request, pk: int):
         "job": job, "timeline": timeline, "topic": topic, "after": after, "protection": protection_of(job.cluster),
         "allocations": job.allocations.filter(released_at__isnull=True).select_related("node"),
         "actions": selectors.action_list(user=request.user).filter(job=job).order_by("-planned_at")[:50],
+        "incidents": selectors.job_incidents(user=request.user, job=job),
         "who": principal(request.user),
     })
 
 
 @login_required
 def fault_overview(request):
-    """Live fault feed and GPU-hours saved over time: the fleet's for provider roles, the tenant's own otherwise."""
+    """Live fault feed (an incident a row, its reports folded under it) and GPU-hours saved over time: the
+    fleet's for provider roles, the tenant's own otherwise."""
     who = principal(request.user)
     topic = "fleet" if who.is_provider else (f"tenant-{who.tenant_id}" if who.tenant_id else "")
     faults = selectors.fault_list(user=request.user)
@@ -75,6 +78,6 @@ def fault_overview(request):
     stats = figures.gpu_hours_stats(actions=actions, faults=faults,
                                     group="fleet" if who.is_provider else "tenant", bucket="minute")
     return render(request, "jobs/fault_overview.html", {
-        "topic": topic, "after": after, "faults": faults.order_by("-received_at")[:50], "stats": stats, "who": who,
-        "cluster": cluster,
+        "topic": topic, "after": after, "feed": selectors.fault_feed(user=request.user, cluster=cluster),
+        "stats": stats, "who": who, "cluster": cluster,
     })

@@ -145,7 +145,8 @@ def send(client, method: str, url: str, headers: dict, api: bool):
 # JSON keys that hold the id of an object of a kind (``"job": 17``, ``"to_node": 5``…).
 ID_KEYS = {"job": "job", "job_id": "job", "tenant": "tenant", "tenant_id": "tenant", "dedicated_tenant": "tenant",
            "cluster": "cluster", "cluster_id": "cluster", "node": "node", "node_id": "node", "to_node": "node",
-           "from_node": "node", "fault": "fault", "fault_id": "fault", "action": "action", "action_id": "action"}
+           "from_node": "node", "fault": "fault", "fault_id": "fault", "action": "action", "action_id": "action",
+           "incident": "incident", "incident_id": "incident"}
 
 
 def foreign_ids(world, who: Who, data, found: list[str]) -> list[str]:
@@ -239,7 +240,7 @@ def visible(world, who: Who, name: str) -> set[int]:
     from django.db.models import Q
 
     from fleet.models import Cluster, DriftFinding, Fleet, Node
-    from jobs.models import FaultEvent, Job, RecoveryAction
+    from jobs.models import FaultEvent, Incident, Job, RecoveryAction
     from tenancy.models import ApiToken
 
     tenant = world.tenant_ids.get(who.tenant)
@@ -251,6 +252,10 @@ def visible(world, who: Who, name: str) -> set[int]:
         rows = RecoveryAction.objects.all() if everything else RecoveryAction.objects.filter(job__tenant_id=tenant)
     elif name == "api:fault-list":
         rows = FaultEvent.objects.all() if everything else FaultEvent.objects.filter(
+            Q(cluster__dedicated_tenant_id=tenant) | Q(actions__job__tenant_id=tenant)
+            | Q(incident__actions__job__tenant_id=tenant)).distinct()
+    elif name == "api:incident-list":
+        rows = Incident.objects.all() if everything else Incident.objects.filter(
             Q(cluster__dedicated_tenant_id=tenant) | Q(actions__job__tenant_id=tenant)).distinct()
     elif name == "api:cluster-list":
         rows = Cluster.objects.all() if everything else Cluster.objects.filter(
@@ -283,8 +288,8 @@ def visible(world, who: Who, name: str) -> set[int]:
 
 
 OUTLINE = {"id", "name", "tier", "shared", "blueprint_version"}
-SCOPED_LISTS = ["api:job-list", "api:action-list", "api:fault-list", "api:cluster-list", "api:node-list",
-                "api:drift-list", "api:fleet-list", "api:token-list", "api:user-list"]
+SCOPED_LISTS = ["api:job-list", "api:action-list", "api:fault-list", "api:incident-list", "api:cluster-list",
+                "api:node-list", "api:drift-list", "api:fleet-list", "api:token-list", "api:user-list"]
 
 
 @pytest.mark.parametrize("role", [r for r in WALK_ROLES if r != "anonymous"])

@@ -9,8 +9,8 @@ Two matrices live here:
   pattern or a topic family that is not declared here fails it: no endpoint escapes its isolation test.
 
 The world the isolation test walks (``matrix_world_build``) has two tenants, ``acme`` and ``nimbus``, each with
-a dedicated cluster, jobs (on its own cluster and on a shared one), faults, recovery actions, drift, a snapshot,
-users and tokens; and the provider's objects (shared clusters, blueprints, a rollout, agent tokens, a
+a dedicated cluster, jobs (on its own cluster and on a shared one), faults and their incidents, recovery actions,
+drift, a snapshot, users and tokens; and the provider's objects (shared clusters, blueprints, a rollout, agent tokens, a
 notification channel and delivery, predictions, a what-if run, a scenario, the audit trail).
 
 Controlplane imports no app at import time; the world builder imports what it uses when it runs.
@@ -34,8 +34,10 @@ API_LIST_MATRIX: dict[str, dict[str, int]] = {
     "whatif-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
     "prediction-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
     "audit-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
-    # Jobs, faults and actions: everyone signed in, scoped to their tenant; stats default to the tenant's figures.
+    # Jobs, incidents, faults and actions: everyone signed in, scoped to their tenant; stats default to the
+    # tenant's figures.
     "job-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
+    "incident-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
     "fault-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
     "action-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
     "stats-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
@@ -371,6 +373,8 @@ ROUTES: dict[str, Route] = {
     "api:job-progress": Route(per_method(post=tenant_writes(400)), fill="job"),
     "api:job-snapshots": Route(per_method(get=scoped(), post=scoped(either(201, 409), tenant_writes=403)), fill="job"),
     "api:job-timeline": Route(per_method(get=scoped()), fill="job"),
+    "api:incident-list": Route(per_method(get=signed_in())),
+    "api:incident-detail": Route(per_method(get=scoped()), fill="incident"),
     "api:fault-list": Route(per_method(get=signed_in(), post=provider(400))),
     "api:fault-detail": Route(per_method(get=scoped()), fill="fault"),
     "api:fault-repaired": Route(per_method(post=scoped(either(200, 409), tenant_writes=403)), fill="fault"),
@@ -439,7 +443,7 @@ def matrix_world_build() -> MatrixWorld:
     from fleet.drivers.simulated import simulate_drift
     from fleet.models import Blueprint, Cluster, DriftFinding, Fleet, Node, Rollout
     from fleet.services.drift import drift_sweep
-    from jobs.models import FaultEvent, Job, RecoveryAction
+    from jobs.models import FaultEvent, Incident, Job, RecoveryAction
     from jobs.services.faults import fault_handle, fault_ingest
     from jobs.services.jobs import job_submit
     from jobs.services.snapshots import snapshot_take
@@ -491,6 +495,15 @@ def matrix_world_build() -> MatrixWorld:
     provider_fault, _ = fault_ingest(source="api", kind="thermal", node=idle_shared, actor=provider_admin)
     for fault in FaultEvent.objects.order_by("pk"):
         fault_handle(fault_id=fault.pk)
+    # Each failure is an incident of its reports and its recoveries (written here where intake has not linked them).
+    for fault in FaultEvent.objects.filter(incident__isnull=True).order_by("pk"):
+        incident = Incident.objects.create(cluster_id=fault.cluster_id, node_id=fault.node_id, kind=fault.kind,
+                                           xid=fault.xid, nic_name=fault.nic_name, scope="nic" if fault.nic_name else "node",
+                                           opened_at=fault.detected_at, last_reported_at=fault.last_reported_at,
+                                           report_count=fault.report_count)
+        FaultEvent.objects.filter(pk=fault.pk).update(incident=incident)
+    for fault_id, incident_id in FaultEvent.objects.values_list("pk", "incident_id"):
+        RecoveryAction.objects.filter(fault_id=fault_id, incident__isnull=True).update(incident_id=incident_id)
 
     for cluster in [*dedicated.values(), shared[-1]]:
         simulate_drift(cluster, addon="dcgm-exporter", kind="values")
@@ -541,6 +554,8 @@ def matrix_world_build() -> MatrixWorld:
         # Jobs on the tenant's own cluster and on a shared one.
         "job": [(job.tenant.slug, job.pk) for job in Job.objects.select_related("tenant").order_by("pk")],
         "fault": [(slug, faults[slug].pk) for slug in TENANTS] + [("provider", provider_fault.pk)],
+        "incident": [(slug, FaultEvent.objects.get(pk=faults[slug].pk).incident_id) for slug in TENANTS]
+        + [("provider", FaultEvent.objects.get(pk=provider_fault.pk).incident_id)],
         "action": [(action.job.tenant.slug, action.pk) for action in
                    RecoveryAction.objects.filter(job__isnull=False).select_related("job__tenant").order_by("pk")],
     }
@@ -555,6 +570,8 @@ def matrix_world_build() -> MatrixWorld:
             "action": set(RecoveryAction.objects.filter(job__tenant=tenant).values_list("pk", flat=True)),
             "fault": set(FaultEvent.objects.filter(cluster=cluster).values_list("pk", flat=True))
             | set(RecoveryAction.objects.filter(job__tenant=tenant, fault__isnull=False).values_list("fault_id", flat=True)),
+            "incident": set(Incident.objects.filter(cluster=cluster).values_list("pk", flat=True))
+            | set(RecoveryAction.objects.filter(job__tenant=tenant, incident__isnull=False).values_list("incident_id", flat=True)),
         }
     markers = {}
     for slug, tenant in tenants.items():
@@ -564,6 +581,7 @@ def matrix_world_build() -> MatrixWorld:
         found += [f"/jobs/{pk}/" for pk in jobs.values_list("pk", flat=True)]
         found += [f"job-{pk}\"" for pk in jobs.values_list("pk", flat=True)]
         found += [f"/actions/{pk}/" for pk in RecoveryAction.objects.filter(job__tenant=tenant).values_list("pk", flat=True)]
+        found += [f"/incidents/{pk}/" for pk in owned[slug]["incident"]]
         markers[slug] = found
     # What no tenant may read: a shared host none of its jobs runs on, the provider's users, tokens and channels.
     markers["provider"] = [idle_shared.hostname, "matrix-pager", "fleet-operator", "provider-admin-matrix-token",

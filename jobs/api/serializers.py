@@ -1,7 +1,10 @@
+from django.urls import reverse
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from jobs import figures, selectors
 from jobs.choices import FaultKind, FaultSource, Severity
-from jobs.models import FaultEvent, Job, JobAllocation, JobSnapshot, RecoveryAction
+from jobs.models import FaultEvent, Incident, Job, JobAllocation, JobSnapshot, RecoveryAction
 
 
 class AllocationSerializer(serializers.ModelSerializer):
@@ -74,12 +77,14 @@ class ProgressSerializer(serializers.Serializer):
 
 class FaultSerializer(serializers.ModelSerializer):
     hostname = serializers.CharField(source="node.hostname", read_only=True)
+    incident = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True,
+                                                  help_text="the failure this report is of")
 
     class Meta:
         model = FaultEvent
         fields = ["id", "kind", "xid", "severity", "cluster", "node", "hostname", "gpu_index", "nic_name", "rack",
                   "sources", "report_count", "detected_at", "received_at", "last_reported_at", "state", "state_reason",
-                  "handled_at", "triage", "needs_human", "details"]
+                  "handled_at", "triage", "needs_human", "details", "incident"]
 
 
 class FaultReportSerializer(serializers.Serializer):
@@ -100,13 +105,81 @@ class FaultReportSerializer(serializers.Serializer):
 
 
 class RecoveryActionSerializer(serializers.ModelSerializer):
+    incident = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True,
+                                                  help_text="the failure this action answers")
+    previous = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True,
+                                                  help_text="the attempt this one replaced")
+
     class Meta:
         model = RecoveryAction
-        fields = ["id", "fault", "job", "cluster", "kind", "state", "dry_run", "node", "to_node", "gpu_index",
-                  "to_gpu_index", "nic_name", "to_nic_name", "snapshot", "detected_at", "planned_at", "started_at",
-                  "done_at", "ended_at", "gpus", "pause_seconds", "work_lost_seconds", "degraded_seconds", "slowdown",
-                  "restore_iteration", "gpu_hours_lost", "gpu_hours_baseline", "gpu_hours_saved", "gpu_hours_at_stake",
+        fields = ["id", "fault", "incident", "job", "cluster", "kind", "state", "dry_run", "attempt", "previous",
+                  "node", "to_node", "gpu_index", "to_gpu_index", "nic_name", "to_nic_name", "snapshot", "detected_at",
+                  "planned_at", "started_at", "done_at", "deadline_at", "ended_at", "gpus", "pause_seconds",
+                  "work_lost_seconds", "degraded_seconds", "slowdown", "restore_iteration", "gpu_hours_lost",
+                  "gpu_hours_baseline", "gpu_hours_saved", "saving", "gpu_hours_expected", "gpu_hours_at_stake",
                   "reason", "alternatives", "error"]
+
+
+class IncidentSerializer(serializers.ModelSerializer):
+    hostname = serializers.CharField(source="node.hostname", read_only=True)
+    fault_count = serializers.SerializerMethodField(help_text="fault events grouped into it")
+    sources = serializers.SerializerMethodField(help_text="every source that reported it")
+    url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Incident
+        fields = ["id", "cluster", "node", "hostname", "scope", "nic_name", "kind", "xid", "state", "opened_at",
+                  "last_reported_at", "resolved_at", "report_count", "fault_count", "sources", "url"]
+        read_only_fields = fields
+
+    def get_fault_count(self, incident) -> int:
+        return len(incident.faults.all())
+
+    def get_sources(self, incident) -> list[str]:
+        return selectors.sources_of(incident)
+
+    def get_url(self, incident) -> str:
+        return reverse("api:incident-detail", args=[incident.pk])
+
+
+class IncidentFaultSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = FaultEvent
+        fields = ["id", "kind", "xid", "gpu_index", "nic_name", "sources", "report_count", "detected_at", "state",
+                  "state_reason"]
+        read_only_fields = fields
+
+
+class IncidentActionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RecoveryAction
+        fields = ["id", "kind", "state", "job", "attempt", "previous", "to_node", "error", "gpu_hours_baseline",
+                  "gpu_hours_lost", "gpu_hours_saved", "saving", "gpu_hours_expected", "ended_at"]
+        read_only_fields = fields
+
+
+class IncidentLedgerSerializer(serializers.Serializer):
+    """An incident's line in the GPU-hours ledger: totals over its actions (docs/gpu-hours.md)."""
+
+    gpu_hours_baseline = serializers.FloatField()
+    gpu_hours_lost = serializers.FloatField()
+    gpu_hours_saved = serializers.FloatField(help_text="realized savings only")
+    gpu_hours_expected = serializers.FloatField(help_text="savings of proactive moves not settled yet")
+    jobs = serializers.IntegerField(help_text="distinct jobs it hit")
+
+
+class IncidentDetailSerializer(IncidentSerializer):
+    faults = IncidentFaultSerializer(many=True, read_only=True)
+    actions = IncidentActionSerializer(many=True, read_only=True)
+    ledger = serializers.SerializerMethodField()
+
+    class Meta(IncidentSerializer.Meta):
+        fields = [*IncidentSerializer.Meta.fields, "faults", "actions", "ledger"]
+        read_only_fields = fields
+
+    @extend_schema_field(IncidentLedgerSerializer)
+    def get_ledger(self, incident) -> dict:
+        return figures.incident_ledger(incident.actions.all())
 
 
 class SnapshotSerializer(serializers.ModelSerializer):

@@ -1,4 +1,4 @@
-"""The jobs API: jobs, faults, recovery actions and stats; each action calls one service or selector."""
+"""The jobs API: jobs, incidents, faults, recovery actions and stats; each action calls one service or selector."""
 
 from datetime import timedelta
 
@@ -18,6 +18,8 @@ from jobs import figures, selectors
 from jobs.api.serializers import (
     FaultReportSerializer,
     FaultSerializer,
+    IncidentDetailSerializer,
+    IncidentSerializer,
     JobSerializer,
     JobSubmitSerializer,
     ProgressSerializer,
@@ -25,7 +27,7 @@ from jobs.api.serializers import (
     SnapshotSerializer,
 )
 from jobs.authentication import JobTokenAuthentication
-from jobs.filtersets import FaultEventFilterSet, JobFilterSet, RecoveryActionFilterSet
+from jobs.filtersets import FaultEventFilterSet, IncidentFilterSet, JobFilterSet, RecoveryActionFilterSet
 from jobs.models import Job, JobToken
 from jobs.services import faults as fault_services
 from jobs.services import jobs as job_services
@@ -127,6 +129,23 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
             snapshot = snapshot_take(actor=request.user, job=job)
             return Response(SnapshotSerializer(snapshot).data, status=status.HTTP_201_CREATED)
         return Response(SnapshotSerializer(selectors.snapshot_list(user=request.user, job=job)[:200], many=True).data)
+
+
+class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """Incidents: one underlying failure and every fault report of it, from any source. The detail adds its
+    faults, its recovery actions (attempt by attempt) and its line in the GPU-hours ledger; tenant users see
+    the incidents they may see the faults of, and of those only their own jobs' actions."""
+
+    serializer_class = IncidentSerializer
+    filterset_class = IncidentFilterSet
+
+    def selector(self, *, user):
+        if getattr(self, "action", None) == "retrieve":
+            return selectors.incident_list(user=user, actions=selectors.action_list(user=user))
+        return selectors.incident_list(user=user)
+
+    def get_serializer_class(self):
+        return IncidentDetailSerializer if getattr(self, "action", None) == "retrieve" else IncidentSerializer
 
 
 @extend_schema(parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,

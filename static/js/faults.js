@@ -1,4 +1,7 @@
-/* The fault overview: a live fault feed and GPU-hours saved over time (grown with Plotly.extendTraces). */
+/* The fault overview: a live fault feed and GPU-hours saved over time (grown with Plotly.extendTraces).
+   The page renders an incident a row with its reports folded under it; a new report of an incident already in
+   the feed (its payload names the incident) is folded under that row, which moves to the top; any other event
+   is a new line at the top, as before. */
 (function () {
   "use strict";
   var feed = document.getElementById("fault-feed");
@@ -10,6 +13,9 @@
   var actionsEl = document.getElementById("total-actions");
   var cumulative = stats.totals.gpu_hours_saved || 0;
   var seen = {};
+  // Faults the page already shows: an event sent between reading the topic's sequence and the snapshot is not
+  // shown twice.
+  Array.prototype.forEach.call(feed.querySelectorAll("[data-fault]"), function (el) { seen["f" + el.dataset.fault] = true; });
   Plotly.newPlot("saved-chart", [{
     x: stats.series.map(function (r) { return r.t; }), y: stats.series.map(function (r) { return r.cumulative; }),
     mode: "lines+markers", name: "GPU-hours saved", line: { shape: "hv", color: "#2ea043" }
@@ -17,16 +23,50 @@
   { displaylogo: false, responsive: true });
 
   function add(p, kind, className) {
-    var code = kind === "fault" ? (p.kind + (p.xid !== null && p.xid !== undefined ? " " + p.xid : "")) : p.kind;
+    var code = kind === "fault" ? faultCode(p) : p.kind;
     var li = window.LockstepLive.prependToFeed(feed, p.detected_at, code,
                                                (p.summary || "") + (p.state_reason ? " — " + p.state_reason : ""), 100);
     if (className) { li.className = className; }
+  }
+  function faultCode(p) { return p.kind + (p.xid !== null && p.xid !== undefined ? " " + p.xid : ""); }
+  function incidentRow(p) {
+    return p.incident ? feed.querySelector('li[data-incident="' + Number(p.incident) + '"]') : null;
+  }
+  function fold(row, p) {
+    // A new report of an incident the feed shows: under its row, which is now the newest activity.
+    var list = row.querySelector(".incident-faults");
+    var item = document.createElement("li");
+    var when = document.createElement("time");
+    var code = document.createElement("code");
+    var state = document.createElement("span");
+    item.dataset.fault = p.fault;
+    when.setAttribute("datetime", p.detected_at);
+    when.textContent = new Date(p.detected_at).toLocaleTimeString();
+    code.textContent = faultCode(p);
+    state.className = "state";
+    state.textContent = p.state || "new";
+    item.appendChild(when);
+    item.appendChild(document.createTextNode(" "));
+    item.appendChild(code);
+    item.appendChild(document.createTextNode(" " + (p.device || "") + " from " + (p.sources || []).join(", ") + " — "));
+    item.appendChild(state);
+    list.appendChild(item);
+    var count = row.querySelector(".report-count");
+    if (count) { count.textContent = Number(count.textContent) + 1; }
+    var sources = row.querySelector(".report-sources");
+    if (sources) {
+      var known = sources.textContent.split(", ").filter(function (s) { return s && s !== "—"; });
+      (p.sources || []).forEach(function (s) { if (known.indexOf(s) < 0) { known.push(s); } });
+      sources.textContent = known.sort().join(", ");
+    }
+    feed.insertBefore(row, feed.firstChild);
   }
   function onEvent(event) {
     var p = event.payload || {};
     if (event.kind === "fault.reported" && !seen["f" + p.fault]) {
       seen["f" + p.fault] = true;
-      add(p, "fault");
+      var row = incidentRow(p);
+      if (row && row.querySelector(".incident-faults")) { fold(row, p); } else { add(p, "fault"); }
       if (faultsEl) { faultsEl.textContent = Number(faultsEl.textContent) + 1; }
     } else if (event.kind === "actions.decided" || event.kind === "action.started" || event.kind === "action.planned") {
       // A decision lists its actions (actions.decided on fleet, cluster and tenant topics).
@@ -36,7 +76,8 @@
         add({ detected_at: a.detected_at, kind: a.kind, summary: a.fault_summary + " → " + a.summary }, "action", "decided");
       });
     } else if (event.kind === "fault.handled") {
-      add(p, "fault", "handled");
+      var folded = feed.querySelector('.incident-faults li[data-fault="' + Number(p.fault) + '"] .state');
+      if (folded) { folded.textContent = p.state; } else { add(p, "fault", "handled"); }
     } else if (event.kind === "action.succeeded" || event.kind === "actions.completed") {
       (p.actions || [p]).forEach(function (a) {
         if (!a.job || a.dry_run || seen["a" + a.action]) { return; }

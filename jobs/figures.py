@@ -1,7 +1,7 @@
 """Data → figures: the job timeline (phases, faults, actions, snapshots, iterations against the
 restart-from-checkpoint counterfactual) and GPU-hours saved over time. Plain data, rendered by static/js."""
 
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 from django.db.models.functions import TruncDay, TruncHour, TruncMinute
 from django.utils import timezone
 
@@ -75,10 +75,12 @@ def gpu_hours_stats(*, actions, faults, group: str, bucket: str, since=None) -> 
         done = done.filter(ended_at__gte=since)
         faults = faults.filter(detected_at__gte=since)
     key, name = GROUPS[group]
+    expected = Sum("gpu_hours_expected", filter=Q(saving=SavingState.EXPECTED))
     rows = (done.values(key, name).annotate(actions=Count("id"), saved=Sum("gpu_hours_saved"), lost=Sum("gpu_hours_lost"),
-                                            baseline=Sum("gpu_hours_baseline")).order_by("-saved"))
+                                            baseline=Sum("gpu_hours_baseline"), expected=expected).order_by("-saved"))
     groups = [{"id": row[key], "name": row[name], "actions": row["actions"], "gpu_hours_saved": round(row["saved"] or 0, 4),
-               "gpu_hours_lost": round(row["lost"] or 0, 4), "gpu_hours_baseline": round(row["baseline"] or 0, 4)}
+               "gpu_hours_lost": round(row["lost"] or 0, 4), "gpu_hours_baseline": round(row["baseline"] or 0, 4),
+               "gpu_hours_expected": round(row["expected"] or 0, 4)}
               for row in rows[:500]]
     series_rows = (done.annotate(bucket=BUCKETS[bucket]("ended_at")).values("bucket")
                    .annotate(saved=Sum("gpu_hours_saved"), actions=Count("id")).order_by("bucket"))
@@ -88,12 +90,13 @@ def gpu_hours_stats(*, actions, faults, group: str, bucket: str, since=None) -> 
         series.append({"t": _iso(row["bucket"]), "gpu_hours_saved": round(row["saved"] or 0, 4),
                        "cumulative": round(total, 4), "actions": row["actions"]})
     totals = done.aggregate(saved=Sum("gpu_hours_saved"), lost=Sum("gpu_hours_lost"), baseline=Sum("gpu_hours_baseline"),
-                            actions=Count("id"))
+                            expected=expected, actions=Count("id"))
     return {
         "group": group, "bucket": bucket, "since": _iso(since),
         "totals": {"faults": faults.count(), "actions": totals["actions"],
                    "gpu_hours_saved": round(totals["saved"] or 0, 4), "gpu_hours_lost": round(totals["lost"] or 0, 4),
-                   "gpu_hours_baseline": round(totals["baseline"] or 0, 4)},
+                   "gpu_hours_baseline": round(totals["baseline"] or 0, 4),
+                   "gpu_hours_expected": round(totals["expected"] or 0, 4)},
         "groups": groups, "series": series,
     }
 

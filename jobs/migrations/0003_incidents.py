@@ -5,6 +5,21 @@ import django.utils.timezone
 from django.db import migrations, models
 
 
+def one_recovery_per_job(apps, schema_editor):
+    """Before the constraint: a job with several recoveries under way (allowed before) keeps its newest; the
+    others end failed, superseded by it (nothing is deleted)."""
+    from django.db.models import Count
+    from django.utils import timezone
+
+    action = apps.get_model("jobs", "RecoveryAction")
+    active = action.objects.filter(job__isnull=False, dry_run=False, state__in=("planned", "running"))
+    for row in active.values("job_id").annotate(n=Count("id")).filter(n__gt=1):
+        newest, *older = active.filter(job_id=row["job_id"]).order_by("-planned_at", "-id")
+        action.objects.filter(pk__in=[a.pk for a in older]).update(
+            state="failed", ended_at=timezone.now(), gpu_hours_saved=0.0,
+            error=f"superseded by action {newest.pk} (one recovery per job, migration jobs 0003)")
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -39,12 +54,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='state_reason',
-            field=models.CharField(blank=True, help_text='why it failed, when it did', max_length=300),
+            field=models.CharField(db_default='', blank=True, help_text='why it failed, when it did', max_length=300),
         ),
         migrations.AddField(
             model_name='recoveryaction',
             name='attempt',
-            field=models.PositiveSmallIntegerField(default=1, help_text="1 for a recovery's first attempt"),
+            field=models.PositiveSmallIntegerField(db_default=1, default=1, help_text="1 for a recovery's first attempt"),
         ),
         migrations.AddField(
             model_name='recoveryaction',
@@ -54,12 +69,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='recoveryaction',
             name='gpu_hours_expected',
-            field=models.FloatField(default=0.0, help_text="a proactive move's expected saving (docs/gpu-hours.md)"),
+            field=models.FloatField(db_default=0.0, default=0.0, help_text="a proactive move's expected saving (docs/gpu-hours.md)"),
         ),
         migrations.AddField(
             model_name='recoveryaction',
             name='impact',
-            field=models.CharField(blank=True, help_text='what the faults meant for the job (planner.Impact)', max_length=10),
+            field=models.CharField(db_default='', blank=True, help_text='what the faults meant for the job (planner.Impact)', max_length=10),
         ),
         migrations.AddField(
             model_name='recoveryaction',
@@ -79,7 +94,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='recoveryaction',
             name='saving',
-            field=models.CharField(choices=[('realized', 'Realized'), ('expected', 'Expected'), ('not_realized', 'Not Realized')], default='realized', max_length=12),
+            field=models.CharField(db_default='realized', choices=[('realized', 'Realized'), ('expected', 'Expected'), ('not_realized', 'Not Realized')], default='realized', max_length=12),
         ),
         migrations.AddField(
             model_name='incident',
@@ -105,6 +120,7 @@ class Migration(migrations.Migration):
             model_name='recoveryaction',
             constraint=models.UniqueConstraint(condition=models.Q(('fault__isnull', False), ('job__isnull', False), ('previous__isnull', True)), fields=('fault', 'job'), name='one_action_per_fault_and_job'),
         ),
+        migrations.RunPython(one_recovery_per_job, migrations.RunPython.noop),
         migrations.AddConstraint(
             model_name='recoveryaction',
             constraint=models.UniqueConstraint(condition=models.Q(('dry_run', False), ('job__isnull', False), ('state__in', ('planned', 'running'))), fields=('job',), name='one_active_recovery_per_job'),

@@ -33,7 +33,7 @@ class Job(models.Model):
     gpus = models.PositiveIntegerField()
     simulated = models.BooleanField(default=True)
     state = models.CharField(max_length=12, choices=JobState.choices, default=JobState.PENDING)
-    state_reason = models.CharField(max_length=300, blank=True, help_text="why it failed, when it did")
+    state_reason = models.CharField(max_length=300, blank=True, db_default="", help_text="why it failed, when it did")
     seconds_per_iteration = models.FloatField(default=1.0)
     checkpoint_interval = models.PositiveIntegerField(default=1000, help_text="iterations between checkpoints")
     iteration = models.PositiveBigIntegerField(default=0)

@@ -84,11 +84,10 @@ def recovery_fall_back(*, action: RecoveryAction, cluster) -> RecoveryAction | N
     if not here:
         _keep_baseline(action, baseline)
         return None
-    action.gpu_hours_baseline = baseline
     impact = Impact(action.impact or Impact.RESTART)
     ctx = Context.of(cluster, dry_run=False)
     hit = Hit(job=job, fault=action.fault, impact=impact, allocation=here[0], faults=[action.fault])
-    retry = Retry(previous=action, excluded=frozenset(excluded), retry_at=retry_at,
+    retry = Retry(previous=action, baseline=baseline, excluded=frozenset(excluded), retry_at=retry_at,
                   spare_exclude=frozenset(a.to_node_id for a in chain if a.to_node_id))
     nxt, note = plan_hit(ctx, hit, snapshots=snapshots_of([job]).get(job.pk, []),
                          healthy_nics=healthy_nics_of([here[0].node_id]).get(here[0].node_id, []), retry=retry)

@@ -96,13 +96,29 @@ def _active_allocations():
             .select_related("node"))
 
 
-def _jobs_locked(job_ids) -> dict[int, Job]:
-    """The jobs, row-locked, knowing whether they have snapshots and a recovery under way."""
+def _jobs_locked(job_ids, incident_ids) -> dict[int, Job]:
+    """The jobs, row-locked, knowing whether they have snapshots, a recovery under way, and a finished recovery
+    from one of these incidents (which a new report of the incident then carries on)."""
     active = RecoveryAction.objects.filter(job=OuterRef("pk"), dry_run=False, state__in=ACTIVE_STATES)
+    recovered = RecoveryAction.objects.filter(job=OuterRef("pk"), dry_run=False, state=ActionState.SUCCEEDED,
+                                              incident_id__in=incident_ids)
     return {job.pk: job for job in Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant")
             .annotate(has_snapshots=Exists(JobSnapshot.objects.filter(job=OuterRef("pk"), state="succeeded")),
-                      recovering_now=Exists(active))
+                      recovering_now=Exists(active), recovered_from_incident=Exists(recovered))
             .filter(pk__in=set(job_ids)).order_by("pk")}
+
+
+def _recovered(hits: list["Hit"]) -> dict[tuple[int, int], RecoveryAction]:
+    """For hits on jobs that one of their incidents already recovered (a move within the node, then the node
+    died): the last finished attempt of that recovery, by (job, incident)."""
+    jobs = [h.job.pk for h in hits if h.job.recovered_from_incident]
+    if not jobs:
+        return {}
+    replaced = RecoveryAction.objects.filter(previous__isnull=False).values("previous_id")
+    rows = (RecoveryAction.objects.select_for_update(of=("self",), no_key=True)
+            .filter(job_id__in=jobs, incident_id__in={h.fault.incident_id for h in hits}, dry_run=False,
+                    state=ActionState.SUCCEEDED).exclude(pk__in=replaced).order_by("pk"))
+    return {(action.job_id, action.incident_id): action for action in rows}
 
 
 def snapshots_of(jobs) -> dict[int, list[JobSnapshot]]:
@@ -203,6 +219,7 @@ class Retry:
     """What a new attempt carries over from the one it replaces (failed, timed out or superseded)."""
 
     previous: RecoveryAction
+    baseline: float                             # the recovery's baseline, booked once
     excluded: frozenset[str] = frozenset()     # kinds that failed for this recovery
     spare_exclude: frozenset[int] = frozenset()  # spares already tried
     retry_at: datetime | None = None
@@ -266,7 +283,7 @@ def plan_hit(ctx: Context, hit: Hit, *, snapshots: list[JobSnapshot], healthy_ni
         # One recovery, one clock and one baseline: the attempt it replaces booked them.
         previous = retry.previous
         action.previous, action.attempt, action.detected_at = previous, previous.attempt + 1, previous.detected_at
-        action.gpu_hours_baseline = previous.gpu_hours_baseline
+        action.gpu_hours_baseline = retry.baseline
         action.gpu_hours_saved = action.gpu_hours_baseline - action.gpu_hours_lost
         action.retry_at = retry.retry_at
         if retry.retry_at:
@@ -349,7 +366,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
             continue
         pairs.extend((fault, impact, allocation) for allocation in _affected(fault, impact, on_nodes))
     update_rows(strikes, escalation.STRIKE_FIELDS)
-    jobs = _jobs_locked(p[2].job_id for p in pairs)
+    jobs = _jobs_locked([p[2].job_id for p in pairs], {p[0].incident_id for p in pairs if p[0].incident_id})
     hits = group_hits(pairs, jobs, outcome)
     # A job already recovering: the new fault folds into that recovery, or replaces it (superseded).
     active = {action.job_id: action for action in RecoveryAction.objects.select_for_update(of=("self",), no_key=True)
@@ -367,9 +384,16 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
             continue
         if hit.allocation.node_id != running.node_id:
             hit.impact = Impact.RESTART     # workers on two nodes are hit now: the whole job restarts
-        retries[hit.job.pk] = Retry(previous=running)
+        retries[hit.job.pk] = Retry(previous=running, baseline=running.gpu_hours_baseline)
         replaced[running.pk] = f"superseded by fault {hit.fault.pk} ({hit.fault.kind} on {hit.fault.node.hostname})"
     supersede([a for a in active.values() if a.pk in replaced], replaced)
+    # A job that one of these incidents already recovered, hit again by it: the same recovery goes on (one per
+    # incident and job), its finished attempt passes on its baseline.
+    recovered = _recovered(hits) if not dry_run else {}
+    for hit in hits:
+        done = recovered.get((hit.job.pk, hit.fault.incident_id)) if hit.job.pk not in retries else None
+        if done is not None:
+            retries[hit.job.pk] = Retry(previous=done, baseline=done.gpu_hours_baseline)
     # plan and place: spares go first to the jobs with the most GPU-hours at stake, shared between tenants by tier.
     snapshots = snapshots_of(jobs.values())
     nics = healthy_nics_of({h.allocation.node_id for h in hits if h.impact in (Impact.NIC, Impact.DEGRADED)})
@@ -443,6 +467,11 @@ def record(ctx: Context, *, faults: list[FaultEvent], created: list[RecoveryActi
     from jobs.services.fallback import fail_and_fall_back
 
     RecoveryAction.objects.bulk_create(created)
+    # A finished attempt that a new one carries on passes it its baseline: the recovery is booked once.
+    carried = [a.previous_id for a in created if a.previous_id and a.previous.state == ActionState.SUCCEEDED]
+    if carried:
+        RecoveryAction.objects.filter(pk__in=carried).update(gpu_hours_baseline=0.0, gpu_hours_lost=0.0,
+                                                             gpu_hours_saved=0.0, gpu_hours_expected=0.0)
     placement.book_many([b for b in map(booking_of, created) if b])
     update_rows([job for job, _ in recovering], ["iteration", "iteration_at", "state"])
     audit_record_many([audit_entry(actor=None, action="recovery.plan", target=action, tenant_id=action.job.tenant_id,

@@ -12,7 +12,8 @@ def one_recovery_per_job(apps, schema_editor):
     from django.utils import timezone
 
     action = apps.get_model("jobs", "RecoveryAction")
-    active = action.objects.filter(job__isnull=False, dry_run=False, state__in=("planned", "running"))
+    active = action.objects.filter(job__isnull=False, dry_run=False, state__in=("planned", "running")).exclude(
+        kind="nic_failover")
     for row in active.values("job_id").annotate(n=Count("id")).filter(n__gt=1):
         newest, *older = active.filter(job_id=row["job_id"]).order_by("-planned_at", "-id")
         action.objects.filter(pk__in=[a.pk for a in older]).update(
@@ -123,7 +124,7 @@ class Migration(migrations.Migration):
         migrations.RunPython(one_recovery_per_job, migrations.RunPython.noop),
         migrations.AddConstraint(
             model_name='recoveryaction',
-            constraint=models.UniqueConstraint(condition=models.Q(('dry_run', False), ('job__isnull', False), ('state__in', ('planned', 'running'))), fields=('job',), name='one_active_recovery_per_job'),
+            constraint=models.UniqueConstraint(condition=models.Q(('dry_run', False), ('job__isnull', False), ('state__in', ('planned', 'running')), models.Q(('kind', 'nic_failover'), _negated=True)), fields=('job',), name='one_active_recovery_per_job'),
         ),
         migrations.AddConstraint(
             model_name='recoveryaction',

@@ -81,8 +81,10 @@ class RecoveryAction(models.Model):
                                     name="one_action_per_fault_and_job"),
             # One incident, one recovery: a job has at most one recovery under way; a new fault folds into it
             # or replaces it (and each attempt is replaced at most once).
+            # (A NIC failover is a link's recovery, which runs beside the job's: the job keeps its other rails.)
             models.UniqueConstraint(fields=["job"], condition=Q(job__isnull=False, dry_run=False,
-                                                               state__in=("planned", "running")),
+                                                               state__in=("planned", "running"))
+                                    & ~Q(kind="nic_failover"),
                                     name="one_active_recovery_per_job"),
             models.UniqueConstraint(fields=["previous"], condition=Q(previous__isnull=False),
                                     name="one_successor_per_attempt"),

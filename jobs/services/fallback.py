@@ -12,10 +12,10 @@ from collections import Counter
 from django.conf import settings
 
 from jobs import placement
-from jobs.choices import ActionKind, ActionState, JobPhaseKind, JobState
+from jobs.choices import BUDGETED_KINDS, ActionKind, ActionState, JobPhaseKind, JobState
 from jobs.models import Job, JobAllocation, RecoveryAction
 from jobs.planner import Impact
-from jobs.services.actions import after_start, fail_many, start_through_driver
+from jobs.services.actions import ACTIVE_STATES, after_start, fail_many, start_through_driver
 from jobs.services.common import phase_start, publish_action, publish_job, record_progress
 
 # How many spares a live or proactive migration is tried on before the recovery moves on to the next kind.
@@ -44,11 +44,13 @@ def fail_and_fall_back(cluster, failures: list[tuple[RecoveryAction, str]]) -> l
 
 
 def recovery_fall_back(*, action: RecoveryAction, cluster) -> RecoveryAction | None:
-    """Plan (and start, back-off permitting) the attempt after ``action``, which has just failed. The failed
-    attempt's baseline passed to the new one (``fail_many(baseline_moves=True)``), so it is restored here onto
-    the attempt that carries the recovery on; with no next attempt the last one keeps it."""
+    """Plan (and start, back-off permitting) the attempt after ``action``, which has just failed, or end the
+    recovery: the job Failed after its restarts, or running on when nothing is left to try. The failed attempt's
+    baseline (set aside by ``fail_many(baseline_moves=True)``) goes to the next attempt, or back to it when there
+    is none."""
     from jobs.services.jobs import job_fail
     from jobs.services.recovery import (
+        LINK_KINDS,
         Context,
         Hit,
         Retry,
@@ -86,23 +88,28 @@ def recovery_fall_back(*, action: RecoveryAction, cluster) -> RecoveryAction | N
         return None
     impact = Impact(action.impact or Impact.RESTART)
     ctx = Context.of(cluster, dry_run=False)
-    hit = Hit(job=job, fault=action.fault, impact=impact, allocation=here[0], faults=[action.fault])
+    others = RecoveryAction.objects.filter(job=job, dry_run=False, state__in=ACTIVE_STATES).exclude(pk=action.pk)
     retry = Retry(previous=action, baseline=baseline, excluded=frozenset(excluded), retry_at=retry_at,
                   spare_exclude=frozenset(a.to_node_id for a in chain if a.to_node_id))
+    # A failed NIC failover beside the job's own recovery may only be followed by another failover.
+    hit = Hit(job=job, fault=action.fault, impact=impact, allocation=here[0], faults=[action.fault], retry=retry,
+              link=action.kind in LINK_KINDS, only_link=action.kind in LINK_KINDS and
+              others.exclude(kind__in=LINK_KINDS).exists())
     nxt, note = plan_hit(ctx, hit, snapshots=snapshots_of([job]).get(job.pk, []),
-                         healthy_nics=healthy_nics_of([here[0].node_id]).get(here[0].node_id, []), retry=retry)
+                         healthy_nics=healthy_nics_of([here[0].node_id]).get(here[0].node_id, []))
     if nxt is None:
         # Nothing left to do (a proactive move with no other spare: the job stays where it is, at risk).
         _keep_baseline(action, baseline)
-        if job.state == JobState.RECOVERING:
-            job.state = JobState.RUNNING
-            job.save(update_fields=["state"])
+        if job.state == JobState.RECOVERING and not others.exists():
+            job.state, job.iteration_at = JobState.RUNNING, ctx.now
+            job.save(update_fields=["state", "iteration_at"])
             phase_start(job, JobPhaseKind.RUNNING, reason=f"recovery ended: {note}", at=ctx.now)
             record_progress(job, at=ctx.now, iteration=job.iteration)
             publish_job(job, "job.state")
         return None
     if not (nxt.retry_at and nxt.retry_at > ctx.now):
-        if start_through_driver(nxt, cluster, placement.migration_budget(cluster)) == "refused":
+        budget = placement.migration_budget(cluster) if nxt.kind in BUDGETED_KINDS else None
+        if start_through_driver(nxt, cluster, budget) == "refused":
             nxt.save()
             after = fail_and_fall_back(cluster, [(nxt, nxt.error)])
             return after[0] if after else None

@@ -97,27 +97,40 @@ def _active_allocations():
 
 
 def _jobs_locked(job_ids, incident_ids) -> dict[int, Job]:
-    """The jobs, row-locked, knowing whether they have snapshots, a recovery under way, and a finished recovery
-    from one of these incidents (which a new report of the incident then carries on)."""
-    active = RecoveryAction.objects.filter(job=OuterRef("pk"), dry_run=False, state__in=ACTIVE_STATES)
+    """The jobs, row-locked, knowing whether they have snapshots, a recovery under way (job-level, or a NIC
+    failover), and an action of one of these incidents that finished (and so booked the incident's baseline)."""
+    under_way = RecoveryAction.objects.filter(job=OuterRef("pk"), dry_run=False, state__in=ACTIVE_STATES)
     recovered = RecoveryAction.objects.filter(job=OuterRef("pk"), dry_run=False, state=ActionState.SUCCEEDED,
                                               incident_id__in=incident_ids)
     return {job.pk: job for job in Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant")
             .annotate(has_snapshots=Exists(JobSnapshot.objects.filter(job=OuterRef("pk"), state="succeeded")),
-                      recovering_now=Exists(active), recovered_from_incident=Exists(recovered))
+                      recovering_now=Exists(under_way), recovered_from_incident=Exists(recovered))
             .filter(pk__in=set(job_ids)).order_by("pk")}
 
 
-def _recovered(hits: list["Hit"]) -> dict[tuple[int, int], RecoveryAction]:
-    """For hits on jobs that one of their incidents already recovered (a move within the node, then the node
-    died): the last finished attempt of that recovery, by (job, incident)."""
+def _under_way(jobs: dict[int, Job]) -> tuple[dict[int, RecoveryAction], set[tuple[int, int, str]]]:
+    """The jobs' recoveries under way, row-locked: the job-level one by job, and their NIC failovers as (job, node,
+    NIC)."""
+    ids = [pk for pk, job in jobs.items() if job.recovering_now]
+    active, failovers = {}, set()
+    for action in (RecoveryAction.objects.select_for_update(of=("self",), no_key=True)
+                   .filter(job_id__in=ids, dry_run=False, state__in=ACTIVE_STATES) if ids else ()):
+        if action.kind in LINK_KINDS:
+            failovers.add((action.job_id, action.node_id, action.nic_name))
+        else:
+            active[action.job_id] = action
+    return active, failovers
+
+
+def _booked(hits: list["Hit"]) -> dict[tuple[int, int], RecoveryAction]:
+    """For hits on jobs whose incident already has a finished recovery of theirs (a move within the node, then the
+    node died): that action, which booked the incident's baseline for the job, by (job, incident)."""
     jobs = [h.job.pk for h in hits if h.job.recovered_from_incident]
     if not jobs:
         return {}
-    replaced = RecoveryAction.objects.filter(previous__isnull=False).values("previous_id")
-    rows = (RecoveryAction.objects.select_for_update(of=("self",), no_key=True)
-            .filter(job_id__in=jobs, incident_id__in={h.fault.incident_id for h in hits}, dry_run=False,
-                    state=ActionState.SUCCEEDED).exclude(pk__in=replaced).order_by("pk"))
+    rows = (RecoveryAction.objects.filter(job_id__in=jobs, incident_id__in={h.fault.incident_id for h in hits},
+                                          dry_run=False, state=ActionState.SUCCEEDED, gpu_hours_baseline__gt=0)
+            .order_by("pk"))
     return {(action.job_id, action.incident_id): action for action in rows}
 
 
@@ -139,15 +152,29 @@ def healthy_nics_of(node_ids) -> dict[int, list[str]]:
 
 # --- triage ------------------------------------------------------------------------------------------------
 
+# One NIC's recovery: the job keeps running on its other rails, so a failover is not the job's recovery and may run
+# beside it (the one-recovery-per-job constraint leaves it out).
+LINK_KINDS = frozenset({ActionKind.NIC_FAILOVER})
+LINK_IMPACTS = (Impact.NIC, Impact.DEGRADED)
+JOB_KINDS = frozenset({ActionKind.INTRA_NODE_MIGRATION, ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION,
+                       ActionKind.GPU_RESET, ActionKind.RESTORE_FROM_SNAPSHOT, ActionKind.RESTART_FROM_CHECKPOINT})
+
+
 @dataclass
 class Hit:
-    """One job hit by one or more faults: the recovery of the job answers all of them."""
+    """A job hit by faults, and what its recovery must answer. A job gets one job-level hit a decision (its
+    most severe faults), and one link hit per NIC of a node that lost one, answered beside it."""
 
     job: Job
     fault: FaultEvent            # the most severe: the action is recorded against it
     impact: Impact
     allocation: JobAllocation    # the worker it hit
     faults: list[FaultEvent] = field(default_factory=list)
+    link: bool = False
+    nodes: set[int] = field(default_factory=set)        # the nodes whose workers its recovery stops
+    only_link: bool = False      # the job has a recovery of its own: answer this one with a failover, or not at all
+    retry: "Retry | None" = None
+    booked_by: RecoveryAction | None = None   # the incident's recovery of this job that already booked the baseline
 
 
 def _affected(fault: FaultEvent, impact: str, on_nodes: dict[int, list[JobAllocation]]) -> list[JobAllocation]:
@@ -178,30 +205,51 @@ def _mark_hardware(marks: list[tuple[FaultEvent, FaultVerdict]]) -> None:
 
 def group_hits(pairs: list[tuple[FaultEvent, Impact, JobAllocation]], jobs: dict[int, Job],
                outcome: dict[int, list[str]]) -> list[Hit]:
-    """One Hit per job from the (fault, impact, allocation) pairs of a decision. The most severe pair decides;
-    workers hit on two or more nodes make it a whole-job restart. Faults that do not decide are noted as folded."""
+    """The hits of a decision from its (fault, impact, allocation) pairs. Per job: one job-level hit, decided by
+    the most severe pair (workers stopped on two or more nodes make it a whole-job restart); and one link hit per
+    NIC down or degraded on a node whose worker that recovery does not stop. Faults that decide nothing are noted
+    as folded into the one that does."""
     by_job: dict[int, list[tuple[FaultEvent, Impact, JobAllocation]]] = {}
     for pair in pairs:
         by_job.setdefault(pair[2].job_id, []).append(pair)
     hits = []
     for job_id, mine in by_job.items():
         mine.sort(key=lambda p: (p[1].rank, p[0].received_at, p[0].pk))
-        fault, impact, allocation = mine[0]
-        stopped_nodes = {p[2].node_id for p in mine if p[1].stops_job}
-        if len(stopped_nodes) > 1:
-            impact = Impact.RESTART
-        faults = list({p[0].pk: p[0] for p in mine}.values())
-        for other in faults:
-            if other.pk != fault.pk:
-                outcome[other.pk].append(f"job {job_id}: folded into its recovery for fault {fault.pk}")
-        hits.append(Hit(job=jobs[job_id], fault=fault, impact=impact, allocation=allocation, faults=faults))
+        job_level = [p for p in mine if p[1] not in LINK_IMPACTS]
+        main = None
+        if job_level:
+            fault, impact, allocation = job_level[0]
+            stopped = {p[2].node_id for p in job_level if p[1].stops_job}
+            if len(stopped) > 1:
+                impact = Impact.RESTART
+            faults = list({p[0].pk: p[0] for p in job_level}.values())
+            main = Hit(job=jobs[job_id], fault=fault, impact=impact, allocation=allocation, faults=faults,
+                       nodes=stopped or {allocation.node_id})
+            hits.append(main)
+            _fold(outcome, [f for f in faults if f.pk != fault.pk], job_id, fault)
+        links: dict[tuple[int, str], Hit] = {}
+        for fault, impact, allocation in (p for p in mine if p[1] in LINK_IMPACTS):
+            if main is not None and main.impact.stops_job and allocation.node_id in main.nodes:
+                _fold(outcome, [fault], job_id, main.fault)       # its worker leaves that node anyway
+            elif (allocation.node_id, fault.nic_name) in links:
+                _fold(outcome, [fault], job_id, links[allocation.node_id, fault.nic_name].fault)
+            else:
+                links[allocation.node_id, fault.nic_name] = Hit(
+                    job=jobs[job_id], fault=fault, impact=impact, allocation=allocation, faults=[fault], link=True,
+                    nodes={allocation.node_id}, only_link=main is not None)
+        hits.extend(links.values())
     return hits
 
 
+def _fold(outcome: dict[int, list[str]], faults: list[FaultEvent], job_id: int, into: FaultEvent) -> None:
+    for fault in faults:
+        outcome[fault.pk].append(f"job {job_id}: folded into its recovery for fault {into.pk}")
+
+
 def covers(active: RecoveryAction, hit: Hit) -> bool:
-    """Whether a recovery under way already answers a new hit of its job: a whole-job restart answers anything;
-    a move off a node answers anything on that node; otherwise only a hit no more severe than the one it answers.
-    A fault that does not stop the job never interrupts a recovery."""
+    """Whether a job's recovery under way already answers a new hit: a whole-job restart answers anything; a move
+    off a node answers anything on that node; otherwise only a hit no more severe than the one it answers. A fault
+    that does not stop the job never interrupts a recovery."""
     if not hit.impact.stops_job or active.kind in WHOLE_JOB_KINDS:
         return True
     if hit.allocation.node_id != active.node_id:
@@ -210,6 +258,34 @@ def covers(active: RecoveryAction, hit: Hit) -> bool:
                                                     and active.state == ActionState.RUNNING):
         return True
     return Impact(active.impact or Impact.NONE).rank <= hit.impact.rank
+
+
+def against_under_way(hits: list[Hit], active: dict[int, RecoveryAction], failovers: set[tuple[int, int, str]],
+                      outcome: dict[int, list[str]]) -> tuple[list[Hit], dict[int, str]]:
+    """Weigh each hit against the job's recoveries under way (``active``: its job-level one; ``failovers``: (job,
+    node, NIC) of its NIC failovers): it folds into one that answers it, or, for a job-level hit, replaces the
+    job's recovery (returned: the actions superseded, with why). Returns the hits still to plan."""
+    replaced: dict[int, str] = {}
+    left = []
+    for hit in hits:
+        running = active.get(hit.job.pk)
+        if hit.link and (hit.job.pk, hit.allocation.node_id, hit.fault.nic_name) in failovers:
+            outcome[hit.fault.pk].append(f"job {hit.job.pk}: its failover of {hit.fault.nic_name} is under way")
+            continue
+        if running is not None and (covers(running, hit) if not hit.link else
+                                    running.kind in WHOLE_JOB_KINDS or (running.node_id == hit.allocation.node_id
+                                                                        and running.kind in SPARE_KINDS)):
+            outcome[hit.fault.pk].append(f"job {hit.job.pk}: folded into its {running.kind} (action {running.pk})")
+            continue
+        if running is not None and hit.link:
+            hit.only_link = True
+        elif running is not None:
+            if hit.allocation.node_id != running.node_id:
+                hit.impact = Impact.RESTART     # workers on two nodes are hit now: the whole job restarts
+            hit.retry = Retry(previous=running, baseline=running.gpu_hours_baseline)
+            replaced[running.pk] = f"superseded by fault {hit.fault.pk} ({hit.fault.kind} on {hit.fault.node.hostname})"
+        left.append(hit)
+    return left, replaced
 
 
 # --- plan and place ----------------------------------------------------------------------------------------
@@ -239,12 +315,14 @@ def _facts(job: Job, allocation: JobAllocation, impact: Impact, fault: FaultEven
                     protected=protected, restart_overhead_seconds=overhead, seconds_since_snapshot=since_snapshot), snapshot
 
 
-def plan_hit(ctx: Context, hit: Hit, *, snapshots: list[JobSnapshot], healthy_nics: list[str],
-             retry: Retry | None = None) -> tuple[RecoveryAction | None, str]:
+def plan_hit(ctx: Context, hit: Hit, *, snapshots: list[JobSnapshot],
+             healthy_nics: list[str]) -> tuple[RecoveryAction | None, str]:
     """Plan and place the one recovery for a hit (not yet written): the cheapest feasible option, its spare, GPU,
-    NIC or restore point. With ``retry`` it is the next attempt of a recovery: the kinds that failed are out, and
-    it keeps the recovery's clock and baseline. Returns the action (None when nothing needs doing) and a note."""
-    job, fault, allocation = hit.job, hit.fault, hit.allocation
+    NIC or restore point. With ``hit.retry`` it is the next attempt of a recovery: the kinds that failed are out,
+    and it keeps the recovery's clock and baseline; with ``hit.booked_by`` another action of the incident booked
+    the baseline for this job, so this one books none. Returns the action (None when nothing needs doing) and a
+    note."""
+    job, fault, allocation, retry = hit.job, hit.fault, hit.allocation, hit.retry
     node, now = allocation.node, ctx.now
     facts, snapshot = _facts(job, allocation, hit.impact, fault, ctx.protected, ctx.overhead, snapshots, now)
     stake = gpu_hours_at_stake(facts)
@@ -253,7 +331,7 @@ def plan_hit(ctx: Context, hit: Hit, *, snapshots: list[JobSnapshot], healthy_ni
     situation = Situation(impact=hit.impact, healthy_nic=spare_nic is not None, spare_gpus_on_node=len(spare_gpus),
                           gpu_reset=(fault.triage or {}).get("remediation") == "gpu_reset",
                           risk=max(node.risk_score, 0.5), supports=ctx.supports,
-                          excluded=retry.excluded if retry else frozenset())
+                          excluded=(retry.excluded if retry else frozenset()) | (JOB_KINDS if hit.only_link else frozenset()))
     found = []
 
     def look_up() -> tuple[bool, float]:
@@ -289,6 +367,10 @@ def plan_hit(ctx: Context, hit: Hit, *, snapshots: list[JobSnapshot], healthy_ni
         if retry.retry_at:
             action.deadline_at = retry.retry_at + deadline_after(chosen.pause_seconds)
         action.reason = f"attempt {action.attempt}, after {previous.kind} (action {previous.pk}) ended: {action.reason}"
+    if hit.booked_by is not None:
+        action.gpu_hours_baseline, action.gpu_hours_saved = 0.0, -action.gpu_hours_lost
+        action.reason = (f"incident {fault.incident_id} again: action {hit.booked_by.pk} booked its baseline for this "
+                         f"job. {action.reason}")
     _place(ctx, action, chosen.kind, spare=found[0] if found else None, spare_gpus=spare_gpus, spare_nic=spare_nic,
            snapshot=snapshot)
     return action, f"job {job.pk}: {chosen.kind}" + (" (dry run)" if ctx.dry_run else "")
@@ -369,47 +451,38 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     jobs = _jobs_locked([p[2].job_id for p in pairs], {p[0].incident_id for p in pairs if p[0].incident_id})
     hits = group_hits(pairs, jobs, outcome)
     # A job already recovering: the new fault folds into that recovery, or replaces it (superseded).
-    active = {action.job_id: action for action in RecoveryAction.objects.select_for_update(of=("self",), no_key=True)
-              .filter(job_id__in=[pk for pk, job in jobs.items() if job.recovering_now], dry_run=False,
-                      state__in=ACTIVE_STATES)} if not dry_run and any(j.recovering_now for j in jobs.values()) else {}
-    retries: dict[int, Retry] = {}
-    replaced: dict[int, str] = {}
-    for hit in list(hits):
-        running = active.get(hit.job.pk)
-        if running is None:
-            continue
-        if covers(running, hit):
-            outcome[hit.fault.pk].append(f"job {hit.job.pk}: folded into its {running.kind} (action {running.pk})")
-            hits.remove(hit)
-            continue
-        if hit.allocation.node_id != running.node_id:
-            hit.impact = Impact.RESTART     # workers on two nodes are hit now: the whole job restarts
-        retries[hit.job.pk] = Retry(previous=running, baseline=running.gpu_hours_baseline)
-        replaced[running.pk] = f"superseded by fault {hit.fault.pk} ({hit.fault.kind} on {hit.fault.node.hostname})"
-    supersede([a for a in active.values() if a.pk in replaced], replaced)
-    # A job that one of these incidents already recovered, hit again by it: the same recovery goes on (one per
-    # incident and job), its finished attempt passes on its baseline.
-    recovered = _recovered(hits) if not dry_run else {}
+    if not dry_run and any(job.recovering_now for job in jobs.values()):
+        active, failovers = _under_way(jobs)
+        hits, replaced = against_under_way(hits, active, failovers, outcome)
+        supersede([a for a in active.values() if a.pk in replaced], replaced)
+    # A job that this incident already recovered, hit by it again: it books no second baseline (one per incident
+    # and job).
+    booked = _booked(hits) if not dry_run else {}
     for hit in hits:
-        done = recovered.get((hit.job.pk, hit.fault.incident_id)) if hit.job.pk not in retries else None
-        if done is not None:
-            retries[hit.job.pk] = Retry(previous=done, baseline=done.gpu_hours_baseline)
-    # plan and place: spares go first to the jobs with the most GPU-hours at stake, shared between tenants by tier.
+        if hit.retry is None:
+            hit.booked_by = booked.get((hit.job.pk, hit.fault.incident_id))
+    # plan and place: job-level hits first, then the NIC failovers beside them; spares go first to the jobs with the
+    # most GPU-hours at stake, shared between tenants by tier.
     snapshots = snapshots_of(jobs.values())
-    nics = healthy_nics_of({h.allocation.node_id for h in hits if h.impact in (Impact.NIC, Impact.DEGRADED)})
+    nics = healthy_nics_of({h.allocation.node_id for h in hits if h.impact in LINK_IMPACTS})
     stakes = [gpu_hours_at_stake(_facts(h.job, h.allocation, h.impact, h.fault, ctx.protected, ctx.overhead,
                                         snapshots.get(h.job.pk, []), now)[0]) for h in hits]
     ordered = fair_order([(h.job.tenant_id, h.job.tenant.tier, stakes[i], i) for i, h in enumerate(hits)])
+    ordered.sort(key=lambda i: hits[i].link)
     created: list[RecoveryAction] = []
     recovering: list[tuple[Job, str]] = []
+    job_level: set[int] = set()     # jobs given a job-level recovery by this decision
     for index in ordered:
         hit = hits[index]
+        hit.only_link = hit.only_link or hit.job.pk in job_level
         action, note = plan_hit(ctx, hit, snapshots=snapshots.get(hit.job.pk, []),
-                                healthy_nics=nics.get(hit.allocation.node_id, []), retry=retries.get(hit.job.pk))
-        outcome[hit.fault.pk].append(note + (f" (replaces action {retries[hit.job.pk].previous.pk})"
-                                             if action and hit.job.pk in retries else ""))
+                                healthy_nics=nics.get(hit.allocation.node_id, []))
+        outcome[hit.fault.pk].append(note + (f" (replaces action {hit.retry.previous.pk})" if action and hit.retry
+                                             else ""))
         if action is None:
             continue
+        if action.kind not in LINK_KINDS:
+            job_level.add(hit.job.pk)
         job = hit.job
         if not dry_run and action.kind in STOPS_JOB and job.state == JobState.RUNNING:
             job.iteration, job.iteration_at = job.iteration_now(now), now
@@ -467,11 +540,6 @@ def record(ctx: Context, *, faults: list[FaultEvent], created: list[RecoveryActi
     from jobs.services.fallback import fail_and_fall_back
 
     RecoveryAction.objects.bulk_create(created)
-    # A finished attempt that a new one carries on passes it its baseline: the recovery is booked once.
-    carried = [a.previous_id for a in created if a.previous_id and a.previous.state == ActionState.SUCCEEDED]
-    if carried:
-        RecoveryAction.objects.filter(pk__in=carried).update(gpu_hours_baseline=0.0, gpu_hours_lost=0.0,
-                                                             gpu_hours_saved=0.0, gpu_hours_expected=0.0)
     placement.book_many([b for b in map(booking_of, created) if b])
     update_rows([job for job, _ in recovering], ["iteration", "iteration_at", "state"])
     audit_record_many([audit_entry(actor=None, action="recovery.plan", target=action, tenant_id=action.job.tenant_id,

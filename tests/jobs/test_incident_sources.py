@@ -126,11 +126,12 @@ def test_a_node_death_from_three_sources_in_any_order_and_spacing_is_one_inciden
         assert set(faults.values_list("incident", flat=True)) == {incident.pk}, where
         assert incident.kind == "node_unreachable" and incident.report_count == 3, where
         attempts = RecoveryAction.objects.filter(job=job).order_by("pk")
-        assert attempts.filter(previous__isnull=True).count() == 1, (where, list(attempts.values("kind", "state", "error")))
-        final = attempts.get(state=ActionState.SUCCEEDED)
-        assert set(attempts.exclude(pk=final.pk).values_list("state", flat=True)) <= {ActionState.FAILED}, where
-        baselines = [a.gpu_hours_baseline for a in attempts]
-        assert sum(baselines) == pytest.approx(final.gpu_hours_baseline) and final.gpu_hours_baseline > 0, where
+        listed = (where, list(attempts.values("kind", "state", "error", "gpu_hours_baseline")))
+        # One baseline booked for the incident and job, whether the death superseded a move within the node
+        # (attempt 2) or came after it finished (a move off the node that books no second baseline).
+        booked = [a for a in attempts if a.gpu_hours_baseline > 0]
+        assert len(booked) == 1 and booked[0].state == ActionState.SUCCEEDED, listed
+        assert attempts.last().state == ActionState.SUCCEEDED and attempts.count() <= 2, listed
         assert job.state == JobState.RUNNING, where
         kinds[len(attempts)] = kinds.get(len(attempts), 0) + 1
         held = set(JobAllocation.objects.filter(job=job, released_at__isnull=True).values_list("node_id", flat=True))

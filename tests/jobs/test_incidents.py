@@ -208,7 +208,7 @@ def test_node_down_50_ms_after_xid_79_replaces_the_intra_node_move_with_one_migr
     assert total == pytest.approx(baseline)
 
 
-def test_node_down_after_the_intra_node_move_finished_carries_the_same_recovery_on(tenant_a):
+def test_node_down_after_the_intra_node_move_finished_books_no_second_baseline(tenant_a):
     cluster = protected_cluster(nodes=4, spares=2, connection=dict(REAL))
     job = submit(cluster, tenant_a, gpus=12, checkpoint_interval=10_000)
     age(job, 600)
@@ -220,19 +220,35 @@ def test_node_down_after_the_intra_node_move_finished_carries_the_same_recovery_
     intra = RecoveryAction.objects.get(pk=intra_id)
     assert intra.kind == ActionKind.INTRA_NODE_MIGRATION and intra.state == ActionState.SUCCEEDED
     baseline = intra.gpu_hours_baseline
-    # The node dies a moment later: the same incident, so the same recovery of the job goes on.
+    # The node dies a moment later: the same incident, so the job's move off the node books no second baseline,
+    # and what it cost counts against the incident's saving.
     down = report(kind="node_unreachable", node=node, source="alertmanager")
     assert down.incident_id == xid.incident_id
     [live_id] = handle(down)
     live = RecoveryAction.objects.get(pk=live_id)
-    intra.refresh_from_db()
-    assert live.kind == ActionKind.LIVE_MIGRATION and live.previous_id == intra.pk and live.attempt == 2
-    assert intra.state == ActionState.SUCCEEDED and intra.gpu_hours_baseline == intra.gpu_hours_saved == 0
+    assert live.kind == ActionKind.LIVE_MIGRATION and live.gpu_hours_baseline == 0
+    assert f"action {intra.pk} booked its baseline" in live.reason
     fast_forward()
     settle(1)
     live.refresh_from_db()
-    assert live.state == ActionState.SUCCEEDED and live.gpu_hours_baseline == pytest.approx(baseline)
+    intra.refresh_from_db()
+    assert live.state == ActionState.SUCCEEDED and live.gpu_hours_saved == pytest.approx(-live.gpu_hours_lost)
+    assert intra.gpu_hours_baseline == pytest.approx(baseline)
     assert sum(RecoveryAction.objects.filter(job=job).values_list("gpu_hours_baseline", flat=True)) == pytest.approx(baseline)
+
+
+def test_nic_failovers_run_beside_the_jobs_own_recovery(tenant_a):
+    cluster = protected_cluster(nodes=4, spares=2, connection=dict(REAL))
+    job = submit(cluster, tenant_a, gpus=16)
+    one, two = node_of(job, 0), node_of(job, 8)
+    faults = [report(kind="nic_down", node=one, nic_name="mlx5_0"), report(kind="nic_down", node=two, nic_name="mlx5_0"),
+              report(kind="gpu_xid", xid=79, node=two, gpu_index=3)]
+    handle(*faults)
+    kinds = sorted(RecoveryAction.objects.filter(job=job).values_list("kind", "node_id"))
+    # The Xid takes node two's worker to a spare (its NIC's fault folds into that); node one fails its NIC over.
+    assert kinds == sorted([(ActionKind.LIVE_MIGRATION, two.pk), (ActionKind.NIC_FAILOVER, one.pk)])
+    faults[1].refresh_from_db()
+    assert "folded into its recovery" in faults[1].state_reason
 
 
 def test_a_late_report_of_the_same_node_folds_into_the_migration_under_way(tenant_a):

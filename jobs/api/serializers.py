@@ -25,7 +25,7 @@ class JobSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Job
-        fields = ["id", "name", "tenant", "cluster", "cluster_name", "gpus", "simulated", "state", "iteration",
+        fields = ["id", "name", "tenant", "cluster", "cluster_name", "gpus", "simulated", "state", "state_reason", "iteration",
                   "seconds_per_iteration", "checkpoint_interval", "last_checkpoint_iteration", "total_iterations",
                   "slowdown", "degraded_until", "protected", "protection_reason", "allocations", "created_at",
                   "started_at", "ended_at"]

@@ -38,6 +38,7 @@ class Migration(migrations.Migration):
                 ('kind', models.CharField(choices=[('nic_down', 'Nic Down'), ('link_flap', 'Link Flap'), ('link_degraded', 'Link Degraded'), ('gpu_xid', 'Gpu Xid'), ('ecc_uncorrectable', 'Ecc Uncorrectable'), ('nvlink_error', 'Nvlink Error'), ('node_unreachable', 'Node Unreachable'), ('thermal', 'Thermal'), ('facility', 'Facility'), ('straggler', 'Straggler'), ('predicted_failure', 'Predicted Failure'), ('software_crash', 'Software Crash')], max_length=20)),
                 ('xid', models.PositiveIntegerField(blank=True, null=True)),
                 ('fatal', models.BooleanField(default=False, help_text='its kind took a GPU or the node out of service')),
+                ('rank', models.PositiveSmallIntegerField(default=0, help_text="its kind's place in INCIDENT_SEVERITY (0: most severe)")),
                 ('state', models.CharField(choices=[('open', 'Open'), ('resolved', 'Resolved')], default='open', max_length=10)),
                 ('opened_at', models.DateTimeField(default=django.utils.timezone.now, help_text='when its first report was detected')),
                 ('last_reported_at', models.DateTimeField(default=django.utils.timezone.now)),
@@ -80,7 +81,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='recoveryaction',
             name='previous',
-            field=models.ForeignKey(blank=True, help_text='the attempt of the same recovery this one replaced (failed or superseded)', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='jobs.recoveryaction'),
+            field=models.ForeignKey(blank=True, db_index=False, help_text='the attempt of the same recovery this one replaced (failed or superseded)', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='jobs.recoveryaction'),
         ),
         migrations.AddField(
             model_name='recoveryaction',
@@ -100,12 +101,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='incident',
             name='cluster',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='incidents', to='fleet.cluster'),
+            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='incidents', to='fleet.cluster'),
         ),
         migrations.AddField(
             model_name='incident',
             name='node',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='incidents', to='fleet.node'),
+            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='incidents', to='fleet.node'),
         ),
         migrations.AddField(
             model_name='faultevent',

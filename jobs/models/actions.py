@@ -27,6 +27,7 @@ class RecoveryAction(models.Model):
     incident = models.ForeignKey("jobs.Incident", null=True, blank=True, on_delete=models.SET_NULL,
                                  related_name="actions")
     previous = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                                 db_index=False,   # one_successor_per_attempt's unique index serves its lookups
                                  help_text="the attempt of the same recovery this one replaced (failed or superseded)")
     attempt = models.PositiveSmallIntegerField(default=1, db_default=1, help_text="1 for a recovery's first attempt")
     job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.CASCADE, related_name="actions")

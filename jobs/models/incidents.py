@@ -14,13 +14,15 @@ class Incident(models.Model):
     It stays open while a report is younger than ``FAULT_CORRELATION_SECONDS`` or a recovery of it runs.
     """
 
-    cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="incidents")
-    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="incidents")
+    # Their lookups use the (cluster, opened_at) and (node, state) indexes: no index of their own (fewer to write).
+    cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="incidents", db_index=False)
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="incidents", db_index=False)
     scope = models.CharField(max_length=4, choices=IncidentScope.choices, default=IncidentScope.NODE)
     nic_name = models.CharField(max_length=30, blank=True, help_text="the one NIC of a nic-scoped incident")
     kind = models.CharField(max_length=20, choices=FaultKind.choices)
     xid = models.PositiveIntegerField(null=True, blank=True)
     fatal = models.BooleanField(default=False, help_text="its kind took a GPU or the node out of service")
+    rank = models.PositiveSmallIntegerField(default=0, help_text="its kind's place in INCIDENT_SEVERITY (0: most severe)")
     state = models.CharField(max_length=10, choices=IncidentState.choices, default=IncidentState.OPEN)
     opened_at = models.DateTimeField(default=timezone.now, help_text="when its first report was detected")
     last_reported_at = models.DateTimeField(default=timezone.now)

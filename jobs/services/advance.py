@@ -62,8 +62,9 @@ def book_completion(action: RecoveryAction, job, now) -> None:
     start for a proactive move, while the job ran until then) until the job runs again, including any failed
     attempts before it; the work redone since the restore point, as the job's own progress shows; and the slowdown
     while degraded. A restart from checkpoint saves nothing by definition: its baseline is what it cost from the
-    fault (from when it was planned, when earlier attempts failed first: their time shows as a negative saving). A proactive move books
-    an expected saving until its prediction is settled."""
+    fault (from when it was planned, when earlier attempts failed first: their time shows as a negative saving);
+    one that carries no baseline (its incident's earlier recovery of the job booked it) books none. A proactive
+    move books an expected saving until its prediction is settled."""
     started = action.started_at or action.detected_at
     pause = max(0.0, (now - (started if action.kind == ActionKind.PROACTIVE_MIGRATION else action.detected_at))
                 .total_seconds())
@@ -74,7 +75,7 @@ def book_completion(action: RecoveryAction, job, now) -> None:
     action.pause_seconds, action.work_lost_seconds = pause, work
     action.gpu_hours_lost = actual_gpu_hours(gpus=action.gpus, pause_seconds=pause, work_lost_seconds=work,
                                              degraded_seconds=degraded, slowdown=slowdown)
-    if action.kind == ActionKind.RESTART_FROM_CHECKPOINT:
+    if action.kind == ActionKind.RESTART_FROM_CHECKPOINT and action.gpu_hours_baseline > 0:
         since = action.detected_at if action.attempt == 1 else action.planned_at
         action.gpu_hours_baseline = actual_gpu_hours(gpus=action.gpus, work_lost_seconds=work,
                                                      pause_seconds=max(0.0, (now - since).total_seconds()))

@@ -1,6 +1,6 @@
 """Every recovery ends: a failed, refused or timed-out attempt is followed by the next-cheapest feasible one.
 
-The next attempt is planned by the decision's own planner (``recovery.plan_hit``) with the kinds that already
+The next attempt is planned by the decision's own planner (``planning.plan_hit``) with the kinds that already
 failed for this recovery left out: another spare (a live migration is tried on two spares at most), then a
 snapshot restore, then a restart from checkpoint, which is always possible. A failed restart is retried after a
 back-off, RECOVERY_RESTART_RETRIES times; then the job is Failed, with its reason, and a notification goes out.
@@ -17,6 +17,17 @@ from jobs.models import Job, JobAllocation, RecoveryAction
 from jobs.planner import Impact
 from jobs.services.actions import ACTIVE_STATES, after_start, fail_many, start_through_driver
 from jobs.services.common import phase_start, publish_action, publish_job, record_progress
+from jobs.services.planning import (
+    LINK_KINDS,
+    Context,
+    Hit,
+    Retry,
+    booking_of,
+    healthy_nics_of,
+    plan_hit,
+    retry_backoff,
+    snapshots_of,
+)
 
 # How many spares a live or proactive migration is tried on before the recovery moves on to the next kind.
 SPARES_TRIED = 2
@@ -49,17 +60,6 @@ def recovery_fall_back(*, action: RecoveryAction, cluster) -> RecoveryAction | N
     baseline (set aside by ``fail_many(baseline_moves=True)``) goes to the next attempt, or back to it when there
     is none."""
     from jobs.services.jobs import job_fail
-    from jobs.services.recovery import (
-        LINK_KINDS,
-        Context,
-        Hit,
-        Retry,
-        booking_of,
-        healthy_nics_of,
-        plan_hit,
-        retry_backoff,
-        snapshots_of,
-    )
 
     job = Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant").get(pk=action.job_id)
     baseline = getattr(action, "moved_baseline", action.gpu_hours_baseline)

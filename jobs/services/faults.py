@@ -38,7 +38,8 @@ def correlation_key(*, node_id: int, kind: str, gpu_index: int | None, nic_name:
 
 
 def _advisory_lock(key: str) -> None:
-    """Serialise reports of the same fault so concurrent duplicates merge instead of racing (PostgreSQL)."""
+    """Serialise reports under one key (a node, an idempotency key) so concurrent duplicates merge, and reports of
+    one failure fold into one incident, instead of racing (PostgreSQL)."""
     if connection.vendor != "postgresql":
         return
     number = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big", signed=True)
@@ -91,21 +92,21 @@ def fault_ingest(*, source: str, kind: str, node, gpu_index: int | None = None, 
     key = correlation_key(node_id=node.pk, kind=kind, gpu_index=gpu_index, nic_name=nic_name, xid=xid)
     with transaction.atomic():
         immediate_constraints()
-        _advisory_lock(idempotency_key or key)
+        # Reports of one node are serialised (its faults merge, its incident folds them) by one lock per node.
+        _advisory_lock(idempotency_key or f"node:{node.pk}")
         if idempotency_key:
             existing = FaultEvent.objects.filter(idempotency_key=idempotency_key).values_list("pk", flat=True).first()
             if existing is not None:
                 return _merge(existing, source=source, details=details, now=now), False
-            _advisory_lock(key)
+            _advisory_lock(f"node:{node.pk}")
         window = timedelta(seconds=settings.FAULT_CORRELATION_SECONDS)
         existing = (FaultEvent.objects.filter(correlation_key=key, received_at__gte=now - window)
                     .order_by("-received_at").values_list("pk", flat=True).first())
         if existing is not None:
             return _merge(existing, source=source, details=details, now=now), False
         verdict = classify_fault(kind, xid=xid, details=details)
-        _advisory_lock(f"incident:{node.pk}")
         try:
-            # The advisory lock already serialises reports with this key; the savepoint only guards other writers.
+            # The node's lock already serialises reports with this key; the savepoint only guards other writers.
             with transaction.atomic(savepoint=bool(idempotency_key)):
                 fault = FaultEvent(
                     kind=kind, xid=xid, severity=severity or DEFAULT_SEVERITY.get(kind, Severity.WARNING),

@@ -7,6 +7,7 @@ arriving at once from two sources join one incident instead of opening two.
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import F
 
 from jobs.choices import INCIDENT_SEVERITY, ActionState, FaultKind, IncidentScope, IncidentState
@@ -20,10 +21,6 @@ def severity_rank(kind: str, *, fatal: bool) -> int:
     service ranks as fatal."""
     name = "gpu_xid_fatal" if kind == FaultKind.GPU_XID and fatal else kind
     return INCIDENT_SEVERITY.index(name) if name in INCIDENT_SEVERITY else len(INCIDENT_SEVERITY)
-
-
-def incident_rank(incident: Incident) -> int:
-    return severity_rank(incident.kind, fatal=incident.fatal)
 
 
 def _window() -> timedelta:
@@ -40,33 +37,80 @@ def incident_is_open(incident: Incident, now: datetime) -> bool:
                                          state__in=(ActionState.PLANNED, ActionState.RUNNING)).exists()
 
 
-def incident_join(*, fault: FaultEvent, fatal: bool, now: datetime) -> Incident:
+# Joining on PostgreSQL, in one statement (fault intake is the hot path): resolve the node's stale open incident,
+# fold the report into the one still open (escalating its kind, widening a NIC scope), or open a new one.
+JOIN_SQL = """
+WITH found AS (
+    SELECT i.id FROM {incident} i
+    WHERE i.node_id = %(node)s AND i.state = 'open' AND (i.last_reported_at >= %(cutoff)s OR EXISTS (
+        SELECT 1 FROM {action} a WHERE a.incident_id = i.id AND NOT a.dry_run AND a.state IN ('planned', 'running')))
+    ORDER BY i.id DESC LIMIT 1
+), stale AS (
+    UPDATE {incident} i SET state = 'resolved', resolved_at = %(now)s
+    WHERE i.node_id = %(node)s AND i.state = 'open' AND i.id NOT IN (SELECT id FROM found) RETURNING i.id
+), joined AS (
+    UPDATE {incident} i SET
+        report_count = i.report_count + 1, last_reported_at = %(now)s, opened_at = LEAST(i.opened_at, %(detected)s),
+        scope = CASE WHEN i.scope = 'nic' AND NOT (%(one_nic)s AND i.nic_name = %(nic)s) THEN 'node' ELSE i.scope END,
+        nic_name = CASE WHEN i.scope = 'nic' AND NOT (%(one_nic)s AND i.nic_name = %(nic)s) THEN '' ELSE i.nic_name END,
+        kind = CASE WHEN %(rank)s < i.rank THEN %(kind)s ELSE i.kind END,
+        xid = CASE WHEN %(rank)s < i.rank THEN %(xid)s::integer ELSE i.xid END,
+        fatal = CASE WHEN %(rank)s < i.rank THEN %(fatal)s ELSE i.fatal END,
+        rank = LEAST(i.rank, %(rank)s)
+    FROM found WHERE i.id = found.id RETURNING i.id
+), opened AS (
+    INSERT INTO {incident} (cluster_id, node_id, scope, nic_name, kind, xid, fatal, rank, state, opened_at,
+                            last_reported_at, report_count)
+    SELECT %(cluster)s, %(node)s, CASE WHEN %(one_nic)s THEN 'nic' ELSE 'node' END,
+           CASE WHEN %(one_nic)s THEN %(nic)s ELSE '' END, %(kind)s, %(xid)s::integer, %(fatal)s, %(rank)s, 'open',
+           %(detected)s, %(now)s, 1
+    WHERE NOT EXISTS (SELECT 1 FROM joined) RETURNING id
+)
+SELECT id FROM joined UNION ALL SELECT id FROM opened
+"""
+
+
+def incident_join(*, fault: FaultEvent, fatal: bool, now: datetime) -> int:
     """Open the node's incident for a new fault, or fold the fault into the one already open, escalating its kind
-    and widening its scope as the rules say; sets ``fault.incident`` (the caller saves the fault). The caller
-    holds the node's incident lock."""
+    and widening its scope as the rules say (a stale one is resolved first); sets ``fault.incident_id`` (the
+    caller saves the fault) and returns it. The caller holds the node's lock."""
+    join = _join_in_one_statement if connection.vendor == "postgresql" else _join_with_the_orm
+    fault.incident_id = join(fault, on_one_nic=fault.kind in NIC_KINDS and bool(fault.nic_name),
+                             rank=severity_rank(fault.kind, fatal=fatal), fatal=fatal, now=now)
+    return fault.incident_id
+
+
+def _join_in_one_statement(fault: FaultEvent, *, on_one_nic: bool, rank: int, fatal: bool, now: datetime) -> int:
+    sql = JOIN_SQL.format(incident=Incident._meta.db_table, action=RecoveryAction._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"node": fault.node_id, "cluster": fault.cluster_id, "cutoff": now - _window(), "now": now,
+                             "detected": fault.detected_at, "one_nic": on_one_nic, "nic": fault.nic_name, "rank": rank,
+                             "kind": fault.kind, "xid": fault.xid, "fatal": fatal})
+        return cursor.fetchone()[0]
+
+
+def _join_with_the_orm(fault: FaultEvent, *, on_one_nic: bool, rank: int, fatal: bool, now: datetime) -> int:
+    """``JOIN_SQL``'s rules, statement by statement (SQLite, the embedded default)."""
     incident = (Incident.objects.select_for_update(of=("self",), no_key=True)
                 .filter(node_id=fault.node_id, state=IncidentState.OPEN).order_by("-pk").first())
     if incident is not None and not incident_is_open(incident, now):
         incident_resolve(incident=incident, at=now)
         incident = None
-    on_one_nic = fault.kind in NIC_KINDS and bool(fault.nic_name)
     if incident is None:
-        incident = Incident.objects.create(
+        return Incident.objects.create(
             cluster_id=fault.cluster_id, node_id=fault.node_id,
             scope=IncidentScope.NIC if on_one_nic else IncidentScope.NODE, nic_name=fault.nic_name if on_one_nic else "",
-            kind=fault.kind, xid=fault.xid, fatal=fatal, opened_at=fault.detected_at, last_reported_at=now)
-    else:
-        if incident.scope == IncidentScope.NIC and not (on_one_nic and fault.nic_name == incident.nic_name):
-            incident.scope, incident.nic_name = IncidentScope.NODE, ""   # several NICs, or the node itself
-        if severity_rank(fault.kind, fatal=fatal) < incident_rank(incident):
-            incident.kind, incident.xid, incident.fatal = fault.kind, fault.xid, fatal
-        incident.report_count += 1
-        incident.last_reported_at = now
-        incident.opened_at = min(incident.opened_at, fault.detected_at)
-        incident.save(update_fields=["scope", "nic_name", "kind", "xid", "fatal", "report_count", "last_reported_at",
-                                     "opened_at"])
-    fault.incident = incident
-    return incident
+            kind=fault.kind, xid=fault.xid, fatal=fatal, rank=rank, opened_at=fault.detected_at, last_reported_at=now).pk
+    if incident.scope == IncidentScope.NIC and not (on_one_nic and fault.nic_name == incident.nic_name):
+        incident.scope, incident.nic_name = IncidentScope.NODE, ""   # several NICs, or the node itself
+    if rank < incident.rank:
+        incident.kind, incident.xid, incident.fatal, incident.rank = fault.kind, fault.xid, fatal, rank
+    incident.report_count += 1
+    incident.last_reported_at = now
+    incident.opened_at = min(incident.opened_at, fault.detected_at)
+    incident.save(update_fields=["scope", "nic_name", "kind", "xid", "fatal", "rank", "report_count", "last_reported_at",
+                                 "opened_at"])
+    return incident.pk
 
 
 def incident_report(*, incident_id: int | None, now: datetime) -> None:

@@ -77,7 +77,17 @@ def recovery_of(job):
 
 # --- incidents from reports ----------------------------------------------------------------------------------
 
-def test_the_same_gpu_as_ecc_and_xid_48_is_one_incident_one_migration_one_spare_one_baseline(tenant_a):
+@pytest.fixture(params=["one statement", "orm"])
+def join(request, monkeypatch):
+    """The incident tests run with both ways of joining: PostgreSQL's one statement, and the ORM's (SQLite)."""
+    from jobs.services import incidents
+
+    if request.param == "orm":
+        monkeypatch.setattr(incidents, "_join_in_one_statement", incidents._join_with_the_orm)
+    return request.param
+
+
+def test_the_same_gpu_as_ecc_and_xid_48_is_one_incident_one_migration_one_spare_one_baseline(join, tenant_a):
     cluster = protected_cluster(nodes=4, spares=2, connection=INSTANT)
     job = submit(cluster, tenant_a, gpus=16, checkpoint_interval=10_000)
     age(job, 900)
@@ -107,7 +117,7 @@ def test_the_same_gpu_as_ecc_and_xid_48_is_one_incident_one_migration_one_spare_
     assert "folded" in (ecc.state_reason + xid.state_reason)
 
 
-def test_a_grey_link_that_goes_down_escalates_its_incident_and_a_second_nic_widens_it_to_the_node(tenant_a):
+def test_a_grey_link_that_goes_down_escalates_its_incident_and_a_second_nic_widens_it_to_the_node(join, tenant_a):
     cluster = protected_cluster(nodes=2, spares=1, connection=INSTANT)
     node = Node.objects.filter(cluster=cluster, state=NodeState.READY).first()
     report(kind="link_degraded", node=node, nic_name="mlx5_0")
@@ -120,7 +130,7 @@ def test_a_grey_link_that_goes_down_escalates_its_incident_and_a_second_nic_wide
     assert incident.faults.count() == 3 and incident.report_count == 3
 
 
-def test_an_incident_takes_the_most_severe_kind_whatever_the_order(tenant_a):
+def test_an_incident_takes_the_most_severe_kind_whatever_the_order(join, tenant_a):
     cluster = make_cluster()
     node, other = bulk_nodes(cluster, 2)
     report(kind="software_crash", node=node)
@@ -132,7 +142,7 @@ def test_an_incident_takes_the_most_severe_kind_whatever_the_order(tenant_a):
     assert Incident.objects.get(node=other).kind == FaultKind.THERMAL
 
 
-def test_a_report_after_the_window_opens_a_new_incident_unless_its_recovery_still_runs(tenant_a, settings):
+def test_a_report_after_the_window_opens_a_new_incident_unless_its_recovery_still_runs(join, tenant_a, settings):
     settings.FAULT_CORRELATION_SECONDS = 5
     cluster = protected_cluster(nodes=4, spares=2, connection={**INSTANT, "migration_pause_seconds": 30})
     job = submit(cluster, tenant_a, gpus=16)

@@ -139,6 +139,7 @@ class SimulatedDriver(ClusterDriver):
     def operation_status(self, handle: str) -> str:
         from fleet.models import SimulatedOperation
 
+        self._reachable()
         row = SimulatedOperation.objects.filter(pk=int(handle.removeprefix("sim-")), cluster=self.cluster).first()
         if row is None:
             return "failed"
@@ -149,6 +150,7 @@ class SimulatedDriver(ClusterDriver):
     def operation_statuses(self, handles: list[str]) -> dict[str, str]:
         from fleet.models import SimulatedOperation
 
+        self._reachable()
         ids = {handle: int(handle.removeprefix("sim-")) for handle in handles if handle.startswith("sim-")
                and handle.removeprefix("sim-").isdigit()}
         rows = {row.pk: row for row in SimulatedOperation.objects.filter(pk__in=ids.values(), cluster=self.cluster)

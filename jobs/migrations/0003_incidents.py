@@ -143,4 +143,8 @@ class Migration(migrations.Migration):
             model_name='incident',
             index=models.Index(fields=['state', 'last_reported_at'], name='jobs_incide_state_9d872d_idx'),
         ),
+        migrations.AddIndex(
+            model_name='recoveryaction',
+            index=models.Index(condition=models.Q(('saving', 'expected')), fields=['detected_at'], name='action_expected_saving_idx'),
+        ),
     ]

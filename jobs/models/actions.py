@@ -75,7 +75,9 @@ class RecoveryAction(models.Model):
 
     class Meta:
         ordering = ["-planned_at", "-id"]
-        indexes = [models.Index(fields=["cluster", "state", "kind"]), models.Index(fields=["state", "done_at"])]
+        indexes = [models.Index(fields=["cluster", "state", "kind"]), models.Index(fields=["state", "done_at"]),
+                   # The few expected savings that beat settles every second (jobs.services.savings).
+                   models.Index(fields=["detected_at"], condition=Q(saving="expected"), name="action_expected_saving_idx")]
         constraints = [
             models.UniqueConstraint(fields=["fault", "job"],
                                     condition=Q(job__isnull=False, fault__isnull=False, previous__isnull=True),

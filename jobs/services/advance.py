@@ -168,6 +168,11 @@ def actions_advance(*, cluster: Cluster, action_ids: list[int], finished: list) 
         statuses = driver_for(cluster).operation_statuses([a.handle for a in actions if a.handle])
     except (DriverError, NotImplementedError) as error:
         log.warning("status of %d operations on %s unknown: %s", len(actions), cluster.name, error)
+        # Every recovery ends, whether or not the cluster answers: past its deadline an action falls back.
+        overdue = [(a, f"timed out: the cluster did not answer ({error})") for a in actions
+                   if a.deadline_at and a.deadline_at <= now]
+        if overdue:
+            fail_and_fall_back(cluster, overdue)
         return 0
     done, failed = [], []
     for action in actions:

@@ -185,7 +185,11 @@ def _step(escalation: NodeEscalation) -> str:
     if stage == EscalationStage.REMEDIATING:
         if escalation.done_at and escalation.done_at > timezone.now():
             return "running"
-        status = driver_for(node.cluster).operation_status(escalation.handle)
+        try:
+            status = driver_for(node.cluster).operation_status(escalation.handle)
+        except DriverError as error:
+            escalation.blocked = f"GPU reset status unknown: {error}"[:300]
+            return "blocked"
         if status == "running":
             return "running"
         RecoveryAction.objects.filter(handle=escalation.handle, job__isnull=True, state=ActionState.RUNNING).update(

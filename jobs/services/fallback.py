@@ -45,7 +45,7 @@ def _attempts(action: RecoveryAction) -> list[RecoveryAction]:
 def fail_and_fall_back(cluster, failures: list[tuple[RecoveryAction, str]]) -> list[RecoveryAction]:
     """Fail these attempts (with their errors) and plan the next attempt of each recovery they leave unfinished.
     Returns the new attempts."""
-    failures = [(action, error) for action, error in failures if action.state in (ActionState.PLANNED, ActionState.RUNNING)]
+    failures = [(action, error) for action, error in failures if action.state in ACTIVE_STATES]
     if not failures:
         return []
     with_next = [action for action, _ in failures if action.job_id and not action.dry_run]

@@ -389,6 +389,22 @@ def test_an_action_that_runs_past_its_deadline_times_out_and_falls_back(tenant_a
     assert job.state == JobState.RECOVERING
 
 
+def test_past_its_deadline_an_action_falls_back_even_when_the_cluster_does_not_answer(tenant_a):
+    cluster = make_cluster(connection={**INSTANT, "restart_seconds": 30})
+    bulk_nodes(cluster, 4)
+    job = submit(cluster, tenant_a, gpus=16)
+    [first_id] = handle(report(kind="software_crash", node=node_of(job)))
+    RecoveryAction.objects.filter(pk=first_id).update(done_at=timezone.now(), deadline_at=timezone.now())
+    cluster.connection = {**cluster.connection, "unreachable": True}
+    cluster.save(update_fields=["connection"])
+    settle(1)
+    first = RecoveryAction.objects.get(pk=first_id)
+    assert first.state == ActionState.FAILED and first.error.startswith("timed out: the cluster did not answer")
+    # The next attempt waits: for its back-off, and for the cluster (a transient error keeps it planned).
+    nxt = RecoveryAction.objects.get(previous=first)
+    assert nxt.kind == ActionKind.RESTART_FROM_CHECKPOINT and nxt.state == ActionState.PLANNED
+
+
 def test_a_restarted_job_is_off_its_failed_nodes(tenant_a):
     cluster = make_cluster(connection=dict(INSTANT))
     bulk_nodes(cluster, 4)

@@ -1,8 +1,12 @@
 """Builders for the jobs tests: protected simulated clusters with spares, and jobs on them."""
 
 import itertools
+import threading
+import time
 import uuid
+from contextlib import contextmanager
 
+from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from fleet.choices import HealthStatus, NodeState, SyncStatus
@@ -56,3 +60,31 @@ def submit(cluster, tenant, *, gpus: int = 16, name: str | None = None, **fields
                             **fields)
     job.token = token
     return job
+
+
+@contextmanager
+def beat_in_a_thread(*, cluster_ids=None, interval: float = 0.2):
+    """Beat's recovery work in a thread while the block runs: advance recovery (for ``cluster_ids``, or all) and
+    sweep the faults still new, every ``interval`` seconds."""
+    from jobs.services.advance import recovery_advance
+    from jobs.services.faults import fault_sweep
+
+    stop = threading.Event()
+
+    def beat():
+        try:
+            while not stop.is_set():
+                close_old_connections()
+                recovery_advance(cluster_ids=cluster_ids)
+                fault_sweep(min_age_seconds=3)
+                time.sleep(interval)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=beat)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from django.db import close_old_connections, connection
+from django.db import connection
 from rest_framework.test import APIClient
 
 from controlplane.access import Role
@@ -15,11 +15,9 @@ from controlplane.testing.processes import celery_worker, wait_for
 from fleet.choices import NodeState
 from jobs.choices import ActionState, JobState
 from jobs.models import FaultEvent, Incident, JobAllocation, RecoveryAction
-from jobs.services.advance import recovery_advance
-from jobs.services.faults import fault_sweep
 from telemetry.tokens import agent_token_create
 from tests.conftest import make_user, token_header
-from tests.jobs.helpers import protected_cluster, submit
+from tests.jobs.helpers import beat_in_a_thread, protected_cluster, submit
 from tests.telemetry.helpers import batch
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -72,7 +70,7 @@ def test_a_node_death_from_three_sources_in_any_order_and_spacing_is_one_inciden
     operator = make_user(Role.OPERATOR)
     cases = [(order, spacing, scenario(tenant_a, operator))
              for order in itertools.permutations(SOURCES) for spacing in SPACINGS]
-    answers, stop = [], threading.Event()
+    answers = []
 
     def send(order, spacing, world):
         try:
@@ -83,34 +81,18 @@ def test_a_node_death_from_three_sources_in_any_order_and_spacing_is_one_inciden
         finally:
             connection.close()
 
-    def beat():
-        try:
-            while not stop.is_set():
-                close_old_connections()
-                recovery_advance()
-                fault_sweep(min_age_seconds=3)
-                time.sleep(0.2)
-        finally:
-            connection.close()
-
     def settled():
         return (not FaultEvent.objects.filter(state="new").exists()
                 and not RecoveryAction.objects.filter(state__in=(ActionState.PLANNED, ActionState.RUNNING)).exists()
                 and not RecoveryAction.objects.filter(job__state=JobState.RECOVERING).exists())
 
-    with celery_worker(tmp_path, concurrency=2) as worker:
-        ticker = threading.Thread(target=beat)
-        ticker.start()
+    with celery_worker(tmp_path, concurrency=2) as worker, beat_in_a_thread():
         senders = [threading.Thread(target=send, args=case) for case in cases]
-        try:
-            for thread in senders:
-                thread.start()
-            for thread in senders:
-                thread.join()
-            wait_for(settled, 60, 0.3, what="every report decided and every recovery ended")
-        finally:
-            stop.set()
-            ticker.join()
+        for thread in senders:
+            thread.start()
+        for thread in senders:
+            thread.join()
+        wait_for(settled, 60, 0.3, what="every report decided and every recovery ended")
         log = worker.log.read_text()
     assert "Traceback" not in log, log[-3000:]
     assert len(answers) == 3 * len(cases) and {code for _, code in answers} <= {200, 201, 202}, answers

@@ -330,6 +330,23 @@ def test_an_injected_failure_falls_back_and_the_job_runs_again(tenant_a, setting
         assert nxt.pause_seconds >= (first.ended_at - first.detected_at).total_seconds()
 
 
+def test_a_failed_gpu_reset_ends_with_the_node_failed_and_waiting_for_a_human(tenant_a):
+    """The planner never resets a job's GPU (a reset costs a restart's overhead and more): a GPU reset is the ladder's
+    remedy for a drained node. When it fails, the node is failed and waits for a repair."""
+    from jobs.choices import EscalationStage
+    from jobs.models import NodeEscalation
+
+    cluster = protected_cluster(nodes=3, spares=1, connection=dict(INSTANT))
+    idle = Node.objects.filter(cluster=cluster, state=NodeState.READY).last()
+    fail_next_recovery(cluster, count=1, operations=["gpu_reset"])
+    handle(report(kind="gpu_xid", xid=95, gpu_index=2, node=idle))
+    settle(4)
+    ladder = NodeEscalation.objects.get(node=idle)
+    assert ladder.stage == EscalationStage.FAILED and ladder.needs_human
+    assert Node.objects.get(pk=idle.pk).state == NodeState.FAILED
+    assert RecoveryAction.objects.get(node=idle, kind=ActionKind.GPU_RESET, job=None).state == ActionState.FAILED
+
+
 def test_a_refused_migration_falls_back_in_the_same_decision(tenant_a):
     cluster = protected_cluster(nodes=4, spares=2, connection=dict(INSTANT))
     job = submit(cluster, tenant_a, gpus=16)

@@ -7,7 +7,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import close_old_connections, connection
+from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 
@@ -16,10 +16,9 @@ from fleet.choices import NodeState
 from fleet.drivers.simulated import fail_next_recovery
 from jobs.choices import ActionKind, ActionState, FaultState, JobState
 from jobs.models import FaultEvent, Job, JobAllocation, RecoveryAction, SpareBooking
-from jobs.services.advance import recovery_advance
-from jobs.services.faults import fault_ingest, fault_sweep
+from jobs.services.faults import fault_ingest
 from tests.fleet_factories import make_cluster, make_fleet
-from tests.jobs.helpers import bulk_nodes, protect
+from tests.jobs.helpers import beat_in_a_thread, bulk_nodes, protect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -85,16 +84,6 @@ def test_storm_books_each_spare_once_keeps_the_budget_and_every_recovery_ends(tm
         finally:
             connection.close()
 
-    def beat():
-        try:
-            while not stop.is_set():
-                close_old_connections()
-                recovery_advance(cluster_ids=[cluster.pk])
-                fault_sweep(min_age_seconds=3)
-                time.sleep(0.2)
-        finally:
-            connection.close()
-
     t0 = timezone.now()
 
     def report(chunk):
@@ -110,8 +99,8 @@ def test_storm_books_each_spare_once_keeps_the_budget_and_every_recovery_ends(tm
         under_way = RecoveryAction.objects.filter(job__isnull=False, state__in=(ActionState.PLANNED, ActionState.RUNNING))
         return not under_way.exists() and not Job.objects.filter(state=JobState.RECOVERING).exists()
 
-    with celery_worker(tmp_path, concurrency=4, **RETRIES) as worker:
-        watchers = [threading.Thread(target=sample_budget), threading.Thread(target=beat)]
+    with celery_worker(tmp_path, concurrency=4, **RETRIES) as worker, beat_in_a_thread(cluster_ids=[cluster.pk]):
+        watchers = [threading.Thread(target=sample_budget)]
         for thread in watchers:
             thread.start()
         started = time.monotonic()

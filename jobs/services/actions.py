@@ -134,9 +134,11 @@ def fail_many(actions: list[RecoveryAction], errors: dict[int, str], *, baseline
         action.state, action.error, action.ended_at = ActionState.FAILED, errors[action.pk][:300], now
         action.gpu_hours_saved = 0.0
         if baseline_moves:
+            # Its time is inside the next attempt's pause (one clock per recovery): nothing of its own to book.
             action.moved_baseline = action.gpu_hours_baseline
-            action.gpu_hours_baseline = action.gpu_hours_lost = 0.0
-    update_rows(actions, ["state", "error", "ended_at", "gpu_hours_saved", "gpu_hours_baseline", "gpu_hours_lost"])
+            action.gpu_hours_baseline = action.gpu_hours_lost = action.pause_seconds = action.work_lost_seconds = 0.0
+    update_rows(actions, ["state", "error", "ended_at", "gpu_hours_saved", "gpu_hours_baseline", "gpu_hours_lost",
+                          "pause_seconds", "work_lost_seconds"])
     placement.release_many(actions)
     audit_record_many([audit_entry(actor=None, action="recovery.fail", target=action,
                                    tenant_id=action.job.tenant_id if action.job_id else None,

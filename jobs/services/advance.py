@@ -20,7 +20,7 @@ from fleet.services import hardware
 from jobs import placement
 from jobs.choices import BUDGETED_KINDS, ActionKind, ActionState, JobPhaseKind, JobState, SavingState
 from jobs.ledger import actual_gpu_hours, expected_saving
-from jobs.models import JobAllocation, RecoveryAction
+from jobs.models import Job, JobAllocation, JobPhase, JobProgress, RecoveryAction
 from jobs.services.actions import (
     ACTIVE_STATES,
     CALLS,
@@ -96,12 +96,10 @@ LEDGER_FIELDS = ["pause_seconds", "work_lost_seconds", "gpu_hours_lost", "gpu_ho
 def _complete_many(actions: list[RecoveryAction]) -> None:
     """The driver finished these actions (of one cluster, its lock held): write the ledger, move the jobs, return
     them to Running. Written together: one statement per table, not per action."""
-    from jobs.models import Job, JobPhase, JobProgress
-
     now = timezone.now()
     jobs = {job.pk: job for job in Job.objects.select_for_update(of=("self",), no_key=True)
             .filter(pk__in={a.job_id for a in actions}).order_by("pk")}
-    entries, degraded_jobs = [], set()
+    entries, degraded_jobs, stopped_at = [], set(), []
     for action in actions:
         job = jobs[action.job_id]
         book_completion(action, job, now)
@@ -111,7 +109,9 @@ def _complete_many(actions: list[RecoveryAction]) -> None:
         if action.kind in (ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION):
             hardware.node_cool_down(node_id=action.node_id, seconds=settings.NODE_COOLDOWN_SECONDS)
         if action.kind in RESTORING_KINDS and action.restore_iteration is not None:
-            job.iteration = action.restore_iteration     # it lost the iterations since its restore point
+            # It lost the iterations since its restore point: its curve stays flat while it was stopped, then drops.
+            stopped_at.append(JobProgress(job=job, at=now, iteration=job.iteration))
+            job.iteration = action.restore_iteration
         if action.kind == ActionKind.NIC_FAILOVER:
             job.slowdown, job.degraded_until = action.slowdown, now + timedelta(seconds=action.degraded_seconds)
             degraded_jobs.add(job.pk)
@@ -140,7 +140,7 @@ def _complete_many(actions: list[RecoveryAction]) -> None:
         job.iteration_at = now
     update_rows(list(jobs.values()), ["iteration", "iteration_at", "state", "slowdown", "degraded_until"])
     phases_switch(at=now, ended=phases_ended, started=opened,
-                  progress=[JobProgress(job=job, at=now, iteration=job.iteration) for job in jobs.values()])
+                  progress=stopped_at + [JobProgress(job=job, at=now, iteration=job.iteration) for job in jobs.values()])
     audit_record_many(entries)
 
 
@@ -281,8 +281,6 @@ def recovery_advance(*, cluster_ids: list[int] | None = None) -> dict:
 
 
 def _complete_finished_jobs() -> None:
-    from jobs.models import Job
-
     for job in Job.objects.filter(simulated=True, state=JobState.RUNNING, total_iterations__isnull=False):
         if job.iteration_now() >= job.total_iterations:
             with transaction.atomic():

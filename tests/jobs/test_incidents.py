@@ -489,3 +489,8 @@ def test_a_restart_books_the_pause_and_the_iterations_the_job_really_lost(tenant
     assert action.work_lost_seconds == pytest.approx(100.0, abs=2.0)   # 50 iterations of 2 s
     assert action.pause_seconds < 30      # what happened, not the 600 s restart overhead setting
     assert action.gpu_hours_saved == pytest.approx(0, abs=1e-9)
+    # Its curve: flat while it was stopped, then down to the checkpoint when it restarted.
+    from jobs.models import JobProgress
+
+    curve = list(JobProgress.objects.filter(job=job).order_by("at", "id").values_list("iteration", flat=True))
+    assert curve[-3:] == [250, 250, 200]

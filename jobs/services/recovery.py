@@ -203,7 +203,9 @@ def against_under_way(hits: list[Hit], active: dict[int, RecoveryAction], failov
                       outcome: dict[int, list[str]]) -> tuple[list[Hit], dict[int, str]]:
     """Weigh each hit against the job's recoveries under way (``active``: its job-level one; ``failovers``: (job,
     node, NIC) of its NIC failovers): it folds into one that answers it, or, for a job-level hit, replaces the
-    job's recovery (returned: the actions superseded, with why). Returns the hits still to plan."""
+    job's recovery (returned: the actions superseded, with why) — as its next attempt, or, when what it replaces
+    was only a move off a node at risk and the failure is elsewhere, as a recovery of its own. Returns the hits
+    still to plan."""
     replaced: dict[int, str] = {}
     left = []
     for hit in hits:
@@ -219,20 +221,25 @@ def against_under_way(hits: list[Hit], active: dict[int, RecoveryAction], failov
         if running is not None and hit.link:
             hit.only_link = True
         elif running is not None:
-            if hit.allocation.node_id != running.node_id:
-                hit.impact = Impact.RESTART     # workers on two nodes are hit now: the whole job restarts
-            hit.retry = Retry(previous=running, baseline=running.gpu_hours_baseline)
             replaced[running.pk] = f"superseded by fault {hit.fault.pk} ({hit.fault.kind} on {hit.fault.node.hostname})"
+            elsewhere = hit.allocation.node_id != running.node_id
+            if not (elsewhere and running.kind == ActionKind.PROACTIVE_MIGRATION):
+                # (A move off a node at risk gives way to a failure elsewhere, which gets a recovery of its own.)
+                if elsewhere:
+                    hit.impact = Impact.RESTART     # workers on two nodes are hit now: the whole job restarts
+                hit.retry = Retry(previous=running, baseline=running.gpu_hours_baseline)
         left.append(hit)
     return left, replaced
 
 
 # --- plan and place: jobs.services.planning -----------------------------------------------------------------
 
-def supersede(active: list[RecoveryAction], reasons: dict[int, str]) -> None:
-    """End recoveries that a new fault replaces: failed, "superseded by …", their spares back in the pool, their
-    baseline passed on to the attempt that replaces them (booked once per recovery)."""
-    fail_many(active, reasons, baseline_moves=True)
+def supersede(active: list[RecoveryAction], reasons: dict[int, str], hits: list[Hit]) -> None:
+    """End recoveries that a new fault replaces: failed, "superseded by …", their spares back in the pool; the
+    baseline of those a next attempt carries on passes to it (booked once per recovery)."""
+    carried_on = {hit.retry.previous.pk for hit in hits if hit.retry}
+    fail_many([a for a in active if a.pk in carried_on], reasons, baseline_moves=True)
+    fail_many([a for a in active if a.pk not in carried_on], reasons)
 
 
 # --- the decision ------------------------------------------------------------------------------------------
@@ -276,7 +283,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     if not dry_run and any(job.recovering_now for job in jobs.values()):
         active, failovers = _under_way(jobs)
         hits, replaced = against_under_way(hits, active, failovers, outcome)
-        supersede([a for a in active.values() if a.pk in replaced], replaced)
+        supersede([a for a in active.values() if a.pk in replaced], replaced, hits)
     # A job that this incident already recovered, hit by it again: it books no second baseline (one per incident
     # and job).
     booked = _booked(hits) if not dry_run else {}

@@ -261,6 +261,21 @@ def test_nic_failovers_run_beside_the_jobs_own_recovery(tenant_a):
     assert "folded into its recovery" in faults[1].state_reason
 
 
+def test_a_failure_elsewhere_replaces_a_move_off_a_node_at_risk_with_a_recovery_of_its_own(tenant_a):
+    cluster = protected_cluster(nodes=4, spares=2, connection=dict(REAL))
+    job = submit(cluster, tenant_a, gpus=16, checkpoint_interval=10_000)
+    age(job, 600)
+    at_risk, other = node_of(job, 0), node_of(job, 8)
+    Node.objects.filter(pk=at_risk.pk).update(risk_score=0.9)
+    [proactive_id] = handle(report(kind="predicted_failure", node=at_risk, source="predictor"))
+    [live_id] = handle(report(kind="ecc_uncorrectable", node=other, gpu_index=1))
+    proactive, live = RecoveryAction.objects.get(pk=proactive_id), RecoveryAction.objects.get(pk=live_id)
+    assert proactive.kind == ActionKind.PROACTIVE_MIGRATION and proactive.state == ActionState.FAILED
+    assert proactive.error.startswith("superseded by fault") and proactive.gpu_hours_baseline > 0
+    # Not a restart of the whole job: the failed GPU's worker moves, as a recovery of its own.
+    assert live.kind == ActionKind.LIVE_MIGRATION and live.node_id == other.pk and live.previous_id is None
+
+
 def test_a_late_report_of_the_same_node_folds_into_the_migration_under_way(tenant_a):
     cluster = protected_cluster(nodes=4, spares=2, connection={**INSTANT, "migration_pause_seconds": 30})
     job = submit(cluster, tenant_a, gpus=16)

@@ -318,15 +318,16 @@ class Runner:
                 slow = max(slow, THROTTLE_SLOWDOWN)
         return slow
 
-    def _running_jobs(self) -> list[dict]:
+    def _running_jobs(self) -> list[dict] | None:
+        """The running jobs, as Lockstep lists them; None when it could not say."""
         jobs, url = [], f"{self.url}/api/v1/jobs/?state=Running&page_size=500"
         while url:
             try:
                 response = self.session.get(url, headers={"Authorization": f"Bearer {self.world.api_token}"}, timeout=15)
             except requests.RequestException:
-                return []
+                return None
             if response.status_code != 200:
-                return []
+                return None
             body = response.json()
             jobs += body["results"]
             url = body.get("next")
@@ -335,18 +336,20 @@ class Runner:
     def drive_jobs(self, now: float) -> int:
         """Advance every running job on a simulated cluster at its own step time, slowed by what its nodes
         suffer, and report iteration, step time and checkpoints through the progress API, as a training loop
-        calling the agent's progress helper would. A recovery that restored an older state is followed."""
+        calling the agent's progress helper would. A job does not train while Lockstep recovers it: running again,
+        it goes on from where Lockstep says it is (its restore point, or where it stopped), from then on."""
         reported = 0
         simulated = set(self.world.agent_tokens)
-        for job in self._running_jobs():
+        running = self._running_jobs()
+        if running is None:
+            return 0
+        for job in running:
             if job["cluster_name"] not in simulated:
                 continue
             mine = self.jobs.get(job["id"])
-            if mine is None:
+            if mine is None or mine["stopped"] or job["iteration"] < mine["iteration"] - 1:
                 mine = self.jobs[job["id"]] = {"iteration": float(job["iteration"]), "at": now,
-                                               "base": float(job["seconds_per_iteration"])}
-            if job["iteration"] < mine["iteration"] - 1:
-                mine["iteration"] = float(job["iteration"])   # restored to its checkpoint or a snapshot
+                                               "base": float(job["seconds_per_iteration"]), "stopped": False}
             hosts = {allocation["hostname"] for allocation in job["allocations"]}
             step = mine["base"] * (1.0 + self._slowdown(hosts))
             before = mine["iteration"]
@@ -358,6 +361,9 @@ class Runner:
                           self.world.api_token):
                 mine["iteration"], mine["at"] = after, now
                 reported += 1
+        listed = {job["id"] for job in running}
+        for job_id, mine in self.jobs.items():
+            mine["stopped"] = job_id not in listed
         return reported
 
     def _node(self, hostname: str) -> NodeSim:

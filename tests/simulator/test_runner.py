@@ -86,6 +86,26 @@ def test_jobs_report_their_own_progress_and_slow_down_on_a_grey_link(tmp_path):
     assert job.seconds_per_iteration > mine["base"]
 
 
+def test_a_job_does_not_train_while_lockstep_recovers_it(tmp_path):
+    from jobs.models import Job
+
+    world_build(seed=5, nodes_per_cluster=6, spares=1)
+    with uvicorn_server(tmp_path) as server:
+        runner = Runner(url=server.url, acceleration=0.0, tick_seconds=0)
+        runner.tick()
+        job = Job.objects.filter(cluster__name="use-h100-a", state="Running").first()
+        base, start = runner.jobs[job.pk]["base"], runner.jobs[job.pk]["at"]
+        Job.objects.filter(pk=job.pk).update(state="Recovering", iteration=40)
+        runner.drive_jobs(start + 500 * base)          # 500 steps' worth of time, stopped: nothing reported
+        job.refresh_from_db()
+        assert job.iteration == 40
+        Job.objects.filter(pk=job.pk).update(state="Running", iteration=30)   # restored to 30
+        runner.drive_jobs(start + 600 * base)          # running again, from 30
+        runner.drive_jobs(start + 610 * base)          # ten steps later
+    job.refresh_from_db()
+    assert 39 <= job.iteration <= 41
+
+
 def test_each_grey_failure_of_the_simulated_fabric_gets_its_diagnosis(tmp_path):
     """The simulator's fabric cases through ingest: a port with rising errors, a congested rail, a slow GPU."""
     from jobs.models import Job

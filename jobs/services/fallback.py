@@ -92,7 +92,7 @@ def recovery_fall_back(*, action: RecoveryAction, cluster) -> RecoveryAction | N
     retry = Retry(previous=action, baseline=baseline, excluded=frozenset(excluded), retry_at=retry_at,
                   spare_exclude=frozenset(a.to_node_id for a in chain if a.to_node_id))
     # A failed NIC failover beside the job's own recovery may only be followed by another failover.
-    hit = Hit(job=job, fault=action.fault, impact=impact, allocation=here[0], faults=[action.fault], retry=retry,
+    hit = Hit(job=job, fault=action.fault, impact=impact, allocation=here[0], retry=retry,
               link=action.kind in LINK_KINDS, only_link=action.kind in LINK_KINDS and
               others.exclude(kind__in=LINK_KINDS).exists())
     nxt, note = plan_hit(ctx, hit, snapshots=snapshots_of([job]).get(job.pk, []),

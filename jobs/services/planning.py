@@ -91,7 +91,6 @@ class Hit:
     fault: FaultEvent            # the most severe: the action is recorded against it
     impact: Impact
     allocation: JobAllocation    # the worker it hit
-    faults: list[FaultEvent] = field(default_factory=list)
     link: bool = False
     nodes: set[int] = field(default_factory=set)        # the nodes whose workers its recovery stops
     only_link: bool = False      # the job has a recovery of its own: answer this one with a failover, or not at all

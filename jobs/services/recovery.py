@@ -12,6 +12,7 @@ recovery is already under way folds into it, or replaces it when that recovery n
 """
 
 from dataclasses import replace
+from typing import NamedTuple
 
 from django.db import transaction
 from django.db.models import BooleanField
@@ -142,39 +143,47 @@ def _mark_hardware(marks: list[tuple[FaultEvent, FaultVerdict]]) -> None:
         hardware.nic_links_set(links=which, state=state)
 
 
-def group_hits(pairs: list[tuple[FaultEvent, Impact, JobAllocation]], jobs: dict[int, Job],
+class Affected(NamedTuple):
+    """A worker a fault hit, and what the fault means for its job (the triage stage's output)."""
+
+    fault: FaultEvent
+    impact: Impact
+    allocation: JobAllocation
+
+
+def group_hits(pairs: list[Affected], jobs: dict[int, Job],
                outcome: dict[int, list[str]]) -> list[Hit]:
     """The hits of a decision from its (fault, impact, allocation) pairs. Per job: one job-level hit, decided by
     the most severe pair (workers stopped on two or more nodes make it a whole-job restart); and one link hit per
     NIC down or degraded on a node whose worker that recovery does not stop. Faults that decide nothing are noted
     as folded into the one that does."""
-    by_job: dict[int, list[tuple[FaultEvent, Impact, JobAllocation]]] = {}
+    by_job: dict[int, list[Affected]] = {}
     for pair in pairs:
-        by_job.setdefault(pair[2].job_id, []).append(pair)
+        by_job.setdefault(pair.allocation.job_id, []).append(pair)
     hits = []
     for job_id, mine in by_job.items():
-        mine.sort(key=lambda p: (p[1].rank, p[0].received_at, p[0].pk))
-        job_level = [p for p in mine if p[1] not in LINK_IMPACTS]
+        mine.sort(key=lambda p: (p.impact.rank, p.fault.received_at, p.fault.pk))
+        job_level = [p for p in mine if p.impact not in LINK_IMPACTS]
         main = None
         if job_level:
             fault, impact, allocation = job_level[0]
-            stopped = {p[2].node_id for p in job_level if p[1].stops_job}
+            stopped = {p.allocation.node_id for p in job_level if p.impact.stops_job}
             if len(stopped) > 1:
                 impact = Impact.RESTART
-            faults = list({p[0].pk: p[0] for p in job_level}.values())
-            main = Hit(job=jobs[job_id], fault=fault, impact=impact, allocation=allocation, faults=faults,
+            faults = list({p.fault.pk: p.fault for p in job_level}.values())
+            main = Hit(job=jobs[job_id], fault=fault, impact=impact, allocation=allocation,
                        nodes=stopped or {allocation.node_id})
             hits.append(main)
             _fold(outcome, [f for f in faults if f.pk != fault.pk], job_id, fault)
         links: dict[tuple[int, str], Hit] = {}
-        for fault, impact, allocation in (p for p in mine if p[1] in LINK_IMPACTS):
+        for fault, impact, allocation in (p for p in mine if p.impact in LINK_IMPACTS):
             if main is not None and main.impact.stops_job and allocation.node_id in main.nodes:
                 _fold(outcome, [fault], job_id, main.fault)       # its worker leaves that node anyway
             elif (allocation.node_id, fault.nic_name) in links:
                 _fold(outcome, [fault], job_id, links[allocation.node_id, fault.nic_name].fault)
             else:
                 links[allocation.node_id, fault.nic_name] = Hit(
-                    job=jobs[job_id], fault=fault, impact=impact, allocation=allocation, faults=[fault], link=True,
+                    job=jobs[job_id], fault=fault, impact=impact, allocation=allocation, link=True,
                     nodes={allocation.node_id}, only_link=main is not None)
         hits.extend(links.values())
     return hits
@@ -262,7 +271,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     # triage
     if not dry_run:
         _mark_hardware([(fault, verdicts[fault.pk]) for fault in faults])
-    pairs: list[tuple[FaultEvent, Impact, JobAllocation]] = []
+    pairs: list[Affected] = []
     outcome: dict[int, list[str]] = {}
     strikes: list = []
     for fault in faults:
@@ -275,9 +284,9 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
             impact = Impact.RISK    # repeated non-fatal faults: move protected jobs off before the node fails
         if impact == Impact.NONE:
             continue
-        pairs.extend((fault, impact, allocation) for allocation in _affected(fault, impact, on_nodes))
+        pairs.extend(Affected(fault, impact, allocation) for allocation in _affected(fault, impact, on_nodes))
     update_rows(strikes, escalation.STRIKE_FIELDS)
-    jobs = _jobs_locked([p[2].job_id for p in pairs], {p[0].incident_id for p in pairs if p[0].incident_id})
+    jobs = _jobs_locked([p.allocation.job_id for p in pairs], {p.fault.incident_id for p in pairs if p.fault.incident_id})
     hits = group_hits(pairs, jobs, outcome)
     # A job already recovering: the new fault folds into that recovery, or replaces it (superseded).
     if not dry_run and any(job.recovering_now for job in jobs.values()):

@@ -79,6 +79,10 @@ class ActionState(models.TextChoices):
     FAILED = "failed"
 
 
+# A recovery under way: decided and not ended.
+ACTIVE_ACTION_STATES = (ActionState.PLANNED, ActionState.RUNNING)
+
+
 class SnapshotState(models.TextChoices):
     RUNNING = "running"
     SUCCEEDED = "succeeded"

@@ -13,6 +13,7 @@ from django.db import connection
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from controlplane.bulk import update_rows
 from fleet.choices import GPUHealth, NodeState
 from fleet.models import GPU, Cluster, Node
 from jobs.choices import BUDGETED_KINDS, ActionState
@@ -187,7 +188,7 @@ def allocations_move(moves: list[tuple[JobAllocation, Node]]) -> None:
     now = timezone.now()
     for allocation, _ in moves:
         allocation.released_at = now
-    JobAllocation.objects.bulk_update([allocation for allocation, _ in moves], ["released_at"])
+    update_rows([allocation for allocation, _ in moves], ["released_at"])
     JobAllocation.objects.bulk_create([
         JobAllocation(job_id=allocation.job_id, node=node, gpu_indices=list(range(allocation.gpu_count)),
                       rank_start=allocation.rank_start, rank_end=allocation.rank_end) for allocation, node in moves])

@@ -18,6 +18,7 @@ from fleet.models import Cluster
 from jobs import placement
 from jobs.choices import BUDGETED_KINDS, ActionKind, ActionState, JobPhaseKind, JobState
 from jobs.models import JobAllocation, RecoveryAction
+from jobs.planner import WHOLE_JOB_KINDS
 from jobs.services.common import (
     phase_start,
     publish_action,
@@ -26,9 +27,6 @@ from jobs.services.common import (
 
 log = logging.getLogger(__name__)
 
-ACTIVE_STATES = (ActionState.PLANNED, ActionState.RUNNING)
-# Recoveries that restart the whole job: it comes back off every failed or quarantined node.
-REPLACING_KINDS = (ActionKind.RESTART_FROM_CHECKPOINT, ActionKind.RESTORE_FROM_SNAPSHOT)
 
 
 def deadline_after(estimate_seconds: float) -> timedelta:
@@ -64,7 +62,7 @@ def start_through_driver(action: RecoveryAction, cluster: Cluster, budget: place
     finds healthy spares for its workers on failed or quarantined nodes (never one in ``taken``, the spares this
     decision already handed out) and moves them there once the driver has started it; with none it is refused."""
     moves = []
-    if action.kind in REPLACING_KINDS:
+    if action.kind in WHOLE_JOB_KINDS:      # it comes back off every failed or quarantined node
         moves, problem = placement.replacements(action.job, placement.SparePool(cluster),
                                                 taken if taken is not None else set())
         if problem:

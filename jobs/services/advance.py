@@ -18,11 +18,18 @@ from fleet.drivers import DriverError, driver_for
 from fleet.models import Cluster
 from fleet.services import hardware
 from jobs import placement
-from jobs.choices import BUDGETED_KINDS, ActionKind, ActionState, JobPhaseKind, JobState, SavingState
+from jobs.choices import (
+    ACTIVE_ACTION_STATES,
+    BUDGETED_KINDS,
+    ActionKind,
+    ActionState,
+    JobPhaseKind,
+    JobState,
+    SavingState,
+)
 from jobs.ledger import actual_gpu_hours, expected_saving
 from jobs.models import Job, JobAllocation, JobPhase, JobProgress, RecoveryAction
 from jobs.services.actions import (
-    ACTIVE_STATES,
     CALLS,
     STARTED_FIELDS,
     after_start,
@@ -122,7 +129,7 @@ def _complete_many(actions: list[RecoveryAction]) -> None:
     placement.release_many(actions)
     # A job whose other recoveries are still under way stays Recovering (proactive migrations waiting for the
     # budget do not hold it back); the others are Running again.
-    still = set(RecoveryAction.objects.filter(job_id__in=jobs, dry_run=False, kind__in=list(CALLS), state__in=ACTIVE_STATES)
+    still = set(RecoveryAction.objects.filter(job_id__in=jobs, dry_run=False, kind__in=list(CALLS), state__in=ACTIVE_ACTION_STATES)
                 .exclude(kind=ActionKind.PROACTIVE_MIGRATION, state=ActionState.PLANNED)
                 .values_list("job_id", flat=True).distinct())
     recovered = {action.job_id: action.kind for action in actions

@@ -24,7 +24,7 @@ from fleet.drivers import DriverError, driver_for
 from fleet.models import GPU, NIC, Node
 from fleet.services import nodes as node_services
 from fleet.services.hardware import gpus_mark, node_gpus_mark, node_nic_links_set
-from jobs.choices import ActionKind, ActionState, EscalationStage, JobState
+from jobs.choices import ACTIVE_ACTION_STATES, ActionKind, ActionState, EscalationStage, JobState
 from jobs.models import FaultEvent, JobAllocation, NodeEscalation, RecoveryAction
 from jobs.services.common import cluster_topics, publish_action
 from jobs.triage import FaultVerdict
@@ -154,7 +154,7 @@ def _step(escalation: NodeEscalation) -> str:
                 return "blocked"
         jobs = _jobs_still_on(node)
         moving = RecoveryAction.objects.filter(job_id__in=jobs, node=node,
-                                               state__in=(ActionState.PLANNED, ActionState.RUNNING)).exists()
+                                               state__in=ACTIVE_ACTION_STATES).exists()
         if moving:
             escalation.blocked = f"waits for job(s) {', '.join(map(str, jobs))} to leave the node"[:300]
             return "blocked"

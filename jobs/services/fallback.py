@@ -12,10 +12,10 @@ from collections import Counter
 from django.conf import settings
 
 from jobs import placement
-from jobs.choices import BUDGETED_KINDS, ActionKind, ActionState, JobPhaseKind, JobState
+from jobs.choices import ACTIVE_ACTION_STATES, BUDGETED_KINDS, ActionKind, ActionState, JobPhaseKind, JobState
 from jobs.models import Job, JobAllocation, RecoveryAction
 from jobs.planner import Impact
-from jobs.services.actions import ACTIVE_STATES, after_start, fail_many, start_through_driver
+from jobs.services.actions import after_start, fail_many, start_through_driver
 from jobs.services.common import phase_start, publish_action, publish_job, record_progress
 from jobs.services.planning import (
     LINK_KINDS,
@@ -45,7 +45,7 @@ def _attempts(action: RecoveryAction) -> list[RecoveryAction]:
 def fail_and_fall_back(cluster, failures: list[tuple[RecoveryAction, str]]) -> list[RecoveryAction]:
     """Fail these attempts (with their errors) and plan the next attempt of each recovery they leave unfinished.
     Returns the new attempts."""
-    failures = [(action, error) for action, error in failures if action.state in ACTIVE_STATES]
+    failures = [(action, error) for action, error in failures if action.state in ACTIVE_ACTION_STATES]
     if not failures:
         return []
     with_next = [action for action, _ in failures if action.job_id and not action.dry_run]
@@ -88,7 +88,7 @@ def recovery_fall_back(*, action: RecoveryAction, cluster) -> RecoveryAction | N
         return None
     impact = Impact(action.impact or Impact.RESTART)
     ctx = Context.of(cluster, dry_run=False)
-    others = RecoveryAction.objects.filter(job=job, dry_run=False, state__in=ACTIVE_STATES).exclude(pk=action.pk)
+    others = RecoveryAction.objects.filter(job=job, dry_run=False, state__in=ACTIVE_ACTION_STATES).exclude(pk=action.pk)
     retry = Retry(previous=action, baseline=baseline, excluded=frozenset(excluded), retry_at=retry_at,
                   spare_exclude=frozenset(a.to_node_id for a in chain if a.to_node_id))
     # A failed NIC failover beside the job's own recovery may only be followed by another failover.

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import F
 
-from jobs.choices import INCIDENT_SEVERITY, ActionState, FaultKind, IncidentScope, IncidentState
+from jobs.choices import ACTIVE_ACTION_STATES, INCIDENT_SEVERITY, FaultKind, IncidentScope, IncidentState
 from jobs.models import FaultEvent, Incident, RecoveryAction
 
 NIC_KINDS = frozenset({FaultKind.NIC_DOWN, FaultKind.LINK_FLAP, FaultKind.LINK_DEGRADED})
@@ -23,6 +23,11 @@ def severity_rank(kind: str, *, fatal: bool) -> int:
     return INCIDENT_SEVERITY.index(name) if name in INCIDENT_SEVERITY else len(INCIDENT_SEVERITY)
 
 
+def _under_way():
+    """Recovery actions under way (decided, not ended, not a dry run): while one of an incident's is, it stays open."""
+    return RecoveryAction.objects.filter(dry_run=False, state__in=ACTIVE_ACTION_STATES)
+
+
 def _window() -> timedelta:
     return timedelta(seconds=settings.FAULT_CORRELATION_SECONDS)
 
@@ -33,8 +38,7 @@ def incident_is_open(incident: Incident, now: datetime) -> bool:
         return False
     if incident.last_reported_at >= now - _window():
         return True
-    return RecoveryAction.objects.filter(incident=incident, dry_run=False,
-                                         state__in=(ActionState.PLANNED, ActionState.RUNNING)).exists()
+    return _under_way().filter(incident=incident).exists()
 
 
 # Joining on PostgreSQL, in one statement (fault intake is the hot path): resolve the node's stale open incident,
@@ -127,6 +131,5 @@ def incident_resolve(*, incident: Incident, at: datetime) -> None:
 def incidents_sweep(*, now: datetime) -> int:
     """Resolve the open incidents whose window has passed and whose recoveries have ended (beat). Returns how many."""
     stale = Incident.objects.filter(state=IncidentState.OPEN, last_reported_at__lt=now - _window())
-    busy = RecoveryAction.objects.filter(dry_run=False, state__in=(ActionState.PLANNED, ActionState.RUNNING),
-                                         incident__isnull=False).values("incident_id")
+    busy = _under_way().filter(incident__isnull=False).values("incident_id")
     return stale.exclude(pk__in=busy).update(state=IncidentState.RESOLVED, resolved_at=now)

@@ -12,7 +12,7 @@ from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
 from fleet.choices import DriverName, GPUHealth, NodeState
 from fleet.models import Cluster, Node
-from jobs.choices import ACTIVE_JOB_STATES, JobPhaseKind, JobState
+from jobs.choices import ACTIVE_ACTION_STATES, ACTIVE_JOB_STATES, JobPhaseKind, JobState
 from jobs.models import Job, JobAllocation, JobToken, RecoveryAction
 from jobs.placement import busy_node_ids, immediate_constraints, lock_cluster
 from jobs.services.common import job_payload, phase_end, phase_start, publish_job, record_progress
@@ -92,14 +92,14 @@ def job_submit(*, actor, tenant, cluster: Cluster, name: str, gpus: int, gpus_pe
 
 def _stop(job: Job, state: str, *, reason: str) -> str:
     """End a job in ``state``: its GPUs are released, its recoveries under way end failed with ``reason``."""
-    from jobs.services.actions import ACTIVE_STATES, fail_many
+    from jobs.services.actions import fail_many
 
     now = timezone.now()
     job.iteration, job.iteration_at = job.iteration_now(now), now
     old, job.state, job.ended_at = job.state, state, now
     job.save(update_fields=["iteration", "iteration_at", "state", "ended_at"])
     JobAllocation.objects.filter(job=job, released_at__isnull=True).update(released_at=now)
-    active = list(RecoveryAction.objects.filter(job=job, state__in=ACTIVE_STATES).select_related("job"))
+    active = list(RecoveryAction.objects.filter(job=job, state__in=ACTIVE_ACTION_STATES).select_related("job"))
     fail_many(active, {action.pk: reason for action in active})
     phase_end(job, at=now)
     record_progress(job, at=now, iteration=job.iteration)

@@ -24,7 +24,15 @@ from controlplane.bulk import update_rows
 from fleet.choices import GPUHealth, LinkState
 from fleet.services import hardware
 from jobs import placement
-from jobs.choices import BUDGETED_KINDS, ActionKind, ActionState, FaultState, JobPhaseKind, JobState
+from jobs.choices import (
+    ACTIVE_ACTION_STATES,
+    BUDGETED_KINDS,
+    ActionKind,
+    ActionState,
+    FaultState,
+    JobPhaseKind,
+    JobState,
+)
 from jobs.models import FaultEvent, Job, JobAllocation, JobPhase, JobProgress, JobSnapshot, RecoveryAction
 from jobs.planner import (
     SPARE_KINDS,
@@ -34,7 +42,7 @@ from jobs.planner import (
     gpu_hours_at_stake,
 )
 from jobs.services import escalation
-from jobs.services.actions import ACTIVE_STATES, after_start, fail_many, start_through_driver
+from jobs.services.actions import after_start, fail_many, start_through_driver
 from jobs.services.common import (
     cluster_topics,
     decision_lists,
@@ -95,7 +103,7 @@ def _under_way(jobs: dict[int, Job]) -> tuple[dict[int, RecoveryAction], set[tup
     ids = [pk for pk, job in jobs.items() if job.recovering_now]
     active, failovers = {}, set()
     for action in (RecoveryAction.objects.select_for_update(of=("self",), no_key=True)
-                   .filter(job_id__in=ids, dry_run=False, state__in=ACTIVE_STATES) if ids else ()):
+                   .filter(job_id__in=ids, dry_run=False, state__in=ACTIVE_ACTION_STATES) if ids else ()):
         if action.kind in LINK_KINDS:
             failovers.add((action.job_id, action.node_id, action.nic_name))
         else:

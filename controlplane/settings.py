@@ -73,7 +73,14 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "RECOVERY_RETRY_BACKOFF_SECONDS": (float, 30.0, "The first retry of a failed restart waits this long; each later one twice as long."),
     "PROACTIVE_PRECISION_PRIOR": (float, 0.5, "Until enough predictions of a score band are judged, a proactive move's expected saving assumes this precision."),
     "PROACTIVE_PRECISION_MIN_JUDGED": (int, 20, "How many judged predictions of a score band its measured precision needs before it replaces the prior."),
-    "NIC_REPAIR_SECONDS": (int, 1800, "Expected time until a failed-over NIC is repaired: how long a job runs degraded in the ledger."),
+    "NIC_REPAIR_SECONDS": (int, 1800, "Expected time until a failed NIC is repaired: the planner's default for how long a failed-over job runs degraded, until measured failbacks replace it."),
+    "LINK_DEGRADED_SECONDS": (int, 600, "Expected time a grey link (errors rising, link up) stays degraded: the planner's default until measured failbacks replace it."),
+    "LINK_CLEAN_SECONDS": (int, 120, "A degraded or failed link counts as healthy again (the job fails back) after it stayed up with no new error for this long."),
+    "AGENT_INTERVAL_SECONDS": (float, 10.0, "How often node agents report (the agent's --interval): silence is judged in these intervals."),
+    "SILENCE_INTERVALS": (int, 3, "A node that reported before and then stays silent for this many agent intervals gets a node_unreachable fault (source heartbeat)."),
+    "HANG_STEP_MULTIPLE": (float, 10.0, "A job that reported progress and then stays silent for this many times its median step time gets a hang fault."),
+    "HANG_FLOOR_SECONDS": (float, 120.0, "The least silence judged a hang, whatever the job's step time."),
+    "RECOVERY_ESTIMATE_MIN_SAMPLES": (int, 5, "Completed recoveries of a kind on a cluster before their measured durations replace the planner's defaults."),
 }
 
 env = environ.Env(**{name: (cast, default) for name, (cast, default, _) in ENVIRONMENT.items()})
@@ -258,6 +265,16 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=env("RECOVERY_ADVANCE_SECONDS")),
         "options": {"expires": max(2, env("RECOVERY_ADVANCE_SECONDS") * 2)},
     },
+    "jobs-silence-sweep": {
+        "task": "jobs.silence_sweep",
+        "schedule": timedelta(seconds=max(5.0, env("AGENT_INTERVAL_SECONDS"))),
+        "options": {"expires": max(10.0, 2 * env("AGENT_INTERVAL_SECONDS"))},
+    },
+    "jobs-links-fail-back": {
+        "task": "jobs.links_fail_back",
+        "schedule": timedelta(seconds=10),
+        "options": {"expires": 20},
+    },
     "jobs-snapshot-schedule": {
         "task": "jobs.snapshot_schedule",
         "schedule": timedelta(seconds=30),
@@ -345,6 +362,13 @@ ESCALATION_STRIKES = env("ESCALATION_STRIKES")
 ESCALATION_WINDOW_SECONDS = env("ESCALATION_WINDOW_SECONDS")
 NODE_COOLDOWN_SECONDS = env("NODE_COOLDOWN_SECONDS")
 NIC_REPAIR_SECONDS = env("NIC_REPAIR_SECONDS")
+LINK_DEGRADED_SECONDS = env("LINK_DEGRADED_SECONDS")
+LINK_CLEAN_SECONDS = env("LINK_CLEAN_SECONDS")
+AGENT_INTERVAL_SECONDS = env("AGENT_INTERVAL_SECONDS")
+SILENCE_INTERVALS = env("SILENCE_INTERVALS")
+HANG_STEP_MULTIPLE = env("HANG_STEP_MULTIPLE")
+HANG_FLOOR_SECONDS = env("HANG_FLOOR_SECONDS")
+RECOVERY_ESTIMATE_MIN_SAMPLES = env("RECOVERY_ESTIMATE_MIN_SAMPLES")
 RECOVERY_DEADLINE_FACTOR = env("RECOVERY_DEADLINE_FACTOR")
 RECOVERY_DEADLINE_EXTRA_SECONDS = env("RECOVERY_DEADLINE_EXTRA_SECONDS")
 RECOVERY_RESTART_RETRIES = env("RECOVERY_RESTART_RETRIES")

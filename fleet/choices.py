@@ -33,6 +33,13 @@ class GPUHealth(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
+class Reachability(models.TextChoices):
+    """Whether Lockstep hears a cluster (its own view, apart from the driver's connection settings)."""
+
+    REACHABLE = "reachable", "Reachable"
+    UNREACHABLE = "unreachable", "Unreachable"
+
+
 class LinkState(models.TextChoices):
     UP = "up", "Up"
     DEGRADED = "degraded", "Degraded"

@@ -32,6 +32,7 @@ class FaultKind(models.TextChoices):
     STRAGGLER = "straggler"
     PREDICTED_FAILURE = "predicted_failure"
     SOFTWARE_CRASH = "software_crash"
+    HANG = "hang"
 
 
 class FaultSource(models.TextChoices):
@@ -40,6 +41,7 @@ class FaultSource(models.TextChoices):
     SIMULATOR = "simulator"
     PREDICTOR = "predictor"
     API = "api"
+    HEARTBEAT = "heartbeat"
 
 
 class Severity(models.TextChoices):
@@ -132,3 +134,8 @@ INCIDENT_SEVERITY = (
     "node_unreachable", "gpu_xid_fatal", "ecc_uncorrectable", "nvlink_error", "nic_down", "link_degraded",
     "link_flap", "software_crash", "gpu_xid", "thermal", "straggler", "facility", "predicted_failure",
 )
+
+
+# Faults of one job's own making (it crashed, it hung): when they name the job (``details["job"]``), they hit only
+# that job, not the other jobs on the node, and reports of them join per job.
+JOB_FAULT_KINDS = frozenset({"software_crash", "hang"})

@@ -3,6 +3,8 @@
 - ``precision_for(score) -> tuple[float, int, str] | None``: the measured precision of judged failure predictions
   whose score falls in the band of ``score``, how many were judged, and the band in words (None: not known).
   A proactive move's expected saving is weighted by it (docs/gpu-hours.md).
+- ``links_clean(links, window=, now=) -> dict[(node id, NIC name), bool]``: whether telemetry shows each link healthy
+  again (up, no new error for ``window``); links with no telemetry are left out (jobs.services.links).
 """
 
 from collections.abc import Callable
@@ -10,6 +12,18 @@ from collections.abc import Callable
 from django.conf import settings
 
 _precision_for: Callable[[float], tuple[float, int, str] | None] | None = None
+
+
+_links_clean: Callable[..., dict] | None = None
+
+
+def register_links_clean(provider: Callable[..., dict]) -> None:
+    global _links_clean
+    _links_clean = provider
+
+
+def links_clean(links: dict, *, window, now) -> dict:
+    return _links_clean(links, window=window, now=now) if _links_clean else {}
 
 
 def register_precision(provider: Callable[[float], tuple[float, int, str] | None]) -> None:

@@ -63,16 +63,23 @@ class Situation:
 
 @dataclass(frozen=True)
 class Estimates:
-    """Expected durations (seconds) and slowdowns; from the cluster's driver settings."""
+    """Expected durations (seconds) and slowdowns. These are the planner's own defaults; for a cluster they are
+    replaced by what its completed recoveries measured (jobs.services.estimates), and ``basis`` says, per field,
+    which one a plan used."""
 
     nic_failover: float = 1.0
     migration_pause: float = 30.0
     intra_node_pause: float = 10.0
     gpu_reset: float = 20.0
     restore_pause: float = 30.0
-    nic_degraded_seconds: float = 1800.0   # until the failed NIC is repaired
+    nic_degraded_seconds: float = 1800.0   # until the failed NIC is repaired and the job fails back
+    link_degraded_seconds: float = 600.0   # until a grey link is clean again and the job fails back
     nic_slowdown: float = 0.01             # one rail fewer: the job runs slightly slower
     link_degraded_slowdown: float = 0.30   # a degraded link slows every collective of the job
+    basis: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def basis_of(self, name: str) -> str:
+        return self.basis.get(name, "default")
 
 
 @dataclass(frozen=True)
@@ -97,16 +104,24 @@ class Plan:
     chosen: Option | None
     options: list[Option] = field(default_factory=list)
     baseline: float = 0.0
+    stay: Option | None = None     # staying put (``stay_*``) was cheapest: nothing is done, and this is why
 
     @property
     def reason(self) -> str:
-        if self.chosen is None:
+        best = self.chosen or self.stay
+        if best is None:
             return "no recovery needed"
-        others = [o for o in self.options if o is not self.chosen]
+        others = [o for o in self.options if o is not best]
         weighed = "; ".join(f"{o.kind} {o.gpu_hours_lost:.2f}" + ("" if o.feasible else f" (not possible: {o.why})")
                             for o in others)
-        return (f"{self.chosen.kind}: {self.chosen.gpu_hours_lost:.2f} GPU-h expected lost "
-                f"(restart baseline {self.baseline:.2f}); {self.chosen.why}" + (f". Weighed: {weighed}" if weighed else ""))
+        return (f"{best.kind}: {best.gpu_hours_lost:.2f} GPU-h expected lost "
+                f"(restart baseline {self.baseline:.2f}); {best.why}" + (f". Weighed: {weighed}" if weighed else ""))
+
+    def comparison(self) -> dict:
+        """The decision as a record: what was chosen (or stayed), and every option with its price."""
+        best = self.chosen or self.stay
+        return {"chosen": best.kind if best else None, "baseline": round(self.baseline, 4),
+                "options": [o.as_dict() for o in self.options]}
 
 
 def _option(kind, feasible, why, job, *, pause, work=0.0, degraded=0.0, slowdown=0.0) -> Option:
@@ -152,14 +167,18 @@ def options_for(job: JobFacts, situation: Situation, est: Estimates) -> list[Opt
         found.append(_option("live_migration", ok, why if ok else (unprotected if not protected else "no spare node"),
                              job, pause=est.migration_pause + situation.spare_wait_seconds))
     if impact in ("nic", "degraded"):
+        # Failing over costs its pause, then one rail fewer until the link is healthy again and the job fails back.
         ok = protected and situation.healthy_nic
+        degraded = est.link_degraded_seconds if impact == "degraded" else est.nic_degraded_seconds
         found.append(_option("nic_failover", ok, "a healthy NIC remains on the node" if ok else
                              (unprotected if not protected else "no healthy NIC left on the node"),
-                             job, pause=est.nic_failover, degraded=est.nic_degraded_seconds, slowdown=est.nic_slowdown))
+                             job, pause=est.nic_failover, degraded=degraded, slowdown=est.nic_slowdown))
     if impact == "degraded":
-        # Staying on the degraded link is the do-nothing choice; an action must beat it to be chosen.
-        stay = _option("stay_degraded", True, "keep running on the degraded link", job,
-                       pause=0.0, degraded=est.nic_degraded_seconds, slowdown=est.link_degraded_slowdown)
+        # Staying on the degraded link is the do-nothing choice (every collective slower until the link is clean
+        # again); an action must beat it to be chosen.
+        stay = _option("stay_degraded", True, f"keep running on the degraded link (~{est.link_degraded_seconds:.0f} s "
+                       f"at {est.link_degraded_slowdown:.0%} slower)", job,
+                       pause=0.0, degraded=est.link_degraded_seconds, slowdown=est.link_degraded_slowdown)
         found.append(stay)
     if impact == "risk":
         ok = situation.spare_node
@@ -187,7 +206,7 @@ def plan(job: JobFacts, situation: Situation, est: Estimates) -> Plan:
     ranked = sorted(options, key=lambda o: (not o.feasible, o.gpu_hours_lost))
     chosen = ranked[0] if ranked and ranked[0].feasible else None
     if chosen is not None and chosen.kind.startswith("stay_"):
-        return Plan(None, ranked, baseline)
+        return Plan(None, ranked, baseline, stay=chosen)
     return Plan(chosen, ranked, baseline)
 
 
@@ -212,7 +231,7 @@ def plan_with_spare_lookup(job: JobFacts, situation: Situation, est: Estimates,
     note = f"spares not looked up: even with one free now it loses more than {cheaper}"
     options = [replace(o, why=f"{o.why}; {note}") if o.kind in SPARE_KINDS and o.feasible else o
                for o in best_case.options]
-    return Plan(best_case.chosen, options, best_case.baseline), False
+    return Plan(best_case.chosen, options, best_case.baseline, stay=best_case.stay), False
 
 
 def gpu_hours_at_stake(job: JobFacts) -> float:

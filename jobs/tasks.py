@@ -27,3 +27,17 @@ def snapshot_schedule_task() -> int:
     from jobs.services.snapshots import snapshot_schedule
 
     return snapshot_schedule()
+
+
+@shared_task(name="jobs.silence_sweep", ignore_result=True, time_limit=60, soft_time_limit=50)
+def silence_sweep_task() -> dict:
+    from jobs.services.silence import silence_sweep
+
+    return silence_sweep()
+
+
+@shared_task(name="jobs.links_fail_back", ignore_result=True, time_limit=60, soft_time_limit=50)
+def links_fail_back_task() -> int:
+    from jobs.services.links import links_fail_back
+
+    return links_fail_back()

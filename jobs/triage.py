@@ -7,6 +7,7 @@ from a list of codes kept here; only the *meaning of each action bucket* is writ
 
 import csv
 import functools
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -138,6 +139,9 @@ def classify_fault(kind: str, *, xid: int | None = None, details: dict | None = 
         return FaultVerdict(impact, False, verdict != "ok", False, "", explanation=f"NIC {verdict}")
     if kind == "software_crash":
         return FaultVerdict("restart", False, False, False, "", explanation="the application crashed")
+    if kind == "hang":
+        # Priced like a crash of the job's own code: the hardware is not suspected, the job restarts.
+        return FaultVerdict("restart", False, False, False, "", explanation="the job stopped making progress (hang)")
     if kind in ("predicted_failure", "facility"):
         return FaultVerdict("risk", False, True, False, "", explanation=f"{kind.replace('_', ' ')}: move work off early")
     if kind in ("thermal", "straggler"):
@@ -145,34 +149,78 @@ def classify_fault(kind: str, *, xid: int | None = None, details: dict | None = 
     return FaultVerdict("none", False, True, True, "", explanation=f"unknown kind {kind}")
 
 
-# NIC thresholds (InfiniBand port counters): symbol errors per minute that mean a degraded link; link error
-# recoveries that, repeated, mean the same; seconds of cumulative downtime that outweigh the flap count.
-SYMBOL_ERRORS_PER_MINUTE = 10.0
-LINK_RECOVERIES_DEGRADED = 3
-DOWNTIME_FATAL_SECONDS = 30.0
+# NIC thresholds (InfiniBand port counters). The symbol-error rate that means a degraded link is the setting
+# TELEMETRY_SYMBOL_ERRORS_PER_HOUR, read by ingest (which reports the crossing) and by triage alike.
+LINK_RECOVERIES_DEGRADED = 2       # link error recoveries within one reading: the link keeps retraining
+DOWNTIME_FATAL_SECONDS = 30.0      # cumulative time down that outweighs the flap count
 FLAPS_DEGRADED = 3
 
 
-def classify_nic(counters: dict, *, kind: str = "") -> str:
-    """'fatal', 'degraded' or 'ok' for a NIC, from counter deltas in ``counters``.
+def _number(value, kind):
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = kind(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
 
-    Any increase of ``link_downed`` is fatal. ``symbol_error_rate`` (per minute) above the threshold or
-    repeated ``link_error_recovery`` mean degraded. Cumulative ``downtime_seconds`` weighs more than the
-    number of ``flaps``: long downtime is fatal even with few flaps, many short flaps only degrade.
-    Without counters the reported kind decides: nic_down is fatal, link_flap and link_degraded degrade.
+
+@dataclass(frozen=True)
+class NicFaultDetails:
+    """The one definition of what a NIC fault's ``details`` say about its link: telemetry ingest writes it from
+    the port counters (``as_details``), any reporter may send the same keys through the API, and triage reads it
+    (``of``). A field that is absent is unknown. Counts are within the reading that raised the fault (deltas);
+    ``downtime_seconds`` is the link's cumulative time observed down; ``symbol_rate_per_hour`` is the smoothed
+    rate of symbol errors."""
+
+    link_state: str | None = None             # "up" or "down" at the reading
+    link_downed: int | None = None            # link-down events since the previous reading
+    downtime_seconds: float | None = None
+    symbol_rate_per_hour: float | None = None
+    link_error_recoveries: int | None = None  # link error recoveries since the previous reading
+    flaps: int | None = None
+
+    KEYS = ("link_state", "link_downed", "downtime_seconds", "symbol_rate_per_hour", "link_error_recoveries", "flaps")
+
+    @classmethod
+    def of(cls, details: dict | None) -> "NicFaultDetails":
+        details = details if isinstance(details, dict) else {}
+        state = details.get("link_state")
+        return cls(link_state=state if state in ("up", "down") else None,
+                   link_downed=_number(details.get("link_downed"), int),
+                   downtime_seconds=_number(details.get("downtime_seconds"), float),
+                   symbol_rate_per_hour=_number(details.get("symbol_rate_per_hour"), float),
+                   link_error_recoveries=_number(details.get("link_error_recoveries"), int),
+                   flaps=_number(details.get("flaps"), int))
+
+    def as_details(self) -> dict:
+        return {key: getattr(self, key) for key in self.KEYS if getattr(self, key) is not None}
+
+    @property
+    def has_counters(self) -> bool:
+        return any(getattr(self, key) is not None for key in self.KEYS)
+
+
+def classify_nic(details: dict | NicFaultDetails, *, kind: str = "") -> str:
+    """'fatal', 'degraded' or 'ok' for a NIC, from its fault's details (``NicFaultDetails``).
+
+    The link down, or any link-down event, is fatal; so is long cumulative downtime, which weighs more than the
+    number of flaps. A symbol-error rate above ``TELEMETRY_SYMBOL_ERRORS_PER_HOUR``, repeated link error
+    recoveries within a reading, or many flaps mean degraded. Without counters the reported kind decides:
+    nic_down is fatal, link_flap and link_degraded degrade.
     """
-    if float(counters.get("link_downed", 0) or 0) > 0:
+    nic = details if isinstance(details, NicFaultDetails) else NicFaultDetails.of(details)
+    if nic.link_state == "down" or (nic.link_downed or 0) > 0:
         return "fatal"
-    if float(counters.get("downtime_seconds", 0) or 0) >= DOWNTIME_FATAL_SECONDS:
+    if (nic.downtime_seconds or 0) >= DOWNTIME_FATAL_SECONDS:
         return "fatal"
-    if float(counters.get("symbol_error_rate", 0) or 0) > SYMBOL_ERRORS_PER_MINUTE:
+    if (nic.symbol_rate_per_hour or 0) > settings.TELEMETRY_SYMBOL_ERRORS_PER_HOUR:
         return "degraded"
-    if float(counters.get("link_error_recovery", 0) or 0) >= LINK_RECOVERIES_DEGRADED:
+    if (nic.link_error_recoveries or 0) >= LINK_RECOVERIES_DEGRADED:
         return "degraded"
-    if float(counters.get("flaps", 0) or 0) >= FLAPS_DEGRADED:
+    if (nic.flaps or 0) >= FLAPS_DEGRADED:
         return "degraded"
-    has_counters = any(key in counters for key in ("link_downed", "downtime_seconds", "symbol_error_rate",
-                                                     "link_error_recovery", "flaps"))
-    if has_counters:
+    if nic.has_counters:
         return "ok"
     return {"nic_down": "fatal", "link_flap": "degraded", "link_degraded": "degraded"}.get(kind, "ok")

@@ -8,6 +8,8 @@ to the raw samples (docs/prediction.md).
 import math
 from dataclasses import dataclass, field
 
+from jobs.triage import LINK_RECOVERIES_DEGRADED, NicFaultDetails
+
 # Half-life of the EWMA features, in readings (about ten minutes at one reading every ten seconds).
 EWMA_ALPHA = 0.1
 THROTTLE_THERMAL_OR_POWER = 0x4 | 0x20 | 0x40 | 0x80  # SW power cap, SW thermal, HW thermal, HW power brake
@@ -118,11 +120,13 @@ def gpu_step(prev: dict | None, ts: float, fields: dict, *, thermal_limit: float
 def nic_step(prev: dict | None, ts: float, link_state: str, fields: dict, *,
              symbol_rate_limit: float) -> tuple[dict, list[tuple[str, dict]]]:
     """Fold one NIC reading into its state: any increase in link-downed is fatal; symbol errors above a rate or
-    repeated link error recovery mean degraded; time spent down accumulates (it counts more than flaps)."""
+    repeated link error recovery mean degraded; time spent down accumulates (it counts more than flaps).
+    ``errors_at`` is the time of the last reading with the link down or any new error: a link is clean again when
+    it has stayed up with no new error for a while after it. Fault details follow ``NicFaultDetails``."""
     state = dict(prev) if prev else {
         "ts": None, "link_state": "up", "link_downed": 0, "symbol_errors": 0, "link_error_recovery": 0,
         "port_rcv_errors": 0, "symbol_rate": 0.0, "recovery_rate": 0.0, "rcv_error_rate": 0.0,
-        "down_seconds": 0.0, "flaps": 0, "congestion_rate": 0.0, "xmit_wait": 0,
+        "down_seconds": 0.0, "flaps": 0, "congestion_rate": 0.0, "xmit_wait": 0, "errors_at": None,
     }
     faults: list[tuple[str, dict]] = []
     first = state["ts"] is None
@@ -133,22 +137,33 @@ def nic_step(prev: dict | None, ts: float, link_state: str, fields: dict, *,
     rcv = fields.get("port_rcv_errors")
     if not first and state["link_state"] == "down" and seconds > 0:
         state["down_seconds"] += seconds
+    went_down = 0
     if downed is not None:
         if not first and downed > state["link_downed"]:
-            state["flaps"] += int(downed - state["link_downed"])
-            faults.append(("nic_down", {"link_downed_before": state["link_downed"], "link_downed_now": downed}))
+            went_down = int(downed - state["link_downed"])
+            state["flaps"] += went_down
+            faults.append(("nic_down", NicFaultDetails(
+                link_state=link_state if link_state in ("up", "down") else None, link_downed=went_down,
+                downtime_seconds=round(state["down_seconds"], 1), flaps=state["flaps"]).as_details()))
         state["link_downed"] = downed
     if link_state == "down" and state["link_state"] != "down" and not any(k == "nic_down" for k, _ in faults):
-        faults.append(("nic_down", {"link_state": "down"}))
+        faults.append(("nic_down", NicFaultDetails(link_state="down", downtime_seconds=round(state["down_seconds"], 1),
+                                                   flaps=state["flaps"]).as_details()))
     rate_before = state["symbol_rate"]
-    _count(state, "symbol_errors", "symbol_rate", symbols, seconds, first)
-    repeated = not first and _count(state, "link_error_recovery", "recovery_rate", recoveries, seconds, first) >= 2
+    new_symbols = _count(state, "symbol_errors", "symbol_rate", symbols, seconds, first)
+    new_recoveries = 0 if first else _count(state, "link_error_recovery", "recovery_rate", recoveries, seconds, first)
+    if first:
+        _count(state, "link_error_recovery", "recovery_rate", recoveries, seconds, first)
     _count(state, "xmit_wait", "congestion_rate", fields.get("port_xmit_wait"), seconds, first)
     _count(state, "port_rcv_errors", "rcv_error_rate", rcv, seconds, first)
+    repeated = new_recoveries >= LINK_RECOVERIES_DEGRADED
     crossed = rate_before <= symbol_rate_limit < state["symbol_rate"]  # report the crossing, not every reading
     if link_state == "up" and (repeated or crossed) and not faults:
-        faults.append(("link_degraded", {"symbol_rate_per_hour": round(state["symbol_rate"], 1),
-                                         "link_error_recovery": state["link_error_recovery"]}))
+        faults.append(("link_degraded", NicFaultDetails(
+            link_state="up", symbol_rate_per_hour=round(state["symbol_rate"], 1),
+            link_error_recoveries=int(max(0, new_recoveries))).as_details()))
+    if link_state != "up" or went_down or new_symbols > 0 or new_recoveries > 0:
+        state["errors_at"] = ts
     state["link_state"] = link_state
     state["ts"] = ts
     return state, faults

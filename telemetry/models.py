@@ -90,6 +90,8 @@ class NICState(models.Model):
     congestion_rate = models.FloatField(default=0.0, help_text="port_xmit_wait ticks per hour, EWMA (congestion)")
     down_seconds = models.FloatField(default=0.0, help_text="cumulative time observed down")
     flaps = models.PositiveIntegerField(default=0)
+    errors_at = models.DateTimeField(null=True, blank=True,
+                                     help_text="the last reading with the link down or a new error (none: never seen)")
 
     def __str__(self):
         return f"nic {self.nic_id} {self.link_state}"

@@ -47,6 +47,8 @@ RULES = {
                               f"{p.get('stage', '')} {p.get('kind', '')}".strip()),
     "rollout_stopped": (lambda kind, p: kind in ("rollout.failed", "rollout.rolledback", "rollout.paused", "cluster.rolled_back"),
                         lambda p: f"Rollout {p.get('rollout', '')} is {p.get('state', 'rolled back')}: {p.get('reason', '')}"),
+    "cluster_unreachable": (lambda kind, p: kind == "cluster.unreachable",
+                            lambda p: f"Cluster {p.get('name', '')} unreachable: {p.get('summary', '')}"),
     "automation_paused": (_automation_paused,
                           lambda p: f"Recovery automation paused on {p.get('name', '')}"),
 }

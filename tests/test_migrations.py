@@ -25,7 +25,7 @@ from tests.conftest import make_user, token_header
 from tests.fleet.helpers import ADDONS, blueprint, bump, clusters_on
 from tests.fleet_factories import make_node
 from tests.jobs.helpers import protected_cluster, submit
-from tests.telemetry.helpers import batch, reading
+from tests.telemetry.helpers import batch, nic, reading
 
 PROJECT_APPS = ("controlplane", "tenancy", "fleet", "jobs", "telemetry", "simulator")
 PASSWORD = "migrate-me-9"
@@ -106,7 +106,8 @@ def populate(tenant):
     rollout_start(actor=operator, version=v2, targets={"tracking": True}, strategy={"batch_size": 1})
     now = time.time()
     for node in nodes:
-        body = batch(node.hostname, readings=[reading(g, now - 10) for g in range(8)] + [reading(g, now) for g in range(8)])
+        body = batch(node.hostname, readings=[reading(g, now - 10) for g in range(8)] + [reading(g, now) for g in range(8)],
+                     nics=[nic("mlx5_0", now - 10), nic("mlx5_0", now, symbol_error=5)])
         telemetry_ingest(cluster=node.cluster, body=json.dumps(body).encode())
     cluster = protected_cluster(nodes=4, spares=2)
     job = submit(cluster, tenant, gpus=16, checkpoint_interval=10**9)

@@ -52,8 +52,9 @@ class ClusterSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "fleet", "dedicated_tenant", "region", "tier", "labels", "kind", "driver",
                   "connection", "restart_overhead_minutes", "automation", "max_concurrent_migrations",
                   "max_migrations_per_leaf", "blueprint_version", "track_latest", "pinned_reason", "status",
-                  "created_at"]
-        read_only_fields = ["id", "blueprint_version", "track_latest", "pinned_reason", "status", "created_at"]
+                  "reachability", "reachability_changed_at", "created_at"]
+        read_only_fields = ["id", "blueprint_version", "track_latest", "pinned_reason", "status", "reachability",
+                            "reachability_changed_at", "created_at"]
         extra_kwargs = {"name": {"validators": []}}
 
     def get_status(self, cluster) -> dict | None:

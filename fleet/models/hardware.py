@@ -4,7 +4,15 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from controlplane.security_crypto import EncryptedJSONField
-from fleet.choices import AutomationMode, ClusterKind, DriverName, GPUHealth, LinkState, NodeState
+from fleet.choices import (
+    AutomationMode,
+    ClusterKind,
+    DriverName,
+    GPUHealth,
+    LinkState,
+    NodeState,
+    Reachability,
+)
 from tenancy.choices import TenantTier
 
 # Published restart-from-checkpoint overheads run 5–20 minutes (shared/data/failures/checkpoint_restart_figures.csv);
@@ -51,6 +59,10 @@ class Cluster(models.Model):
         default=DEFAULT_RESTART_OVERHEAD_MINUTES, validators=[MinValueValidator(0), MaxValueValidator(24 * 60)]
     )
     automation = models.CharField(max_length=10, choices=AutomationMode.choices, default=AutomationMode.ACTIVE)
+    reachability = models.CharField(
+        max_length=12, choices=Reachability.choices, default=Reachability.REACHABLE, db_default=Reachability.REACHABLE,
+        help_text="whether Lockstep hears the cluster's nodes: unreachable when half of them went silent at once")
+    reachability_changed_at = models.DateTimeField(null=True, blank=True)
     max_concurrent_migrations = models.PositiveIntegerField(default=8)
     max_migrations_per_leaf = models.PositiveIntegerField(default=4)
     # Blueprint assignment: a pinned version, or track the latest active version of a blueprint.

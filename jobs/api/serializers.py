@@ -117,7 +117,7 @@ class RecoveryActionSerializer(serializers.ModelSerializer):
                   "planned_at", "started_at", "done_at", "deadline_at", "ended_at", "gpus", "pause_seconds",
                   "work_lost_seconds", "degraded_seconds", "slowdown", "restore_iteration", "gpu_hours_lost",
                   "gpu_hours_baseline", "gpu_hours_saved", "saving", "gpu_hours_expected", "gpu_hours_at_stake",
-                  "reason", "alternatives", "error"]
+                  "reason", "alternatives", "estimate", "failed_back_at", "error"]
 
 
 class IncidentSerializer(serializers.ModelSerializer):

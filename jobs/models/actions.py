@@ -68,6 +68,9 @@ class RecoveryAction(models.Model):
     gpu_hours_expected = models.FloatField(default=0.0, db_default=0.0, help_text="a proactive move's expected saving (docs/gpu-hours.md)")
     risk_score = models.FloatField(null=True, blank=True, help_text="the node's risk when a proactive move was chosen")
     reason = models.TextField(blank=True)
+    estimate = models.JSONField(default=dict, blank=True, db_default={},
+                                help_text="the planner's estimates it was chosen with, and their basis (measured or default)")
+    failed_back_at = models.DateTimeField(null=True, blank=True, help_text="a NIC failover: when the job failed back")
     alternatives = models.JSONField(default=list, blank=True)
     error = models.CharField(max_length=300, blank=True)
 
@@ -143,3 +146,21 @@ class NodeEscalation(models.Model):
 
     def __str__(self):
         return f"{self.node_id}: {self.stage}"
+
+
+class RecoveryEstimate(models.Model):
+    """What one kind of recovery (or degraded stretch) has really taken on one cluster: a running average of the
+    measured durations, which replaces the planner's default once it has enough samples."""
+
+    cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="recovery_estimates")
+    kind = models.CharField(max_length=30, help_text="a planner.Estimates field, e.g. migration_pause")
+    samples = models.PositiveIntegerField(default=0)
+    seconds = models.FloatField(default=0.0, help_text="exponentially weighted average of the measured seconds")
+    last_seconds = models.FloatField(default=0.0)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["cluster", "kind"], name="one_estimate_per_cluster_kind")]
+
+    def __str__(self):
+        return f"{self.kind} on {self.cluster_id}: {self.seconds:.1f}s over {self.samples}"

@@ -66,13 +66,18 @@ class Job(models.Model):
     def may_become(self, state: str) -> bool:
         return state in self.TRANSITIONS[self.state]
 
+    def degraded_at(self, now) -> bool:
+        """Whether the job runs slower at ``now``: degraded until ``degraded_until``, or, while that is unset,
+        until it fails back (jobs.services.links)."""
+        return self.slowdown > 0 and (self.degraded_until is None or self.degraded_until > now)
+
     def iteration_now(self, now=None) -> int:
         """The iteration reached now: for a running simulated job, extrapolated from the clock."""
         if not self.simulated or self.state != JobState.RUNNING:
             return self.iteration
         now = now or timezone.now()
         elapsed = max(0.0, (now - self.iteration_at).total_seconds())
-        speed = 1.0 - (self.slowdown if self.degraded_until and self.degraded_until > now else 0.0)
+        speed = 1.0 - (self.slowdown if self.degraded_at(now) else 0.0)
         done = self.iteration + int(elapsed * speed / max(self.seconds_per_iteration, 1e-6))
         return min(done, self.total_iterations) if self.total_iterations else done
 
@@ -121,6 +126,9 @@ class JobPhase(models.Model):
     started_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True)
     reason = models.CharField(max_length=200, blank=True)
+    # A degraded phase names the link it is degraded by (the job fails back, and the phase ends, once it is clean).
+    node = models.ForeignKey("fleet.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    nic_name = models.CharField(max_length=30, blank=True, default="", db_default="")
 
     tenant_scope = "job__tenant_id"
 

@@ -4,7 +4,6 @@ the escalation ladder, snapshots, incidents and expected savings on. Callers hol
 """
 
 import logging
-from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -46,6 +45,7 @@ from jobs.services.common import (
     publish_job,
     record_progress,
 )
+from jobs.services.estimates import MEASURES, estimates_record
 from jobs.services.fallback import fail_and_fall_back
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,11 @@ def book_completion(action: RecoveryAction, job, now) -> None:
     work = 0.0
     if action.kind in RESTORING_KINDS and action.restore_iteration is not None:
         work = max(0, job.iteration - action.restore_iteration) * job.seconds_per_iteration
+    # A failover's degraded stretch is booked as it is measured: none yet when it completes, all of it when the job
+    # fails back (jobs.services.links).
     degraded, slowdown = (action.degraded_seconds, action.slowdown) if action.kind == ActionKind.NIC_FAILOVER else (0.0, 0.0)
+    if action.kind == ActionKind.NIC_FAILOVER and action.failed_back_at is None:
+        degraded = action.degraded_seconds = 0.0
     action.pause_seconds, action.work_lost_seconds = pause, work
     action.gpu_hours_lost = actual_gpu_hours(gpus=action.gpus, pause_seconds=pause, work_lost_seconds=work,
                                              degraded_seconds=degraded, slowdown=slowdown)
@@ -96,8 +100,8 @@ def book_completion(action: RecoveryAction, job, now) -> None:
         action.gpu_hours_saved = saving
 
 
-LEDGER_FIELDS = ["pause_seconds", "work_lost_seconds", "gpu_hours_lost", "gpu_hours_baseline", "gpu_hours_saved",
-                 "gpu_hours_expected", "saving", "reason", "state", "ended_at"]
+LEDGER_FIELDS = ["pause_seconds", "work_lost_seconds", "degraded_seconds", "gpu_hours_lost", "gpu_hours_baseline",
+                 "gpu_hours_saved", "gpu_hours_expected", "saving", "reason", "state", "ended_at"]
 
 
 def _complete_many(actions: list[RecoveryAction]) -> None:
@@ -106,10 +110,14 @@ def _complete_many(actions: list[RecoveryAction]) -> None:
     now = timezone.now()
     jobs = {job.pk: job for job in Job.objects.select_for_update(of=("self",), no_key=True)
             .filter(pk__in={a.job_id for a in actions}).order_by("pk")}
-    entries, degraded_jobs, stopped_at = [], set(), []
+    for job in jobs.values():
+        job.iteration = job.iteration_now(now)   # a running job's progress so far, before its speed changes
+    entries, degraded_jobs, stopped_at, measured = [], set(), [], []
     for action in actions:
         job = jobs[action.job_id]
         book_completion(action, job, now)
+        if action.kind in MEASURES and action.started_at is not None:
+            measured.append((action.cluster_id, MEASURES[action.kind], (now - action.started_at).total_seconds()))
         action.state, action.ended_at = ActionState.SUCCEEDED, now
         if action.kind in (ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION, ActionKind.INTRA_NODE_MIGRATION):
             _move_allocation(action)
@@ -120,12 +128,14 @@ def _complete_many(actions: list[RecoveryAction]) -> None:
             stopped_at.append(JobProgress(job=job, at=now, iteration=job.iteration))
             job.iteration = action.restore_iteration
         if action.kind == ActionKind.NIC_FAILOVER:
-            job.slowdown, job.degraded_until = action.slowdown, now + timedelta(seconds=action.degraded_seconds)
+            # Degraded from now until the link is healthy again and the job fails back.
+            job.slowdown, job.degraded_until = action.slowdown, None
             degraded_jobs.add(job.pk)
         entries.append(audit_entry(actor=None, action="recovery.complete", target=action, tenant_id=job.tenant_id,
                                    changes={"gpu_hours_saved": round(action.gpu_hours_saved, 4), "saving": action.saving}))
         action.job = job
     update_rows(actions, LEDGER_FIELDS)
+    estimates_record(measured)
     placement.release_many(actions)
     # A job whose other recoveries are still under way stays Recovering (proactive migrations waiting for the
     # budget do not hold it back); the others are Running again.
@@ -137,8 +147,10 @@ def _complete_many(actions: list[RecoveryAction]) -> None:
     phases_ended = [(pk, phase_family(JobPhaseKind.DEGRADED)) for pk in degraded_jobs]
     phases_ended += [(pk, phase_family(JobPhaseKind.RUNNING)) for pk in recovered]
     by_job = {action.job_id: action for action in actions}
-    opened = ([JobPhase(job_id=pk, kind=JobPhaseKind.DEGRADED, started_at=now,
-                        reason=f"running on {by_job[pk].to_nic_name}"[:200]) for pk in sorted(degraded_jobs)]
+    opened = ([JobPhase(job_id=pk, kind=JobPhaseKind.DEGRADED, started_at=now, node_id=by_job[pk].node_id,
+                        nic_name=by_job[pk].nic_name,
+                        reason=f"running on {by_job[pk].to_nic_name} until {by_job[pk].nic_name} is healthy"[:200])
+               for pk in sorted(degraded_jobs)]
               + [JobPhase(job_id=pk, kind=JobPhaseKind.RUNNING, started_at=now, reason=f"recovered by {kind}"[:200])
                  for pk, kind in sorted(recovered.items())])
     for pk in recovered:

@@ -3,7 +3,6 @@
 import functools
 import operator
 
-from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
@@ -13,7 +12,6 @@ from fleet.drivers import driver_for
 from fleet.selectors import cluster_protection
 from jobs.choices import JobPhaseKind
 from jobs.models import FaultEvent, Job, JobPhase, JobProgress, RecoveryAction
-from jobs.planner import Estimates
 
 
 def job_topics(job: Job) -> list[str]:
@@ -124,13 +122,15 @@ def phases_switch(*, at, ended: list[tuple[int, list[str]]], started: list[JobPh
         cursor.execute(
             f"WITH ended AS (UPDATE {phase} AS p SET ended_at = %s FROM unnest(%s::bigint[], %s::text[]) AS e(job_id, kind) "
             f"WHERE p.job_id = e.job_id AND p.kind = e.kind AND p.ended_at IS NULL), "
-            f"opened AS (INSERT INTO {phase} (job_id, kind, started_at, ended_at, reason) "
-            f"SELECT * FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[], %s::timestamptz[], %s::text[])) "
+            f"opened AS (INSERT INTO {phase} (job_id, kind, started_at, ended_at, reason, node_id, nic_name) "
+            f"SELECT * FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[], %s::timestamptz[], %s::text[], "
+            f"%s::bigint[], %s::text[])) "
             f"INSERT INTO {points} (job_id, at, iteration, step_seconds, checkpoint) "
             f"SELECT * FROM unnest(%s::bigint[], %s::timestamptz[], %s::bigint[], %s::float8[], %s::bool[])",
             [at, [j for j, _ in pairs], [k for _, k in pairs],
              [p.job_id for p in started], [p.kind for p in started], [p.started_at for p in started],
-             [p.ended_at for p in started], [p.reason for p in started],
+             [p.ended_at for p in started], [p.reason for p in started], [p.node_id for p in started],
+             [p.nic_name for p in started],
              [p.job_id for p in progress], [p.at for p in progress], [p.iteration for p in progress],
              [p.step_seconds for p in progress], [p.checkpoint for p in progress]])
 
@@ -155,25 +155,6 @@ def protection_of(cluster, *, max_age: float = 0.0):
     found = cluster_protection(cluster=cluster)
     _protection_cache[cluster.pk] = (time.monotonic(), found)
     return found
-
-
-def estimates_for(cluster) -> Estimates:
-    """Expected durations from the cluster's driver settings (the simulated driver's, when it is one)."""
-    driver = driver_for(cluster)
-    setting = getattr(driver, "setting", lambda key: None)
-    def get(key, default):
-        value = setting(key)
-        return float(value) if value is not None else default
-    pause = get("migration_pause_seconds", 30.0)
-    return Estimates(
-        nic_failover=get("nic_failover_seconds", 1.0),
-        migration_pause=pause,
-        intra_node_pause=max(1.0, pause / 3),
-        gpu_reset=get("gpu_reset_seconds", 20.0),
-        restore_pause=pause,
-        nic_degraded_seconds=float(settings.NIC_REPAIR_SECONDS),
-        nic_slowdown=get("nic_slowdown", 0.01),
-    )
 
 
 def supported_operations(cluster) -> frozenset[str]:

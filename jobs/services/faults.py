@@ -14,7 +14,7 @@ from controlplane.errors import ServiceError
 from controlplane.queueing import queue
 from fleet.choices import AutomationMode
 from fleet.models import GPU, NIC
-from jobs.choices import FaultKind, FaultSource, FaultState, Severity
+from jobs.choices import JOB_FAULT_KINDS, FaultKind, FaultSource, FaultState, Severity
 from jobs.models import FaultEvent, JobAllocation
 from jobs.placement import immediate_constraints
 from jobs.services.common import cluster_topics, fault_payload, job_topics_of
@@ -32,8 +32,11 @@ DEFAULT_SEVERITY = {
 INGEST_NODE_FIELDS = ("id", "hostname", "rack", "cluster_id", "cluster__id", "cluster__name", "cluster__dedicated_tenant_id")
 
 
-def correlation_key(*, node_id: int, kind: str, gpu_index: int | None, nic_name: str | None, xid: int | None) -> str:
-    device = f"gpu{gpu_index}" if gpu_index is not None else (nic_name or "")
+def correlation_key(*, node_id: int, kind: str, gpu_index: int | None, nic_name: str | None, xid: int | None,
+                    job=None) -> str:
+    """What joins reports of one fault: its node, device (a GPU, a NIC, or for a job's own failure the job), kind and
+    code."""
+    device = f"gpu{gpu_index}" if gpu_index is not None else (nic_name or (f"job{job}" if job is not None else ""))
     return f"{node_id}:{device}:{kind}:{'' if xid is None else xid}"
 
 
@@ -89,7 +92,9 @@ def fault_ingest(*, source: str, kind: str, node, gpu_index: int | None = None, 
     detected_at = detected_at or now
     if detected_at > now + timedelta(minutes=5):
         raise ServiceError("detected_at is in the future", field="detected_at")
-    key = correlation_key(node_id=node.pk, kind=kind, gpu_index=gpu_index, nic_name=nic_name, xid=xid)
+    job = (details or {}).get("job") if kind in JOB_FAULT_KINDS and isinstance(details, dict) else None
+    key = correlation_key(node_id=node.pk, kind=kind, gpu_index=gpu_index, nic_name=nic_name, xid=xid,
+                          job=job if isinstance(job, int) else None)
     with transaction.atomic():
         immediate_constraints()
         # Reports of one node are serialised (its faults merge, its incident folds them) by one lock per node.

@@ -20,13 +20,15 @@ from jobs.planner import (
     Estimates,
     Impact,
     JobFacts,
+    Plan,
     Situation,
     gpu_hours_at_stake,
     plan,
     plan_with_spare_lookup,
 )
 from jobs.services.actions import deadline_after
-from jobs.services.common import estimates_for, protection_of, supported_operations
+from jobs.services.common import protection_of, supported_operations
+from jobs.services.estimates import chosen_with, estimates_for
 
 # One NIC's recovery: the job keeps running on its other rails, so a failover is not the job's recovery and may run
 # beside it (the one-recovery-per-job constraint leaves it out).
@@ -96,6 +98,7 @@ class Hit:
     only_link: bool = False      # the job has a recovery of its own: answer this one with a failover, or not at all
     retry: "Retry | None" = None
     booked_by: RecoveryAction | None = None   # the incident's recovery of this job that already booked the baseline
+    stayed: "Plan | None" = None   # staying put was cheapest (a degraded link run degraded): the plan says why
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,10 @@ def plan_hit(ctx: Context, hit: Hit, *, snapshots: list[JobSnapshot],
     else:
         decision = plan(facts, situation, ctx.estimates)
     if decision.chosen is None:
+        if decision.stay is not None and not ctx.dry_run:
+            hit.stayed = decision
+        if decision.stay is not None:
+            return None, f"job {job.pk}: {decision.reason}" + (" (dry run)" if ctx.dry_run else "")
         why = decision.options[0].why if decision.options else "no action needed"
         return None, f"job {job.pk}: {why}"
     chosen = decision.chosen
@@ -164,7 +171,8 @@ def plan_hit(ctx: Context, hit: Hit, *, snapshots: list[JobSnapshot],
         gpu_hours_baseline=decision.baseline, gpu_hours_saved=decision.baseline - chosen.gpu_hours_lost,
         gpu_hours_at_stake=stake, reason=decision.reason, alternatives=[o.as_dict() for o in decision.options],
         gpu_index=fault.gpu_index, nic_name=fault.nic_name,
-        deadline_at=now + deadline_after(chosen.pause_seconds), risk_score=situation.risk)
+        deadline_at=now + deadline_after(chosen.pause_seconds), risk_score=situation.risk,
+        estimate=chosen_with(ctx.estimates, chosen.kind, hit.impact))
     if retry is not None:
         # One recovery, one clock and one baseline: the attempt it replaces booked them.
         previous = retry.previous

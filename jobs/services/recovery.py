@@ -27,6 +27,7 @@ from jobs import placement
 from jobs.choices import (
     ACTIVE_ACTION_STATES,
     BUDGETED_KINDS,
+    JOB_FAULT_KINDS,
     ActionKind,
     ActionState,
     FaultState,
@@ -133,6 +134,9 @@ def _affected(fault: FaultEvent, impact: str, on_nodes: dict[int, list[JobAlloca
         found = on_nodes.get(fault.node_id, [])
     if impact == Impact.DEVICE and fault.gpu_index is not None:
         found = [a for a in found if fault.gpu_index in a.gpu_indices]
+    job = (fault.details or {}).get("job") if fault.kind in JOB_FAULT_KINDS else None
+    if job is not None:
+        found = [a for a in found if str(a.job_id) == str(job)]   # a job's own failure hits only that job
     return found
 
 
@@ -337,7 +341,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
         created.append(action)
     refused = act(ctx, created) if not dry_run else []
     record(ctx, faults=faults, created=created, refused=refused, recovering=recovering, outcome=outcome,
-           tenant_id=tenant_id)
+           tenant_id=tenant_id, stays=[hit for hit in hits if hit.stayed is not None])
     return [action.pk for action in created]
 
 
@@ -364,6 +368,27 @@ def act(ctx: Context, created: list[RecoveryAction]) -> list[RecoveryAction]:
     return refused
 
 
+def run_degraded(ctx: Context, stays: list[Hit]) -> None:
+    """Jobs whose cheapest choice was to keep running on a degraded link: they run slower from now until the link
+    is clean again (jobs.services.links fails them back); the fault keeps the comparison that decided it."""
+    jobs, phases, progress = {}, [], []
+    for hit in stays:
+        job, stay = hit.job, hit.stayed.stay
+        if job.pk not in jobs:
+            job.iteration, job.iteration_at = job.iteration_now(ctx.now), ctx.now
+            progress.append(JobProgress(job=job, at=ctx.now, iteration=job.iteration))
+        job.slowdown, job.degraded_until = max(job.slowdown if job.degraded_at(ctx.now) else 0.0, stay.slowdown), None
+        jobs[job.pk] = job
+        phases.append(JobPhase(job=job, kind=JobPhaseKind.DEGRADED, started_at=ctx.now, node_id=hit.allocation.node_id,
+                               nic_name=hit.fault.nic_name, reason=f"on degraded {hit.fault.nic_name or 'link'} of "
+                               f"{hit.allocation.node.hostname}: {stay.kind} was cheapest"[:200]))
+        hit.fault.details = {**(hit.fault.details or {}), "decision": hit.stayed.comparison()}
+    update_rows(list(jobs.values()), ["iteration", "iteration_at", "slowdown", "degraded_until"])
+    update_rows([hit.fault for hit in stays], ["details"])
+    phases_switch(at=ctx.now, ended=[(pk, phase_family(JobPhaseKind.DEGRADED)) for pk in jobs],
+                  started=list({p.job_id: p for p in phases}.values()), progress=progress)
+
+
 def _snapshot_first(job: Job) -> None:
     from controlplane.errors import ServiceError
     from jobs.choices import SnapshotReason
@@ -379,10 +404,10 @@ def _snapshot_first(job: Job) -> None:
 # --- record ------------------------------------------------------------------------------------------------
 
 def record(ctx: Context, *, faults: list[FaultEvent], created: list[RecoveryAction], refused: list[RecoveryAction],
-           recovering: list[tuple[Job, str]], outcome: dict[int, list[str]], tenant_id) -> None:
+           recovering: list[tuple[Job, str]], outcome: dict[int, list[str]], tenant_id, stays: list[Hit] = ()) -> None:
     """Write the decision together, one statement a table: the actions, their bookings (the unique constraint
-    still refuses a spare booked twice), the jobs they stop, audit entries, the faults' outcomes, phases; then
-    fail the ones the driver refused (each falls back) and publish."""
+    still refuses a spare booked twice), the jobs they stop, the jobs that run on degraded, audit entries, the
+    faults' outcomes, phases; then fail the ones the driver refused (each falls back) and publish."""
     RecoveryAction.objects.bulk_create(created)
     placement.book_many([b for b in map(booking_of, created) if b])
     update_rows([job for job, _ in recovering], ["iteration", "iteration_at", "state"])
@@ -399,6 +424,8 @@ def record(ctx: Context, *, faults: list[FaultEvent], created: list[RecoveryActi
         fault.state = FaultState.IGNORED if ignore else FaultState.HANDLED
         fault.state_reason, fault.handled_at = text[:300], ctx.now
     update_rows(faults, ["state", "state_reason", "handled_at"])
+    if stays:
+        run_degraded(ctx, stays)
     running = {action.pk for action in created if action.state == ActionState.RUNNING}
     for action in created:
         if action.pk in running:

@@ -44,6 +44,7 @@ GPU_STATE_COLUMNS = [
 NIC_STATE_COLUMNS = [
     "node_id", "ts", "link_state", "fields", "link_downed", "symbol_errors", "link_error_recovery", "port_rcv_errors",
     "symbol_rate", "recovery_rate", "rcv_error_rate", "down_seconds", "flaps", "congestion_rate", "xmit_wait",
+    "errors_at",
 ]
 SAMPLE_COLUMNS = ["ts", "gpu_id", "temperature", "power", "utilization", "sbe_total", "dbe_total", "nvlink_errors",
                   "throttle_reasons"]
@@ -253,7 +254,8 @@ def _fold_nics(nics: list, states: dict, writes: Writes) -> list[extract.FaultCa
                    for kind, details in found]
     for nic_id, state in latest.items():
         row = {c: state[c] for c in NIC_STATE_COLUMNS}
-        row.update(nic_id=nic_id, ts=_dt(state["ts"]), link_downed=_int(state["link_downed"]), flaps=_int(state["flaps"]),
+        row.update(nic_id=nic_id, ts=_dt(state["ts"]), errors_at=_dt(state["errors_at"]) if state.get("errors_at") else None,
+                   link_downed=_int(state["link_downed"]), flaps=_int(state["flaps"]),
                    symbol_errors=_int(state["symbol_errors"]), link_error_recovery=_int(state["link_error_recovery"]),
                    port_rcv_errors=_int(state["port_rcv_errors"]), xmit_wait=_int(state["xmit_wait"]))
         writes.nics.append(row)
@@ -286,10 +288,13 @@ def _fold_facility(cluster_id: int, samples: list[dict], states: dict, writes: W
 # --- the database: PostgreSQL in two statements, the ORM elsewhere -------------------------------------------
 
 
+TIME_COLUMNS = ("ts", "errors_at")
+
+
 def _locked(table: str, columns: list[str], where: str) -> str:
     """A scalar subquery: the matching rows of ``table``, locked, as one JSON array (times as Unix seconds); none
     when the batch was a duplicate."""
-    names = ", ".join("extract(epoch FROM ts)::float8 AS ts" if c == "ts" else c for c in columns)
+    names = ", ".join(f"extract(epoch FROM {c})::float8 AS {c}" if c in TIME_COLUMNS else c for c in columns)
     return (f"(SELECT json_agg(s)::text FROM (SELECT {names} FROM {table} WHERE {where} "
             f"AND EXISTS (SELECT FROM batch) FOR UPDATE) s)")
 
@@ -365,6 +370,7 @@ class PortableStore:
         nic_ids = {nic_id for _, _, nic_id, _ in resolved["nics"]}
         for state in NICState.objects.select_for_update().filter(nic_id__in=nic_ids).values("nic_id", *NIC_PREVIOUS):
             state["ts"] = state["ts"].timestamp()
+            state["errors_at"] = state["errors_at"].timestamp() if state["errors_at"] else None
             previous.nics[state["nic_id"]] = state
         series = {_series(s) for s in resolved["facility"]}
         if series:

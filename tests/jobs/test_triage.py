@@ -2,7 +2,7 @@
 
 import pytest
 
-from jobs.triage import catalogue, classify_fault, classify_nic, classify_xid
+from jobs.triage import NicFaultDetails, catalogue, classify_fault, classify_nic, classify_xid
 
 
 @pytest.mark.parametrize("xid", [13, 31, 43, 45, 68])
@@ -65,9 +65,28 @@ def test_fault_kinds_map_to_job_impacts():
 
 def test_nic_counters():
     assert classify_nic({"link_downed": 1}) == "fatal"
-    assert classify_nic({"link_downed": 0, "symbol_error_rate": 50}) == "degraded"
-    assert classify_nic({"link_error_recovery": 3}) == "degraded"
-    assert classify_nic({"link_error_recovery": 1, "symbol_error_rate": 1}) == "ok"
+    assert classify_nic({"link_state": "down"}) == "fatal"
+    assert classify_nic({"link_downed": 0, "symbol_rate_per_hour": 5000}) == "degraded"
+    assert classify_nic({"link_error_recoveries": 3}) == "degraded"
+    assert classify_nic({"link_error_recoveries": 1, "symbol_rate_per_hour": 1}) == "ok"
+    assert classify_nic({"symbol_rate_per_hour": "nan"}, kind="link_degraded") == "degraded"   # unreadable: the kind
+
+
+def test_ingest_and_triage_share_one_definition_of_nic_details():
+    """The details ingest writes for a link whose symbol errors rise (link up) make triage call it degraded:
+    the gap where ingest wrote ``symbol_rate_per_hour`` and triage read ``symbol_error_rate``."""
+    from telemetry import extract
+
+    state, found = extract.nic_step(None, 1000.0, "up", {"symbol_error": 0, "link_error_recovery": 0, "link_downed": 0},
+                                    symbol_rate_limit=100.0)
+    assert found == []
+    state, found = extract.nic_step(state, 1005.0, "up", {"symbol_error": 100, "link_error_recovery": 0, "link_downed": 0},
+                                    symbol_rate_limit=100.0)
+    assert [kind for kind, _ in found] == ["link_degraded"]
+    kind, details = found[0]
+    assert set(details) <= set(NicFaultDetails.KEYS) and details["symbol_rate_per_hour"] > 100
+    assert classify_fault(kind, details=details).job_impact == "degraded"
+    assert state["errors_at"] == 1005.0
     # Cumulative downtime weighs more than the number of flaps.
     assert classify_nic({"flaps": 1, "downtime_seconds": 120}) == "fatal"
     assert classify_nic({"flaps": 10, "downtime_seconds": 2}) == "degraded"

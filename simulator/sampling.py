@@ -31,7 +31,8 @@ class FaultSampler:
         self.now_hours += self.random.expovariate(self.profile.rate_per_gpu_hour * self.gpus)
         component = self.random.choices(self.components, weights=self.weights)[0]
         seen = manifestation(component)
-        precursor = seen.precursor if seen.precursor and self.random.random() < PRECURSOR_SHARE else ""
+        warned = self.random.random()   # drawn for every strike: a change of mix leaves the other draws as they were
+        precursor = seen.precursor if seen.precursor and warned < PRECURSOR_SHARE else ""
         return Strike(self.now_hours, component, seen.kind, seen.xid, precursor, seen.channel,
                       self.random.randrange(self.gpus))
 

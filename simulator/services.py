@@ -17,7 +17,11 @@ from simulator.whatif import WhatIfConfig, whatif_run
 LIMITS = {  # field: (low, high)
     "seed": (0, 2**31 - 1), "gpus": (8, 1_048_576), "days": (0.01, 366), "checkpoint_minutes": (1, 1440),
     "restart_overhead_minutes": (0, 240), "spare_fraction": (0, 0.5), "repair_hours": (0, 720), "nodes_per_leaf": (1, 1024),
+    "migration_pause_seconds": (0, 3600), "migration_work_lost_minutes": (0, 1440), "checkpoint_write_seconds": (0, 3600),
+    "software_crash_share": (0, 0.95), "failed_recovery_share": (0, 1), "rack_failure_share": (0, 1),
+    "leaf_failure_share": (0, 1), "lemon_node_share": (0, 0.5), "lemon_fault_share": (0, 1), "lemon_retire_after": (1, 100),
 }
+INTEGER_FIELDS = ("seed", "gpus", "nodes_per_leaf", "lemon_retire_after")
 
 
 def clean_config(data) -> WhatIfConfig:
@@ -33,7 +37,9 @@ def clean_config(data) -> WhatIfConfig:
         if name not in data:
             continue
         value = data[name]
-        integer = name in ("seed", "gpus", "nodes_per_leaf")
+        if name == "software_crash_share" and value is None:
+            continue   # as published (Table 5)
+        integer = name in INTEGER_FIELDS
         if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not float(value).is_integer()):
             raise ServiceError("must be a whole number" if integer else "must be a number", field=name)
         if not low <= value <= high:

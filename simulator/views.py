@@ -23,7 +23,8 @@ def whatif_list(request):
     if request.method == "POST":
         data = {}
         for name, cast in (("seed", int), ("gpus", int), ("days", float), ("checkpoint_minutes", float),
-                           ("restart_overhead_minutes", float)):
+                           ("restart_overhead_minutes", float), ("checkpoint_write_seconds", float),
+                           ("migration_pause_seconds", float), ("spare_fraction", float)):
             raw = request.POST.get(name, "").strip()
             if raw:
                 try:

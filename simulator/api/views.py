@@ -19,8 +19,11 @@ class WhatIfRunSerializer(serializers.ModelSerializer):
 
 class WhatIfViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
     """What-if replays of a long training run through Lockstep's planner, with and without protection.
-    POST a config (seed, gpus, days, profile, checkpoint_minutes, restart_overhead_minutes, …); follow
-    ``progress`` (or the ``whatif.*`` events on the ``fleet`` topic); read ``report`` when ``state`` is done."""
+    POST a config (seed, gpus, days, profile, checkpoint_minutes, restart_overhead_minutes,
+    checkpoint_write_seconds, migration_pause_seconds, migration_work_lost_minutes, spare_fraction, repair_hours,
+    software_crash_share, failed_recovery_share, rack_failure_share, …); follow ``progress`` (or the ``whatif.*``
+    events on the ``fleet`` topic); read ``report`` when ``state`` is done: ``unprotected`` and ``protected``
+    figures, ``assumptions`` (value and source each), ``sensitivity`` and ``checkpoint_advice``."""
 
     serializer_class = WhatIfRunSerializer
     permission_classes = [*ScopedViewSet.permission_classes, IsProvider]

@@ -39,6 +39,8 @@ def test_without_protection_the_run_is_near_the_published_llama3_figure():
 @pytest.mark.parametrize("body, field", [
     ({"gpus": 12}, "gpus"), ({"gpus": "many"}, "gpus"), ({"days": 0}, "days"), ({"profile": "nope"}, "profile"),
     ({"colour": "red"}, "config"), ({"seed": True}, "seed"), ({"days": 10**9}, "days"),
+    ({"failed_recovery_share": 2}, "failed_recovery_share"), ({"software_crash_share": "most"}, "software_crash_share"),
+    ({"migration_pause_seconds": -1}, "migration_pause_seconds"), ({"lemon_retire_after": 1.5}, "lemon_retire_after"),
 ])
 def test_bad_configs_are_400_naming_the_field(api, users, body, field):
     api.as_token(users["operator"])
@@ -83,3 +85,17 @@ def test_executing_twice_is_harmless(users):
     assert whatif_execute(run_id=run.pk) == "nothing to do"
     assert WhatIfRun.objects.get(pk=run.pk).report == report
     assert whatif_execute(run_id=run.pk + 1000) == "nothing to do"
+
+
+@pytest.mark.django_db
+def test_whatif_page_shows_progress_assumptions_sensitivity_and_checkpoint_advice(client, users):
+    from simulator.services import whatif_execute, whatif_start
+
+    run = whatif_start(actor=users["operator"], config={"gpus": 1024, "days": 5})
+    assert whatif_execute(run_id=run.pk) == "done"
+    client.force_login(users["operator"])
+    page = client.get(f"/whatif/{run.pk}/").content.decode()
+    assert "<progress" in page and 'id="whatif-percent"' in page
+    assert 'id="whatif-sensitivity"' in page and "migration pause" in page and "checkpoint write cost" in page
+    assert 'id="whatif-assumptions"' in page and "arXiv:2407.21783" in page and "assumed" in page
+    assert 'id="whatif-checkpoint-advice"' in page and "Young/Daly" in page

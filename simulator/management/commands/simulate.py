@@ -125,25 +125,39 @@ def _whatif_arguments(parser):
     parser.add_argument("--profile", choices=sorted(PROFILES), default="llama3")
     parser.add_argument("--checkpoint-minutes", type=float, default=30)
     parser.add_argument("--restart-overhead-minutes", type=float, default=10)
-    parser.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    parser.add_argument("--checkpoint-write-seconds", type=float, default=30)
+    parser.add_argument("--migration-pause-seconds", type=float, default=30)
+    parser.add_argument("--spare-fraction", type=float, default=0.02)
+    parser.add_argument("--json", action="store_true", help="print the whole report as one JSON document")
 
 
 def _whatif(command, options):
+    """The report on stdout (text, or one JSON document with --json); progress and timing on stderr."""
     import json
 
     from controlplane.errors import ServiceError
     from simulator.services import clean_config
-    from simulator.whatif import format_report, whatif_run
+    from simulator.whatif import whatif_run
+    from simulator.whatif_text import format_report
 
+    keys = ("seed", "gpus", "days", "profile", "checkpoint_minutes", "restart_overhead_minutes",
+            "checkpoint_write_seconds", "migration_pause_seconds", "spare_fraction")
     try:
-        config = clean_config({key: options[key] for key in ("seed", "gpus", "days", "profile", "checkpoint_minutes",
-                                                              "restart_overhead_minutes")})
+        config = clean_config({key: options[key] for key in keys})
     except ServiceError as error:
         raise CommandError(f"{error.field}: {error.detail}") from error
     started = time.monotonic()
-    report = whatif_run(config)
+    shown = [-1]
+
+    def progress(share: float) -> None:
+        percent = int(share * 100)
+        if percent // 10 != shown[0] // 10:
+            shown[0] = percent
+            command.stderr.write(f"replaying… {percent} %")
+
+    report = whatif_run(config, progress=progress)
+    command.stderr.write(f"replayed in {time.monotonic() - started:.2f} s")
     command.stdout.write(json.dumps(report, indent=2) if options["json"] else format_report(report))
-    command.stdout.write(f"replayed in {time.monotonic() - started:.2f} s")
 
 
 def _abnic_arguments(parser):

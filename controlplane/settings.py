@@ -81,6 +81,10 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "HANG_STEP_MULTIPLE": (float, 10.0, "A job that reported progress and then stays silent for this many times its median step time gets a hang fault."),
     "HANG_FLOOR_SECONDS": (float, 120.0, "The least silence judged a hang, whatever the job's step time."),
     "RECOVERY_ESTIMATE_MIN_SAMPLES": (int, 5, "Completed recoveries of a kind on a cluster before their measured durations replace the planner's defaults."),
+    # validation of repaired nodes, the rollout gate (docs/fleet.md)
+    "ESCALATION_CLEAN_TELEMETRY_SECONDS": (int, 300, "After a repaired node's health check passes, a node with an agent must report for this long with no hardware fault before it returns to service."),
+    "ROLLOUT_GATE_SIGNIFICANCE": (float, 0.005, "The rollout fault-rate gate fails a batch only when its hardware-fault count since the change is this improbable under the rate before it (one-sided exact conditional binomial test)."),
+    "ROLLOUT_GATE_BASELINE_HOURS": (float, 168.0, "How far back before a batch started the gate counts faults for its background rate (at least as long as the batch's own window)."),
 }
 
 env = environ.Env(**{name: (cast, default) for name, (cast, default, _) in ENVIRONMENT.items()})
@@ -369,6 +373,9 @@ SILENCE_INTERVALS = env("SILENCE_INTERVALS")
 HANG_STEP_MULTIPLE = env("HANG_STEP_MULTIPLE")
 HANG_FLOOR_SECONDS = env("HANG_FLOOR_SECONDS")
 RECOVERY_ESTIMATE_MIN_SAMPLES = env("RECOVERY_ESTIMATE_MIN_SAMPLES")
+ESCALATION_CLEAN_TELEMETRY_SECONDS = env("ESCALATION_CLEAN_TELEMETRY_SECONDS")
+ROLLOUT_GATE_SIGNIFICANCE = env("ROLLOUT_GATE_SIGNIFICANCE")
+ROLLOUT_GATE_BASELINE_HOURS = env("ROLLOUT_GATE_BASELINE_HOURS")
 RECOVERY_DEADLINE_FACTOR = env("RECOVERY_DEADLINE_FACTOR")
 RECOVERY_DEADLINE_EXTRA_SECONDS = env("RECOVERY_DEADLINE_EXTRA_SECONDS")
 RECOVERY_RESTART_RETRIES = env("RECOVERY_RESTART_RETRIES")
@@ -415,6 +422,7 @@ SPECTACULAR_SETTINGS = {
         "ScopeEnum": "tenancy.choices.TokenScope",
         "RolloutStateEnum": "fleet.choices.RolloutState",
         "BlueprintVersionStateEnum": "fleet.choices.VersionState",
+        "AutomationEnum": "fleet.choices.AutomationMode",   # a fleet's, a cluster's and the provider switch's mode
     },
 }
 

@@ -1,7 +1,8 @@
 """What fleet asks of apps that import it (jobs), without importing them: registered in their AppConfig.ready().
 
-- ``fault_counter(cluster_ids, since, until) -> int``: how many faults those clusters had in a time window.
-  Rollout health gates compare a batch's fault rate after the change with the rate before it.
+- ``fault_counter(cluster_ids, since, until) -> int``: how many hardware faults a node-level change can cause
+  (one per incident) those clusters' nodes had in a time window. The rollout gate (fleet/gate.py) compares a
+  batch's count after the change with the count before it, scaled by node-hours.
 - ``drain_guard(node) -> tuple[bool, str]``: may this node be drained now without interrupting a protected
   job that cannot be migrated first? A node-software rollout waits (or moves the job) while it says no.
 """
@@ -24,7 +25,7 @@ def register_drain_guard(guard: Callable[[object], tuple[bool, str]]) -> None:
 
 
 def count_faults(cluster_ids: list[int], since: datetime, until: datetime) -> int:
-    """Faults on these clusters in [since, until); 0 until the jobs app registers its counter."""
+    """Hardware faults on these clusters' nodes in [since, until); 0 until the jobs app registers its counter."""
     return _fault_counter(cluster_ids, since, until) if _fault_counter else 0
 
 

@@ -87,6 +87,10 @@ def cluster_detail(request, pk: int):
             resolved_at__isnull=False).order_by("-resolved_at").values("pk")[:10])).order_by("resolved_at", "-detected_at"),
         "rollouts": cluster.rollout_entries.select_related("rollout__version__blueprint").order_by("-rollout_id")[:10],
         "supports": sorted(op.value for op in driver_for(cluster).supports),
+        # Nodes on the escalation ladder (the jobs app's row, reached through the relation): where each stands and
+        # what its validation saw (the health check through the driver, clean telemetry after it).
+        "ladders": cluster.nodes.filter(escalation__isnull=False).exclude(escalation__stage="watching")
+        .select_related("escalation").order_by("-escalation__updated_at")[:50],
         **_live(f"cluster-{cluster.pk}"),
     }
     return render(request, "fleet/cluster_detail.html", context)

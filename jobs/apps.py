@@ -9,13 +9,12 @@ class JobsConfig(AppConfig):
         from controlplane import events, navigation
         from fleet import hooks
         from jobs import schema  # noqa: F401  (registers the job token scheme with drf-spectacular)
-        from jobs.selectors import may_see_job_topic
+        from jobs.selectors import hardware_fault_count, may_see_job_topic
         from jobs.services.escalation import drain_guard
-        from jobs.services.faults import count_faults
 
         # DESIGN: provider roles see every job; a tenant's users see their own tenant's jobs.
         events.register_topic("job", keyed=True, may_subscribe=may_see_job_topic)
-        hooks.register_fault_counter(count_faults)
+        hooks.register_fault_counter(hardware_fault_count)
         hooks.register_drain_guard(drain_guard)
         navigation.register("Jobs", "job-list", audience="all", order=20)
         navigation.register("Faults", "fault-overview", audience="all", order=25)

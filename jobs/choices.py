@@ -139,3 +139,10 @@ INCIDENT_SEVERITY = (
 # Faults of one job's own making (it crashed, it hung): when they name the job (``details["job"]``), they hit only
 # that job, not the other jobs on the node, and reports of them join per job.
 JOB_FAULT_KINDS = frozenset({"software_crash", "hang"})
+
+# Fault kinds a node-level change (node software, a driver, firmware, an add-on on the node) can cause: the
+# rollout gate counts these (fleet.hooks.count_faults), and a node whose health check passed must stay clear of
+# them for its clean-telemetry window. Not predictions (no fault happened), not tenant software crashes or hangs
+# (the job's own code), not stragglers (a job's speed), not facility faults (the building).
+NODE_HARDWARE_KINDS = ("nic_down", "link_flap", "link_degraded", "gpu_xid", "ecc_uncorrectable", "nvlink_error",
+                       "node_unreachable", "thermal")

@@ -100,3 +100,27 @@ def fault_feed(*, user, cluster=None, limit: int = 50) -> list[dict]:
 
 def snapshot_list(*, user, job: Job) -> QuerySet[JobSnapshot]:
     return restrict(JobSnapshot.objects.filter(job=job), user)
+
+
+def _application_xids() -> list[int]:
+    """Xid codes the catalogue calls application errors (the tenant's code, not the node): the gate skips them."""
+    from jobs.triage import catalogue, classify_xid
+
+    rows = catalogue()
+    verdicts = (classify_xid(code, rows) for code in rows)
+    return sorted(v.xid for v in verdicts if v.application and not v.escalates)
+
+
+def hardware_fault_count(cluster_ids: list[int], since, until) -> int:
+    """fleet.hooks fault counter for the rollout gate: hardware faults a node-level change can cause
+    (``NODE_HARDWARE_KINDS``, less application Xids) detected on these clusters' nodes in [since, until), one per
+    incident (the agent's Xid 79 and Alertmanager's NodeDown of one failure count once)."""
+    from django.db.models import Count
+
+    from jobs.choices import NODE_HARDWARE_KINDS
+
+    rows = (FaultEvent.objects.filter(cluster_id__in=cluster_ids, detected_at__gte=since, detected_at__lt=until,
+                                      kind__in=NODE_HARDWARE_KINDS)
+            .exclude(kind="gpu_xid", xid__in=_application_xids()))
+    counts = rows.aggregate(incidents=Count("incident", distinct=True), loose=Count("pk", filter=Q(incident__isnull=True)))
+    return counts["incidents"] + counts["loose"]

@@ -8,6 +8,10 @@ drawn from the fault model arrive the way real ones do.
 - A node that dies stops reporting; Prometheus would fire a NodeDown alert: the simulator posts it to the
   Alertmanager webhook.
 - A software crash is reported by the job's launcher through the faults API.
+- A dead node whose escalation ladder waits for a repair is repaired by the simulated data-centre technician
+  after REPAIR_HOURS of simulated time (``POST /api/v1/faults/{id}/repaired/``); once Lockstep counts it repaired,
+  it comes back to life and reports again, so its health check and clean-telemetry window run on fresh evidence
+  and a returned spare keeps reporting.
 
 Everything goes over HTTP with the simulator's own agent and operator tokens, so the control plane cannot
 tell it from a real fleet. When the control plane is away the runner keeps its state and tries again.
@@ -35,6 +39,8 @@ GREY_PER_HOUR = 4.0         # grey fabric failures per real hour across the demo
 GREY_SLOWDOWN = 0.30        # a degraded link slows every collective of a job that crosses it
 THROTTLE_SLOWDOWN = 0.15    # a GPU hot enough to throttle slows its whole (lock-step) job
 NIC_REPAIR_SECONDS = 300.0  # a downed link comes back after this long (the cable is reseated)
+REPAIR_HOURS = 4.0          # simulated hours a technician takes to repair a dead node (reboot, reseat, swap a part)
+REVIVED_STAGES = ("repaired", "validated", "returned")   # the ladder counts the node repaired: it runs again
 
 
 @dataclass
@@ -65,6 +71,7 @@ class NodeSim:
     gpus: list[GPUSim]
     nics: dict[str, NICSim]
     dead: bool = False
+    repair_due: float | None = None   # monotonic time the technician's repair of a dead node is done
 
 
 @dataclass
@@ -215,6 +222,31 @@ class Runner:
             nic.noisy = 0.0
         self.racks[(node.cluster, node.rack)] = 180_000.0
 
+    def repair_dead(self, now: float) -> int:
+        """The technician: repair a dead node whose ladder waits for it (failed) once REPAIR_HOURS of simulated
+        time have passed, through the API; bring back to life every dead node Lockstep counts repaired. Returns
+        how many nodes came back."""
+        from jobs.models import NodeEscalation
+
+        dead = {node.id: node for node in self.nodes if node.dead}
+        if not dead:
+            return 0
+        revived = 0
+        for node_id, stage, fault_id in NodeEscalation.objects.filter(node_id__in=dead).values_list(
+                "node_id", "stage", "fault_id"):
+            node = dead[node_id]
+            if stage in REVIVED_STAGES:
+                node.dead, node.repair_due = False, None
+                revived += 1
+            elif stage == "failed" and fault_id is not None and self.acceleration > 0:   # time stands still at 0
+                if node.repair_due is None:
+                    node.repair_due = now + REPAIR_HOURS * 3600.0 / self.acceleration
+                elif now >= node.repair_due and self._send(
+                        f"{self.url}/api/v1/faults/{fault_id}/repaired/",
+                        {"reason": f"simulated technician: {node.hostname} rebooted and reseated"}, self.world.api_token):
+                    node.repair_due = None
+        return revived
+
     # --- talking to the control plane ----------------------------------------------------------------------
     def _post_alert(self, node: NodeSim) -> None:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -290,6 +322,7 @@ class Runner:
         self.pending = [item for item in self.pending if item.due > now_monotonic]
         for item in due:
             self._strike(item, events)
+        self.repair_dead(now_monotonic)
         now = time.time()
         self.drive_jobs(now)
         for cluster, token in self.world.agent_tokens.items():

@@ -25,6 +25,8 @@ BATCH = 500
 
 
 def _automation_paused(kind: str, payload: dict) -> bool:
+    if kind == "automation.updated":   # the provider-wide switch
+        return payload.get("mode") == "paused"
     if kind not in ("fleet.updated", "cluster.updated") or "automation" not in payload.get("fields", []):
         return False
     from fleet.models import Cluster, Fleet

@@ -10,6 +10,9 @@ _n = itertools.count(1)
 
 
 def make_fleet(name: str | None = None, **fields) -> Fleet:
+    # Test fleets hold a handful of nodes, where the share circuit breaker's default (20 %, at least one node)
+    # would refuse a second cordon; it is off here unless a test sets it (tests/fleet/test_node_services.py).
+    fields.setdefault("max_disrupted_percent", 100)
     return Fleet.objects.create(name=name or f"fleet-{next(_n)}", **fields)
 
 

@@ -239,6 +239,9 @@ API_WRITES: dict[str, Write] = {
     "api_v1_agent_tokens_rotate_create": Write(
         "operator", prepare=_ids(id=("agent-token", "provider")), path=path_id,
         target=created("telemetry.agenttoken"), action="agent_token.create", status=201),
+    "api_v1_automation_update": Write(
+        "provider-admin", body=lambda w, ctx: {"mode": "dry-run", "reason": "audit"},
+        target=lambda w, ctx, response: ("fleet.automationswitch", "1"), action="automation.switch"),
     "api_v1_blueprints_create": Write(
         "operator", body=lambda w, ctx: {"name": "audit-blueprint"}, target=created("fleet.blueprint"),
         action="blueprint.create", status=201),

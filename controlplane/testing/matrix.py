@@ -381,6 +381,7 @@ ROUTES: dict[str, Route] = {
     "api:action-list": Route(per_method(get=signed_in())),
     "api:action-detail": Route(per_method(get=scoped()), fill="action"),
     "api:stats-list": Route(per_method(get=signed_in())),
+    "api:automation": Route(per_method(get=provider(), put=provider_admin(400))),
 }
 
 # Django's admin is walked with ``admin_site``, every pattern filled with these values.

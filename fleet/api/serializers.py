@@ -27,7 +27,8 @@ class RollupField(serializers.SerializerMethodField):
 class FleetSerializer(serializers.ModelSerializer):
     class Meta:
         model = Fleet
-        fields = ["id", "name", "description", "automation", "max_cordoned_nodes", "max_draining_nodes", "created_at"]
+        fields = ["id", "name", "description", "automation", "max_cordoned_nodes", "max_draining_nodes",
+                  "max_disrupted_percent", "created_at"]
         read_only_fields = ["id", "created_at"]
         extra_kwargs = {"name": {"validators": []}}
 

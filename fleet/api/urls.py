@@ -1,5 +1,7 @@
+from django.urls import path
 from rest_framework.routers import SimpleRouter
 
+from fleet.api.views_automation import AutomationSwitchView
 from fleet.api.views_blueprints import BlueprintViewSet
 from fleet.api.views_clusters import ClusterViewSet, FleetViewSet, NodeViewSet
 from fleet.api.views_rollouts import DriftFindingViewSet, RolloutViewSet
@@ -12,4 +14,4 @@ router.register("blueprints", BlueprintViewSet, basename="blueprint")
 router.register("rollouts", RolloutViewSet, basename="rollout")
 router.register("drift", DriftFindingViewSet, basename="drift")
 
-urlpatterns = router.urls
+urlpatterns = [*router.urls, path("automation/", AutomationSwitchView.as_view(), name="automation")]

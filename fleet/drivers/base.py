@@ -27,6 +27,7 @@ class Operation(enum.StrEnum):
     RESTART_FROM_CHECKPOINT = "restart_from_checkpoint"
     SNAPSHOT = "snapshot"
     RESTORE_FROM_SNAPSHOT = "restore_from_snapshot"
+    HEALTH_CHECK = "health_check"
 
 
 class DriverError(Exception):
@@ -118,6 +119,12 @@ class ClusterDriver:
 
     def restore_from_snapshot(self, job_ref: str, snapshot_ref: str) -> OperationResult:
         self._unsupported(Operation.RESTORE_FROM_SNAPSHOT)
+
+    # validation
+    def health_check(self, node) -> OperationResult:
+        """Start a health check of a repaired node, carried out on the node itself (on Slurm, a short job pinned
+        to it; on Kubernetes, a check pod); its handle's ``operation_status`` says whether it passed."""
+        self._unsupported(Operation.HEALTH_CHECK)
 
     def operation_status(self, handle: str) -> str:
         """'running', 'succeeded' or 'failed'."""

@@ -8,7 +8,9 @@
   transient error for the caller to retry; pods are never deleted directly;
 - add-ons: ``helm upgrade --install`` (values on standard input), ``helm uninstall``, and ``helm list`` plus
   ``helm get values`` to observe; node software is observed from the ``lockstep.io/node-software.<component>``
-  labels the node agent writes.
+  labels the node agent writes;
+- health_check: not supported, and declared so (the base class refuses it): a check pod per GPU model and image is
+  not built yet, so a repaired node on a Kubernetes cluster waits on the escalation ladder for a human.
 
 Connection settings (``Cluster.connection``): ``kubeconfig`` (a path) and ``context``, or ``in_cluster: true``;
 ``helm`` (the binary, default ``helm``) and ``timeout_seconds`` (default 120). The API client and the command

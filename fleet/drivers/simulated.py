@@ -11,7 +11,9 @@ Timings and failures come from the cluster's ``connection`` settings, so tests a
     reset, restart from checkpoint, restore from snapshot) that fail partway: each is started as usual and
     reported "failed" when its status is asked; add-ons, node operations and snapshots never fail this way,
     recovery_failure_seed (none) — seeds those chances, so a demo process fails the same operations each time,
-    fail_next ([]) — failures queued by ``fail_next_recovery``, counted down as recovery operations consume them.
+    fail_next ([]) — failures queued by ``fail_next_recovery``, counted down as recovery operations consume them,
+    health_check_seconds (5) — how long the health check of a repaired node runs; it passes unless a failure was
+    queued for it (``fail_next_health_check``, ``manage.py simulate fail-health-check``).
 
 ``simulate_drift`` changes a simulated cluster's state out of band (``manage.py simulate drift``);
 ``fail_next_recovery`` makes its next recovery operations fail or be refused (``manage.py simulate fail-next``).
@@ -36,10 +38,14 @@ DEFAULTS = {
     "restart_seconds": 60.0,
     "snapshot_base_seconds": 2.0,
     "snapshot_seconds_per_gpu": 0.05,
+    "health_check_seconds": 5.0,
 }
 
 RECOVERY_OPERATIONS = frozenset({Operation.NIC_FAILOVER, Operation.MIGRATE_WORKER, Operation.GPU_RESET,
                                  Operation.RESTART_FROM_CHECKPOINT, Operation.RESTORE_FROM_SNAPSHOT})
+# Operations a queued failure can name: the recovery operations and the health check of a repaired node (which
+# chance never fails: ``recovery_failure_probability`` covers recovery operations only).
+FAILABLE_OPERATIONS = RECOVERY_OPERATIONS | {Operation.HEALTH_CHECK}
 FAILURE_KINDS = ("fail", "refuse")
 PENDING_FAILURES = "fail_next"
 
@@ -96,7 +102,7 @@ class SimulatedDriver(ClusterDriver):
         from fleet.models import SimulatedOperation
 
         self._reachable()
-        fails = operation in RECOVERY_OPERATIONS and self._recovery_fails(operation)
+        fails = operation in FAILABLE_OPERATIONS and self._recovery_fails(operation)
         done_at = timezone.now() + timedelta(seconds=float(seconds))
         row = SimulatedOperation.objects.create(cluster=self.cluster, operation=operation.value, target=target,
                                                 params=params, done_at=done_at, fails=fails)
@@ -110,6 +116,8 @@ class SimulatedDriver(ClusterDriver):
             raise DriverError(f"cluster {self.cluster.name} refused {operation.value} (simulated)")
         if how == "fail":
             return True
+        if operation not in RECOVERY_OPERATIONS:
+            return False
         probability = float(self.setting("recovery_failure_probability") or 0)
         return probability > 0 and _chance_for(self.cluster).random() < probability
 
@@ -122,8 +130,8 @@ class SimulatedDriver(ClusterDriver):
 
         def take(connection: dict) -> str | None:
             pending = connection.get(PENDING_FAILURES) or []
-            entry = next((item for item in pending
-                          if not item.get("operations") or operation.value in item["operations"]), None)
+            entry = next((item for item in pending if operation.value in (item.get("operations") or ())
+                          or (not item.get("operations") and operation in RECOVERY_OPERATIONS)), None)
             if entry is None:
                 return None
             entry["count"] -= 1
@@ -262,6 +270,12 @@ class SimulatedDriver(ClusterDriver):
         return self._operation(Operation.RESTORE_FROM_SNAPSHOT, job_ref, self.setting("migration_pause_seconds"),
                                snapshot=snapshot_ref)
 
+    # validation
+    def health_check(self, node) -> OperationResult:
+        """The simulated cluster runs its check on the node: it passes after ``health_check_seconds`` unless a
+        failure was queued for it (``fail_next_health_check``)."""
+        return self._operation(Operation.HEALTH_CHECK, node.hostname, self.setting("health_check_seconds"))
+
 
 DRIFT_KINDS = ("version", "values", "remove", "extra", "degrade")
 
@@ -324,6 +338,21 @@ def fail_next_recovery(cluster, *, count: int = 1, operations: list[str] | None 
     which = ", ".join(entry["operations"]) or "any"
     verb = "fail" if how == "fail" else "be refused"
     return f"the next {count} recovery operation(s) ({which}) on {cluster.name} will {verb}"
+
+
+def fail_next_health_check(cluster, *, count: int = 1, how: str = "fail") -> str:
+    """Make the simulated cluster's next ``count`` health checks of repaired nodes fail (``how="fail"``: the check
+    runs and reports failed) or be refused (``how="refuse"``). Returns what was queued."""
+    if cluster.driver != "simulated":
+        raise DriverError(f"cluster {cluster.name} is not simulated")
+    if how not in FAILURE_KINDS:
+        raise DriverError(f"unknown failure {how!r}; one of {', '.join(FAILURE_KINDS)}")
+    if count < 1:
+        raise DriverError("count must be at least 1")
+    entry = {"how": how, "operations": [Operation.HEALTH_CHECK.value], "count": count}
+    _change_connection(cluster, lambda connection: connection.setdefault(PENDING_FAILURES, []).append(entry))
+    verb = "fail" if how == "fail" else "be refused"
+    return f"the next {count} health check(s) on {cluster.name} will {verb}"
 
 
 def set_recovery_failure_probability(cluster, *, probability: float) -> None:

@@ -1,10 +1,10 @@
 from fleet.models.blueprints import Blueprint, BlueprintVersion
 from fleet.models.drift import DriftFinding
-from fleet.models.hardware import GPU, NIC, Cluster, Fleet, Node
+from fleet.models.hardware import GPU, NIC, AutomationSwitch, Cluster, Fleet, Node
 from fleet.models.observed import ObservedAddon, SimulatedAddon, SimulatedOperation
 from fleet.models.rollouts import Rollout, RolloutBatch, RolloutCluster
 
 __all__ = [
-    "GPU", "NIC", "Blueprint", "BlueprintVersion", "Cluster", "DriftFinding", "Fleet", "Node", "ObservedAddon",
+    "GPU", "NIC", "AutomationSwitch", "Blueprint", "BlueprintVersion", "Cluster", "DriftFinding", "Fleet", "Node", "ObservedAddon",
     "Rollout", "RolloutBatch", "RolloutCluster", "SimulatedAddon", "SimulatedOperation",
 ]

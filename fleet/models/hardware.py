@@ -1,5 +1,6 @@
 """Fleets, clusters and their hardware: nodes, GPUs, NICs on rails and leaf switches."""
 
+from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -20,6 +21,34 @@ from tenancy.choices import TenantTier
 DEFAULT_RESTART_OVERHEAD_MINUTES = 10.0
 
 
+AUTOMATION_ORDER = (AutomationMode.ACTIVE, AutomationMode.DRY_RUN, AutomationMode.PAUSED)
+
+
+def strictest(*modes: str) -> str:
+    """The strictest of these automation modes (paused over dry-run over active)."""
+    return max(modes, key=AUTOMATION_ORDER.index, default=AutomationMode.ACTIVE)
+
+
+class AutomationSwitch(models.Model):
+    """The provider's one switch over all automation everywhere (a single row, pk 1): paused holds fault recovery,
+    the escalation ladder, drift correction and rollout steps on every cluster; dry-run makes them decide and
+    record only. Changed by the provider admin through ``/api/v1/automation/`` (audited)."""
+
+    mode = models.CharField(max_length=10, choices=AutomationMode.choices, default=AutomationMode.ACTIVE)
+    reason = models.CharField(max_length=300, blank=True)
+    changed_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    changed_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"provider automation: {self.mode}"
+
+
+def provider_automation() -> str:
+    """The provider switch's mode (active when it was never set)."""
+    mode = AutomationSwitch.objects.filter(pk=1).values_list("mode", flat=True).first()
+    return mode or AutomationMode.ACTIVE
+
+
 class Fleet(models.Model):
     """A named group of clusters run by the provider (a region, say)."""
 
@@ -29,6 +58,10 @@ class Fleet(models.Model):
     # Fleet-wide caps on disruption: how many nodes may be cordoned or draining at once.
     max_cordoned_nodes = models.PositiveIntegerField(default=64)
     max_draining_nodes = models.PositiveIntegerField(default=16)
+    # The circuit breaker: at most this share of the fleet's nodes cordoned or draining at once (at least one node
+    # may always be); a cordon or drain over it is refused like one over the caps above, and waits.
+    max_disrupted_percent = models.PositiveSmallIntegerField(
+        default=20, db_default=20, validators=[MinValueValidator(1), MaxValueValidator(100)])
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -89,9 +122,14 @@ class Cluster(models.Model):
 
     @property
     def effective_automation(self) -> str:
-        """The stricter of the cluster's and its fleet's automation mode."""
-        order = [AutomationMode.ACTIVE, AutomationMode.DRY_RUN, AutomationMode.PAUSED]
-        return max(self.automation, self.fleet.automation, key=order.index)
+        """The strictest of the cluster's, its fleet's and the provider's automation mode (one query for the
+        provider switch; a caller going over many clusters reads ``provider_automation()`` once and uses
+        ``automation_under``)."""
+        return self.automation_under(provider_automation())
+
+    def automation_under(self, provider_mode: str) -> str:
+        """The cluster's effective automation mode given the provider switch's mode."""
+        return strictest(self.automation, self.fleet.automation, provider_mode)
 
 
 class Node(models.Model):

@@ -15,7 +15,7 @@ from fleet.services.applying import apply_version, converge
 from fleet.services.blueprints import latest_active
 from fleet.services.publishing import publish
 
-FLEET_FIELDS = ("name", "description", "automation", "max_cordoned_nodes", "max_draining_nodes")
+FLEET_FIELDS = ("name", "description", "automation", "max_cordoned_nodes", "max_draining_nodes", "max_disrupted_percent")
 CLUSTER_FIELDS = ("fleet", "name", "dedicated_tenant", "region", "tier", "labels", "kind", "driver", "connection",
                   "restart_overhead_minutes", "automation", "max_concurrent_migrations", "max_migrations_per_leaf")
 

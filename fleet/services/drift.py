@@ -1,6 +1,11 @@
 """Drift detection and correction: observe every cluster, compare with its blueprint version, open and resolve
 findings, and — where the blueprint says so — re-apply the desired state, giving up (and reporting) after
-DRIFT_MAX_CORRECTIONS failed attempts."""
+DRIFT_MAX_CORRECTIONS failed attempts.
+
+Correction is automation: the cluster's effective automation mode (its own, its fleet's, the provider switch)
+governs it. In dry-run the sweep records what it would re-apply (the finding's note, an audit entry and the
+``drift.changed`` event) and changes nothing; paused, it holds (the finding's note says so). Detection runs in
+every mode."""
 
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -11,9 +16,10 @@ from django.utils import timezone
 
 from controlplane.audit import audit_record
 from controlplane.bulk import update_rows
-from fleet.choices import DriftMode
+from fleet.choices import AutomationMode, DriftMode
 from fleet.desired import compare, desired_state, is_node_software, load_versions
 from fleet.models import Cluster, DriftFinding
+from fleet.models.hardware import provider_automation
 from fleet.observation import observe, record
 from fleet.services.applying import converge
 from fleet.services.publishing import batched, publish
@@ -30,6 +36,8 @@ class SweepReport:
     resolved: int = 0
     corrected: int = 0
     gave_up: int = 0
+    would_correct: int = 0
+    held: int = 0
     skipped: bool = False
 
     def as_dict(self) -> dict:
@@ -59,8 +67,9 @@ def drift_sweep(*, cluster_ids: list[int] | None = None, now=None) -> SweepRepor
     whose findings changed (its events) or that is corrected."""
     now = now or timezone.now()
     report = SweepReport()
-    clusters = Cluster.objects.filter(blueprint_version__isnull=False).select_related("blueprint").only(
-        "id", "name", "driver", "connection", "blueprint_version_id", "dedicated_tenant_id", "blueprint__drift_mode")
+    clusters = Cluster.objects.filter(blueprint_version__isnull=False).select_related("blueprint", "fleet").only(
+        "id", "name", "driver", "connection", "blueprint_version_id", "dedicated_tenant_id", "blueprint__drift_mode",
+        "automation", "fleet__automation")
     if cluster_ids is not None:
         clusters = clusters.filter(pk__in=cluster_ids)
     clusters = list(clusters)
@@ -80,7 +89,11 @@ def drift_sweep(*, cluster_ids: list[int] | None = None, now=None) -> SweepRepor
         correcting = [c for c in clusters if c.pk in checks and c.blueprint.drift_mode == DriftMode.CORRECT
                       and any(check.kind for check in checks[c.pk])]
         if correcting:
-            _correct(correcting, checks, now, report, changed)
+            provider = provider_automation()
+            modes = {c.pk: c.automation_under(provider) for c in correcting}
+            _correct([c for c in correcting if modes[c.pk] == AutomationMode.ACTIVE], checks, now, report, changed)
+            _hold([c for c in correcting if modes[c.pk] != AutomationMode.ACTIVE], modes, checks, now, report,
+                  changed)
         for cluster_id, summary in changed.items():
             publish("drift.changed", {"cluster": cluster_id, **summary}, f"/api/v1/drift/?cluster={cluster_id}",
                     clusters=[cluster_id])
@@ -157,3 +170,35 @@ def _correct(clusters: list[Cluster], checks: dict, now, report: SweepReport, ch
             changed[cluster.pk]["correction_failed"] = sorted(failed)
         audit_record(actor=None, action="drift.correct", target=cluster, tenant_id=cluster.dedicated_tenant_id,
                      changes={"corrected": done, "failed": failed})
+
+
+def _hold(clusters: list[Cluster], modes: dict[int, str], checks: dict, now, report: SweepReport,
+          changed: dict) -> None:
+    """Drift that automation would correct, on clusters in dry-run or paused: dry-run records what it would
+    re-apply (the finding's note, audit, the event), paused notes that it holds. Nothing is re-applied."""
+    findings = defaultdict(dict)
+    for finding in DriftFinding.objects.filter(cluster__in=clusters, resolved_at__isnull=True, gave_up_at__isnull=True):
+        findings[finding.cluster_id][finding.addon] = finding
+    for cluster in clusters:
+        mine = findings[cluster.pk]
+        todo = [c.name for c in checks[cluster.pk] if c.kind and not is_node_software(c.name) and c.name in mine]
+        if not todo:
+            continue
+        dry_run = modes[cluster.pk] == AutomationMode.DRY_RUN
+        note = ("dry run: would re-apply the desired state" if dry_run else
+                "held: automation is paused (provider-wide, or on the cluster or its fleet)")
+        notes = [mine[name] for name in todo if mine[name].last_correction_error != note]
+        for finding in notes:
+            finding.last_correction_error = note
+        if notes:
+            update_rows(notes, ["last_correction_error"])
+        if dry_run:
+            report.would_correct += len(todo)
+            if notes:
+                changed[cluster.pk]["would_correct"] = sorted(todo)
+                audit_record(actor=None, action="drift.correct", target=cluster, tenant_id=cluster.dedicated_tenant_id,
+                             changes={"dry_run": True, "would_correct": sorted(todo)})
+        else:
+            report.held += len(todo)
+            if notes:
+                changed[cluster.pk]["held"] = sorted(todo)

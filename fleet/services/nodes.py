@@ -1,10 +1,15 @@
 """Node state changes: cordon, uncordon, drain, fail, return to service — through the cluster's driver.
 
-Fleet-wide caps bound how many nodes may be cordoned or draining at once; a change over the cap is refused
-with 409 so the caller (an operator, or the recovery planner) can wait or choose another action.
+Fleet-wide caps bound how many nodes may be cordoned or draining at once: absolute counts, and a circuit
+breaker as a share of the fleet's nodes (``Fleet.max_disrupted_percent``; at least one node may always be taken
+out). A change over a cap is refused with 409 so the caller (an operator, the escalation ladder, a rollout) can
+wait and retry, or choose another action.
 """
 
+import math
+
 from django.db import transaction
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from controlplane import events
@@ -28,8 +33,21 @@ def _publish(node: Node, kind: str, **payload) -> None:
                    url=f"/api/v1/nodes/{node.pk}/")
 
 
+def share_allowance(fleet: Fleet, total: int) -> int:
+    """How many of the fleet's ``total`` nodes the circuit breaker lets be cordoned or draining at once."""
+    return max(1, math.floor(total * fleet.max_disrupted_percent / 100))
+
+
 def _check_cap(node: Node, new_state: str) -> None:
     fleet = node.cluster.fleet
+    if new_state in DISRUPTED and node.state not in DISRUPTED:
+        counts = Node.objects.filter(cluster__fleet=fleet).exclude(pk=node.pk).aggregate(
+            total=Count("pk"), disrupted=Count("pk", filter=Q(state__in=DISRUPTED)))
+        total, disrupted = counts["total"] + 1, counts["disrupted"]
+        allowed = share_allowance(fleet, total)
+        if disrupted + 1 > allowed:
+            raise ServiceError(f"circuit breaker: fleet {fleet.name} already has {disrupted} of {total} nodes cordoned "
+                               f"or draining ({fleet.max_disrupted_percent} % allows {allowed})", status=409)
     if new_state == NodeState.CORDONED:
         count = Node.objects.filter(cluster__fleet=fleet, state__in=DISRUPTED).exclude(pk=node.pk).count()
         if count >= fleet.max_cordoned_nodes:

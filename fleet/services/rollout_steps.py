@@ -1,6 +1,12 @@
 """One step of a running rollout: start the next batch, advance its clusters, check the health gate, stop on a
 spent failure budget and roll back if asked. Level-triggered: the step reads the rows, moves one step and can run
-twice (the rollout row is locked for the step; a second caller finds it locked and leaves)."""
+twice (the rollout row is locked for the step; a second caller finds it locked and leaves).
+
+Automation governs the steps: with the provider switch paused no rollout moves; a cluster whose effective
+automation is paused is not changed (it waits, its progress deadline held off), and one in dry-run is recorded
+with what would have been applied and skipped. The health gate while soaking: a Degraded or Missing add-on fails
+the cluster; drift that is only out of sync (the add-on healthy) is reported and the batch waits for it to
+converge (up to the progress deadline after the soak); at the end, the fault-rate gate (fleet/gate.py)."""
 
 from datetime import timedelta
 
@@ -10,10 +16,12 @@ from django.utils import timezone
 from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
 from fleet import hooks
-from fleet.choices import NodeState, RolloutClusterStatus, RolloutState
+from fleet.choices import AutomationMode, HealthStatus, NodeState, RolloutClusterStatus, RolloutState
 from fleet.desired import compare, desired_state, is_node_software, load_versions
 from fleet.drivers import DriverError, driver_for
+from fleet.gate import fault_gate
 from fleet.models import Cluster, Node, Rollout, RolloutBatch, RolloutCluster
+from fleet.models.hardware import provider_automation
 from fleet.models.rollouts import DONE_CLUSTER_STATES, FAILED_CLUSTER_STATES
 from fleet.observation import observe, record
 from fleet.services.applying import apply_version, supports_addons
@@ -29,6 +37,10 @@ from fleet.specs import in_change_window
 
 Status = RolloutClusterStatus
 BatchStatus = RolloutBatch.Status
+PROVIDER_PAUSED = "held: automation is paused provider-wide"
+CLUSTER_PAUSED = "held: automation is paused on the cluster or its fleet"
+# A soaking cluster fails on these; anything else not ready (out of sync, progressing, unknown) is waited for.
+BROKEN_HEALTH = (HealthStatus.DEGRADED, HealthStatus.MISSING)
 
 
 def rollout_step(*, rollout_id: int, now=None) -> str:
@@ -43,6 +55,14 @@ def rollout_step(*, rollout_id: int, now=None) -> str:
         if rollout is None:
             return "busy-or-gone"
         now = now or timezone.now()
+        if provider_automation() == AutomationMode.PAUSED:
+            if rollout.reason != PROVIDER_PAUSED:
+                rollout.reason = PROVIDER_PAUSED
+                rollout.save(update_fields=["reason"])
+            return "held"
+        if rollout.reason == PROVIDER_PAUSED:
+            rollout.reason = ""
+            rollout.save(update_fields=["reason"])
         if rollout.state == RolloutState.PENDING:
             _move(rollout, RolloutState.RUNNING, actor=None, reason="started", action="rollout.run")
             rollout.started_at = now
@@ -127,12 +147,28 @@ def _apply(rollout: Rollout, row: RolloutCluster, now) -> None:
     """Move one cluster to the rollout's version: first node software node by node (drained within the disruption
     budget, never under a protected job that cannot move), then the add-ons. Stays ToApply while it must wait."""
     version = rollout.version
-    cluster = Cluster.objects.select_for_update().get(pk=row.cluster_id)
+    cluster = Cluster.objects.select_for_update(of=("self",)).select_related("fleet").get(pk=row.cluster_id)
     if not supports_addons(cluster):
         _finish(row, Status.SKIPPED, f"the {cluster.driver} driver cannot apply add-ons", now)
         return
     new_software = version.effective_node_software()
     old_software = row.previous_version.effective_node_software() if row.previous_version else {}
+    mode = cluster.effective_automation   # its own, its fleet's and the provider's (dry-run there too)
+    if mode == AutomationMode.PAUSED:
+        # Held where it stands; pausing is no failure, so the progress deadline is held off while it lasts.
+        row.reason, row.deadline_at = CLUSTER_PAUSED, now + timedelta(seconds=rollout.progress_deadline_seconds)
+        row.save(update_fields=["reason", "deadline_at"])
+        return
+    if mode == AutomationMode.DRY_RUN:
+        would = {"blueprint_version": [str(row.previous_version) if row.previous_version else None, str(version)],
+                 "node_software": new_software if new_software != old_software else "unchanged",
+                 "nodes_to_drain": cluster.nodes.filter(state=NodeState.READY).count()
+                 if new_software != old_software else 0}
+        audit_record(actor=None, action="rollout.cluster_apply", target=cluster, tenant_id=cluster.dedicated_tenant_id,
+                     changes={"rollout": rollout.pk, "dry_run": True, "would": would})
+        _finish(row, Status.SKIPPED, f"dry run: would apply {version}"
+                f"{' with node software ' + str(new_software) if new_software != old_software else ''}; nothing changed", now)
+        return
     if new_software != old_software and not _roll_nodes(rollout, row, cluster, now):
         return
     try:
@@ -165,7 +201,15 @@ def revert_step(rollout: Rollout, now) -> str:
     if not rows:
         return "idle"
     for row in rows:
-        cluster = Cluster.objects.select_for_update().get(pk=row.cluster_id)
+        cluster = Cluster.objects.select_for_update(of=("self",)).select_related("fleet").get(pk=row.cluster_id)
+        mode = cluster.effective_automation
+        if mode != AutomationMode.ACTIVE:
+            held = CLUSTER_PAUSED if mode == AutomationMode.PAUSED else (
+                f"dry run: would put node software {row.previous_version} back node by node; nothing changed")
+            if row.reason != held:
+                row.reason = held[:500]
+                row.save(update_fields=["reason"])
+            continue
         if not _roll_nodes(rollout, row, cluster, now, target=row.previous_version):
             continue
         try:
@@ -236,15 +280,17 @@ def _roll_nodes(rollout: Rollout, row: RolloutCluster, cluster: Cluster, now, ta
     return complete
 
 
-def _observe_rows(rollout: Rollout, rows: list[RolloutCluster], now) -> dict[int, bool]:
+def _observe_rows(rollout: Rollout, rows: list[RolloutCluster], now, found: dict | None = None) -> dict[int, bool]:
     """Observe the rows' clusters once; settle each: Succeeded when InSync and Healthy, Failed when Degraded,
-    TimedOut past its deadline. Returns {cluster id: ready}."""
+    TimedOut past its deadline. Returns {cluster id: ready}; ``found`` receives each cluster's checks."""
     if not rows:
         return {}
     clusters = [row.cluster for row in rows]
     observed, errors = observe(clusters)
     desired = desired_state(load_versions([rollout.version_id])[rollout.version_id])
     checks = {cid: compare(desired, states) for cid, states in observed.items()}
+    if found is not None:
+        found.update(checks)
     record(checks, set(errors), now)
     ready = {}
     for row in rows:
@@ -265,26 +311,55 @@ def _observe_rows(rollout: Rollout, rows: list[RolloutCluster], now) -> dict[int
 
 
 def _soak(rollout: Rollout, batch: RolloutBatch, now) -> str:
-    """While soaking every cluster of the batch must stay InSync and Healthy; at the end the fault rate since the
-    batch started must not be worse than in an equal window before it."""
+    """While soaking every cluster of the batch must stay healthy: a Degraded or Missing add-on fails it, drift
+    that is only out of sync is reported and waited for (up to the progress deadline after the soak). At the end
+    the fault-rate gate compares the batch's hardware faults since it started with the window before."""
     rows = list(rollout.clusters.filter(batch_index=batch.index, status=Status.SUCCEEDED)
                 .select_related("cluster"))
     for row in rows:
         row.rollout = rollout
-    ready = _observe_rows(rollout, rows, now)
+    found: dict = {}
+    ready = _observe_rows(rollout, rows, now, found=found)
+    drifting = []
     for row in rows:
-        if not ready.get(row.cluster_id):
-            _finish(row, Status.FAILED, "lost health while soaking", now)
+        checks = found.get(row.cluster_id)
+        if ready.get(row.cluster_id):
+            if row.reason.startswith("drift while soaking"):
+                row.reason = "InSync and Healthy (the drift converged)"
+                row.save(update_fields=["reason"])
+            continue
+        broken = [f"{c.name} {c.health}" for c in checks or [] if c.health in BROKEN_HEALTH
+                  and not is_node_software(c.name)]
+        if broken:
+            _finish(row, Status.FAILED, f"lost health while soaking: {', '.join(broken[:5])}", now)
+            continue
+        drifting.append(row)
+        waiting = [f"{c.name} {c.sync}/{c.health}" + (f" ({c.kind})" if c.kind else "")
+                   for c in checks or [] if not c.ready] or ["not observed"]
+        reason = f"drift while soaking: {', '.join(waiting[:5])}; the batch waits for it to converge"[:500]
+        if row.reason != reason:
+            row.reason = reason
+            row.save(update_fields=["reason"])
+            publish("rollout.drift", {"rollout": rollout.pk, "cluster": row.cluster_id, "batch": batch.index,
+                                      "reason": reason[:200]}, rollout_url(rollout), clusters=[row.cluster_id],
+                    rollout=rollout.pk)
     if _budget_spent(rollout, now):
         return "stopped"
     if now < batch.soak_until:
         return "soaking"
+    if drifting:
+        if now < batch.soak_until + timedelta(seconds=rollout.progress_deadline_seconds):
+            return "waiting-for-convergence"
+        for row in drifting:
+            _finish(row, Status.FAILED, f"drift did not converge within {rollout.progress_deadline_seconds}s after "
+                                        f"the soak: {row.reason.removeprefix('drift while soaking: ')}", now)
+        if _budget_spent(rollout, now):
+            return "stopped"
     cluster_ids = [row.cluster_id for row in rows if ready.get(row.cluster_id)]
-    window = max(now - batch.started_at, timedelta(seconds=1))
-    batch.faults_before = hooks.count_faults(cluster_ids, batch.started_at - window, batch.started_at)
-    batch.faults_after = hooks.count_faults(cluster_ids, batch.started_at, now)
-    if batch.faults_after > batch.faults_before:
-        batch.gate = f"fault rate rose: {batch.faults_after} faults since the change against {batch.faults_before} before"
+    result = fault_gate(cluster_ids, batch.started_at, now)
+    batch.faults_before, batch.faults_after = result.before, result.after
+    if result.failed:
+        batch.gate = f"fault rate rose: {result.describe()}"[:300]
         for row in rows:
             if ready.get(row.cluster_id):
                 _finish(row, Status.FAILED, batch.gate, now)
@@ -293,8 +368,7 @@ def _soak(rollout: Rollout, batch: RolloutBatch, now) -> str:
         if _budget_spent(rollout, now):
             return "stopped"
         return "batch-failed"
-    batch.gate = (f"healthy for {rollout.soak_seconds}s; faults {batch.faults_after} since the change, "
-                  f"{batch.faults_before} before")
+    batch.gate = f"healthy for {rollout.soak_seconds}s; {result.describe()}"[:300]
     batch.status, batch.finished_at = BatchStatus.PASSED, now
     batch.save(update_fields=["status", "finished_at", "faults_before", "faults_after", "gate"])
     publish("rollout.batch_passed", {"rollout": rollout.pk, "batch": batch.index, "gate": batch.gate},

@@ -140,6 +140,14 @@ class NodeEscalation(models.Model):
     done_at = models.DateTimeField(null=True, blank=True)
     needs_human = models.BooleanField(default=False)
     blocked = models.CharField(max_length=300, blank=True, help_text="why the next step waits")
+    # Validation (docs/fleet.md): the health check carried out through the driver after the repair, and, where the
+    # node has an agent, clean telemetry for ESCALATION_CLEAN_TELEMETRY_SECONDS after it.
+    check_handle = models.CharField(max_length=100, blank=True, db_default="", help_text="the driver's handle of the health check")
+    check_started_at = models.DateTimeField(null=True, blank=True)
+    check_passed_at = models.DateTimeField(null=True, blank=True)
+    has_agent = models.BooleanField(default=False, db_default=False, help_text="the node had reported telemetry before the check")
+    evidence = models.JSONField(default=list, db_default=[], blank=True,
+                                help_text="what validation saw, oldest first: {at, step, result, detail}")
     updated_at = models.DateTimeField(auto_now=True)
 
     tenant_scope = "node__cluster__dedicated_tenant_id"

@@ -6,7 +6,17 @@
 A fault that takes a GPU or the node out of service quarantines the node at once; non-fatal faults that
 count toward escalation quarantine it when ESCALATION_STRIKES of them fall within ESCALATION_WINDOW_SECONDS.
 Each later step is taken by beat (``escalation_advance``), one step per call, through the fleet's node
-services (which enforce the fleet-wide cordon and drain caps: a step refused over a cap waits and retries).
+services (which enforce the fleet-wide cordon and drain caps and the share circuit breaker: a step refused over
+a cap waits and retries). Paused automation (the cluster's, its fleet's or the provider's switch) holds every
+ladder of the cluster where it stands.
+
+Validation needs fresh evidence: a repaired node (by a human, or a GPU reset) gets a health check carried out
+through its driver (``ClusterDriver.health_check``); a failed check sends it back to ``failed``. Where the node has
+an agent (it had reported telemetry before the check), it must then report clean telemetry for
+ESCALATION_CLEAN_TELEMETRY_SECONDS: it reports after the window ends, and no hardware fault
+(``NODE_HARDWARE_KINDS``) is detected on it from the check on; a fault sends it back to ``failed``, and so does
+silence for twice the window. What validation saw is kept on the ladder (``evidence``) and shown on the node's
+cluster page.
 """
 
 from dataclasses import dataclass
@@ -19,12 +29,20 @@ from django.utils import timezone
 from controlplane import events
 from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
-from fleet.choices import GPUHealth, LinkState, NodeState
+from fleet.choices import AutomationMode, GPUHealth, LinkState, NodeState
 from fleet.drivers import DriverError, driver_for
-from fleet.models import GPU, NIC, Node
+from fleet.models import Node
+from fleet.models.hardware import provider_automation
 from fleet.services import nodes as node_services
 from fleet.services.hardware import gpus_mark, node_gpus_mark, node_nic_links_set
-from jobs.choices import ACTIVE_ACTION_STATES, ActionKind, ActionState, EscalationStage, JobState
+from jobs.choices import (
+    ACTIVE_ACTION_STATES,
+    NODE_HARDWARE_KINDS,
+    ActionKind,
+    ActionState,
+    EscalationStage,
+    JobState,
+)
 from jobs.models import FaultEvent, JobAllocation, NodeEscalation, RecoveryAction
 from jobs.services.common import cluster_topics, publish_action
 from jobs.triage import FaultVerdict
@@ -140,6 +158,89 @@ def _jobs_still_on(node: Node) -> list[int]:
                 .values_list("job_id", flat=True).distinct())
 
 
+def _evidence(escalation: NodeEscalation, step: str, result: str, detail: str, *, at=None) -> None:
+    """Keep what validation saw on the ladder's record (the newest 50 entries)."""
+    entry = {"at": (at or timezone.now()).isoformat(), "step": step, "result": result, "detail": detail[:300]}
+    escalation.evidence = [*(escalation.evidence or []), entry][-50:]
+
+
+def _back_to_failed(escalation: NodeEscalation, node: Node, why: str) -> str:
+    """Validation failed: the node goes back to ``failed`` and waits for another repair (a human)."""
+    node_services.node_mark_failed(actor=None, node=node, reason=f"validation failed: {why}")
+    escalation.stage, escalation.needs_human = EscalationStage.FAILED, True
+    escalation.check_handle, escalation.check_started_at, escalation.check_passed_at = "", None, None
+    escalation.blocked = f"validation failed ({why}); waits for a repair, then POST repaired"[:300]
+    return "failed"
+
+
+def _health_check(escalation: NodeEscalation, node: Node) -> str:
+    """Start the repaired node's health check through its driver, or read how it went: passed → validated (and,
+    with an agent, the clean-telemetry window starts), failed → back to failed."""
+    driver = driver_for(node.cluster)
+    if not escalation.check_handle:
+        try:
+            result = driver.health_check(node)
+        except DriverError as error:
+            escalation.blocked = f"health check could not run: {error}"[:300]
+            if not error.transient:
+                escalation.needs_human = True
+            return "blocked"
+        escalation.check_handle, escalation.check_started_at = result.handle, timezone.now()
+        escalation.done_at, escalation.check_passed_at = result.done_at, None
+        escalation.has_agent = node.last_seen_at is not None
+        escalation.blocked = "health check running"
+        _evidence(escalation, "health_check", "started",
+                  f"{driver.name} driver, handle {result.handle}" + (" (the node has an agent)" if escalation.has_agent else ""))
+    if escalation.done_at and escalation.done_at > timezone.now():
+        return "checking"
+    try:
+        status = driver.operation_status(escalation.check_handle)
+    except DriverError as error:
+        escalation.blocked = f"health check status unknown: {error}"[:300]
+        return "blocked"
+    if status == "running":
+        return "checking"
+    if status != "succeeded":
+        _evidence(escalation, "health_check", "failed", f"handle {escalation.check_handle}")
+        return _back_to_failed(escalation, node, f"health check {escalation.check_handle} failed")
+    now = timezone.now()
+    escalation.check_passed_at = now
+    _evidence(escalation, "health_check", "passed", f"handle {escalation.check_handle}", at=now)
+    escalation.stage = EscalationStage.VALIDATED
+    escalation.blocked = (f"waits for {settings.ESCALATION_CLEAN_TELEMETRY_SECONDS} s of clean telemetry"
+                          if escalation.has_agent else "")
+    return "validated"
+
+
+def _clean_telemetry(escalation: NodeEscalation, node: Node) -> str:
+    """'' when no hardware fault came since the health check and, where the node has an agent, it reported for
+    the window after the check passed; else "waiting", or "failed" when a hardware fault came or the node with an
+    agent stayed silent twice the window."""
+    window = timedelta(seconds=settings.ESCALATION_CLEAN_TELEMETRY_SECONDS)
+    since = escalation.check_passed_at or escalation.check_started_at or timezone.now()
+    fault = (FaultEvent.objects.filter(node=node, detected_at__gte=escalation.check_started_at or since,
+                                       kind__in=NODE_HARDWARE_KINDS).order_by("detected_at").first())
+    if fault is not None:
+        detail = f"fault {fault.pk} ({fault.kind}) at {fault.detected_at.isoformat()} after the health check"
+        _evidence(escalation, "telemetry", "failed", detail)
+        return _back_to_failed(escalation, node, detail)
+    if not escalation.has_agent:
+        return ""
+    now = timezone.now()
+    seen = node.last_seen_at
+    if now >= since + window and seen is not None and seen >= since + window:
+        _evidence(escalation, "telemetry", "clean",
+                  f"reported until {seen.isoformat()}, no hardware fault for {int(window.total_seconds())} s after the check")
+        return ""
+    if now >= since + 2 * window and (seen is None or seen < since + window):
+        detail = f"no telemetry since {seen.isoformat() if seen else 'never'} (health check passed {since.isoformat()})"
+        _evidence(escalation, "telemetry", "silent", detail)
+        return _back_to_failed(escalation, node, detail)
+    escalation.blocked = (f"waits for clean telemetry until {(since + window).isoformat()}"
+                          f" (last report {seen.isoformat() if seen else 'none yet'})")[:300]
+    return "waiting"
+
+
 def _step(escalation: NodeEscalation) -> str:
     node = Node.objects.select_related("cluster__fleet").get(pk=escalation.node_id)
     escalation.node = node
@@ -196,27 +297,25 @@ def _step(escalation: NodeEscalation) -> str:
             state=ActionState.SUCCEEDED if status == "succeeded" else ActionState.FAILED, ended_at=timezone.now())
         if status == "succeeded":
             gpus_mark(marks=[(node.pk, escalation.gpu_index, GPUHealth.HEALTHY, "reset")])
+            _evidence(escalation, "repaired", "ok", f"GPU {escalation.gpu_index} reset ({escalation.handle})")
+            escalation.check_handle, escalation.check_started_at, escalation.check_passed_at = "", None, None
             escalation.stage = EscalationStage.REPAIRED
             return "repaired"
         node_services.node_mark_failed(actor=None, node=node, reason="GPU reset failed")
         escalation.stage, escalation.needs_human = EscalationStage.FAILED, True
         return "failed"
     if stage == EscalationStage.REPAIRED:
-        # The health check: every GPU healthy and every NIC up.
-        bad_gpus = GPU.objects.filter(node=node).exclude(health=GPUHealth.HEALTHY).count()
-        bad_nics = NIC.objects.filter(node=node).exclude(link_state=LinkState.UP).count()
-        if bad_gpus or bad_nics:
-            escalation.blocked = f"health check: {bad_gpus} GPU(s) and {bad_nics} NIC(s) not healthy"
-            return "blocked"
-        escalation.stage, escalation.blocked = EscalationStage.VALIDATED, ""
-        return "validated"
+        return _health_check(escalation, node)
     if stage == EscalationStage.VALIDATED:
+        if waiting := _clean_telemetry(escalation, node):
+            return waiting
         try:
             node_services.node_return_to_service(actor=None, node=node, reason="validated by health check", as_spare=True)
         except ServiceError as error:
             escalation.blocked = f"return waits: {error.detail}"[:300]
             return "blocked"
         _node_step(escalation, ActionKind.RETURN_TO_SERVICE)
+        _evidence(escalation, "returned", "ok", "back in the spare pool")
         escalation.stage, escalation.blocked, escalation.needs_human = EscalationStage.RETURNED, "", False
         escalation.strikes = []
         return "returned"
@@ -227,7 +326,11 @@ def escalation_advance(*, cluster_ids: list[int] | None = None) -> int:
     """Move every open ladder one step (beat). Returns how many moved."""
     from jobs.placement import lock_cluster
 
-    rows = NodeEscalation.objects.filter(stage__in=OPEN_STAGES)
+    if provider_automation() == AutomationMode.PAUSED:
+        return 0
+    rows = (NodeEscalation.objects.filter(stage__in=OPEN_STAGES)
+            .exclude(node__cluster__automation=AutomationMode.PAUSED)
+            .exclude(node__cluster__fleet__automation=AutomationMode.PAUSED))
     if cluster_ids is not None:
         rows = rows.filter(node__cluster_id__in=cluster_ids)
     moved = 0
@@ -252,13 +355,16 @@ def escalation_advance(*, cluster_ids: list[int] | None = None) -> int:
 @transaction.atomic
 def escalation_repaired(*, actor, node: Node, reason: str = "") -> NodeEscalation:
     """An operator repaired a failed node (rebooted, replaced a part): its GPUs and NICs count as healthy
-    again, and the ladder goes on to validation and the spare pool."""
+    again, and the ladder goes on to validation (a health check through the driver, then clean telemetry where
+    the node has an agent) and the spare pool."""
     escalation = NodeEscalation.objects.select_for_update(no_key=True).filter(node=node).first()
     if escalation is None or escalation.stage != EscalationStage.FAILED:
         raise ServiceError("the node is not waiting for a repair", status=409)
     node_gpus_mark(node_id=node.pk, health=GPUHealth.HEALTHY, reason=reason or "repaired")
     node_nic_links_set(node_id=node.pk, state=LinkState.UP)
-    escalation.stage, escalation.blocked, escalation.node = EscalationStage.REPAIRED, "", node
+    escalation.stage, escalation.blocked, escalation.node = EscalationStage.REPAIRED, "waits for its health check", node
+    escalation.check_handle, escalation.check_started_at, escalation.check_passed_at = "", None, None
+    _evidence(escalation, "repaired", "ok", reason or "marked repaired")
     escalation.save()
     audit_record(actor=actor, action="node.repaired", target=node, tenant_id=node.cluster.dedicated_tenant_id,
                  changes={"reason": reason})

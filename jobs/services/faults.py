@@ -163,7 +163,7 @@ def fault_handle(*, fault_id: int) -> list[int]:
         cluster = lock_cluster(fault.cluster_id)
         mode = cluster.effective_automation
         if mode == AutomationMode.PAUSED:
-            reason = f"held: automation is paused on {cluster.name} or its fleet"
+            reason = f"held: automation is paused (provider-wide, or on {cluster.name} or its fleet)"
             if fault.state_reason != reason:
                 FaultEvent.objects.filter(pk=fault.pk).update(state_reason=reason)
             return []
@@ -179,15 +179,16 @@ def fault_sweep(*, min_age_seconds: float | None = None) -> int:
     the queue with tasks that each find their fault already decided. Returns how many tasks were queued."""
     age = settings.FAULT_SWEEP_SECONDS if min_age_seconds is None else min_age_seconds
     cutoff = timezone.now() - timedelta(seconds=age)
+    from django.db.models import Exists
+
+    from fleet.models import AutomationSwitch
+
     rows = (FaultEvent.objects.filter(state=FaultState.NEW, received_at__lte=cutoff)
             .exclude(cluster__automation=AutomationMode.PAUSED).exclude(cluster__fleet__automation=AutomationMode.PAUSED)
+            .exclude(Exists(AutomationSwitch.objects.filter(mode=AutomationMode.PAUSED)))   # the provider switch
             .values("cluster_id").annotate(oldest=Min("id")).order_by("oldest").values_list("oldest", flat=True))
     ids = list(rows)
     for fault_id in ids:
         _enqueue(fault_id)
     return len(ids)
 
-
-def count_faults(cluster_ids: list[int], since: datetime, until: datetime) -> int:
-    """fleet.hooks fault counter: faults detected on these clusters in [since, until)."""
-    return FaultEvent.objects.filter(cluster_id__in=cluster_ids, detected_at__gte=since, detected_at__lt=until).count()

@@ -53,3 +53,49 @@ def node_states(cluster):
     from collections import Counter
 
     return dict(Counter(cluster.nodes.values_list("state", flat=True)))
+
+
+def test_share_circuit_breaker_refuses_over_its_share_of_the_fleet(users):
+    fleet = make_fleet(max_disrupted_percent=20)   # 10 nodes: two may be cordoned or draining at once
+    clusters = [make_cluster(fleet), make_cluster(fleet)]
+    nodes = [make_node(clusters[i % 2]) for i in range(10)]
+    actor = users["operator"]
+    node_cordon(actor=actor, node=nodes[0])
+    node_drain(actor=actor, node=nodes[1])      # the other cluster: the share is the fleet's
+    with pytest.raises(ServiceError) as refused:
+        node_cordon(actor=actor, node=nodes[2])
+    assert refused.value.status == 409 and "circuit breaker" in refused.value.detail and "2 of 10" in refused.value.detail
+    nodes[2].refresh_from_db()
+    assert nodes[2].state == NodeState.READY
+    assert AuditEntry.objects.filter(action="node.cordon").count() == 1
+    node_drain(actor=actor, node=nodes[0])      # cordoned → draining takes nothing more out
+    node_uncordon(actor=actor, node=nodes[1])   # room again
+    node_cordon(actor=actor, node=nodes[2])
+    out = [n.pk for n in type(nodes[0]).objects.filter(cluster__fleet=fleet, state__in=(NodeState.CORDONED,
+                                                                                        NodeState.DRAINING))]
+    assert sorted(out) == sorted([nodes[0].pk, nodes[2].pk])
+
+
+def test_share_circuit_breaker_lets_one_node_out_of_a_small_fleet(users):
+    fleet = make_fleet(max_disrupted_percent=10)   # 3 nodes: 10 % is 0.3 of a node, but one may always go
+    cluster = make_cluster(fleet)
+    nodes = [make_node(cluster) for _ in range(3)]
+    node_cordon(actor=users["operator"], node=nodes[0])
+    with pytest.raises(ServiceError):
+        node_cordon(actor=users["operator"], node=nodes[1])
+
+
+def test_fleet_share_setting_is_validated_through_the_api(users):
+    from rest_framework.test import APIClient
+
+    from tests.conftest import token_header
+
+    fleet = make_fleet()
+    client = APIClient()
+    client.credentials(**token_header(users["operator"]))
+    for bad in (0, 101, "many"):
+        answer = client.patch(f"/api/v1/fleets/{fleet.pk}/", {"max_disrupted_percent": bad}, format="json")
+        assert answer.status_code == 400 and "max_disrupted_percent" in answer.json()
+    answer = client.patch(f"/api/v1/fleets/{fleet.pk}/", {"max_disrupted_percent": 15}, format="json")
+    assert answer.status_code == 200 and answer.json()["max_disrupted_percent"] == 15
+    assert AuditEntry.objects.filter(action="fleet.update", changes__max_disrupted_percent=[100, 15]).exists()

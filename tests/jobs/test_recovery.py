@@ -18,7 +18,7 @@ from tests.jobs.helpers import bulk_nodes, protected_cluster, submit
 pytestmark = pytest.mark.django_db
 
 INSTANT = {"migration_pause_seconds": 0, "nic_failover_seconds": 0, "restart_seconds": 0, "gpu_reset_seconds": 0,
-           "snapshot_base_seconds": 0, "snapshot_seconds_per_gpu": 0}
+           "snapshot_base_seconds": 0, "snapshot_seconds_per_gpu": 0, "health_check_seconds": 0}
 
 
 def node_of(job, rank=0):

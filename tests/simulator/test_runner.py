@@ -135,3 +135,57 @@ def test_each_grey_failure_of_the_simulated_fabric_gets_its_diagnosis(tmp_path):
     assert verdicts["errors"]["fabric"] and verdicts["errors"]["culprit"].startswith(f"{hosts[1]}/mlx5_3")
     assert verdicts["congestion"]["fabric"] and verdicts["congestion"]["where"] in ("rail", "leaf")
     assert not verdicts["slow_gpu"]["fabric"] and verdicts["slow_gpu"]["culprit"] == f"{hosts[2]}/gpu4"
+
+
+def test_a_dead_node_is_repaired_comes_back_and_returns_as_a_spare_that_reports(tmp_path, settings):
+    """The simulated technician repairs a dead node whose ladder waits for a repair, through the API; the node
+    reports again, so its health check and clean-telemetry window see fresh evidence."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleet.choices import NodeState
+    from fleet.models import Cluster, Node
+    from jobs.choices import EscalationStage
+    from jobs.models import NodeEscalation
+    from jobs.services.advance import recovery_advance
+    from jobs.services.faults import fault_handle
+
+    settings.ESCALATION_CLEAN_TELEMETRY_SECONDS = 1
+    world_build(seed=3, nodes_per_cluster=4, spares=1)
+    for cluster in Cluster.objects.all():
+        cluster.connection = {**cluster.connection, "health_check_seconds": 0, "migration_pause_seconds": 0}
+        cluster.save(update_fields=["connection"])
+    with uvicorn_server(tmp_path) as server:
+        runner = Runner(url=server.url, acceleration=0.0, tick_seconds=0)
+        runner.tick()                                    # every node's agent has reported
+        idle = Node.objects.filter(state=NodeState.SPARE).order_by("pk").first()   # no job to move off it first
+        dead = next(n for n in runner.nodes if n.id == idle.pk)
+        runner.pending.append(Pending(strike("node_unreachable", channel="alertmanager"), dead, 0, 0.0))
+        runner.tick()
+        assert dead.dead
+        fault = FaultEvent.objects.get(kind="node_unreachable", node_id=dead.id)
+        fault_handle(fault_id=fault.pk)
+        for _ in range(4):
+            recovery_advance()
+        assert NodeEscalation.objects.get(node_id=dead.id).stage == EscalationStage.FAILED
+        seen_while_dead = Node.objects.get(pk=dead.id).last_seen_at
+        runner.tick()
+        assert Node.objects.get(pk=dead.id).last_seen_at == seen_while_dead   # a dead node is silent
+        runner.acceleration = 3600.0                     # a simulated hour per real second: the repair takes 4 s
+        assert runner.repair_dead(1000.0) == 0 and dead.repair_due == pytest.approx(1004.0)
+        runner.repair_dead(1005.0)                       # the technician posts the repair
+        assert NodeEscalation.objects.get(node_id=dead.id).stage == EscalationStage.REPAIRED
+        runner.acceleration = 0.0
+        assert runner.repair_dead(1006.0) == 1 and not dead.dead
+        recovery_advance()                               # the health check passes; the clean window starts
+        escalation = NodeEscalation.objects.get(node_id=dead.id)
+        assert escalation.stage == EscalationStage.VALIDATED and escalation.has_agent
+        NodeEscalation.objects.filter(pk=escalation.pk).update(check_passed_at=timezone.now() - timedelta(seconds=2))
+        runner.tick()                                    # the revived node reports again
+        assert Node.objects.get(pk=dead.id).last_seen_at > seen_while_dead
+        recovery_advance()
+    escalation = NodeEscalation.objects.get(node_id=dead.id)
+    assert escalation.stage == EscalationStage.RETURNED
+    assert Node.objects.get(pk=dead.id).state == NodeState.SPARE
+    assert [e["step"] for e in escalation.evidence][-2:] == ["telemetry", "returned"]

@@ -44,3 +44,33 @@ def test_simulate_world_leaves_recovery_operations_alone_and_run_fails_a_share(m
     assert [c.connection.get("recovery_failure_probability") for c in Cluster.objects.all()] == [
         DEMO_RECOVERY_FAILURE_PROBABILITY] * 4
     assert all(c.connection["apply_seconds"] == 20 for c in Cluster.objects.all())
+
+
+def test_simulate_fail_health_check_queues_failing_checks_only_for_health_checks(users):
+    from fleet.drivers import driver_for
+    from fleet.drivers.base import Operation
+    from fleet.models import SimulatedOperation
+    from tests.fleet_factories import make_node
+
+    _, v1 = blueprint(users["operator"])
+    (cluster,) = clusters_on(v1, 1)
+    node = make_node(cluster)
+    out = StringIO()
+    call_command("simulate", "fail-health-check", "--cluster", cluster.name, stdout=out)
+    assert out.getvalue() == f"the next 1 health check(s) on {cluster.name} will fail\n"
+    cluster.refresh_from_db()
+    driver = driver_for(cluster)
+    driver.restart_from_checkpoint("job-1")          # a recovery operation does not take the health check's failure
+    assert not SimulatedOperation.objects.get(operation=Operation.RESTART_FROM_CHECKPOINT.value).fails
+    first, second = driver.health_check(node), driver.health_check(node)
+    assert driver.operation_status(first.handle) == "failed"
+    assert SimulatedOperation.objects.get(pk=int(second.handle.removeprefix("sim-"))).fails is False
+    # a failure queued for any recovery operation is not spent on a health check
+    call_command("simulate", "fail-next", "--cluster", cluster.name, stdout=StringIO())
+    cluster.refresh_from_db()
+    driver = driver_for(cluster)
+    driver.health_check(node)
+    assert not SimulatedOperation.objects.filter(operation="health_check").order_by("-pk").first().fails
+    assert driver.operation_status(driver.restart_from_checkpoint("job-2").handle) == "failed"
+    with pytest.raises(CommandError):
+        call_command("simulate", "fail-health-check", "--cluster", "nope")

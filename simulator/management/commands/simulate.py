@@ -15,6 +15,7 @@ from fleet.drivers.simulated import (
     DRIFT_KINDS,
     FAILURE_KINDS,
     RECOVERY_OPERATIONS,
+    fail_next_health_check,
     fail_next_recovery,
     simulate_drift,
 )
@@ -59,6 +60,22 @@ def _fail_next(command, options):
     cluster = _named_cluster(options["cluster"])
     try:
         done = fail_next_recovery(cluster, count=options["count"], operations=options["operation"], how=options["how"])
+    except DriverError as error:
+        raise CommandError(str(error)) from error
+    command.stdout.write(done)
+
+
+def _fail_health_check_arguments(parser):
+    parser.add_argument("--cluster", required=True, help="the simulated cluster's name")
+    parser.add_argument("--count", type=int, default=1, help="how many health checks fail")
+    parser.add_argument("--how", choices=FAILURE_KINDS, default="fail",
+                        help="fail: the check runs and reports failed; refuse: the cluster refuses to run it")
+
+
+def _fail_health_check(command, options):
+    cluster = _named_cluster(options["cluster"])
+    try:
+        done = fail_next_health_check(cluster, count=options["count"], how=options["how"])
     except DriverError as error:
         raise CommandError(str(error)) from error
     command.stdout.write(done)
@@ -189,6 +206,8 @@ SUBCOMMANDS = {
     "drift": ("change a simulated cluster's add-ons out of band, to create drift", _drift_arguments, _drift),
     "fail-next": ("make a simulated cluster's next recovery operations fail or be refused", _fail_next_arguments,
                   _fail_next),
+    "fail-health-check": ("make a simulated cluster's next health checks of repaired nodes fail",
+                          _fail_health_check_arguments, _fail_health_check),
     "world": ("build the demo world if there is none", _world_arguments, _world),
     "run": ("build the demo world if needed, then run it: telemetry, jobs, faults (the default)", _run_arguments, _run),
 }

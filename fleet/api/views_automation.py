@@ -1,0 +1,51 @@
+"""The provider-wide automation switch: ``GET /api/v1/automation/`` (provider roles), ``PUT`` (the provider admin)."""
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import exceptions, serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.access import principal
+from controlplane.openapi import ErrorSerializer
+from fleet.choices import AutomationMode
+from fleet.services.automation import automation_switch, automation_switch_set
+
+
+class AutomationSwitchSerializer(serializers.Serializer):
+    mode = serializers.ChoiceField(
+        choices=AutomationMode.choices,
+        help_text="active; dry-run (everything decides and records only); paused (nothing acts)",
+    )
+    reason = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
+    changed_by = serializers.CharField(read_only=True, source="changed_by.username", default=None)
+    changed_at = serializers.DateTimeField(read_only=True, allow_null=True)
+
+
+class AutomationSwitchView(APIView):
+    """One switch over all automation everywhere: fault recovery, the escalation ladder, drift correction and
+    rollout steps. Every cluster runs at the strictest of its own mode, its fleet's and this one."""
+
+    def _provider(self, request):
+        if not principal(request.user).is_provider:
+            raise exceptions.PermissionDenied("only provider roles see the provider-wide automation switch")
+
+    @extend_schema(responses={200: AutomationSwitchSerializer, 403: ErrorSerializer})
+    def get(self, request):
+        self._provider(request)
+        return Response(AutomationSwitchSerializer(automation_switch()).data)
+
+    @extend_schema(
+        request=AutomationSwitchSerializer,
+        responses={200: AutomationSwitchSerializer, 400: ErrorSerializer, 403: ErrorSerializer},
+    )
+    def put(self, request):
+        if not principal(request.user).is_provider_admin:
+            raise exceptions.PermissionDenied(
+                "only the provider admin may throw the provider-wide automation switch"
+            )
+        data = AutomationSwitchSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        switch = automation_switch_set(
+            actor=request.user, mode=data.validated_data["mode"], reason=data.validated_data.get("reason", "")
+        )
+        return Response(AutomationSwitchSerializer(switch).data)

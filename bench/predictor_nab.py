@@ -1,60 +1,42 @@
 """The failure predictor's anomaly detector, offline, on labelled series (NAB), scored as Orion scores.
 
-    .venv/bin/python bench/predictor_nab.py                       # realAWSCloudwatch and realKnownCause
+    .venv/bin/python bench/predictor_nab.py                 # leave-one-series-out over the 16 shared series
+    .venv/bin/python bench/predictor_nab.py --compare       # ... for every family of detectors tried
     .venv/bin/python bench/predictor_nab.py --data DIR --windows FILE [--labels FILE] [--orion FILE]
 
-Every ``timestamp,value`` CSV under DIR that the windows file keys as ``<folder>/<file>.csv`` is streamed
-through ``telemetry.prediction.detector.StreamingDetector`` with the one configuration it ships with (nothing
-here is chosen per series or per file). As NAB prescribes, the first 15 % of each series is a probationary
-period: the detector learns from it but raises nothing there. Detected intervals are runs of alarmed readings,
-scored by overlapping segments (``telemetry.prediction.scoring``). Printed: per series and summed tp, fp, fn,
-precision, recall and F1; the lead time of each detection (labelled anomaly time minus the start of the first
-detection overlapping its window; positive means early); and, where the Orion results file has the series,
-TadGAN's sums beside ours.
+With no options: leave-one-series-out over every shared labelled series (``../shared/data/anomaly``, both
+folders). For each series, the candidate configuration (``telemetry.prediction.evaluation.CANDIDATES``) with the
+best summed F1 on the other fifteen is chosen and run on it; the table shows each series as scored by the
+configuration chosen without it, the held-out sums per folder and overall (``held-out F1 overall 0.xxx``), the
+lead times, and TadGAN's sums from Orion's published results where they cover the series. ``--compare`` does the
+same for every family of detectors tried and prints their held-out F1 side by side.
+
+With ``--data``: every ``timestamp,value`` CSV under DIR keyed in the windows file as ``<folder>/<file>.csv`` is
+streamed through the one configuration chosen on the sixteen shared series (``detector.CONFIG``), unchanged:
+nothing is chosen on DIR.
+
+Every series is streamed reading by reading through ``telemetry.prediction.detector.StreamingDetector`` (the
+product's detector); as NAB prescribes, the first 15 % of each series is a probationary period (learning only).
+Detections are runs of alarmed readings, scored by overlapping segments (``telemetry.prediction.scoring``). The
+lead time of a detection is the labelled anomaly time minus the start of the first detection overlapping its
+window (positive: early).
 """
 
 import argparse
 import csv
-import json
 import statistics
 import sys
 import time
 from collections import defaultdict
-from datetime import UTC, datetime
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from telemetry.prediction.detector import CONFIG, StreamingDetector, alarm_intervals  # noqa: E402
-from telemetry.prediction.scoring import Scores, lead_times, overlap_segment  # noqa: E402
+from telemetry.prediction import evaluation  # noqa: E402
+from telemetry.prediction.detector import CONFIG  # noqa: E402
+from telemetry.prediction.scoring import Scores  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "anomaly"
-PROBATION = 0.15   # NAB: the first 15 % of a series is for learning only
-
-
-def parse_time(text: str) -> float:
-    """NAB's timestamps carry no zone: read as UTC, so no daylight-saving step lands in a series."""
-    moment = datetime.fromisoformat(text.strip())
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
-
-
-def read_series(path: Path) -> tuple[list[float], list[float]]:
-    timestamps, values = [], []
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        if not reader.fieldnames or not {"timestamp", "value"} <= set(reader.fieldnames):
-            raise SystemExit(f"{path}: expected a timestamp,value CSV")
-        for row in reader:
-            timestamps.append(parse_time(row["timestamp"]))
-            values.append(float(row["value"]))
-    return timestamps, values
-
-
-def detect(timestamps: list[float], values: list[float]) -> list[tuple[float, float]]:
-    detector = StreamingDetector(CONFIG)
-    learn_until = int(PROBATION * len(values))
-    alarms = [detector.update(ts, value, detect=i >= learn_until).alarm
-              for i, (ts, value) in enumerate(zip(timestamps, values, strict=True))]
-    return alarm_intervals(timestamps, alarms)
 
 
 def orion_sums(path: Path, pipeline: str, signals: set[str]) -> tuple[Scores, set[str]] | None:
@@ -77,62 +59,46 @@ def hours(seconds: float) -> str:
     return f"{seconds / 3600:+.1f} h"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=DATA, help="folder holding <folder>/<file>.csv series")
-    parser.add_argument("--windows", type=Path, default=None, help="NAB windows JSON (default: DATA/windows.json)")
-    parser.add_argument("--labels", type=Path, default=None, help="NAB labels JSON (default: DATA/labels.json)")
-    parser.add_argument("--orion", type=Path, default=None,
-                        help="Orion results CSV (default: DATA/orion_scores_realAWSCloudwatch.csv)")
-    parser.add_argument("--corpus", action="append", default=None,
-                        help="only these folders (repeatable; default: every folder with series under DATA)")
-    args = parser.parse_args()
-    windows_path = args.windows or args.data / "windows.json"
-    labels_path = args.labels or args.data / "labels.json"
-    orion_path = args.orion or args.data / "orion_scores_realAWSCloudwatch.csv"
-    try:
-        windows = json.loads(windows_path.read_text())
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"cannot read the windows file {windows_path}: {error}") from error
-    labels = json.loads(labels_path.read_text()) if labels_path.exists() else {}
+def describe(config) -> str:
+    """What differs from the shipped configuration (``detector.CONFIG``)."""
+    changed = {k: v for k, v in asdict(config).items() if asdict(CONFIG)[k] != v}
+    return "CONFIG" if not changed else "CONFIG with " + ", ".join(f"{k}={v}" for k, v in changed.items())
 
-    by_corpus: dict[str, list[str]] = defaultdict(list)
-    for key in sorted(windows):
-        folder = key.split("/", 1)[0]
-        if (args.data / key).is_file() and (args.corpus is None or folder in args.corpus):
-            by_corpus[folder].append(key)
-    if not by_corpus:
-        raise SystemExit(f"no series under {args.data} is keyed in {windows_path}")
 
-    print(f"detector: {CONFIG}")
-    print(f"probationary period: first {PROBATION:.0%} of each series (learning only)\n")
-    started = time.perf_counter()
-    readings = 0
-    for corpus, keys in by_corpus.items():
+def lead_summary(leads: list[float]) -> str:
+    if not leads:
+        return "no detection"
+    early = sum(lead > 0 for lead in leads)
+    return (f"median {hours(statistics.median(leads))}, mean {hours(statistics.mean(leads))}, "
+            f"earliest {hours(max(leads))}, latest {hours(min(leads))}; {early} of {len(leads)} before the label")
+
+
+def table(corpus, results, orion_path: Path, label: str) -> dict[str, Scores]:
+    """The per-series table with a SUM line per folder (F1 last); returns the sums per folder and overall."""
+    sums: dict[str, Scores] = {}
+    by_folder: dict[str, list[int]] = defaultdict(list)
+    for i, series in enumerate(corpus):
+        by_folder[series.folder].append(i)
+    all_leads: list[float] = []
+    for folder, indices in by_folder.items():
         total = Scores()
-        all_leads: list[float] = []
-        print(f"== {corpus} ({len(keys)} series)")
-        print(f"{'series':44s} {'tp':>3s} {'fp':>3s} {'fn':>3s} {'prec':>6s} {'recall':>6s} {'F1':>6s}  lead time per window")
-        for key in keys:
-            timestamps, values = read_series(args.data / key)
-            readings += len(values)
-            expected = [(parse_time(a), parse_time(b)) for a, b in windows[key]]
-            label_times = [parse_time(t) for t in labels.get(key, [])]
-            observed = detect(timestamps, values)
-            score = Scores(*overlap_segment(expected, observed))
-            total += score
-            leads = lead_times(expected, label_times, observed)
-            all_leads += [lead for lead in leads if lead is not None]
-            lead_text = ", ".join("missed" if lead is None else hours(lead) for lead in leads) or "(no window)"
-            name = key.split("/", 1)[1]
-            print(f"{name[:44]:44s} {score.tp:3d} {score.fp:3d} {score.fn:3d} {fmt(score.precision):>6s} "
-                  f"{fmt(score.recall):>6s} {fmt(score.f1):>6s}  {lead_text}")
+        leads: list[float] = []
+        print(f"== {folder} ({len(indices)} series)")
+        print(f"{'series':44s} {'tp':>3s} {'fp':>3s} {'fn':>3s} {'prec':>6s} {'recall':>6s} {'F1':>6s}  "
+              "lead time per window")
+        for i in indices:
+            series, result = corpus[i], results[i]
+            total += result.scores
+            leads += result.found_leads
+            lead_text = ", ".join("missed" if lead is None else hours(lead) for lead in result.leads) or "(no window)"
+            s = result.scores
+            print(f"{series.key.split('/', 1)[1][:44]:44s} {s.tp:3d} {s.fp:3d} {s.fn:3d} {fmt(s.precision):>6s} "
+                  f"{fmt(s.recall):>6s} {fmt(s.f1):>6s}  {lead_text}")
         print(f"{'SUM':44s} {total.tp:3d} {total.fp:3d} {total.fn:3d} {fmt(total.precision):>6s} "
               f"{fmt(total.recall):>6s} {fmt(total.f1):>6s}")
-        if all_leads:
-            print(f"lead time of detections: median {hours(statistics.median(all_leads))}, "
-                  f"earliest {hours(max(all_leads))}, latest {hours(min(all_leads))}")
-        signals = {Path(key).stem for key in keys}
+        print(f"lead time of detections: {lead_summary(leads)}")
+        print(f"{label}F1 {folder} {fmt(total.f1)}")
+        signals = {Path(corpus[i].key).stem for i in indices}
         orion = orion_sums(orion_path, "tadgan", signals)
         if orion:
             tadgan, found = orion
@@ -143,12 +109,95 @@ def main() -> int:
             if tadgan.f1 and total.f1 is not None:
                 verdict = "beats" if total.f1 > tadgan.f1 else ("ties" if total.f1 == tadgan.f1 else "trails")
                 print(f"this detector {verdict} TadGAN: F1 {total.f1:.3f} vs {tadgan.f1:.3f} "
-                      f"(difference {total.f1 - tadgan.f1:+.3f}, ratio {total.f1 / tadgan.f1:.3f})")
+                      f"(difference {total.f1 - tadgan.f1:+.3f})")
         else:
             print("TadGAN (Orion): no results for these series")
         print()
+        sums[folder] = total
+        all_leads += leads
+    overall = Scores()
+    for total in sums.values():
+        overall += total
+    sums["overall"] = overall
+    print(f"{label}F1 overall {fmt(overall.f1)} (tp {overall.tp} fp {overall.fp} fn {overall.fn})")
+    print(f"lead time of all detections: {lead_summary(all_leads)}")
+    return sums
+
+
+def loso(corpus, candidates, orion_path: Path) -> dict[str, Scores]:
+    matrix = evaluation.score_matrix(candidates, corpus)
+    folds = evaluation.leave_one_out(matrix)
+    print(f"{len(candidates)} candidate configurations; chosen on each fold's other {len(corpus) - 1} series:")
+    counts: dict[int, int] = defaultdict(int)
+    for fold in folds:
+        counts[fold.chosen] += 1
+    for chosen, count in sorted(counts.items(), key=lambda item: -item[1]):
+        print(f"  {count:2d} folds: {describe(candidates[chosen])}")
+    on_all = evaluation.choose(matrix, list(range(len(corpus))))
+    print(f"chosen on all {len(corpus)} series (what --data applies and the product ships): "
+          f"{describe(candidates[on_all])}\n")
+    return table(corpus, [fold.result for fold in folds], orion_path, "held-out ")
+
+
+def compare(corpus, orion_path: Path) -> None:
+    rows = []
+    for name, candidates in evaluation.FAMILIES.items():
+        started = time.perf_counter()
+        matrix = evaluation.score_matrix(candidates, corpus)
+        folds = evaluation.leave_one_out(matrix)
+        sums: dict[str, Scores] = defaultdict(Scores)
+        leads: list[float] = []
+        for fold in folds:
+            sums[corpus[fold.series].folder] += fold.result.scores
+            sums["overall"] += fold.result.scores
+            leads += fold.result.found_leads
+        rows.append((name, sums, leads, time.perf_counter() - started))
+        print(f"{name}: held-out F1 overall {fmt(sums['overall'].f1)} ({time.perf_counter() - started:.0f} s)",
+              flush=True)
+    folders = sorted({series.folder for series in corpus})
+    print(f"\n| family (parameters chosen inside each fold) | {' | '.join(folders)} | overall | median lead |")
+    print(f"| --- | {' | '.join('---' for _ in folders)} | --- | --- |")
+    for name, sums, leads, _ in rows:
+        cells = [f"{sums[f].tp}/{sums[f].fp}/{sums[f].fn} F1 {fmt(sums[f].f1)}" for f in folders]
+        median = hours(statistics.median(leads)) if leads else "-"
+        print(f"| {name} | {' | '.join(cells)} | **{fmt(sums['overall'].f1)}** | {median} |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=None, help="folder holding <folder>/<file>.csv series: "
+                        "apply the shipped configuration to them, unchanged (default: leave-one-series-out on "
+                        "the shared series)")
+    parser.add_argument("--windows", type=Path, default=None, help="NAB windows JSON (default: DATA/windows.json)")
+    parser.add_argument("--labels", type=Path, default=None, help="NAB labels JSON (default: DATA/labels.json)")
+    parser.add_argument("--orion", type=Path, default=None,
+                        help="Orion results CSV (default: DATA/orion_scores_realAWSCloudwatch.csv)")
+    parser.add_argument("--corpus", action="append", default=None,
+                        help="only these folders (repeatable; default: every folder with series under DATA)")
+    parser.add_argument("--compare", action="store_true", help="leave-one-series-out for every family tried")
+    args = parser.parse_args()
+    data = args.data or DATA
+    windows_path = args.windows or data / "windows.json"
+    labels_path = args.labels or data / "labels.json"
+    orion_path = args.orion or data / "orion_scores_realAWSCloudwatch.csv"
+    try:
+        corpus = evaluation.load(data, windows_path, labels_path, args.corpus)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"cannot read the series: {error}") from error
+    if not corpus:
+        raise SystemExit(f"no series under {data} is keyed in {windows_path}")
+    readings = sum(len(series.values) for series in corpus)
+    print(f"probationary period: first {evaluation.PROBATION:.0%} of each series (learning only)")
+    started = time.perf_counter()
+    if args.compare:
+        compare(corpus, orion_path)
+    elif args.data is None:
+        loso(corpus, evaluation.CANDIDATES, orion_path)
+    else:
+        print(f"detector: {CONFIG} (chosen on the 16 shared series; nothing is chosen here)\n")
+        table(corpus, evaluation.score_matrix([CONFIG], corpus)[0], orion_path, "")
     elapsed = time.perf_counter() - started
-    print(f"{readings:,} readings in {elapsed:.1f} s ({readings / elapsed:,.0f} readings/s, one core)")
+    print(f"\n{readings:,} readings per configuration, {elapsed:.1f} s in all")
     return 0
 
 

@@ -6,7 +6,7 @@ Builds a scratch PostgreSQL database (lockstep_bench_risk) with ``--nodes`` node
 latest state and features as ingest keeps them, and each rack's cooling-loop series; a few nodes warm up, a few
 racks lose pressure. Times ``risk_sweep`` (gather the features, fold them into each node's streaming detectors
 in Redis, score, record history, write scores, raise and judge predictions) on one core and prints it beside
-the 2-second target. Then the anomaly term alone at its costliest beat: every node's detectors a week old, and
+the 2-second target. Then the anomaly term alone at its costliest beat: every node's detectors with a full memory, and
 the sixtieth of them whose hour ends at that minute closing an hourly block (recomputing baseline and records). The detectors' Redis hash is
 removed afterwards.
 
@@ -75,14 +75,14 @@ def main() -> None:
     print(f"risk sweep: median {statistics.median(times):.2f} s, worst {max(times):.2f} s over {args.runs} runs "
           f"(target 2 s: {2 / statistics.median(times):.1f}x under); {predictions} predictions raised (first run only: "
           f"open ones are not raised again)")
-    print(f"the anomaly term alone at its costliest beat, every node's detectors a week old and a sixtieth of them "
+    print(f"the anomaly term alone at its costliest beat, every node's detectors with a full memory and a sixtieth of them "
           f"closing an hour: {hour:.2f} s ({hour_cpu:.2f} s of this process's CPU)")
 
 
 def _hour_closing_beat(node_ids: list[int], now) -> tuple[float, float]:
-    """The anomaly term alone (``online.observe``) at its costliest beat with week-old detectors: each detector
+    """The anomaly term alone (``online.observe``) at its costliest beat with detectors whose memory is full: each detector
     closes an hour once an hour, at its own minute (``online.phase``), so at one beat about a sixtieth of them do;
-    this beat is measured with every detector a week old and that sixtieth closing an hourly block."""
+    this beat is measured with every detector's memory full and that sixtieth closing an hourly block."""
     from datetime import timedelta
 
     from telemetry.prediction import online
@@ -92,8 +92,9 @@ def _hour_closing_beat(node_ids: list[int], now) -> tuple[float, float]:
     top = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
     rng = random.Random(2)
     detector = StreamingDetector()
-    start = top.timestamp() - 7 * 86400
-    for minute in range(7 * 1440 - 1):
+    days = detector.config.memory_blocks // 24          # a memory full to its last hour (two weeks)
+    start = top.timestamp() - days * 86400
+    for minute in range(days * 1440 - 1):
         detector.update(start + 60 * minute, 60 + rng.gauss(0, 0.5))
     closing = detector.to_bytes()                     # its hour ends at ``top``: the next reading closes it
     detector.update(top.timestamp() + 0.5, 60.0)

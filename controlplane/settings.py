@@ -55,7 +55,7 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "TELEMETRY_THERMAL_CELSIUS": (float, 90.0, "GPU temperature at which ingest reports a thermal fault."),
     "TELEMETRY_SYMBOL_ERRORS_PER_HOUR": (float, 100.0, "NIC symbol-error rate above which a link counts as degraded."),
     "RISK_SWEEP_SECONDS": (int, 60, "How often beat scores every node's risk of failing soon."),
-    "PREDICTION_HORIZON_HOURS": (float, 24.0, "How far ahead a failure prediction looks; it is judged true if the node fails within it."),
+    "PREDICTION_HORIZON_HOURS": (float, 24.0, "How far ahead a failure prediction looks, in the fault model's time (on a simulated cluster divided by SIMULATOR_ACCELERATION); it is judged true if the node fails within it."),
     "SIMULATOR_ACCELERATION": (float, 600.0, "How much faster than real time the simulator's faults strike (demo time compression)."),
     "DRIFT_SWEEP_SECONDS": (int, 60, "How often beat runs the drift sweep over every cluster."),
     "DRIFT_MAX_CORRECTIONS": (int, 3, "Failed corrections of one drift finding before it is reported and left alone."),

@@ -4,7 +4,7 @@ from django.shortcuts import render
 
 from controlplane.access import principal
 from telemetry import selectors
-from telemetry.services.prediction import prediction_metrics
+from telemetry.services.prediction import emptied_before_failure, prediction_metrics
 
 
 def sparkline(values: list[float], width: int = 120, height: int = 24) -> str:
@@ -17,16 +17,20 @@ def sparkline(values: list[float], width: int = 120, height: int = 24) -> str:
 
 @login_required
 def prediction_overview(request):
-    """Nodes ranked by risk per cluster, with a sparkline each, and the live precision, recall and lead time."""
+    """Nodes ranked by risk per cluster, with a sparkline each, and the live precision, recall and lead time
+    beside what random predictions at the same rate would score."""
     if not principal(request.user).is_provider:
         raise PermissionDenied
     ranking = selectors.risk_ranking(user=request.user)
     for block in ranking:
         for row in block["nodes"]:
             row["points"] = sparkline(row["history"] or [row["node"].risk_score])
+    predictions = list(selectors.prediction_list(user=request.user)[:50])
+    emptied = emptied_before_failure(predictions)
+    for prediction in predictions:
+        prediction.emptied = prediction.pk in emptied
     return render(request, "telemetry/predictions.html", {
-        "ranking": ranking, "metrics": prediction_metrics(),
-        "predictions": selectors.prediction_list(user=request.user)[:50],
+        "ranking": ranking, "metrics": prediction_metrics(), "predictions": predictions,
     })
 
 

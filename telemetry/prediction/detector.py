@@ -2,23 +2,26 @@
 
 The same core scores NAB's series offline (``bench/predictor_nab.py``) and each node's series online (the
 risk sweep's anomaly term, ``telemetry/prediction/online.py``), with ONE configuration for every series
-(``CONFIG``; docs/prediction.md says why each value is what it is). The method:
+(``CONFIG``: the candidate of ``telemetry.prediction.evaluation`` chosen by leave-one-series-out on the sixteen
+shared labelled series; docs/prediction.md). The method:
 
 * **Memory in hourly blocks.** Each completed hour is summarised (median, max, min, mean absolute deviation
-  from its median) into a ring of the last week (168 blocks). Nothing else about the past is kept, so the state
-  is bounded whatever the cadence (plus the last hour's readings, at most 64 of them, for the level).
+  from its median) into a ring of the last ``memory_blocks`` hours (two weeks). Nothing else about the past is
+  kept, so the state is bounded whatever the cadence (plus the last hour's readings, at most 64, for the level).
 * **Baseline and spread.** The baseline ``B`` is the median of the last day's hourly medians; the spread ``S``
   is the larger of the typical within-hour deviation and the median deviation of the hourly medians from ``B``.
   Both change only when an hour closes, so an anomaly does not drag its own baseline along while it happens.
-* **Two channels, two directions.** The reading itself (spikes) and the median of the last hour (sustained
-  shifts) are compared with ``B``, upwards and downwards.
+* **Channels, both directions.** The reading itself (spikes) and the median of the last hour (sustained
+  shifts) are compared with ``B``, upwards and downwards. Two more channels can be switched on (the families the
+  benchmark compares; the shipped configuration has them off, they scored worse on unseen series): the level
+  against the hour's seasonal expectation (``seasonal``: a daily profile, or statsmodels' STL) and the discord of
+  the last hours' shape against every earlier stretch of the memory (``discord_blocks``: stumpy's MASS).
 * **An excursion** begins when a channel's deviation passes ``z_min · S`` and ends when it falls back. It raises
-  an alarm when it goes further than ``(1 + margin)`` times the largest deviation the series showed in the past
-  week — as the week stood when the excursion began, so a slow drift cannot ratchet its own reference — *and*
-  the value is rare in the week's memory (reached in fewer than ``alpha`` of its hours; a memory shorter than
-  ``1 / alpha`` hours cannot establish rarity and does not veto).
-* **Hold.** An alarm stays raised ``hold_seconds`` after its excursion ends (alert damping; it also makes a
-  detection an interval, as Orion pads each of its detections).
+  an alarm when it goes further than ``(1 + margin)`` times the largest deviation the channel showed in the
+  memory — as it stood when the excursion began, so a slow drift cannot ratchet its own reference — *and* the
+  value is rare in the memory (reached in fewer than ``alpha`` of its hours; a memory shorter than ``1 / alpha``
+  hours cannot establish rarity and does not veto).
+* **Hold.** An alarm stays raised ``hold_seconds`` (the 24 h prediction horizon) after its excursion ends.
 """
 
 import math
@@ -28,22 +31,28 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# (channel, direction): the reading up/down, the last hour's median up/down
-KEYS = (("reading", 1), ("reading", -1), ("level", 1), ("level", -1))
+# (channel, direction): the reading up/down, the last hour's median up/down, the last hour's median against the
+# daily profile up/down, and how far the last hours' shape is from every earlier one (a discord: up only)
+KEYS = (("reading", 1), ("reading", -1), ("level", 1), ("level", -1), ("seasonal", 1), ("seasonal", -1),
+        ("discord", 1))
+K = len(KEYS)
 
 
 @dataclass(frozen=True)
 class DetectorConfig:
     block_seconds: float = 3600.0       # resolution of the memory: one summary per hour
     baseline_blocks: int = 24           # the baseline is the last day (covers a daily cycle)
-    memory_blocks: int = 168            # records and rarity look back a week (covers a weekly cycle)
+    memory_blocks: int = 336            # records and rarity look back two weeks (a weekly cycle, twice)
     level_seconds: float = 3600.0       # the level channel: median of the last hour
     level_readings: int = 64            # at most this many of the last hour's readings are kept
-    z_min: float = 4.0                  # an excursion starts beyond 4 spreads from the baseline
-    margin: float = 0.5                 # ... and alarms when 1.5x the week's largest excursion
-    alpha: float = 0.05                 # ... at a value reached in fewer than 5 % of the week's hours
-    hold_seconds: float = 8 * 3600.0    # an alarm is held 8 h after its excursion ends
+    z_min: float = 3.0                  # an excursion starts beyond 3 spreads from the baseline
+    margin: float = 0.5                 # ... and alarms when 1.5x the memory's largest excursion
+    alpha: float = 0.05                 # ... at a value reached in fewer than 5 % of the memory's hours
+    hold_seconds: float = 24 * 3600.0   # an alarm is held 24 h (the prediction horizon) after its excursion ends
     min_blocks: int = 3                 # no verdict before three hours of memory
+    seasonal: str = ""                  # the seasonal channel (off: ""): the level against the hour's expectation,
+                                        # "profile" (median of the same hour on the days kept) or "stl" (statsmodels)
+    discord_blocks: int = 0             # the discord channel (0: off): the last N hours' shape against the week's
 
 
 CONFIG = DetectorConfig()
@@ -53,16 +62,17 @@ CONFIG = DetectorConfig()
 class Verdict:
     alarm: bool                # an alarm is raised (or held) at this reading
     score: float               # in [0, 1]: 1 while alarmed, else how close the strongest excursion came
-    channel: str = ""          # "reading" or "level": what drove the score
+    channel: str = ""          # "reading", "level", "seasonal" or "discord": what drove the score
     direction: int = 0         # +1 above the baseline, -1 below
     deviation: float = 0.0     # value minus baseline, in the series' units
     baseline: float = math.nan
     new: bool = False          # an alarm started at this reading
 
 
-_SCALARS = ("phase", "t0", "last_ts", "block_start", "cur_hi", "cur_lo", "until", "B", "S", "blocks", "ring_head",
-            "ring_n", "days_head", "days_n", "recent_head", "recent_n")
-_MAGIC = b"LSD1"
+_SCALARS = ("phase", "t0", "last_ts", "block_start", "cur_hi", "cur_lo", "until", "B", "S", "E", "SE", "D",
+            "blocks", "ring_head", "ring_n", "days_head", "days_n", "recent_head", "recent_n")
+_PER_KEY = ("today", "ref", "ref_week", "rare_above", "excursion", "on")
+_MAGIC = b"LSD2"
 
 
 class StreamingDetector:
@@ -78,21 +88,23 @@ class StreamingDetector:
         self.cur_hi, self.cur_lo = -math.inf, math.inf
         self.until = -math.inf
         self.B, self.S = math.nan, math.nan
+        self.E, self.SE = math.nan, math.nan              # the seasonal expectation for this hour and its spread
+        self.D = 0.0                                      # the discord of the last hours' shape
         self.blocks = 0                                   # hours closed so far
         self.ring = np.zeros((c.memory_blocks, 4), np.float32)   # median, max, min, mean abs deviation
         self.ring_head = self.ring_n = 0
         days = c.memory_blocks // c.baseline_blocks
-        self.days = np.zeros((days, 4), np.float32)       # each past day's largest deviation per key
+        self.days = np.zeros((days, K), np.float32)       # each past day's largest deviation per key
         self.days_head = self.days_n = 0
         self.recent_t = np.zeros(c.level_readings, np.float64)
         self.recent_v = np.zeros(c.level_readings, np.float64)
         self.recent_head = self.recent_n = 0
-        self.today = [0.0, 0.0, 0.0, 0.0]                 # today's largest deviation per key
-        self.excursion = [False] * 4
-        self.on = [False] * 4
-        self.ref = [0.0] * 4                              # the week's record when the excursion began
-        self.ref_week = [0.0] * 4                         # the week's record as of the last closed day
-        self.rare_above = [-math.inf] * 4                 # a value beyond this is rare in the week's memory
+        self.today = [0.0] * K                            # today's largest deviation per key
+        self.excursion = [False] * K
+        self.on = [False] * K
+        self.ref = [0.0] * K                              # the week's record when the excursion began
+        self.ref_week = [0.0] * K                         # the week's record as of the last closed day
+        self.rare_above = [-math.inf] * K                 # a value beyond this is rare in the week's memory
 
     # --- readings ---------------------------------------------------------------------------------------
 
@@ -144,21 +156,34 @@ class StreamingDetector:
         times, values = self.recent_t[:n].tolist(), self.recent_v[:n].tolist()
         return [v for t, v in zip(times, values, strict=True) if t > since]
 
+    def _channels(self, value: float, level: float) -> tuple[tuple[float, float, float], ...]:
+        """Per key: (value, what it is compared with, the deviation an excursion starts at); NaN: channel off."""
+        c = self.config
+        start = c.z_min * self.S
+        seasonal = (level, self.E, c.z_min * self.SE) if c.seasonal else (math.nan, math.nan, math.nan)
+        # a discord is an RMS difference (in spreads) from the nearest earlier shape: z_min of them to start
+        discord = (self.D, 0.0, c.z_min) if c.discord_blocks else (math.nan, math.nan, math.nan)
+        return ((value, self.B, start), (value, self.B, start), (level, self.B, start), (level, self.B, start),
+                seasonal, seasonal, discord)
+
     def _judge(self, ts: float, value: float, detect: bool) -> Verdict:
         c = self.config
         level_values = self._recent(ts - c.level_seconds)
         level = statistics.median(level_values) if level_values else value
-        start_floor = c.z_min * self.S
         best = Verdict(alarm=False, score=0.0, baseline=self.B)
-        for k, (channel, direction) in enumerate(KEYS):
-            x = value if channel == "reading" else level
-            d = direction * (x - self.B)
+        for k, ((channel, direction), (x, base, start_floor)) in enumerate(zip(KEYS, self._channels(value, level),
+                                                                              strict=True)):
+            if math.isnan(base) or math.isnan(start_floor):
+                continue
+            d = direction * (x - base)
             if d > start_floor:
                 if not self.excursion[k]:
                     self.excursion[k] = True
                     self.ref[k] = max(self.ref_week[k], self.today[k])
                 threshold = max(start_floor, (1.0 + c.margin) * self.ref[k])
-                if not self.on[k] and d > threshold and direction * x > self.rare_above[k] and detect:
+                # a seasonal or discord channel has no verdict before it holds a whole day's record
+                established = k < 4 or self.ref_week[k] > 0
+                if not self.on[k] and d > threshold and direction * x > self.rare_above[k] and detect and established:
                     self.on[k] = True
                     best.new = True
                 score = 1.0 if self.on[k] else min(1.0, d / threshold)
@@ -166,7 +191,8 @@ class StreamingDetector:
                 self.excursion[k] = self.on[k] = False
                 score = max(0.0, d / start_floor) * 0.5 if start_floor > 0 else 0.0
             if score > best.score:
-                best.score, best.channel, best.direction, best.deviation = score, channel, direction, x - self.B
+                best.score, best.channel, best.direction, best.deviation = score, channel, direction, x - base
+                best.baseline = base
             if d > self.today[k]:
                 self.today[k] = d
         return best
@@ -190,7 +216,7 @@ class StreamingDetector:
             self.days[self.days_head] = self.today
             self.days_head = (self.days_head + 1) % len(self.days)
             self.days_n = min(self.days_n + 1, len(self.days))
-            self.today = [0.0, 0.0, 0.0, 0.0]
+            self.today = [0.0] * K
         self._derive()
 
     def _last_blocks(self, count: int) -> np.ndarray:
@@ -206,7 +232,8 @@ class StreamingDetector:
         self.B = statistics.median(medians)
         within = statistics.median(day[:, 3].tolist())
         between = statistics.median([abs(m - self.B) for m in medians])
-        self.S = max(within, between, 1e-9 * max(abs(self.B), 1.0))
+        floor = 1e-9 * max(abs(self.B), 1.0)
+        self.S = max(within, between, floor)
         week = self._last_blocks(c.memory_blocks)
         if self.days_n:
             self.ref_week = [float(v) for v in self.days[: self.days_n].max(axis=0)]
@@ -216,6 +243,14 @@ class StreamingDetector:
         for k, column in enumerate(columns):
             # rare: reached in fewer than alpha·n hours, i.e. beyond the j-th largest; no veto below 1/alpha hours
             self.rare_above[k] = float(np.partition(column, n - j)[n - j]) if c.alpha * n >= 1 else -math.inf
+        history = week[::-1, 0]                                   # hourly medians, oldest first
+        if c.seasonal == "stl":
+            self.E, self.SE = _seasonal_stl(history, c.baseline_blocks, max(within, floor))
+        elif c.seasonal:
+            self.E, self.SE = _seasonal(history, c.baseline_blocks, max(within, floor))
+        if c.discord_blocks:
+            self.D = _discord(history, c.discord_blocks, self.S)
+
 
     # --- state ------------------------------------------------------------------------------------------
 
@@ -223,8 +258,9 @@ class StreamingDetector:
         return (self.ring, self.days, self.recent_t, self.recent_v)
 
     def to_bytes(self) -> bytes:
-        scalars = ([float(getattr(self, name)) for name in _SCALARS] + self.today + self.ref + self.ref_week
-                   + self.rare_above + [float(b) for b in self.excursion + self.on])
+        scalars = [float(getattr(self, name)) for name in _SCALARS]
+        for name in _PER_KEY:
+            scalars += [float(v) for v in getattr(self, name)]
         head = _MAGIC + struct.pack(f"<I{len(scalars)}d", len(scalars), *scalars)
         return b"".join((head, *(array.tobytes() for array in self._arrays())))
 
@@ -243,10 +279,9 @@ class StreamingDetector:
         for name, value in zip(_SCALARS, values, strict=False):
             setattr(detector, name, int(value) if name in _INTEGERS else value)
         rest = list(values[len(_SCALARS):])
-        detector.today, detector.ref, detector.ref_week, detector.rare_above = (rest[0:4], rest[4:8], rest[8:12],
-                                                                                rest[12:16])
-        detector.excursion = [bool(v) for v in rest[16:20]]
-        detector.on = [bool(v) for v in rest[20:24]]
+        for i, name in enumerate(_PER_KEY):
+            part = rest[i * K:(i + 1) * K]
+            setattr(detector, name, [bool(v) for v in part] if name in ("excursion", "on") else part)
         buffer = bytearray(blob)   # one copy; the arrays are writable views into it
         offset = 8 + 8 * count
         for name, dtype, shape, size in layout:
@@ -255,13 +290,58 @@ class StreamingDetector:
         return detector
 
 
+def _seasonal(history: np.ndarray, period: int, within: float) -> tuple[float, float]:
+    """The coming hour's expected median (the median of the same hour on the past days kept) and the spread of
+    the last day's hours about their own expectation; NaN until two whole periods are kept."""
+    n = len(history)
+    if n < 2 * period:
+        return math.nan, math.nan
+    lags = period * np.arange(1, n // period + 1)
+    expected = float(np.median(history[n - lags[lags <= n]]))
+    hours = (n - period) + np.arange(period)
+    before = hours[None, :] - lags[:-1, None]
+    profile = np.where(before >= 0, history[np.maximum(before, 0)], np.nan)
+    valid = ~np.all(np.isnan(profile), axis=0)
+    if not valid.any():
+        return math.nan, math.nan
+    residual = history[hours[valid]] - np.nanmedian(profile[:, valid], axis=0)
+    return expected, max(float(np.median(np.abs(residual))), within)
+
+
+def _seasonal_stl(history: np.ndarray, period: int, within: float) -> tuple[float, float]:
+    """As ``_seasonal``, by a seasonal-trend decomposition (statsmodels' STL) of the hours kept: the coming
+    hour's expectation is the last trend plus the seasonal component a period back."""
+    from statsmodels.tsa.seasonal import STL
+
+    n = len(history)
+    if n < 2 * period + 1:
+        return math.nan, math.nan
+    fit = STL(history, period=period).fit()
+    residual = np.asarray(fit.resid)[-period:]
+    return float(fit.trend[-1] + fit.seasonal[n - period]), max(float(np.median(np.abs(residual))), within)
+
+
+def _discord(history: np.ndarray, length: int, spread: float) -> float:
+    """How far (RMS, in spreads) the last ``length`` hours' shape is from the nearest earlier stretch of the
+    memory, outside the trivial-match zone: the left matrix profile's newest value (stumpy's MASS)."""
+    import stumpy
+
+    n = len(history)
+    start = n - length
+    exclusion = math.ceil(length / 4)
+    reach = start - exclusion           # earlier stretches begin before this
+    if reach < 2 * length:
+        return 0.0
+    distances = stumpy.mass(history[start:], history[: reach - 1 + length], normalize=False)
+    return float(np.min(distances)) / math.sqrt(length) / spread
+
 _INTEGERS = frozenset(("blocks", "ring_head", "ring_n", "days_head", "days_n", "recent_head", "recent_n"))
-_COUNT = len(_SCALARS) + 24
+_COUNT = len(_SCALARS) + len(_PER_KEY) * K
 
 
 def _layout(config: DetectorConfig) -> list[tuple[str, type, tuple, int]]:
     days = config.memory_blocks // config.baseline_blocks
-    shapes = (("ring", np.float32, (config.memory_blocks, 4)), ("days", np.float32, (days, 4)),
+    shapes = (("ring", np.float32, (config.memory_blocks, 4)), ("days", np.float32, (days, K)),
               ("recent_t", np.float64, (config.level_readings,)), ("recent_v", np.float64, (config.level_readings,)))
     return [(name, dtype, shape, np.dtype(dtype).itemsize * math.prod(shape)) for name, dtype, shape in shapes]
 

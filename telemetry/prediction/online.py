@@ -1,7 +1,7 @@
 """The anomaly detector online: each node's series run through ``StreamingDetector`` as the risk sweep sees them.
 
 Every beat the sweep hands over each node's latest features (kept by ingest as readings arrive) and this module
-folds them into one detector per node and series. Each detector's state (a few kilobytes: a week of hourly
+folds them into one detector per node and series. Each detector's state (about 7 KB: two weeks of hourly
 summaries) lives in one Redis hash, read and written back in one round trip each per beat; the sweep never goes
 back to the samples. A node whose series has an alarm raised gets the ``anomaly`` evidence of ``risk.py``.
 

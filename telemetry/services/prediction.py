@@ -4,7 +4,8 @@ judge past predictions against what happened.
 A node whose score reaches its cluster's threshold gets a Prediction and a ``predicted_failure`` fault, which
 the planner turns into a proactive migration and drain within the disruption budgets. A prediction comes
 true when a hardware fault strikes the node within its horizon (its lead time is recorded), and is held
-otherwise; precision, recall and lead time are computed from these records.
+otherwise; precision, recall and lead time are computed from these records, beside what predictions made at
+random at the same rate would score (docs/prediction.md, *Live figures*).
 """
 
 import logging
@@ -20,8 +21,10 @@ from django.db import transaction
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
+from fleet.choices import DriverName
 from fleet.models import Cluster, Node
 from fleet.services.hardware import nodes_set_risk
+from jobs.choices import ActionKind, ActionState
 from jobs.models import FaultEvent, RecoveryAction
 from jobs.placement import risk_threshold
 from jobs.services.faults import fault_ingest
@@ -94,19 +97,30 @@ def _write_scores(scores: dict[int, Risk], meta: dict, now) -> None:
                            if abs(risk.score - (meta[node_id][3] or 0.0)) >= 0.001}, at=now)
 
 
+def prediction_horizon_hours(cluster: Cluster) -> float:
+    """How long (wall-clock hours) a prediction on this cluster looks ahead: ``PREDICTION_HORIZON_HOURS`` is in
+    the fault model's time, which on a simulated cluster runs ``SIMULATOR_ACCELERATION`` times faster."""
+    hours = settings.PREDICTION_HORIZON_HOURS
+    if cluster.driver == DriverName.SIMULATED and settings.SIMULATOR_ACCELERATION > 0:
+        return hours / settings.SIMULATOR_ACCELERATION
+    return hours
+
+
 def _predict(scores: dict[int, Risk], meta: dict, now, result: SweepResult) -> None:
-    thresholds = {c.pk: risk_threshold(c) for c in Cluster.objects.select_related("blueprint_version")}
+    clusters = list(Cluster.objects.select_related("blueprint_version"))
+    thresholds = {c.pk: risk_threshold(c) for c in clusters}
+    horizons = {c.pk: prediction_horizon_hours(c) for c in clusters}
     over = [node_id for node_id, risk in scores.items() if risk.score >= thresholds.get(meta[node_id][1], 0.8)]
     if not over:
         return
     already = set(Prediction.objects.filter(node_id__in=over, outcome=Prediction.Outcome.OPEN).values_list("node_id", flat=True))
-    horizon = settings.PREDICTION_HORIZON_HOURS
     for node_id in over:
         if node_id in already:
             continue
         risk = scores[node_id]
         with transaction.atomic():
             node = Node.objects.select_related("cluster").get(pk=node_id)
+            horizon = horizons.get(node.cluster_id) or prediction_horizon_hours(node.cluster)
             prediction = Prediction.objects.create(
                 node=node, cluster=node.cluster, score=risk.score, threshold=thresholds.get(node.cluster_id, 0.8),
                 horizon_hours=horizon, predicted_at=now, cause=risk.cause[:300], cause_kind=risk.kind,
@@ -167,25 +181,100 @@ def risk_sweep(*, cluster_ids: list[int] | None = None, now=None) -> SweepResult
     return result
 
 
+def emptied_before_failure(predictions) -> set[int]:
+    """Of these predictions, the ids of those that came true after their proactive migration had emptied the node
+    (the move was in time: a true prediction, not a false alarm). Two queries, however many predictions."""
+    came_true = {p.pk: p for p in predictions if p.outcome == Prediction.Outcome.FAILED and p.fault_id and p.failure_id}
+    if not came_true:
+        return set()
+    failed_at = dict(FaultEvent.objects.filter(pk__in=[p.failure_id for p in came_true.values()])
+                     .values_list("pk", "detected_at"))
+    moved = defaultdict(list)
+    for fault_id, ended_at in (RecoveryAction.objects.filter(
+            fault_id__in=[p.fault_id for p in came_true.values()], kind=ActionKind.PROACTIVE_MIGRATION, state=ActionState.SUCCEEDED,
+            ended_at__isnull=False).values_list("fault_id", "ended_at")):
+        moved[fault_id].append(ended_at)
+    return {pk for pk, p in came_true.items()
+            if any(ended <= failed_at.get(p.failure_id, ended) for ended in moved.get(p.fault_id, []))}
+
+
+def chance_figures(*, failures: dict[int, list[float]], nodes: int, start: float, end: float,
+                   horizon_seconds: float, predictions: int) -> tuple[float | None, float | None]:
+    """(precision, recall) that ``predictions`` made on nodes and at moments chosen at random over [start, end]
+    would be expected to score, each looking ``horizon_seconds`` ahead (docs/prediction.md, *Live figures*).
+
+    A random prediction comes true when its node fails within the horizon after it: the chance is the share of
+    node-time from which a failure lies within the horizon ahead. A failure is caught when at least one random
+    prediction lands on its node within the horizon before it."""
+    span = end - start
+    if nodes <= 0 or span <= 0 or horizon_seconds <= 0:
+        return None, None
+    covered = 0.0
+    for times in failures.values():
+        reach = start
+        for t in sorted(times):
+            low, high = max(reach, t - horizon_seconds, start), min(t, end)
+            if high > low:
+                covered += high - low
+            reach = max(reach, high)
+    precision = covered / (nodes * span)
+    count = sum(len(times) for times in failures.values())
+    hit = min(1.0, horizon_seconds / span) / nodes
+    recall = 1.0 - (1.0 - hit) ** predictions if count else None
+    return precision, recall
+
+
 def prediction_metrics(*, since_days: float = 30.0, now=None) -> dict:
-    """Live precision, recall and lead time of past predictions (over ``since_days``)."""
+    """Live precision, recall and lead time of past predictions (over ``since_days``), beside what random
+    predictions at the same rate would score (the lift over chance), and the horizon they were judged on."""
     now = now or timezone.now()
     since = now - timedelta(days=since_days)
-    judged = Prediction.objects.filter(predicted_at__gte=since).exclude(outcome=Prediction.Outcome.OPEN)
-    came_true = judged.filter(outcome=Prediction.Outcome.FAILED)
-    failures = FaultEvent.objects.filter(kind__in=HARDWARE_FAULTS, detected_at__gte=since, detected_at__lte=now)
-    predicted_failures = failures.filter(
-        pk__in=Prediction.objects.filter(failure__isnull=False).values("failure_id")).count()
-    total_failures = failures.count()
-    leads = [p for p in came_true.values_list("lead_seconds", flat=True) if p is not None]
-    judged_count, true_count = judged.count(), came_true.count()
+    judged = list(Prediction.objects.filter(predicted_at__gte=since).exclude(outcome=Prediction.Outcome.OPEN))
+    came_true = [p for p in judged if p.outcome == Prediction.Outcome.FAILED]
+    # a failure is an incident (every report of one node failing: an Xid and the ECC count behind it are one)
+    failures: dict[object, tuple[int, float]] = {}
+    for pk, incident_id, node_id, at in (FaultEvent.objects.filter(
+            kind__in=HARDWARE_FAULTS, detected_at__gte=since, detected_at__lte=now)
+            .order_by("detected_at").values_list("pk", "incident_id", "node_id", "detected_at")):
+        failures.setdefault(incident_id or f"fault-{pk}", (node_id, at.timestamp()))
+    foreseen = set(FaultEvent.objects.filter(pk__in=[p.failure_id for p in came_true if p.failure_id])
+                   .values_list("pk", "incident_id"))
+    predicted_failures = len({incident_id or f"fault-{pk}" for pk, incident_id in foreseen} & failures.keys())
+    total_failures = len(failures)
+    leads = [p.lead_seconds for p in came_true if p.lead_seconds is not None]
+    judged_count, true_count = len(judged), len(came_true)
+    precision = true_count / judged_count if judged_count else None
+    recall = predicted_failures / total_failures if total_failures else None
+    horizons = [p.horizon_hours for p in judged] or [
+        prediction_horizon_hours(c) for c in Cluster.objects.all()[:1]] or [settings.PREDICTION_HORIZON_HOURS]
+    horizon_seconds = statistics.median(horizons) * 3600.0
+    first = Prediction.objects.filter(predicted_at__gte=since).order_by("predicted_at").values_list(
+        "predicted_at", flat=True).first()
+    start = max(since, first or now)
+    by_node: dict[int, list[float]] = defaultdict(list)
+    for node_id, at in failures.values():
+        by_node[node_id].append(at)
+    chance_precision, chance_recall = chance_figures(
+        failures=by_node, nodes=Node.objects.count(), start=start.timestamp(), end=now.timestamp(),
+        horizon_seconds=horizon_seconds, predictions=judged_count)
+
+    def lift(value, chance):
+        return round(value / chance, 2) if value is not None and chance else None
+
     return {
         "predictions": Prediction.objects.filter(predicted_at__gte=since).count(),
         "judged": judged_count,
-        "precision": round(true_count / judged_count, 3) if judged_count else None,
-        "recall": round(predicted_failures / total_failures, 3) if total_failures else None,
+        "precision": round(precision, 3) if precision is not None else None,
+        "recall": round(recall, 3) if recall is not None else None,
         "failures": total_failures,
+        "emptied": len(emptied_before_failure(came_true)),
         "lead_time_median_seconds": round(statistics.median(leads), 1) if leads else None,
+        "horizon_seconds": round(horizon_seconds, 1),
+        "horizon_fault_model_hours": settings.PREDICTION_HORIZON_HOURS,
+        "chance_precision": round(chance_precision, 3) if chance_precision is not None else None,
+        "chance_recall": round(chance_recall, 3) if chance_recall is not None else None,
+        "precision_lift": lift(precision, chance_precision),
+        "recall_lift": lift(recall, chance_recall),
     }
 
 

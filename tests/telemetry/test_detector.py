@@ -141,6 +141,45 @@ def test_readings_out_of_order_or_not_numbers_change_nothing():
     assert detector.to_bytes() == before
 
 
+# --- the channels the benchmark compares (off in CONFIG) ---------------------------------------------------------
+
+def daily_cycle_with_a_flat_peak():
+    """Nine days of a daily cycle; on day 8 the peak hours stay at the day's mean (inside the day's range)."""
+    hours = np.arange(int(9 * DAY / STEP)) * STEP / 3600.0
+    values = 50 + 20 * np.sin(2 * np.pi * hours / 24) + np.random.default_rng(4).normal(0, 0.5, len(hours))
+    odd = (hours >= 8 * 24 + 4) & (hours < 8 * 24 + 10)
+    values[odd] = 50.0
+    return [T0 + i * STEP for i in range(len(values))], values
+
+
+@pytest.mark.parametrize("seasonal", ["profile", "stl"])
+def test_the_seasonal_channel_learns_a_daily_cycle_and_catches_a_day_that_breaks_it(seasonal):
+    from dataclasses import replace
+
+    config = replace(CONFIG, seasonal=seasonal)
+    times, values = daily_cycle_with_a_flat_peak()
+    detector = StreamingDetector(config)
+    verdicts = [detector.update(t, v, detect=t - T0 >= 2 * DAY) for t, v in zip(times, values, strict=True)]
+    assert not any(v.alarm for t, v in zip(times, verdicts, strict=True) if t < T0 + 8 * DAY)
+    assert {v.channel for v in verdicts if v.new} == {"seasonal"}
+    assert not any(v.alarm for v in run(values)[1])                 # the core alone does not see it
+    assert StreamingDetector.from_bytes(detector.to_bytes(), config).to_bytes() == detector.to_bytes()
+
+
+def test_the_discord_channel_scores_a_shape_the_memory_never_had():
+    from dataclasses import replace
+
+    config = replace(CONFIG, discord_blocks=6)
+    times, values = daily_cycle_with_a_flat_peak()
+    detector, discords = StreamingDetector(config), []
+    for t, v in zip(times, values, strict=True):
+        detector.update(t, v)
+        discords.append((t, detector.D))
+    usual = max(d for t, d in discords if T0 + 3 * DAY <= t < T0 + 8 * DAY)
+    odd = max(d for t, d in discords if t >= T0 + 8 * DAY)
+    assert odd > 10 * usual and usual < 0.1
+
+
 # --- state ----------------------------------------------------------------------------------------------------
 
 def test_state_round_trip_continues_exactly():

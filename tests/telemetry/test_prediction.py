@@ -77,7 +77,8 @@ def test_facility_drift_predicts_the_whole_rack(cluster_with_state):
 
 
 @pytest.mark.django_db
-def test_predictions_are_judged_and_measured(cluster_with_state):
+def test_predictions_are_judged_and_measured(cluster_with_state, settings):
+    settings.SIMULATOR_ACCELERATION = 1.0   # the fault model's time is the wall clock: a 24 h horizon
     cluster, nodes = cluster_with_state
     GPUState.objects.filter(node__in=nodes[:2]).update(sbe_rate=2000.0)
     risk_sweep()
@@ -134,3 +135,62 @@ def test_a_prediction_becomes_a_proactive_migration_for_a_protected_job(tenant_a
     predictions_resolve()
     prediction.refresh_from_db()
     assert prediction.action_taken == "proactive_migration" and prediction.outcome == "open"
+
+
+@pytest.mark.django_db
+def test_the_horizon_follows_the_simulators_time_compression(cluster_with_state, settings):
+    from fleet.choices import DriverName
+    from telemetry.services.prediction import prediction_horizon_hours
+
+    cluster, nodes = cluster_with_state
+    settings.PREDICTION_HORIZON_HOURS, settings.SIMULATOR_ACCELERATION = 24.0, 600.0
+    assert cluster.driver == DriverName.SIMULATED and prediction_horizon_hours(cluster) == pytest.approx(0.04)
+    cluster.driver = DriverName.KUBERNETES
+    assert prediction_horizon_hours(cluster) == 24.0
+    GPUState.objects.filter(node=nodes[0]).update(sbe_rate=5000.0)
+    risk_sweep()
+    assert Prediction.objects.get().horizon_hours * 3600 == pytest.approx(144.0)
+    figures = prediction_metrics()
+    assert figures["horizon_seconds"] == 144.0 and figures["horizon_fault_model_hours"] == 24.0
+
+
+def test_chance_figures_are_the_share_of_node_time_a_failure_follows_within_the_horizon():
+    from telemetry.services.prediction import chance_figures
+
+    # two nodes over 100 s, a 10 s horizon; node 1 fails at 50 and 55 (covered: 40..55), node 2 at 5 (0..5)
+    precision, recall = chance_figures(failures={1: [55.0, 50.0], 2: [5.0]}, nodes=2, start=0.0, end=100.0,
+                                       horizon_seconds=10.0, predictions=4)
+    assert precision == pytest.approx((15 + 5) / 200)
+    assert recall == pytest.approx(1 - (1 - 0.1 / 2) ** 4)
+    assert chance_figures(failures={}, nodes=2, start=0.0, end=100.0, horizon_seconds=10.0, predictions=3) == (0.0, None)
+    assert chance_figures(failures={}, nodes=0, start=0.0, end=100.0, horizon_seconds=10.0, predictions=3) == (None, None)
+
+
+@pytest.mark.django_db
+def test_random_predictions_score_what_chance_says_and_ours_show_their_lift(cluster_with_state, settings):
+    """Predictions placed at random on a fleet whose nodes fail at random score about the chance precision;
+    a prediction that came true on a fleet where failures are rare shows a lift well over 1."""
+    import random
+
+    from telemetry.services.prediction import chance_figures
+
+    rng = random.Random(3)
+    span, horizon, nodes = 10_000.0, 100.0, 20
+    failures = {n: sorted(rng.uniform(0, span) for _ in range(rng.randint(0, 4))) for n in range(nodes)}
+    trials = [(rng.randrange(nodes), rng.uniform(0, span - horizon)) for _ in range(20_000)]
+    hits = sum(any(t <= f <= t + horizon for f in failures[n]) for n, t in trials)
+    precision, _ = chance_figures(failures=failures, nodes=nodes, start=0.0, end=span, horizon_seconds=horizon,
+                                  predictions=len(trials))
+    assert hits / len(trials) == pytest.approx(precision, abs=0.01)
+
+    settings.SIMULATOR_ACCELERATION = 1.0
+    cluster, fleet_nodes = cluster_with_state
+    GPUState.objects.filter(node=fleet_nodes[0]).update(sbe_rate=5000.0)
+    risk_sweep()
+    fault_ingest(source="agent", kind="ecc_uncorrectable", node=fleet_nodes[0], gpu_index=1)
+    predictions_resolve()
+    figures = prediction_metrics()
+    assert figures["precision"] == 1.0 and figures["recall"] == 1.0 and figures["failures"] == 1
+    assert FaultEvent.objects.filter(kind="ecc_uncorrectable").count() == 1
+    assert 0 < figures["chance_precision"] <= 1.0
+    assert figures["precision_lift"] == pytest.approx(1.0 / figures["chance_precision"], rel=0.01) and figures["precision_lift"] > 1

@@ -17,13 +17,15 @@ FAILED = Q(kind=FaultKind.NODE_UNREACHABLE) | Q(triage__out_of_service=True)
 
 def savings_settle(*, now) -> int:
     """Settle the expected savings whose outcome is known: the node failed within the horizon (realized: the
-    saving booked at completion), or the horizon passed without a failure (nothing saved). Returns how many."""
-    horizon = timedelta(hours=settings.PREDICTION_HORIZON_HOURS)
+    saving booked at completion), or the horizon passed without a failure (nothing saved). The horizon is the
+    prediction's own (its fault's ``details.horizon_hours``: scaled to a simulated cluster's time compression),
+    else PREDICTION_HORIZON_HOURS. Returns how many."""
     pending = list(RecoveryAction.objects.filter(kind=ActionKind.PROACTIVE_MIGRATION, state=ActionState.SUCCEEDED,
-                                                 saving=SavingState.EXPECTED).select_related("job").order_by("pk")[:500])
+                                                 saving=SavingState.EXPECTED).select_related("job", "fault")
+                   .order_by("pk")[:500])
     settled = []
     for action in pending:
-        end = action.detected_at + horizon
+        end = action.detected_at + timedelta(hours=_horizon_hours(action))
         failed = FaultEvent.objects.filter(FAILED, node_id=action.node_id, detected_at__gte=action.detected_at,
                                            detected_at__lte=min(end, now)).exists()
         if failed:
@@ -39,3 +41,12 @@ def savings_settle(*, now) -> int:
                                                             "gpu_hours_saved": round(action.gpu_hours_saved, 4)})
                        for action in settled])
     return len(settled)
+
+
+def _horizon_hours(action: RecoveryAction) -> float:
+    hours = ((action.fault.details or {}) if action.fault_id else {}).get("horizon_hours")
+    try:
+        hours = float(hours)
+    except (TypeError, ValueError):
+        return float(settings.PREDICTION_HORIZON_HOURS)
+    return hours if 0 < hours < 24 * 365 else float(settings.PREDICTION_HORIZON_HOURS)

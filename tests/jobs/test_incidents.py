@@ -481,6 +481,17 @@ def test_a_proactive_move_books_expected_then_nothing_when_the_node_does_not_fai
     assert action.saving == SavingState.NOT_REALIZED and action.gpu_hours_saved == 0
 
 
+def test_a_proactive_move_settles_on_its_predictions_own_horizon(tenant_a, settings):
+    """A simulated cluster's prediction states a horizon scaled to its time compression (144 s at 600x): the move
+    settles on that, not on the hour of PREDICTION_HORIZON_HOURS."""
+    action, _ = _proactive(tenant_a, settings)
+    FaultEvent.objects.filter(pk=action.fault_id).update(details={"horizon_hours": 0.04})
+    RecoveryAction.objects.filter(pk=action.pk).update(detected_at=timezone.now() - timedelta(minutes=3))
+    settle(1)
+    action.refresh_from_db()
+    assert action.saving == SavingState.NOT_REALIZED
+
+
 def test_a_proactive_move_is_realized_when_the_node_fails_within_the_horizon(tenant_a, settings):
     action, node = _proactive(tenant_a, settings)
     report(kind="node_unreachable", node=node)

@@ -9,7 +9,7 @@ import logging
 import math
 from dataclasses import dataclass
 
-from django.db import connection
+from django.db import OperationalError, connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
@@ -43,6 +43,23 @@ def _skip_locked(queryset):
     if connection.features.has_select_for_update_skip_locked:
         return queryset.select_for_update(skip_locked=True, of=("self",), no_key=True)
     return queryset.select_for_update()
+
+
+SPARE_LOCK_WAIT_MS = 300
+
+
+def _wait_briefly(queryset) -> list | None:
+    """The rows, locked, waiting up to SPARE_LOCK_WAIT_MS for locks others hold (telemetry's and the risk sweep's
+    short writes); None when that wait ran out (then the caller skips the locked rows). The wait is bounded so a
+    decision never waits long, nor deadlocks with a writer that waits for a node the decision holds."""
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL lock_timeout = '{SPARE_LOCK_WAIT_MS}ms'")
+            found = list(queryset.select_for_update(of=("self",), no_key=True)[:512])
+            cursor.execute("SET LOCAL lock_timeout = DEFAULT")
+            return found
+    except OperationalError:
+        return None
 
 
 def risk_threshold(cluster: Cluster) -> float:
@@ -128,9 +145,10 @@ class SparePool:
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
         self._by_model: dict[str, list[Node]] = {}
+        self._waited: set[str] = set()
 
-    def _candidates(self, gpu_model: str) -> list[Node]:
-        if gpu_model not in self._by_model:
+    def _candidates(self, gpu_model: str, *, wait: bool = False) -> list[Node]:
+        if gpu_model not in self._by_model or wait:
             now = timezone.now()
             booked = SpareBooking.objects.filter(released_at__isnull=True, whole_node=True).values("node_id")
             unhealthy = GPU.objects.filter(node__cluster=self.cluster).exclude(health=GPUHealth.HEALTHY).values("node_id")
@@ -138,7 +156,10 @@ class SparePool:
                                         risk_score__lt=risk_threshold(self.cluster))
                     .filter(Q(cooldown_until__isnull=True) | Q(cooldown_until__lte=now))
                     .exclude(pk__in=booked).exclude(pk__in=unhealthy))
-            found = list(_skip_locked(rows.order_by("risk_score", "hostname"))[:512])
+            ordered = rows.order_by("risk_score", "hostname")
+            found = _wait_briefly(ordered) if wait else None
+            if found is None:
+                found = list(_skip_locked(ordered)[:512])
             counts = dict(GPU.objects.filter(node__in=found).values("node_id").annotate(n=Count("id"))
                           .values_list("node_id", "n"))
             for node in found:
@@ -147,8 +168,18 @@ class SparePool:
         return self._by_model[gpu_model]
 
     def pick(self, *, near: Node, gpus: int, exclude: set[int] = frozenset()) -> Node | None:
-        fits = [node for node in self._candidates(near.gpu_model)
-                if node.pk not in exclude and node.pk != near.pk and node.gpu_count >= min(gpus, 8)]
+        def fitting():
+            return [node for node in self._candidates(near.gpu_model)
+                    if node.pk not in exclude and node.pk != near.pk and node.gpu_count >= min(gpus, 8)]
+
+        fits = fitting()
+        if not fits and near.gpu_model not in self._waited and connection.vendor == "postgresql":
+            # The pool skips rows locked elsewhere, and a spare is locked for a moment whenever telemetry marks it
+            # seen or the risk sweep scores it: before answering "no spare" (a restart that may cost hours), read
+            # the pool once more, waiting a moment for such locks.
+            self._waited.add(near.gpu_model)
+            self._candidates(near.gpu_model, wait=True)
+            fits = fitting()
         if not fits:
             return None
         return min(fits, key=lambda node: spare_order_key(node, near))

@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml agent/pyproject.toml
 	  echo "$(PYTHON) -m venv $(VENV)"; \
 	  $(PYTHON) -m venv $(VENV); \
 	fi
-	$(PY) -m pip install -e '.[test]' -e './agent[redfish,test]'
+	$(PY) -m pip install -e '.[test]' -e './agent[redfish,test,protect]'
 	@touch $@
 
 # --- run: the whole stack under honcho; Ctrl-C stops every process -----------------------------------------

@@ -13,31 +13,31 @@ from tenancy.scoping import restrict
 
 
 @dataclass(frozen=True)
-class Protection:
+class ProtectionVerdict:
     protected: bool
     reason: str
 
 
-def cluster_protection(*, cluster: Cluster, observed: list[ObservedAddon] | None = None) -> Protection:
+def cluster_protection(*, cluster: Cluster, observed: list[ObservedAddon] | None = None) -> ProtectionVerdict:
     """Is a job on this cluster protected? DESIGN: the policy turns protection on *and* the protection
     add-ons are observed InSync and Healthy. The reason says what is missing when not."""
     version = cluster.blueprint_version
     if version is None:
-        return Protection(False, "the cluster carries no blueprint version")
+        return ProtectionVerdict(False, "the cluster carries no blueprint version")
     enabled = version.protection_enabled()
     if not all(enabled.values()):
         off = ", ".join(key.replace("_", " ") for key, on in enabled.items() if not on)
-        return Protection(False, f"blueprint {version} does not turn on {off}")
+        return ProtectionVerdict(False, f"blueprint {version} does not turn on {off}")
     if observed is None:
         observed = list(ObservedAddon.objects.filter(cluster=cluster, name__in=PROTECTION_ADDONS.values()))
     by_name = {row.name: row for row in observed}
     for addon in PROTECTION_ADDONS.values():
         row = by_name.get(addon)
         if row is None:
-            return Protection(False, f"add-on {addon} is not observed on the cluster")
+            return ProtectionVerdict(False, f"add-on {addon} is not observed on the cluster")
         if row.sync != SyncStatus.IN_SYNC or row.health != HealthStatus.HEALTHY:
-            return Protection(False, f"add-on {addon} is {row.sync}/{row.health}, not InSync/Healthy")
-    return Protection(True, "protection add-ons are InSync and Healthy")
+            return ProtectionVerdict(False, f"add-on {addon} is {row.sync}/{row.health}, not InSync/Healthy")
+    return ProtectionVerdict(True, "protection add-ons are InSync and Healthy")
 
 
 def may_see_cluster_topic(who, cluster_id: int) -> bool:

@@ -89,12 +89,29 @@ class SnapshotState(models.TextChoices):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    RECORDED = "recorded"   # a runtime report that is no restore point: a restore, a fallback, a hang
 
 
 class SnapshotReason(models.TextChoices):
     OPERATOR = "operator"
     SCHEDULE = "schedule"
     PLANNER = "planner"
+    RUNTIME = "runtime"     # reported by the job's protection runtime (lockstep_agent.protect)
+
+
+class SnapshotKind(models.TextChoices):
+    """What a JobSnapshot row is: a platform snapshot through the driver, or a report of the job's runtime."""
+
+    PLATFORM = "platform", "Platform snapshot"
+    SNAPSHOT = "snapshot", "In-memory restore point, replicated to a peer node"
+    WRITE_THROUGH = "write_through", "Restore point written through to disk"
+    RESTORE = "restore", "Restore from the in-memory snapshots"
+    DISK_FALLBACK = "disk_fallback", "Restore from the disk checkpoint (both in-memory copies lost)"
+    HANG = "hang", "Hang: a rank stopped making progress"
+
+
+# The kinds that are restore points (the planner's restore_from_snapshot may use them); the others are recorded.
+RESTORE_POINT_KINDS = (SnapshotKind.PLATFORM, SnapshotKind.SNAPSHOT, SnapshotKind.WRITE_THROUGH)
 
 
 class EscalationStage(models.TextChoices):

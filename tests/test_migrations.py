@@ -20,6 +20,7 @@ from fleet.services.blueprints import version_create
 from fleet.services.rollouts import rollout_start
 from jobs.models import JobAllocation
 from jobs.services.faults import fault_handle, fault_ingest
+from jobs.services.snapshots import snapshot_report
 from telemetry.services.ingest import telemetry_ingest
 from tests.conftest import make_user, token_header
 from tests.fleet.helpers import ADDONS, blueprint, bump, clusters_on
@@ -114,6 +115,8 @@ def populate(tenant):
     fault, _ = fault_ingest(source="agent", kind="node_unreachable",
                             node=JobAllocation.objects.filter(job=job).order_by("rank_start").first().node)
     fault_handle(fault_id=fault.pk)
+    snapshot_report(job=job, kind="snapshot", iteration=1, seconds=0.05, size_bytes=15_000_000,
+                    locations=[{"rank": 0, "own": "n0", "replica": "n1"}])
     return operator
 
 

@@ -3,7 +3,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from jobs import figures, selectors
-from jobs.choices import FaultKind, FaultSource, Severity
+from jobs.choices import FaultKind, FaultSource, Severity, SnapshotKind
 from jobs.models import FaultEvent, Incident, Job, JobAllocation, JobSnapshot, RecoveryAction
 
 
@@ -187,4 +187,43 @@ class SnapshotSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = JobSnapshot
-        fields = ["id", "job", "state", "reason", "iteration", "started_at", "done_at", "ended_at", "seconds", "error"]
+        fields = ["id", "job", "kind", "state", "reason", "iteration", "started_at", "done_at", "ended_at", "seconds",
+                  "error", "size_bytes", "locations", "stalled_ranks", "note"]
+
+
+class SnapshotLocationSerializer(serializers.Serializer):
+    """Where one rank's copies live, as the runtime names them: ``{"rank": 1, "own": "node1", "replica": "node2"}``,
+    or after a restore ``{"rank": 1, "source": "replica on node2"}``."""
+
+    rank = serializers.IntegerField(min_value=0, max_value=10_000_000, required=False)
+    ranks = serializers.IntegerField(min_value=0, max_value=10_000_000, required=False)
+    own = serializers.CharField(max_length=200, required=False, allow_null=True, allow_blank=True)
+    replica = serializers.CharField(max_length=200, required=False, allow_null=True, allow_blank=True)
+    source = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    node = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    disk = serializers.CharField(max_length=500, required=False, allow_blank=True)
+
+    def to_internal_value(self, data):
+        unknown = set(data) - set(self.fields) if isinstance(data, dict) else set()
+        if unknown:
+            raise serializers.ValidationError(f"unknown keys: {', '.join(sorted(map(str, unknown)))}")
+        return super().to_internal_value(data)
+
+
+class SnapshotReportSerializer(serializers.Serializer):
+    """A report of the job's protection runtime (``lockstep_agent.protect``), sent with the job token."""
+
+    kind = serializers.ChoiceField(choices=[c for c in SnapshotKind.choices if c[0] != SnapshotKind.PLATFORM])
+    iteration = serializers.IntegerField(min_value=0, max_value=2**62)
+    seconds = serializers.FloatField(min_value=0, max_value=30 * 86400, required=False, allow_null=True,
+                                     help_text="measured: capture + replication, restore, or how long a rank hangs")
+    bytes = serializers.IntegerField(min_value=0, max_value=2**62, required=False, allow_null=True)
+    locations = SnapshotLocationSerializer(many=True, required=False, max_length=1024)
+    stalled_ranks = serializers.ListField(child=serializers.IntegerField(min_value=0, max_value=10_000_000),
+                                          required=False, max_length=4096)
+    note = serializers.CharField(max_length=300, required=False, allow_blank=True)
+
+    def validate(self, attrs):
+        if attrs.get("stalled_ranks") and attrs["kind"] != SnapshotKind.HANG:
+            raise serializers.ValidationError({"stalled_ranks": ["only a hang names stalled ranks"]})
+        return attrs

@@ -24,6 +24,7 @@ from jobs.api.serializers import (
     JobSubmitSerializer,
     ProgressSerializer,
     RecoveryActionSerializer,
+    SnapshotReportSerializer,
     SnapshotSerializer,
 )
 from jobs.authentication import JobTokenAuthentication
@@ -32,7 +33,7 @@ from jobs.models import Job, JobToken
 from jobs.services import faults as fault_services
 from jobs.services import jobs as job_services
 from jobs.services.escalation import escalation_repaired
-from jobs.services.snapshots import snapshot_take
+from jobs.services.snapshots import snapshot_report, snapshot_take
 from tenancy.authentication import BearerTokenAuthentication
 from tenancy.models import Tenant
 
@@ -48,9 +49,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
         return selectors.job_list(user=user).prefetch_related("allocations__node")
 
     def get_authenticators(self):
-        # progress/ also takes the job's own token; everything else the usual bearer and session.
+        # progress/ and snapshots/ also take the job's own token; everything else the usual bearer and session.
         request = getattr(self, "request", None)   # None while drf-spectacular builds the schema
-        if getattr(self, "action", None) == "progress" or (request is not None and request.path.endswith("/progress/")):
+        if getattr(self, "action", None) in ("progress", "snapshots") or (
+                request is not None and request.path.endswith(("/progress/", "/snapshots/"))):
             return [JobTokenAuthentication(), BearerTokenAuthentication(), SessionAuthentication()]
         return super().get_authenticators()
 
@@ -119,9 +121,24 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
         return Response(figures.job_timeline(self.get_object()))
 
     @extend_schema(methods=["GET"], request=None, responses=SnapshotSerializer(many=True))
-    @extend_schema(methods=["POST"], request=None, responses={201: SnapshotSerializer, 503: ErrorSerializer})
+    @extend_schema(methods=["POST"], request=SnapshotReportSerializer,
+                   responses={201: SnapshotSerializer, 503: ErrorSerializer},
+                   description="As a provider role (no body): take a platform snapshot through the driver. With the "
+                               "job's token: report what its protection runtime did (a restore point, a restore, a "
+                               "disk fallback, a hang).")
     @action(detail=True, methods=["get", "post"], pagination_class=None, filter_backends=[])
     def snapshots(self, request, pk=None):
+        if isinstance(request.auth, JobToken):
+            if request.method != "POST":
+                raise exceptions.PermissionDenied("a job token reports; it reads nothing")
+            if str(request.auth.job_id) != str(pk):
+                raise exceptions.PermissionDenied("this job token belongs to another job")
+            data = SnapshotReportSerializer(data=request.data)
+            data.is_valid(raise_exception=True)
+            values = dict(data.validated_data)
+            values["size_bytes"] = values.pop("bytes", None)
+            snapshot = snapshot_report(job=request.auth.job, **values)
+            return Response(SnapshotSerializer(snapshot).data, status=status.HTTP_201_CREATED)
         job = self.get_object()
         if request.method == "POST":
             if not self.principal.may_operate:

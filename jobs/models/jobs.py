@@ -7,7 +7,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.choices import JobPhaseKind, JobState, SnapshotReason, SnapshotState
+from jobs.choices import JobPhaseKind, JobState, SnapshotKind, SnapshotReason, SnapshotState
 
 
 class Job(models.Model):
@@ -174,6 +174,13 @@ class JobSnapshot(models.Model):
     done_at = models.DateTimeField(null=True, blank=True, help_text="when the driver expects it to finish")
     ended_at = models.DateTimeField(null=True, blank=True)
     error = models.CharField(max_length=300, blank=True)
+    # What the job's protection runtime reported (kind other than platform): measured, not estimated.
+    kind = models.CharField(max_length=16, choices=SnapshotKind.choices, default=SnapshotKind.PLATFORM,
+                            db_default=SnapshotKind.PLATFORM)
+    size_bytes = models.PositiveBigIntegerField(null=True, blank=True, help_text="bytes of state, all ranks")
+    locations = models.JSONField(default=list, db_default=[], blank=True, help_text="where each rank's copies live")
+    stalled_ranks = models.JSONField(default=list, db_default=[], blank=True, help_text="a hang: the ranks that stalled")
+    note = models.CharField(max_length=300, blank=True, db_default="")
 
     tenant_scope = "job__tenant_id"
 
@@ -181,7 +188,7 @@ class JobSnapshot(models.Model):
         ordering = ["job_id", "-started_at", "-id"]
 
     def __str__(self):
-        return f"snapshot of job {self.job_id} at iteration {self.iteration} ({self.state})"
+        return f"{self.get_kind_display().lower()} of job {self.job_id} at iteration {self.iteration} ({self.state})"
 
     @property
     def seconds(self) -> float | None:

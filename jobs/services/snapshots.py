@@ -1,4 +1,9 @@
-"""Platform snapshots of running protected jobs: taken through the driver, finished by beat."""
+"""Snapshots of running jobs: platform snapshots taken through the driver and finished by beat, and the
+restore points, restores and hangs the job's own protection runtime (``lockstep_agent.protect``) reports."""
+
+import statistics
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.utils import timezone
@@ -7,18 +12,33 @@ from controlplane import events
 from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
 from fleet.drivers import DriverError, driver_for
-from jobs.choices import JobState, SnapshotReason, SnapshotState
-from jobs.models import Job, JobSnapshot
+from jobs.choices import (
+    ACTIVE_JOB_STATES,
+    RESTORE_POINT_KINDS,
+    JobState,
+    SnapshotKind,
+    SnapshotReason,
+    SnapshotState,
+)
+from jobs.models import Job, JobAllocation, JobSnapshot
 from jobs.placement import immediate_constraints
 from jobs.services.common import job_topics, protection_of
+
+
+def _summary(snapshot: JobSnapshot) -> str:
+    if snapshot.kind == SnapshotKind.PLATFORM:
+        return f"snapshot {snapshot.state}"
+    if snapshot.kind == SnapshotKind.HANG:
+        return f"hang at iteration {snapshot.iteration}: rank(s) {', '.join(map(str, snapshot.stalled_ranks)) or '?'}"
+    return f"{snapshot.get_kind_display().lower()} at iteration {snapshot.iteration}"
 
 
 def _publish(snapshot: JobSnapshot, kind: str) -> None:
     events.publish(job_topics(snapshot.job), kind,
                    {"snapshot": snapshot.pk, "job": snapshot.job_id, "state": snapshot.state, "iteration": snapshot.iteration,
-                    "reason": snapshot.reason, "started_at": snapshot.started_at.isoformat(),
+                    "reason": snapshot.reason, "kind": snapshot.kind, "started_at": snapshot.started_at.isoformat(),
                     "ended_at": snapshot.ended_at.isoformat() if snapshot.ended_at else None,
-                    "seconds": snapshot.seconds, "summary": f"snapshot {snapshot.state}"},
+                    "seconds": snapshot.seconds, "summary": _summary(snapshot)},
                    url=f"/api/v1/jobs/{snapshot.job_id}/snapshots/")
 
 
@@ -89,3 +109,91 @@ def snapshot_schedule() -> int:
         except ServiceError:
             continue
     return started
+
+
+# Runtime reports that are worth an audit entry; plain restore points come every few seconds and are kept as
+# their rows, like progress reports.
+_AUDITED = (SnapshotKind.WRITE_THROUGH, SnapshotKind.RESTORE, SnapshotKind.DISK_FALLBACK, SnapshotKind.HANG)
+
+
+@transaction.atomic
+def snapshot_report(*, job: Job, kind: str, iteration: int, seconds: float | None = None, size_bytes: int | None = None,
+                    locations: list[dict] | None = None, stalled_ranks: list[int] | None = None,
+                    note: str = "") -> JobSnapshot:
+    """Record what the job's protection runtime reports with its job token: a restore point (``snapshot``,
+    ``write_through``: usable by restore_from_snapshot), a ``restore`` or ``disk_fallback`` it performed, or a
+    ``hang``. ``seconds`` is measured by the runtime; the row spans the ``seconds`` before now."""
+    if kind == SnapshotKind.PLATFORM or kind not in SnapshotKind.values:
+        raise ServiceError(f"{kind!r} is not a runtime report kind", status=400)
+    job = Job.objects.get(pk=job.pk)
+    if job.state not in ACTIVE_JOB_STATES:
+        raise ServiceError(f"job {job.pk} is {job.state}; it takes no more reports", status=409)
+    if job.total_iterations is not None and iteration > job.total_iterations:
+        raise ServiceError(f"iteration {iteration} is past the job's {job.total_iterations} iterations", status=400)
+    now = timezone.now()
+    point = kind in RESTORE_POINT_KINDS
+    snapshot = JobSnapshot.objects.create(
+        job=job, kind=kind, reason=SnapshotReason.RUNTIME, iteration=iteration,
+        state=SnapshotState.SUCCEEDED if point else SnapshotState.RECORDED,
+        started_at=now - timedelta(seconds=seconds or 0), done_at=now, ended_at=now, size_bytes=size_bytes,
+        locations=list(locations or []), stalled_ranks=list(stalled_ranks or []), note=note)
+    if kind in _AUDITED:
+        audit_record(actor=None, action=f"job.{kind}", target=job, tenant_id=job.tenant_id,
+                     changes={"iteration": iteration, "seconds": seconds, "stalled_ranks": snapshot.stalled_ranks,
+                              "note": note})
+    if kind == SnapshotKind.RESTORE and seconds is not None:
+        # A measured in-memory restore: what the planner's restore_from_snapshot estimate is made of.
+        from jobs.services.estimates import estimates_record
+
+        estimates_record([(job.cluster_id, "restore_pause", float(seconds))])
+    if kind == SnapshotKind.HANG:
+        _hang_fault(job, snapshot)
+    _publish(snapshot, "snapshot.reported")
+    return snapshot
+
+
+def _hang_fault(job: Job, snapshot: JobSnapshot) -> None:
+    """The runtime saw a rank stall: the same ``hang`` fault the silence sweep raises, on the stalled rank's node
+    where the report names one Lockstep knows (else the job's first), so the fault path restarts the job."""
+    from jobs.services.faults import fault_ingest
+
+    allocations = list(JobAllocation.objects.filter(job=job, released_at__isnull=True).select_related("node")
+                       .order_by("rank_start"))
+    if not allocations:
+        return
+    named = {str(place.get("node")) for place in snapshot.locations if isinstance(place, dict) and place.get("node")}
+    node = next((a.node for a in allocations if a.node.hostname in named), allocations[0].node)
+    fault_ingest(source="agent", kind="hang", node=node,
+                 details={"job": job.pk, "iteration": snapshot.iteration, "stalled_ranks": snapshot.stalled_ranks,
+                          "silent_seconds": snapshot.seconds, "reported_by": "protection runtime",
+                          "note": snapshot.note[:300]})
+
+
+@dataclass(frozen=True)
+class RuntimeRestorePoint:
+    """The newest restore point a job's runtime reported, and what its restores have measured."""
+
+    snapshot: JobSnapshot
+    iteration: int
+    age_seconds: float                     # since it was complete
+    restore_seconds: float | None          # median of the job's last measured in-memory restores (None: none yet)
+    restores: int                          # how many of those there were
+    size_bytes: int | None
+
+
+def runtime_restore_point(*, job: Job, at: datetime | None = None) -> RuntimeRestorePoint | None:
+    """For the planner: the job's newest runtime restore point at ``at`` (now) newer than its last checkpoint,
+    with the measured duration of its recent in-memory restores. None when its runtime reported none."""
+    at = at or timezone.now()
+    newest = (JobSnapshot.objects.filter(job=job, reason=SnapshotReason.RUNTIME, state=SnapshotState.SUCCEEDED,
+                                         kind__in=RESTORE_POINT_KINDS, ended_at__lte=at,
+                                         iteration__gt=job.last_checkpoint_iteration or 0)
+              .order_by("-iteration", "-ended_at").first())
+    if newest is None:
+        return None
+    measured = [s.seconds for s in JobSnapshot.objects.filter(job=job, kind=SnapshotKind.RESTORE, ended_at__lte=at)
+                .order_by("-ended_at")[:20] if s.seconds is not None]
+    return RuntimeRestorePoint(snapshot=newest, iteration=newest.iteration,
+                               age_seconds=max(0.0, (at - newest.ended_at).total_seconds()),
+                               restore_seconds=statistics.median(measured) if measured else None,
+                               restores=len(measured), size_bytes=newest.size_bytes)

@@ -15,10 +15,12 @@ COPY pyproject.toml ./
 RUN pip install . && rm -rf build *.egg-info
 
 COPY . .
-RUN SECRET_KEY=collectstatic-only DATABASE_URL=sqlite://:memory: python manage.py collectstatic --noinput \
+RUN SECRET_KEY=collectstatic-only-this-is-not-a-secret-key DATABASE_URL=sqlite://:memory: python manage.py collectstatic --noinput \
     && mkdir -p var \
     && chown -R lockstep:lockstep var
 
 USER lockstep
 EXPOSE 8000
+# uvicorn believes X-Forwarded-For only from FORWARDED_ALLOW_IPS: none unless set (its own default is 127.0.0.1).
+ENV FORWARDED_ALLOW_IPS=""
 CMD ["uvicorn", "controlplane.asgi:application", "--host", "0.0.0.0", "--port", "8000"]

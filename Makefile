@@ -13,7 +13,7 @@ PORT ?= 8000
 
 help:
 	@echo "make install   create $(VENV) and install Lockstep with its test extras (quick when nothing changed)"
-	@echo "make run       migrate, create the demo admin, start web + worker + beat (+ redis) on http://127.0.0.1:$(PORT)/"
+	@echo "make run       migrate, create the demo admin, start web + workers (faults, analytics) + beat (+ redis) on http://127.0.0.1:$(PORT)/"
 	@echo "make test      run the test suite (PostgreSQL and Redis; see DATABASE_URL / REDIS_URL); PYTEST_ARGS=... passes through"
 	@echo "make lint      ruff check"
 	@echo "make clean     remove caches, collected static files and the beat schedule (keeps $(VENV) and the database)"
@@ -40,7 +40,7 @@ run: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py ensure_demo_admin
 	@answer=$$(bin/ensure-redis) || exit 1; \
-	procs="web worker beat simulator"; \
+	procs="web worker analytics beat simulator"; \
 	if [ "$$(printf '%s\n' "$$answer" | tail -n 1)" = local ]; then \
 	  procs="redis $$procs"; \
 	  REDIS_PORT=$$(bin/ensure-redis --port); export REDIS_PORT; \

@@ -39,6 +39,9 @@ def exception_handler(exc, context):
 class ScopedViewSet(viewsets.GenericViewSet):
     """Base viewset: the queryset always comes from a selector that takes the user it reads for."""
 
+    # Every object is addressed by its integer id: anything else in the URL is 404 at routing, before a view
+    # could hand a non-number to a query (a 500).
+    lookup_value_regex = r"[0-9]+"
 
     def selector(self, *, user):  # pragma: no cover - each viewset supplies its own
         raise NotImplementedError

@@ -6,7 +6,8 @@ class ControlplaneConfig(AppConfig):
     verbose_name = "Control plane"
 
     def ready(self):
-        from controlplane import navigation
+        from controlplane import navigation, wsauth
 
         navigation.register("Home", "home", audience="all", order=0)
         navigation.register("Audit", "audit-list", audience="audit", order=90)
+        wsauth.connect_signals()

@@ -11,29 +11,48 @@ Redis returns, before this process has resubscribed its groups). So every ``HEAD
 reads its topics' heads (one query) and, for a topic whose head is still above the last sequence number this
 socket was sent or told of ``HEADS_GRACE_SECONDS`` later, sends ``{"type": "heads", "heads": {"job-7": 4}}``;
 the client catches that topic up from ``/api/v1/events/``. Where every event arrived, nothing is sent.
+
+A socket lives only as long as the credential it was opened with and the permissions of its topics: every
+``WS_REVALIDATE_SECONDS`` it checks both again, and a revocation (the token revoked, the user deactivated, the
+session logged out) reaches it at once through the user's revocation group. A credential that no longer holds
+closes the socket with ``CLOSE_REVOKED``; a topic the user may no longer see is left, with
+``{"type": "unsubscribed", "topics": [...], "reason": "no longer permitted"}``. A frame that is not a JSON
+text (binary, malformed, too deep, too large) is answered with an error frame, and the socket stays open.
 """
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 from collections.abc import Iterable
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.contrib.auth import get_user_model
 
-from controlplane import events
+from controlplane import events, wsauth
 from controlplane.selectors import topic_heads
 
 log = logging.getLogger(__name__)
 
 MAX_TOPICS = 200
 CLOSE_UNAUTHENTICATED = 4401
+CLOSE_REVOKED = 4403   # the credential the socket was opened with ended (revoked, expired, deactivated, logged out)
+MAX_FRAME_BYTES = 64 * 1024
 # How often each connection compares its topics' heads with what it delivered (tests set it shorter).
 HEADS_SECONDS = float(os.environ.get("LOCKSTEP_WS_HEADS_SECONDS", "5"))
 # How long a head may run ahead of the socket before it is announced: longer than a relay from commit to
 # socket takes, so an event that is on its way is not announced as well.
 HEADS_GRACE_SECONDS = float(os.environ.get("LOCKSTEP_WS_HEADS_GRACE_SECONDS", "1"))
+
+
+def _still_allowed(user, names: list[str]) -> set[str]:
+    """The topics of ``names`` the user may still see, from the user's role as stored now (the socket's user
+    carries the role, and its membership, cached from connect)."""
+    fresh = get_user_model().objects.filter(pk=user.pk).first()
+    return {name for name in names if fresh is not None and events.may_subscribe(fresh, name)}
 
 
 class EventConsumer(AsyncJsonWebsocketConsumer):
@@ -51,21 +70,84 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
+        self.revocation_group = wsauth.revocation_group(user.pk)
+        await self.channel_layer.group_add(self.revocation_group, self.channel_name)
         await self.accept()
         await self.send_json({"type": "hello", "user": user.get_username()})
         self.heads_task = asyncio.create_task(self._watch_heads())
+        self.credentials_task = asyncio.create_task(self._watch_credentials())
 
     async def disconnect(self, code):
         self._stop_heads()
+        group = getattr(self, "revocation_group", None)
+        if group:
+            await self.channel_layer.group_discard(group, self.channel_name)
+            self.revocation_group = None
         for name in list(getattr(self, "topics", ())):
             await self.channel_layer.group_discard(events.group_name(name), self.channel_name)
         self.topics = set()
 
     def _stop_heads(self):
-        task = getattr(self, "heads_task", None)
-        if task is not None:
-            task.cancel()
-            self.heads_task = None
+        for name in ("heads_task", "credentials_task"):
+            task = getattr(self, name, None)
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+            setattr(self, name, None)
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        if text_data is None:
+            await self.send_json({"type": "error", "detail": "send JSON text frames, not binary"})
+            return
+        if len(text_data) > MAX_FRAME_BYTES:
+            await self.send_json({"type": "error", "detail": f"a frame is at most {MAX_FRAME_BYTES} bytes"})
+            return
+        try:
+            content = json.loads(text_data)
+        except (ValueError, RecursionError):   # malformed, or nested deeper than the parser goes
+            await self.send_json({"type": "error", "detail": "a frame must be one JSON object"})
+            return
+        await self.receive_json(content)
+
+    async def credentials_revoked(self, message):
+        """A credential of this socket's user ended: close if it is this socket's, or if this one fails too."""
+        if wsauth.revocation_matches(self.scope, message) or not await self._credential_valid():
+            await self._close_revoked()
+
+    async def _credential_valid(self) -> bool:
+        try:
+            return await database_sync_to_async(wsauth.credential_valid)(self.scope)
+        except Exception as error:  # the database away: keep the socket, the next period checks again
+            log.info("websocket credential not checked: %r", error)
+            return True
+
+    async def _close_revoked(self):
+        with contextlib.suppress(Exception):
+            await self.send_json({"type": "error", "detail": "the credential of this connection is no longer valid"})
+        await self.close(code=CLOSE_REVOKED)
+
+    async def _recheck_topics(self):
+        if not self.topics:
+            return
+        names = sorted(self.topics)
+        allowed = await database_sync_to_async(_still_allowed)(self.scope["user"], names)
+        gone = [name for name in names if name not in allowed]
+        for name in gone:
+            await self.channel_layer.group_discard(events.group_name(name), self.channel_name)
+            self.topics.discard(name)
+            self.told.pop(name, None)
+        if gone:
+            await self.send_json({"type": "unsubscribed", "topics": gone, "reason": "no longer permitted"})
+
+    async def _watch_credentials(self):
+        while True:
+            await asyncio.sleep(settings.WS_REVALIDATE_SECONDS)
+            if not await self._credential_valid():
+                await self._close_revoked()
+                return
+            try:
+                await self._recheck_topics()
+            except Exception as error:  # the database away: the next period checks again
+                log.info("websocket topics not re-checked: %r", error)
 
     async def receive_json(self, content, **kwargs):
         if not isinstance(content, dict) or not ({"subscribe", "unsubscribe"} & content.keys()):

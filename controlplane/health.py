@@ -2,7 +2,9 @@
 
 /healthz answers while the process runs. /readyz checks the database and Redis, each within
 READYZ_TIMEOUT seconds, and answers 503 when either fails; worker and beat heartbeats are reported but do
-not take the web process out of service.
+not take the web process out of service. Anyone may ask whether each part is up; only a signed-in user (session or
+bearer token) is told the workers' and beat's names and heartbeat ages and the text of a failed check, which name
+hosts of the installation.
 """
 
 import time
@@ -12,6 +14,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from django.conf import settings
 from django.db import connections
 from django.http import JsonResponse
+from django.utils.module_loading import import_string
 
 from controlplane.heartbeat import read_heartbeats, redis_client
 
@@ -51,6 +54,24 @@ def _timed(check, timeout: float) -> dict:
     return result
 
 
+def _signed_in(request) -> bool:
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated:
+        return True
+    header = request.headers.get("Authorization", "")
+    if not header.lower().startswith("bearer "):
+        return False
+    try:
+        found, _ = import_string(settings.LOCKSTEP_TOKEN_AUTHENTICATOR)(header[7:].strip(), method="GET")
+    except Exception:  # a bad or revoked token: the caller is anonymous
+        return False
+    return bool(found and found.is_authenticated)
+
+
+def _outline(check: dict) -> dict:
+    return {key: value for key, value in check.items() if key != "error"} | ({} if check["ok"] else {"error": "failed"})
+
+
 def readyz(request):
     timeout = settings.READYZ_TIMEOUT
     database = _timed(_check_database, timeout)
@@ -65,4 +86,8 @@ def readyz(request):
         "workers": {"ok": bool(workers), "seen": workers, "affects_readiness": False},
         "beat": {"ok": bool(beat), "seen": beat, "affects_readiness": False},
     }
+    if not _signed_in(request):
+        body["checks"] = {name: _outline(check) for name, check in body["checks"].items()}
+        for part in ("workers", "beat"):
+            body[part]["count"] = len(body[part].pop("seen"))
     return JsonResponse(body, status=200 if ready else 503)

@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -85,6 +86,12 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "ESCALATION_CLEAN_TELEMETRY_SECONDS": (int, 300, "After a repaired node's health check passes, a node with an agent must report for this long with no hardware fault before it returns to service."),
     "ROLLOUT_GATE_SIGNIFICANCE": (float, 0.005, "The rollout fault-rate gate fails a batch only when its hardware-fault count since the change is this improbable under the rate before it (one-sided exact conditional binomial test)."),
     "ROLLOUT_GATE_BASELINE_HOURS": (float, 168.0, "How far back before a batch started the gate counts faults for its background rate (at least as long as the batch's own window)."),
+    # hardening (docs/security.md)
+    "WS_REVALIDATE_SECONDS": (float, 60.0, "How often an open websocket checks its credential (token, session, user) and its topics' permissions again; a revocation closes it at once."),
+    "WHATIF_MAX_PER_USER": (int, 1, "What-if replays one user may have queued or running at once (429 above)."),
+    "WHATIF_MAX_RUNNING": (int, 2, "What-if replays queued or running at once in all (429 above)."),
+    "FORWARDED_ALLOW_IPS": (str, "", "Addresses of the proxies whose X-Forwarded-For and X-Forwarded-Proto uvicorn believes (comma-separated IPs or networks; uvicorn reads this variable). Empty: none, not even 127.0.0.1, so a client on the host cannot pick the address the login rate limit keys on. Set it to the proxy's address behind a proxy."),
+    "NOTIFICATION_ALLOW_PRIVATE_TARGETS": (bool, False, "Let notification channel URLs point at loopback, link-local and private addresses (a lab without public hooks); off, such targets are refused when saved and when sent."),
 }
 
 env = environ.Env(**{name: (cast, default) for name, (cast, default, _) in ENVIRONMENT.items()})
@@ -99,6 +106,8 @@ if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off (see README, Configuration).")
     SECRET_KEY = "django-insecure-lockstep-development-key-set-SECRET_KEY-in-production"
+if not DEBUG and len(SECRET_KEY) < 32:
+    raise ImproperlyConfigured("SECRET_KEY must be at least 32 characters when DEBUG is off (see README, Configuration).")
 SECRET_KEY_FALLBACKS = env("SECRET_KEY_FALLBACKS")
 ALLOWED_HOSTS = env("ALLOWED_HOSTS")
 CSRF_TRUSTED_ORIGINS = env("CSRF_TRUSTED_ORIGINS")
@@ -253,6 +262,24 @@ CELERY_TASK_ALWAYS_EAGER = env("CELERY_ALWAYS_EAGER")
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
 # Waits are deadlines stored in rows and checked here; no task is queued with a long countdown or eta.
+# Queues by urgency (docs/operations.md): fault handling, recovery advance and the outbox on `faults`, which no
+# long task occupies; what-if replays, the risk sweep and retention on `analytics`; the rest on `celery`. All three
+# are declared, so a worker started without -Q consumes every one (a small deployment runs one worker).
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_QUEUES = [Queue("faults"), Queue("celery"), Queue("analytics")]
+CELERY_TASK_ROUTES = {
+    **{name: {"queue": "faults"} for name in (
+        "jobs.fault_handle", "jobs.fault_sweep", "jobs.recovery_advance", "jobs.silence_sweep", "jobs.links_fail_back",
+        "jobs.snapshot_schedule", "controlplane.outbox_sweep")},
+    **{name: {"queue": "analytics"} for name in (
+        "simulator.whatif", "simulator.whatif_sweep", "telemetry.risk_sweep", "telemetry.retention_prune",
+        "controlplane.retention_prune")},
+}
+WHATIF_MAX_PER_USER = env("WHATIF_MAX_PER_USER")
+WHATIF_MAX_RUNNING = env("WHATIF_MAX_RUNNING")
+WS_REVALIDATE_SECONDS = env("WS_REVALIDATE_SECONDS")
+NOTIFICATION_ALLOW_PRIVATE_TARGETS = env("NOTIFICATION_ALLOW_PRIVATE_TARGETS")
+
 CELERY_BEAT_SCHEDULE = {
     "outbox-sweep": {
         "task": "controlplane.outbox_sweep",
@@ -399,6 +426,9 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "controlplane.openapi.AutoSchema",   # documents error answers as well as success
     "EXCEPTION_HANDLER": "controlplane.api.exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer", "rest_framework.renderers.BrowsableAPIRenderer"],
+    # JSON with a nesting bound (controlplane/parsers.py): a deeply nested body is a 400, not a RecursionError.
+    "DEFAULT_PARSER_CLASSES": ["controlplane.parsers.JSONParser", "rest_framework.parsers.FormParser",
+                               "rest_framework.parsers.MultiPartParser"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {
@@ -410,6 +440,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # OpenAPI links from a create's answer to its object's operations (controlplane/openapi_links.py).
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "controlplane.openapi_links.add_links"],
     # Several models have a "kind" or "state" choice: name each enum after what it is.
     "ENUM_NAME_OVERRIDES": {
         "FaultKindEnum": "jobs.choices.FaultKind",

@@ -6,14 +6,23 @@ site cannot open a socket with the user's cookie). Automation sends ``Authorizat
 reached through a setting, so controlplane imports no app.
 """
 
+import logging
+from importlib import import_module
 from urllib.parse import parse_qs
 
+from asgiref.sync import async_to_sync
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from channels.security.websocket import AllowedHostsOriginValidator
 from django.conf import settings
+from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
 from django.contrib.auth.models import AnonymousUser
+from django.db import transaction
+from django.utils.crypto import constant_time_compare
 from django.utils.module_loading import import_string
+
+log = logging.getLogger(__name__)
 
 
 def _bearer_from_scope(scope) -> str | None:
@@ -63,3 +72,73 @@ class BrowserOriginValidator:
         if not any(name == b"origin" for name, _ in scope.get("headers", [])):
             return await self.app(scope, receive, send)
         return await self.validated(scope, receive, send)
+
+
+# --- re-validation: an open socket lives only as long as the credential it was opened with -------------------------
+
+
+def revocation_group(user_id: int) -> str:
+    """The channel-layer group every socket of one user joins to hear that a credential of the user ended (not a
+    topic: it carries no events, only the order to check again)."""
+    return f"lockstep.credentials.user-{int(user_id)}"
+
+
+def credentials_revoked(*, user_id: int, token_id: int | None = None, session_key: str | None = None) -> None:
+    """After commit, tell the user's open sockets that a credential ended: the socket opened with ``token_id`` or
+    ``session_key`` closes; every other socket of the user checks its own credential again (a deactivated user's
+    all fail). A channel layer that is away is logged: the periodic re-check closes the sockets instead."""
+    message = {"type": "credentials.revoked", "token_id": token_id, "session_key": session_key}
+
+    def send():
+        try:
+            async_to_sync(get_channel_layer().group_send)(revocation_group(user_id), message)
+        except Exception as error:  # Redis away: WS_REVALIDATE_SECONDS bounds how long a socket outlives it
+            log.warning("revocation of user %s not sent to its sockets: %r", user_id, error)
+
+    transaction.on_commit(send)
+
+
+def credential_valid(scope) -> bool:
+    """Is the credential this socket was opened with still good: the user active, the token neither revoked nor
+    expired, the session not logged out (and not from before a password change)?"""
+    user = scope.get("user")
+    if user is None or not user.is_authenticated:
+        return False
+    current = get_user_model().objects.filter(pk=user.pk, is_active=True).first()
+    if current is None:
+        return False
+    token = scope.get("token")
+    if token is not None:
+        fresh = type(token).objects.filter(pk=token.pk).first()
+        return fresh is not None and fresh.is_active
+    session = scope.get("session")
+    key = getattr(session, "session_key", None)
+    if not key:
+        return False
+    store = import_module(settings.SESSION_ENGINE).SessionStore(key)
+    if str(store.get(SESSION_KEY)) != str(current.pk):
+        return False
+    stored_hash = store.get(HASH_SESSION_KEY)
+    return bool(stored_hash) and constant_time_compare(stored_hash, current.get_session_auth_hash())
+
+
+def revocation_matches(scope, message: dict) -> bool:
+    """Does a revocation message name this socket's own credential?"""
+    token = scope.get("token")
+    if message.get("token_id") is not None and token is not None and token.pk == message["token_id"]:
+        return True
+    key = getattr(scope.get("session"), "session_key", None)
+    return bool(message.get("session_key")) and key == message["session_key"]
+
+
+def _logged_out(sender, request=None, user=None, **_):
+    if user is not None and getattr(user, "pk", None):
+        credentials_revoked(user_id=user.pk, session_key=getattr(getattr(request, "session", None), "session_key", None))
+
+
+def connect_signals() -> None:
+    """Logging out ends the session's sockets (called from the app's ready())."""
+    from django.contrib.auth.signals import user_logged_out
+
+    user_logged_out.connect(_logged_out, dispatch_uid="lockstep-ws-logout")
+

@@ -2,6 +2,7 @@
 
 from django.contrib import admin, messages
 
+from controlplane.admin_readonly import ReadOnlyAdmin
 from fleet.drivers import DriverError
 from fleet.drivers.simulated import simulate_drift
 from fleet.models import Blueprint, BlueprintVersion, Cluster, DriftFinding, Fleet, Rollout
@@ -45,27 +46,19 @@ class BlueprintAdmin(admin.ModelAdmin):
 
 
 @admin.register(BlueprintVersion)
-class BlueprintVersionAdmin(admin.ModelAdmin):
-    """Read-only: versions change through the services (drafts only), never by hand here."""
+class BlueprintVersionAdmin(ReadOnlyAdmin):
+    """Read-only: versions change through the services (drafts only), never by hand here; so do rollouts and
+    drift findings (their services audit and publish)."""
 
     list_display = ["blueprint", "number", "state", "activated_at"]
 
-    def has_change_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(Rollout)
-class RolloutAdmin(admin.ModelAdmin):
+class RolloutAdmin(ReadOnlyAdmin):
     list_display = ["id", "version", "state", "current_batch", "created_at"]
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(DriftFinding)
-class DriftFindingAdmin(admin.ModelAdmin):
+class DriftFindingAdmin(ReadOnlyAdmin):
     list_display = ["cluster", "addon", "kind", "detected_at", "resolved_at", "resolution", "correction_attempts"]
     list_filter = ["kind", "resolution"]
-
-    def has_change_permission(self, request, obj=None):
-        return False

@@ -53,8 +53,30 @@ class ClusterFilterSet(django_filters.FilterSet):
         model = Cluster
         fields = ["fleet", "region", "tier", "kind", "driver", "track_latest", "dedicated_tenant"]
 
+    # What a tenant user sees of a shared cluster is its outline (name, tier, blueprint version): a filter on any
+    # other field would tell whether a shared cluster matches, so for tenant users it matches their own clusters only.
+    OUTLINE_FILTERS = frozenset({"q", "blueprint", "version", "tier"})
+
+    def _outline_only(self) -> int | None:
+        """The tenant whose clusters alone non-outline filters match, or None for provider roles."""
+        from controlplane.access import principal
+
+        who = principal(_user(self.request))
+        return None if who.is_provider else (who.tenant_id or -1)
+
+    def filter_queryset(self, queryset):
+        tenant_id = self._outline_only()
+        if tenant_id is not None:
+            hidden = [name for name, value in self.form.cleaned_data.items()
+                      if name not in self.OUTLINE_FILTERS and value not in (None, "", [])]
+            if hidden:
+                queryset = queryset.filter(dedicated_tenant_id=tenant_id)
+        return super().filter_queryset(queryset)
+
     def search(self, queryset, name, value):
-        return queryset.filter(Q(name__icontains=value) | Q(region__icontains=value))
+        tenant_id = self._outline_only()
+        region = Q(region__icontains=value) if tenant_id is None else Q(region__icontains=value, dedicated_tenant_id=tenant_id)
+        return queryset.filter(Q(name__icontains=value) | region)
 
     def by_label(self, queryset, name, value):
         key, _, wanted = value.partition("=")

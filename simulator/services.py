@@ -66,11 +66,31 @@ def whatif_start(*, actor, config: dict) -> WhatIfRun:
     if not principal(actor).is_provider:
         raise ServiceError("what-if replays are for provider roles", status=403)
     cleaned = clean_config(config)
+    _within_caps(actor)
     run = WhatIfRun.objects.create(created_by=actor, config=asdict(cleaned))
     audit_record(actor=actor, action="whatif.start", target=run, changes={"config": run.config})
     _publish(run, "whatif.queued")
     transaction.on_commit(lambda: _queue(run.pk))
     return run
+
+
+def _within_caps(actor) -> None:
+    """A replay occupies an analytics worker for minutes: at most WHATIF_MAX_PER_USER of one user's and
+    WHATIF_MAX_RUNNING in all may be queued or running at once (429 above). Starts are serialized by a lock
+    on PostgreSQL, so two requests cannot both take the last place."""
+    from django.conf import settings
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext('lockstep.whatif_start'))")
+    live = WhatIfRun.objects.filter(state__in=[WhatIfRun.State.QUEUED, WhatIfRun.State.RUNNING])
+    if live.filter(created_by=actor).count() >= settings.WHATIF_MAX_PER_USER:
+        raise ServiceError(f"you have {settings.WHATIF_MAX_PER_USER} what-if replay(s) under way; wait for it to end",
+                           status=429)
+    if live.count() >= settings.WHATIF_MAX_RUNNING:
+        raise ServiceError(f"{settings.WHATIF_MAX_RUNNING} what-if replays are under way; try again when one ends",
+                           status=429)
 
 
 def _queue(run_id: int) -> None:

@@ -7,6 +7,7 @@ guess. The node comes from ``Hostname`` (dcgm-exporter), ``hostname``, ``node`` 
 fingerprint and start time; a resolved alert closes what its firing opened.
 """
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -42,25 +43,72 @@ class MappedAlert:
     problem: str = ""
 
 
-def _time(value) -> datetime | None:
+MAX_FINGERPRINT = 64   # AlertRecord.fingerprint; Alertmanager's are 16 hex digits
+MAX_LABELS = 200
+MAX_TEXT = 4096        # one label or annotation value
+
+
+class BadAlert(ValueError):
+    """An alert whose shape Lockstep cannot read: it is skipped with this reason, the rest of the group goes on."""
+
+
+def _time(value, field: str) -> datetime | None:
     if not value or str(value).startswith("0001-01-01"):
         return None
     try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except ValueError:
-        return None
+        raise BadAlert(f"{field} is not an RFC 3339 time") from None
+    if parsed.tzinfo is None:
+        raise BadAlert(f"{field} has no time zone")
+    return parsed
 
 
 def _int(value) -> int | None:
     try:
-        return int(float(str(value).strip()))
+        number = float(str(value).strip())
     except (TypeError, ValueError):
         return None
+    return int(number) if math.isfinite(number) and abs(number) < 2**31 else None
+
+
+def _strings(value, field: str) -> dict[str, str]:
+    """Labels or annotations: an object of text (numbers become text), without NULs, within bounds."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadAlert(f"{field} must be an object")
+    if len(value) > MAX_LABELS:
+        raise BadAlert(f"{field} has more than {MAX_LABELS} entries")
+    out = {}
+    for key, item in value.items():
+        if isinstance(item, dict | list):
+            raise BadAlert(f"{field}.{str(key)[:50]} must be text")
+        text = "" if item is None else str(item)
+        if "\x00" in key or "\x00" in text or len(text) > MAX_TEXT:
+            raise BadAlert(f"{field}.{str(key)[:50].replace(chr(0), '')} holds a NUL or is over {MAX_TEXT} characters")
+        out[str(key)] = text
+    return out
 
 
 def map_alert(alert: dict) -> MappedAlert:
-    labels = {str(k): str(v) for k, v in (alert.get("labels") or {}).items()}
-    annotations = {str(k): str(v) for k, v in (alert.get("annotations") or {}).items()}
+    """The fault an alert reports; ``problem`` says why it cannot be taken in (it is then skipped)."""
+    try:
+        return _map(alert)
+    except BadAlert as error:
+        fingerprint = str(alert.get("fingerprint") or "").replace("\x00", "")[:MAX_FINGERPRINT]
+        return MappedAlert(fingerprint=fingerprint, status="", starts_at=None, ends_at=None, kind=None, hostname=None,
+                           gpu_index=None, nic_name=None, xid=None, labels={}, annotations={}, problem=str(error))
+
+
+def _map(alert: dict) -> MappedAlert:
+    fingerprint = alert.get("fingerprint")
+    if not isinstance(fingerprint, str) or not fingerprint:
+        raise BadAlert("alert has no fingerprint")
+    if len(fingerprint) > MAX_FINGERPRINT or not fingerprint.isprintable():
+        raise BadAlert(f"fingerprint must be at most {MAX_FINGERPRINT} printable characters")
+    labels = _strings(alert.get("labels"), "labels")
+    annotations = _strings(alert.get("annotations"), "annotations")
     subject = " ".join([labels.get("alertname", ""), labels.get("__name__", ""), labels.get("metric", "")])
     kind = labels.get("lockstep_kind")
     if not kind:
@@ -70,8 +118,9 @@ def map_alert(alert: dict) -> MappedAlert:
         hostname = hostname.rsplit(":", 1)[0]  # instance carries host:port
     xid = _int(labels.get("xid") or labels.get("err_code") or annotations.get("xid") or annotations.get("value"))
     mapped = MappedAlert(
-        fingerprint=str(alert.get("fingerprint") or ""), status=str(alert.get("status") or ""),
-        starts_at=_time(alert.get("startsAt")), ends_at=_time(alert.get("endsAt")), kind=kind, hostname=hostname,
+        fingerprint=fingerprint, status=str(alert.get("status") or ""),
+        starts_at=_time(alert.get("startsAt"), "startsAt"), ends_at=_time(alert.get("endsAt"), "endsAt"), kind=kind,
+        hostname=hostname,
         gpu_index=_int(labels.get("gpu")), nic_name=labels.get("device") or labels.get("interface") or None,
         xid=xid if kind == "gpu_xid" else None, labels=labels, annotations=annotations,
     )

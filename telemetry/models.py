@@ -28,7 +28,7 @@ class AgentToken(models.Model):
 class IngestBatch(models.Model):
     """A batch already taken in: its id makes a replayed or retried batch change nothing."""
 
-    batch_id = models.UUIDField(unique=True)
+    batch_id = models.UUIDField()
     cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="+")
     received_at = models.DateTimeField(db_index=True)
     readings = models.PositiveIntegerField(default=0)
@@ -36,6 +36,10 @@ class IngestBatch(models.Model):
     events = models.PositiveIntegerField(default=0)
     facility = models.PositiveIntegerField(default=0)
     faults = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        # Per cluster: one cluster's agents cannot, by guessing or replaying ids, make another's batches duplicates.
+        constraints = [models.UniqueConstraint(fields=["cluster", "batch_id"], name="ingest_batch_unique_per_cluster")]
 
     def __str__(self):
         return str(self.batch_id)

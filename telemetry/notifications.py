@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from controlplane.models import Event
 from telemetry.models import NotificationChannel, NotificationCursor, NotificationDelivery
+from telemetry.services.channels import target_problem
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,11 @@ def notifications_deliver(*, now=None) -> dict:
                 continue
             delivery.attempts += 1
             try:
-                response = requests.post(delivery.channel.url, json=_body(delivery), timeout=TIMEOUT_SECONDS)
+                refused = target_problem(delivery.channel.url)   # checked again: the name may resolve elsewhere now
+                if refused:
+                    raise requests.RequestException(f"target refused: {refused}")
+                response = requests.post(delivery.channel.url, json=_body(delivery), timeout=TIMEOUT_SECONDS,
+                                         allow_redirects=False)
                 delivery.last_status = response.status_code
                 ok = 200 <= response.status_code < 300
                 delivery.last_error = "" if ok else response.text[:300]

@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from controlplane.admin_readonly import ReadOnlyAdmin
 from tenancy.models import ApiToken, Membership, Tenant
 
 
@@ -9,11 +10,16 @@ class TenantAdmin(admin.ModelAdmin):
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(ReadOnlyAdmin):
+    """Roles change through the user services (audited), not here."""
+
     list_display = ["user", "role", "tenant"]
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
+class ApiTokenAdmin(ReadOnlyAdmin):
+    """Tokens are created, revoked and rotated through the services (audited; a revocation closes open
+    websockets): here they are only looked at, and the digest is never shown."""
+
     list_display = ["name", "prefix", "user", "scope", "expires_at", "last_used_at", "revoked_at"]
-    readonly_fields = ["prefix", "digest", "last_used_at"]
+    exclude = ["digest"]

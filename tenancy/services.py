@@ -11,6 +11,7 @@ from controlplane import events
 from controlplane.access import PROVIDER_ROLES, principal
 from controlplane.audit import audit_record, field_changes
 from controlplane.errors import ServiceError
+from controlplane.wsauth import credentials_revoked
 from tenancy.choices import Role, TenantTier, TokenScope
 from tenancy.models import ApiToken, Membership, Tenant
 from tenancy.tokens import generate
@@ -94,6 +95,7 @@ def user_deactivate(*, actor, user) -> None:
     User.objects.filter(pk=user.pk).update(is_active=False)
     ApiToken.objects.filter(user=user, revoked_at__isnull=True).update(revoked_at=timezone.now())
     audit_record(actor=actor, action="user.deactivate", target=user, tenant_id=tenant_id, changes={"is_active": [True, False]})
+    credentials_revoked(user_id=user.pk)   # its open websockets close
 
 
 def may_manage_tokens_of(actor, owner) -> bool:
@@ -130,6 +132,7 @@ def token_revoke(*, actor, token: ApiToken) -> ApiToken:
         token.save(update_fields=["revoked_at"])
         tenant_id = Membership.objects.filter(user=token.user).values_list("tenant_id", flat=True).first()
         audit_record(actor=actor, action="token.revoke", target=token, tenant_id=tenant_id, changes={"revoked": True})
+        credentials_revoked(user_id=token.user_id, token_id=token.pk)   # sockets opened with it close
     return token
 
 

@@ -522,6 +522,8 @@ def matrix_world_build() -> MatrixWorld:
     delivery = NotificationDelivery.objects.create(channel=channel, event_id=1, rule="recovery_failed",
                                                    summary="a recovery failed", next_attempt_at=now + timedelta(minutes=1))
     run = whatif_start(actor=provider_admin, config={"seed": 5, "days": 1})
+    # A finished run (no worker runs it here): a queued one would count against the what-if caps of every POST.
+    type(run).objects.filter(pk=run.pk).update(state=type(run).State.DONE, progress=1.0, finished_at=now)
     acme_job = Job.objects.filter(tenant=tenants["acme"]).order_by("pk").first()
     scenario = Scenario.objects.create(kind="ab-nic", jobs={"protected": acme_job.pk, "unprotected": acme_job.pk},
                                        nic_name="mlx5_3", strike_at=now + timedelta(hours=1))

@@ -316,14 +316,15 @@ def uvicorn_server(tmp_path: Path, **env):
 
 
 @contextmanager
-def celery_worker(tmp_path: Path, *, concurrency: int = 1, queues: str = "celery", **env):
-    """A real `celery -A controlplane worker` (prefork) that the test can SIGKILL; yields the Popen."""
+def celery_worker(tmp_path: Path, *, concurrency: int = 1, queues: str | None = None, **env):
+    """A real `celery -A controlplane worker` (prefork) that the test can SIGKILL; yields the Popen. ``queues``
+    (comma-separated) is its -Q; None: no -Q, every declared queue, as a small deployment's one worker runs."""
     name = f"test-{free_port()}"
     log = tmp_path / f"celery-{name}.log"
     with log.open("w") as out:
         process = subprocess.Popen(
             [str(VENV_BIN / "celery"), "-A", "controlplane", "worker", "--loglevel=info", f"--concurrency={concurrency}",
-             "-n", f"{name}@%h", "-Q", queues, "--without-gossip", "--without-mingle"],
+             "-n", f"{name}@%h", *(["-Q", queues] if queues else []), "--without-gossip", "--without-mingle"],
             cwd=BASE_DIR, env=child_env(**env), stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )

@@ -232,6 +232,9 @@ class RolloutActionSerializer(serializers.Serializer):
 
 class DriftFindingSerializer(serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    # Declared: a read-only model field loses allow_blank, and the schema's enum then lacks the "" of an open finding.
+    resolution = serializers.ChoiceField(choices=DriftFinding.Resolution.choices, allow_blank=True, read_only=True,
+                                         help_text="empty while the finding is open")
 
     class Meta:
         model = DriftFinding

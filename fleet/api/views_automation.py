@@ -17,7 +17,7 @@ class AutomationSwitchSerializer(serializers.Serializer):
         help_text="active; dry-run (everything decides and records only); paused (nothing acts)",
     )
     reason = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
-    changed_by = serializers.CharField(read_only=True, source="changed_by.username", default=None)
+    changed_by = serializers.CharField(read_only=True, source="changed_by.username", default=None, allow_null=True)
     changed_at = serializers.DateTimeField(read_only=True, allow_null=True)
 
 

@@ -6,12 +6,12 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status
 from rest_framework.decorators import action
-from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from controlplane.api import ScopedViewSet
 from controlplane.errors import ServiceError
+from controlplane.parsers import JSONParser
 from fleet import blueprint_yaml, selectors
 from fleet.api.serializers import (
     BlueprintSerializer,

@@ -77,6 +77,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
         cluster = Cluster.objects.filter(pk=values["cluster"]).first()
         if cluster is None or cluster.dedicated_tenant_id not in (None, tenant.pk):
             raise exceptions.ValidationError({"cluster": ["no such cluster for this tenant"]})
+        if values.get("hostnames") and not who.is_provider and cluster.dedicated_tenant_id != tenant.pk:
+            # Naming hosts claims them: on a shared cluster only provider roles (or the cluster's launcher) may.
+            raise exceptions.PermissionDenied("only provider roles register jobs on named hosts of a shared cluster")
         job, token = job_services.job_submit(
             actor=request.user, tenant=tenant, cluster=cluster, name=values["name"], gpus=values["gpus"],
             gpus_per_node=values["gpus_per_node"], seconds_per_iteration=values["seconds_per_iteration"],

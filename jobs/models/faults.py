@@ -33,6 +33,8 @@ class FaultEvent(models.Model):
     needs_human = models.BooleanField(default=False)
     correlation_key = models.CharField(max_length=200)
     idempotency_key = models.CharField(max_length=200, null=True, blank=True, unique=True)
+    # A digest of the report the idempotency key came with: a retry carries the same, another report is refused.
+    request_digest = models.CharField(max_length=64, null=True, blank=True)
     details = models.JSONField(default=dict, blank=True)
     incident = models.ForeignKey("jobs.Incident", null=True, blank=True, on_delete=models.SET_NULL,
                                  related_name="faults", help_text="the failure this report is of")

@@ -1,6 +1,7 @@
 """Fault intake and handling: a fault is stored first, then handled once, by a task queued on commit."""
 
 import hashlib
+import json
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -50,8 +51,23 @@ def _advisory_lock(key: str) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [number])
 
 
+# --- intake bounds (issue 25): what one report may carry, and what a stored fault may grow to -----------------------
+MAX_DETAILS_BYTES = 16 * 1024   # a report's details, and a fault's merged details, as JSON
+
+
+def _details_size(details: dict) -> int:
+    return len(json.dumps(details, separators=(",", ":"), default=str))
+
+
+def _request_digest(**report) -> str:
+    """What an idempotency key is bound to: the report as its caller sent it (a retry sends the same)."""
+    return hashlib.sha256(json.dumps(report, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+# --- end of intake bounds -------------------------------------------------------------------------------------------
+
+
 def _merge(fault_id: int, *, source: str, details: dict | None, now: datetime) -> FaultEvent:
-    """Another report of a stored fault: it adds its source, and its incident counts it."""
+    """Another report of a stored fault: it adds its source, and its incident counts it. Its details join the
+    fault's while they stay within MAX_DETAILS_BYTES; past that the fault keeps what it had and says so."""
     fault = FaultEvent.objects.select_for_update(of=("self",), no_key=True).select_related("node").get(pk=fault_id)
     incident_report(incident_id=fault.incident_id, now=now)
     if source not in fault.sources:
@@ -59,7 +75,11 @@ def _merge(fault_id: int, *, source: str, details: dict | None, now: datetime) -
     fault.report_count += 1
     fault.last_reported_at = now
     if details:
-        fault.details = {**fault.details, **details}
+        merged = {**fault.details, **details}
+        if _details_size(merged) <= MAX_DETAILS_BYTES:
+            fault.details = merged
+        else:
+            fault.details = {**fault.details, "details_dropped": fault.details.get("details_dropped", 0) + 1}
     fault.save(update_fields=["sources", "report_count", "last_reported_at", "details"])
     return fault
 
@@ -89,6 +109,22 @@ def fault_ingest(*, source: str, kind: str, node, gpu_index: int | None = None, 
     """
     _validate(source, kind, severity, gpu_index, nic_name, node)
     now = timezone.now()
+    # --- intake bounds (issue 25) ---
+    if details is not None and not isinstance(details, dict):
+        raise ServiceError("must be an object", field="details")
+    if details and _details_size(details) > MAX_DETAILS_BYTES:
+        raise ServiceError(f"at most {MAX_DETAILS_BYTES} bytes as JSON", field="details")
+    digest = _request_digest(source=source, kind=kind, node=node.pk, gpu_index=gpu_index, nic_name=nic_name or "",
+                             xid=xid, severity=severity, detected_at=detected_at, details=details or {})
+    oldest = now - timedelta(hours=settings.TELEMETRY_RAW_RETENTION_HOURS)
+    if detected_at is not None and detected_at < oldest:
+        if source not in (FaultSource.ALERTMANAGER, FaultSource.HEARTBEAT):
+            raise ServiceError(f"detected_at is older than the raw-retention period "
+                               f"({settings.TELEMETRY_RAW_RETENTION_HOURS} h)", field="detected_at")
+        # An alert Alertmanager kept firing for days, a node silent since before an outage: clamped and noted.
+        details = {**(details or {}), "detected_at_clamped_from": detected_at.isoformat()}
+        detected_at = oldest
+    # --- end of intake bounds ---
     detected_at = detected_at or now
     if detected_at > now + timedelta(minutes=5):
         raise ServiceError("detected_at is in the future", field="detected_at")
@@ -100,8 +136,11 @@ def fault_ingest(*, source: str, kind: str, node, gpu_index: int | None = None, 
         # Reports of one node are serialised (its faults merge, its incident folds them) by one lock per node.
         _advisory_lock(idempotency_key or f"node:{node.pk}")
         if idempotency_key:
-            existing = FaultEvent.objects.filter(idempotency_key=idempotency_key).values_list("pk", flat=True).first()
+            existing, bound_to = (FaultEvent.objects.filter(idempotency_key=idempotency_key)
+                                  .values_list("pk", "request_digest").first() or (None, ""))
             if existing is not None:
+                if bound_to and bound_to != digest:
+                    raise ServiceError("this Idempotency-Key was used for a different report", status=409)
                 return _merge(existing, source=source, details=details, now=now), False
             _advisory_lock(f"node:{node.pk}")
         window = timedelta(seconds=settings.FAULT_CORRELATION_SECONDS)
@@ -119,6 +158,7 @@ def fault_ingest(*, source: str, kind: str, node, gpu_index: int | None = None, 
                     rack=node.rack, sources=[source], detected_at=detected_at, received_at=now,
                     last_reported_at=now, triage=verdict.as_dict(), needs_human=verdict.needs_human,
                     correlation_key=key, idempotency_key=idempotency_key or None, details=details or {},
+                    request_digest=digest if idempotency_key else None,
                 )
                 incident_join(fault=fault, fatal=verdict.out_of_service, now=now)
                 fault.save(force_insert=True)

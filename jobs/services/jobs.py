@@ -14,7 +14,7 @@ from fleet.choices import DriverName, GPUHealth, NodeState
 from fleet.models import Cluster, Node
 from jobs.choices import ACTIVE_ACTION_STATES, ACTIVE_JOB_STATES, JobPhaseKind, JobState
 from jobs.models import Job, JobAllocation, JobToken, RecoveryAction
-from jobs.placement import busy_node_ids, immediate_constraints, lock_cluster
+from jobs.placement import busy_node_ids, immediate_constraints, lock_cluster, lock_nodes
 from jobs.services.common import job_payload, phase_end, phase_start, publish_job, record_progress
 
 TOKEN_PREFIX = "lsj"
@@ -45,6 +45,24 @@ def _pick_nodes(cluster: Cluster, nodes_needed: int, gpu_model: str | None) -> l
     return picked
 
 
+def _registered_nodes(cluster: Cluster, hostnames: list[str]) -> list[Node]:
+    """The nodes a launcher names for a real job, row-locked: each must exist on the cluster and hold no live
+    allocation of another job (a job registered on hosts it does not run on would see their faults and compete
+    for their spares). The caller holds the cluster's row lock, so two registrations cannot both take a host."""
+    if cluster.driver == DriverName.SIMULATED:
+        raise ServiceError("a simulated cluster places its jobs itself: leave hostnames out", field="hostnames")
+    ids = list(Node.objects.filter(cluster=cluster, hostname__in=hostnames).values_list("pk", flat=True))
+    if len(ids) != len(set(hostnames)):
+        raise ServiceError("unknown host names on this cluster", field="hostnames")
+    order = {name: position for position, name in enumerate(dict.fromkeys(hostnames))}
+    nodes = sorted(lock_nodes(ids).values(), key=lambda node: order[node.hostname])
+    held = sorted(JobAllocation.objects.filter(node_id__in=ids, released_at__isnull=True)
+                  .values_list("node__hostname", flat=True).distinct())
+    if held:
+        raise ServiceError(f"hosts held by another job: {', '.join(held[:20])}", field="hostnames", status=409)
+    return nodes
+
+
 @transaction.atomic
 def job_submit(*, actor, tenant, cluster: Cluster, name: str, gpus: int, gpus_per_node: int = 8,
                seconds_per_iteration: float = 1.0, checkpoint_interval: int = 1000, total_iterations: int | None = None,
@@ -59,9 +77,7 @@ def job_submit(*, actor, tenant, cluster: Cluster, name: str, gpus: int, gpus_pe
         raise ServiceError("that cluster is dedicated to another tenant", field="cluster", status=403)
     cluster = lock_cluster(cluster.pk)
     if hostnames:
-        nodes = list(Node.objects.filter(cluster=cluster, hostname__in=hostnames))
-        if len(nodes) != len(set(hostnames)):
-            raise ServiceError("unknown host names on this cluster", field="hostnames")
+        nodes = _registered_nodes(cluster, hostnames)
         per_node = math.ceil(gpus / len(nodes))
     else:
         if cluster.driver != DriverName.SIMULATED:

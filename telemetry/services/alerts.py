@@ -1,6 +1,6 @@
 """Take in an Alertmanager webhook: each alert becomes (or joins) a FaultEvent, once per fingerprint."""
 
-from django.db import IntegrityError, transaction
+from django.db import DataError, IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane.errors import ServiceError
@@ -28,8 +28,11 @@ def _check_shape(payload) -> list[dict]:
 def alertmanager_ingest(*, actor, payload) -> dict:
     """Returns, per alert, what happened: ``opened``, ``merged``, ``duplicate``, ``resolved`` or ``skipped``.
 
-    An alert Lockstep cannot place (unknown node, no fault kind) is skipped with its reason rather than
-    refusing the whole group: Alertmanager would otherwise retry the group forever.
+    An alert Lockstep cannot place or read (unknown node, no fault kind, labels that are not an object, a time
+    without a zone, a value the database refuses) is skipped with its reason rather than refusing the whole
+    group: Alertmanager would otherwise retry the group forever, and each alert is its own transaction, so the
+    answer is always 200 with every alert's outcome. An alert that started before the raw-retention period is
+    taken in with its detection time clamped to it (``detected_at_clamped_from`` in its details).
     """
     alerts = _check_shape(payload)
     outcomes = []
@@ -43,8 +46,12 @@ def alertmanager_ingest(*, actor, payload) -> dict:
             outcomes.append({"fingerprint": mapped.fingerprint, "outcome": "skipped",
                              "reason": f"unknown node {mapped.hostname!r}"})
             continue
-        with transaction.atomic():
-            outcomes.append(_apply(actor, mapped, node))
+        try:
+            with transaction.atomic():   # one alert at a time: a refused one leaves no row behind
+                outcomes.append(_apply(actor, mapped, node))
+        except (ServiceError, DataError) as error:   # skipped with its reason; the rest of the group goes on
+            reason = error.detail if isinstance(error, ServiceError) else "the database refused a value of this alert"
+            outcomes.append({"fingerprint": mapped.fingerprint, "outcome": "skipped", "reason": reason})
     return {"alerts": outcomes}
 
 

@@ -9,6 +9,7 @@ facility series and the nodes' last-seen time. Hard faults go to jobs' ``fault_i
 before anything acts on them. Elsewhere (SQLite) the ORM does the same reads and writes, a few more statements.
 """
 
+import math
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -156,6 +157,19 @@ def _series(sample: dict) -> tuple[str, str, str]:
     return (sample["scope"], sample["target"], f"{sample.get('device', '')}|{sample.get('sensor', '')}|{sample['metric']}")
 
 
+def _require_finite(writes: Writes) -> None:
+    """An extreme reading the schema let through must not become an infinite or NaN derived value (an EWMA, a
+    rate): the batch is refused with a 400 (the agent logs it and keeps it in its rejected spool; a 409 it would
+    count as delivered), and nothing is stored."""
+    for name in ("samples", "gpus", "minutes", "nics", "facility_samples", "facility_states"):
+        for row in getattr(writes, name):
+            values = row.values() if isinstance(row, dict) else row
+            for value in values:
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise ServiceError(f"a reading gives a non-finite {name} value; check the agent's readings",
+                                       field="readings")
+
+
 def telemetry_ingest(*, cluster, body: bytes) -> IngestResult:
     """Take in one batch for ``cluster`` (the agent token's). Raises ServiceError (400) on anything invalid."""
     batch = parse_batch(body)
@@ -171,9 +185,13 @@ def telemetry_ingest(*, cluster, body: bytes) -> IngestResult:
             result.duplicate = True
             return result
         writes = Writes()
-        candidates = _fold_gpus(resolved["readings"], previous.gpus, writes)
-        candidates += _fold_nics(resolved["nics"], previous.nics, writes)
-        _fold_facility(cluster.pk, resolved["facility"], previous.facility, writes)
+        try:
+            candidates = _fold_gpus(resolved["readings"], previous.gpus, writes)
+            candidates += _fold_nics(resolved["nics"], previous.nics, writes)
+            _fold_facility(cluster.pk, resolved["facility"], previous.facility, writes)
+        except (OverflowError, ZeroDivisionError) as error:
+            raise ServiceError(f"a reading is out of range: {error}", field="readings") from error
+        _require_finite(writes)
         for ts, node, event in resolved["events"]:
             candidates.append(extract.FaultCandidate("gpu_xid", node.id, ts, gpu_index=event.get("gpu"), xid=event["xid"],
                                                      details={"uuid": event.get("uuid", "")}))
@@ -309,7 +327,7 @@ class PostgresStore:
         sql = (
             f"WITH batch AS (INSERT INTO {IngestBatch._meta.db_table} "
             "(batch_id, cluster_id, received_at, readings, nics, events, facility, faults) "
-            "VALUES (%s::uuid, %s, %s, %s, %s, %s, %s, 0) ON CONFLICT (batch_id) DO NOTHING RETURNING id) "
+            "VALUES (%s::uuid, %s, %s, %s, %s, %s, %s, 0) ON CONFLICT (cluster_id, batch_id) DO NOTHING RETURNING id) "
             "SELECT (SELECT id FROM batch), "
             + ", ".join([
                 _locked(GPUState._meta.db_table, ["gpu_id", *GPU_PREVIOUS], "gpu_id = ANY(%s::bigint[])"),

@@ -28,10 +28,11 @@ def test_celery_is_configured_for_a_control_plane():
         assert entry["schedule"].total_seconds() <= 3600
 
 
-def test_task_round_trip_through_a_real_worker(tmp_path, client):
+def test_task_round_trip_through_a_real_worker(tmp_path, client, users):
     with celery_worker(tmp_path) as worker:
         result = ping_task.delay("hello")
         assert result.get(timeout=30) == {"echo": "hello", "database": 1}
+        client.force_login(users["operator"])   # worker names are for signed-in callers
         body = client.get("/readyz").json()
         assert body["workers"]["ok"] is True
         assert any(worker.node_name in beat["name"] for beat in body["workers"]["seen"])

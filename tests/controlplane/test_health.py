@@ -19,7 +19,7 @@ def test_readyz_reports_each_check_and_no_worker_is_still_ready(client):
     body = response.json()
     assert body["status"] == "ready"
     assert body["checks"]["database"]["ok"] and body["checks"]["redis"]["ok"]
-    assert body["workers"] == {"ok": False, "seen": [], "affects_readiness": False}
+    assert body["workers"] == {"ok": False, "count": 0, "affects_readiness": False}
     assert body["beat"]["ok"] is False
 
 

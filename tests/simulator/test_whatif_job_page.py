@@ -35,7 +35,7 @@ def test_advice_follows_the_job_size_and_protection():
 
 
 def test_job_page_shows_its_checkpoint_advice(client, users, tenant_a):
-    cluster = make_cluster()
+    cluster = make_cluster(driver="kubernetes")
     for i in range(4):
         make_node(cluster, f"h{i}")
     job, _ = job_submit(

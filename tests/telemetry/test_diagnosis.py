@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def job(tenant_a, users):
-    cluster = make_cluster()
+    cluster = make_cluster(driver="kubernetes")
     nodes = [make_node(cluster, f"h{i}", leaf="leaf-0" if i < 4 else "leaf-1") for i in range(8)]
     now = timezone.now()
     for node in nodes:

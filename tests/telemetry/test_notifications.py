@@ -16,6 +16,11 @@ from telemetry.services.channels import channel_create
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def _loopback_receivers_allowed(settings):
+    settings.NOTIFICATION_ALLOW_PRIVATE_TARGETS = True   # the receivers here listen on 127.0.0.1
+
+
 class Receiver:
     def __init__(self, status=200):
         self.status = status

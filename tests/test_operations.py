@@ -53,9 +53,13 @@ EVERY_SECOND = {"jobs.recovery_advance": 2, "jobs.fault_sweep": 2, "controlplane
 
 
 def sent_messages(client: redis.Redis) -> list[dict]:
-    """Every task message waiting in the broker's queue (no worker consumes it here): task, sender pid, time sent."""
+    """Every task message waiting in the broker's queues (no worker consumes them here): task, sender pid, time
+    sent. Beat routes tasks to the queue of their urgency (settings.CELERY_TASK_QUEUES)."""
+    from django.conf import settings
+
     sent = []
-    for raw in client.lrange("celery", 0, -1):
+    raws = [raw for queue in settings.CELERY_TASK_QUEUES for raw in client.lrange(queue.name, 0, -1)]
+    for raw in raws:
         headers = json.loads(raw)["headers"]
         if headers["task"] not in EVERY_SECOND:
             continue

@@ -9,11 +9,12 @@ STAMP  := $(VENV)/.installed
 PORT ?= 8000
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint clean
+.PHONY: help install run test lint clean slurm-demo
 
 help:
 	@echo "make install   create $(VENV) and install Lockstep with its test extras (quick when nothing changed)"
 	@echo "make run       migrate, create the demo admin, start web + workers (faults, analytics) + beat (+ redis) on http://127.0.0.1:$(PORT)/"
+	@echo "make slurm-demo  (with make run going) a local 3-node Slurm with a real training job that loses a node"
 	@echo "make test      run the test suite (PostgreSQL and Redis; see DATABASE_URL / REDIS_URL); PYTEST_ARGS=... passes through"
 	@echo "make lint      ruff check"
 	@echo "make clean     remove caches, collected static files and the beat schedule (keeps $(VENV) and the database)"
@@ -47,6 +48,11 @@ run: install
 	fi; \
 	echo "Starting $$procs; open http://127.0.0.1:$(PORT)/ (Ctrl-C stops everything)"; \
 	exec $(VENV)/bin/honcho start -f Procfile $$procs
+
+# --- slurm-demo: a local Slurm (root, slurm-wlm, munge, torch) with a training job, beside `make run` -------
+slurm-demo: export DEBUG ?= true
+slurm-demo: install
+	$(PY) manage.py slurm_demo --url http://127.0.0.1:$(PORT)
 
 # --- test: against PostgreSQL and a real Redis (DB 14 keeps away from a dev stack on DB 0) ------------------
 test: export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/lockstep

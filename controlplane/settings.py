@@ -65,6 +65,7 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "FAULT_CORRELATION_SECONDS": (float, 60.0, "Reports of the same node, device, fault kind and code within this many seconds are one FaultEvent; a node's incident stays open while a report is younger than this (docs/incidents.md)."),
     "FAULT_SWEEP_SECONDS": (int, 3, "How often beat re-enqueues fault events still new, and how old they must be."),
     "RECOVERY_ADVANCE_SECONDS": (int, 1, "How often beat advances running recovery actions, snapshots and the escalation ladder."),
+    "SLURM_SYNC_SECONDS": (int, 2, "How often beat reads every Slurm cluster's nodes and jobs (sinfo/squeue --json): new nodes and jobs, dead nodes as faults, ended jobs."),
     "ESCALATION_STRIKES": (int, 3, "Non-fatal faults on one node within ESCALATION_WINDOW_SECONDS that quarantine it."),
     "ESCALATION_WINDOW_SECONDS": (int, 3600, "The window in which repeated non-fatal faults escalate."),
     "NODE_COOLDOWN_SECONDS": (int, 1800, "After a job migrates off a node, no job is migrated onto it for this long (anti-thrash)."),
@@ -320,6 +321,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "fleet.rollout_sweep",
         "schedule": timedelta(seconds=env("ROLLOUT_TICK_SECONDS")),
         "options": {"expires": env("ROLLOUT_TICK_SECONDS") * 2},
+    },
+    "jobs-slurm-sync": {
+        "task": "jobs.slurm_sync",
+        "schedule": timedelta(seconds=env("SLURM_SYNC_SECONDS")),
+        "options": {"expires": env("SLURM_SYNC_SECONDS") * 2},
     },
     "telemetry-risk-sweep": {
         "task": "telemetry.risk_sweep",

@@ -4,11 +4,13 @@ from django.db import models
 class ClusterKind(models.TextChoices):
     KUBERNETES = "kubernetes", "Kubernetes"
     SLURM_ON_KUBERNETES = "slurm-on-kubernetes", "Slurm on Kubernetes"
+    SLURM = "slurm", "Slurm"
 
 
 class DriverName(models.TextChoices):
     SIMULATED = "simulated", "Simulated"
     KUBERNETES = "kubernetes", "Kubernetes"
+    SLURM = "slurm", "Slurm"
 
 
 class AutomationMode(models.TextChoices):

@@ -12,6 +12,28 @@ from datetime import datetime
 
 _fault_counter: Callable[[list[int], datetime, datetime], int] | None = None
 _drain_guard: Callable[[object], tuple[bool, str]] | None = None
+_node_reason: Callable[[object], str] | None = None
+_slurm_job_of: Callable[[str], str | None] | None = None
+
+
+def register_node_reason(reason: Callable[[object], str]) -> None:
+    """``reason(node) -> str``: what a driver writes as a node's drain reason (its open incident), '' for none."""
+    global _node_reason
+    _node_reason = reason
+
+
+def register_slurm_job_of(resolver: Callable[[str], str | None]) -> None:
+    """``resolver(job_ref) -> str | None``: the Slurm job id of a Lockstep job (the Slurm driver asks)."""
+    global _slurm_job_of
+    _slurm_job_of = resolver
+
+
+def node_reason(node) -> str:
+    return _node_reason(node) if _node_reason else ""
+
+
+def slurm_job_of(job_ref: str) -> str | None:
+    return _slurm_job_of(job_ref) if _slurm_job_of else None
 
 
 def register_fault_counter(counter: Callable[[list[int], datetime, datetime], int]) -> None:

@@ -16,5 +16,9 @@ class JobsConfig(AppConfig):
         events.register_topic("job", keyed=True, may_subscribe=may_see_job_topic)
         hooks.register_fault_counter(hardware_fault_count)
         hooks.register_drain_guard(drain_guard)
+        from jobs import launchers
+
+        hooks.register_node_reason(launchers.node_reason)
+        hooks.register_slurm_job_of(launchers.slurm_job_of)
         navigation.register("Jobs", "job-list", audience="all", order=20)
         navigation.register("Faults", "fault-overview", audience="all", order=25)

@@ -42,6 +42,7 @@ class FaultSource(models.TextChoices):
     PREDICTOR = "predictor"
     API = "api"
     HEARTBEAT = "heartbeat"
+    SLURM = "slurm"
 
 
 class Severity(models.TextChoices):

@@ -41,3 +41,10 @@ def links_fail_back_task() -> int:
     from jobs.services.links import links_fail_back
 
     return links_fail_back()
+
+
+@shared_task(name="jobs.slurm_sync", ignore_result=True, time_limit=60, soft_time_limit=50)
+def slurm_sync_task() -> list[dict]:
+    from jobs.services.slurm_jobs import slurm_sync_all
+
+    return slurm_sync_all()

@@ -45,6 +45,8 @@ EXEMPT = {
     "api_v1_ingest_telemetry_create": "node telemetry from agents (agent tokens), kept as its own rows per batch id",
     "api_v1_jobs_progress_create": "a job's own progress reports (iteration, checkpoint), kept as its progress rows",
     "logout": "ends the caller's own session; changes no data",
+    # Audited (launcher.register), but only a real Slurm can answer for the job: tests/slurm checks its entry.
+    "api_v1_launchers_register_create": "a launcher registers its Slurm job; its audit entry is checked in tests/slurm",
 }
 
 
@@ -163,6 +165,12 @@ def _failed_node_fault(w):
     return {"id": fault.pk, "node": fault.node_id}
 
 
+def _launcher_credential(w) -> int:
+    from jobs.launchers import launcher_credential_create
+
+    return launcher_credential_create(actor=w.padmin, cluster=w.cluster("provider"), name="audit doomed")[0].pk
+
+
 def _protected_job(w):
     from jobs.services.jobs import job_submit
     from tenancy.models import Tenant
@@ -239,6 +247,12 @@ API_WRITES: dict[str, Write] = {
     "api_v1_agent_tokens_rotate_create": Write(
         "operator", prepare=_ids(id=("agent-token", "provider")), path=path_id,
         target=created("telemetry.agenttoken"), action="agent_token.create", status=201),
+    "api_v1_launcher_credentials_create": Write(
+        "operator", body=lambda w, ctx: {"cluster": w.id("cluster", "acme"), "name": "audit launcher"},
+        target=created("jobs.launchercredential"), action="launcher_credential.create", status=201),
+    "api_v1_launcher_credentials_destroy": Write(
+        "provider-admin", prepare=lambda w: {"id": _launcher_credential(w)}, path=path_id,
+        target=at("jobs.launchercredential"), action="launcher_credential.revoke", status=204),
     "api_v1_automation_update": Write(
         "provider-admin", body=lambda w, ctx: {"mode": "dry-run", "reason": "audit"},
         target=lambda w, ctx, response: ("fleet.automationswitch", "1"), action="automation.switch"),

@@ -111,7 +111,7 @@ def requests_for(pattern: Pattern, world) -> list[tuple[str | None, str]]:
 
 
 # Kinds the world has only for the provider (no tenant owns a blueprint, a rollout, a what-if run…).
-PROVIDER_KINDS = {"blueprint", "rollout", "agent-token", "notification-channel", "notification-delivery", "whatif",
+PROVIDER_KINDS = {"blueprint", "rollout", "agent-token", "launcher-credential", "notification-channel", "notification-delivery", "whatif",
                   "scenario", "audit"}
 
 

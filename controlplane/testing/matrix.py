@@ -29,6 +29,7 @@ API_LIST_MATRIX: dict[str, dict[str, int]] = {
     "token-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
     "user-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
     "agent-token-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
+    "launcher-credential-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
     "notification-channel-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
     "notification-delivery-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
     "whatif-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
@@ -356,6 +357,10 @@ ROUTES: dict[str, Route] = {
     "api:ingest-alertmanager": Route(per_method(post=provider(400))),
     "api:job-diagnosis": Route(per_method(get=scoped()), fill="job"),
     "api:agent-token-list": Route(per_method(get=provider(), post=provider(400))),
+    "api:launcher-credential-list": Route(per_method(get=provider(), post=provider(400))),
+    "api:launcher-credential-detail": Route(per_method(get=provider(), delete=provider(204)), fill="launcher-credential"),
+    # A launcher credential (lsl_…) only: every user's token and no token at all are unauthenticated here.
+    "api:launcher-register": Route(per_method(post=lambda who, owner, method: 401)),
     "api:agent-token-detail": Route(per_method(get=provider(), delete=provider(204)), fill="agent-token"),
     "api:agent-token-rotate": Route(per_method(post=provider(201)), fill="agent-token"),
     "api:notification-channel-list": Route(per_method(get=provider(), post=provider_admin(400))),
@@ -444,6 +449,7 @@ def matrix_world_build() -> MatrixWorld:
     from fleet.drivers.simulated import simulate_drift
     from fleet.models import Blueprint, Cluster, DriftFinding, Fleet, Node, Rollout
     from fleet.services.drift import drift_sweep
+    from jobs.launchers import launcher_credential_create
     from jobs.models import FaultEvent, Incident, Job, RecoveryAction
     from jobs.services.faults import fault_handle, fault_ingest
     from jobs.services.jobs import job_submit
@@ -548,6 +554,8 @@ def matrix_world_build() -> MatrixWorld:
         "drift": [(owner_of_cluster(cluster_id), pk) for pk, cluster_id in
                   DriftFinding.objects.filter(resolved_at__isnull=True).values_list("pk", "cluster_id")],
         "agent-token": [("provider", AgentToken.objects.order_by("pk").first().pk)],
+        "launcher-credential": [("provider", launcher_credential_create(
+            actor=provider_admin, cluster=Cluster.objects.order_by("pk").first(), name="matrix")[0].pk)],
         "notification-channel": [("provider", channel.pk)],
         "notification-delivery": [("provider", delivery.pk)],
         "prediction": [(owner, row.pk) for owner, row in predictions.items()],

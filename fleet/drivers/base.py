@@ -111,7 +111,9 @@ class ClusterDriver:
     def reset_gpu(self, node, gpu_index: int) -> OperationResult:
         self._unsupported(Operation.GPU_RESET)
 
-    def restart_from_checkpoint(self, job_ref: str) -> OperationResult:
+    def restart_from_checkpoint(self, job_ref: str, exclude=()) -> OperationResult:
+        """Restart the whole job from its last checkpoint, on none of the ``exclude`` hosts (its failed or
+        quarantined nodes; a scheduler that places the job itself, like Slurm, is told to keep off them)."""
         self._unsupported(Operation.RESTART_FROM_CHECKPOINT)
 
     def snapshot(self, job_ref: str, gpus: int) -> OperationResult:
@@ -138,8 +140,10 @@ class ClusterDriver:
 def driver_class(name: str) -> type[ClusterDriver]:
     from fleet.drivers.kubernetes import KubernetesDriver
     from fleet.drivers.simulated import SimulatedDriver
+    from fleet.drivers.slurm import SlurmDriver
 
-    return {DriverName.SIMULATED: SimulatedDriver, DriverName.KUBERNETES: KubernetesDriver}[name]
+    return {DriverName.SIMULATED: SimulatedDriver, DriverName.KUBERNETES: KubernetesDriver,
+            DriverName.SLURM: SlurmDriver}[name]
 
 
 def driver_for(cluster) -> ClusterDriver:

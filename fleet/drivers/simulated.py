@@ -259,8 +259,9 @@ class SimulatedDriver(ClusterDriver):
     def reset_gpu(self, node, gpu_index: int) -> OperationResult:
         return self._operation(Operation.GPU_RESET, f"{node.hostname}/gpu{gpu_index}", self.setting("gpu_reset_seconds"))
 
-    def restart_from_checkpoint(self, job_ref: str) -> OperationResult:
-        return self._operation(Operation.RESTART_FROM_CHECKPOINT, job_ref, self.setting("restart_seconds"))
+    def restart_from_checkpoint(self, job_ref: str, exclude=()) -> OperationResult:
+        return self._operation(Operation.RESTART_FROM_CHECKPOINT, job_ref, self.setting("restart_seconds"),
+                               **({"exclude": sorted(exclude)} if exclude else {}))
 
     def snapshot(self, job_ref: str, gpus: int) -> OperationResult:
         seconds = float(self.setting("snapshot_base_seconds")) + float(self.setting("snapshot_seconds_per_gpu")) * gpus

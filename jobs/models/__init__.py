@@ -2,8 +2,9 @@ from jobs.models.actions import NodeEscalation, RecoveryAction, RecoveryEstimate
 from jobs.models.faults import FaultEvent
 from jobs.models.incidents import Incident
 from jobs.models.jobs import Job, JobAllocation, JobPhase, JobProgress, JobSnapshot, JobToken
+from jobs.models.launchers import LauncherCredential, SlurmJob
 
 __all__ = [
-    "FaultEvent", "Incident", "Job", "JobAllocation", "JobPhase", "JobProgress", "JobSnapshot", "JobToken", "NodeEscalation",
-    "RecoveryAction", "RecoveryEstimate", "SpareBooking",
+    "FaultEvent", "Incident", "Job", "JobAllocation", "JobPhase", "JobProgress", "JobSnapshot", "JobToken", "LauncherCredential", "NodeEscalation",
+    "RecoveryAction", "RecoveryEstimate", "SlurmJob", "SpareBooking",
 ]

@@ -81,7 +81,12 @@ def start_through_driver(action: RecoveryAction, cluster: Cluster, budget: place
         result_handle, done_at = "", now
     else:
         try:
-            result = call(driver_for(cluster), action)
+            if action.kind == ActionKind.RESTART_FROM_CHECKPOINT:
+                # A scheduler that places the job itself (Slurm) is told which hosts the restart leaves.
+                exclude = sorted({allocation.node.hostname for allocation, _ in moves})
+                result = driver_for(cluster).restart_from_checkpoint(action.job.ref, exclude=exclude)
+            else:
+                result = call(driver_for(cluster), action)
             result_handle, done_at = result.handle, result.done_at or now
         except (DriverError, NotImplementedError) as error:
             if getattr(error, "transient", False):
@@ -90,6 +95,7 @@ def start_through_driver(action: RecoveryAction, cluster: Cluster, budget: place
             if action.kind != ActionKind.RESTART_FROM_CHECKPOINT:
                 action.error = f"the driver refused: {error}"[:300]
                 return "refused"
+            log.warning("restart of %s through the driver failed: %s", action.job.ref, error)
             # No driver support: the job's own launcher restarts it; the record stands.
             result_handle, done_at = "", now
     placement.allocations_move(moves)

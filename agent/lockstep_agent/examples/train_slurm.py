@@ -1,0 +1,156 @@
+"""A small real training job for Slurm: torch.distributed (gloo) across the nodes of its allocation.
+
+Launched by ``sbatch`` through ``train_slurm.sh`` (one ``srun`` task per node)::
+
+    sbatch -N 2 --ntasks-per-node=1 --requeue agent/lockstep_agent/examples/train_slurm.sh \
+        --checkpoint-dir /shared/ckpt --checkpoint-every 20
+
+Each rank writes ``<checkpoint-dir>/ranks/<restart>/<rank>.json`` with its pid and ``SLURMD_NODENAME`` at start
+(and prints it), so a test can end one node's ranks. Rank 0 checkpoints (model and optimizer, written to a
+temporary file and renamed) every ``--checkpoint-every`` steps, and every rank resumes from the newest checkpoint
+when Slurm requeues the job. With ``LOCKSTEP_URL`` and ``LOCKSTEP_LAUNCHER_TOKEN`` set, rank 0 registers the job
+with Lockstep (``lockstep_agent.launcher``) and reports progress through ``lockstep_agent.progress``.
+
+The model is a four-layer MLP of about 1 M parameters (4 MB); data is drawn from a generator seeded by the step,
+so a resumed run sees the same batches it would have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint-dir", required=True, type=Path)
+    parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
+    parser.add_argument("--steps", type=int, default=1_000_000, help="stop after this many steps")
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument(
+        "--report-interval",
+        type=float,
+        default=0.5,
+        help="seconds between progress reports (checkpoints are always reported)",
+    )
+    parser.add_argument(
+        "--min-step-seconds",
+        type=float,
+        default=0.0,
+        help="pad each step to at least this long (the tests use it to keep two CPUs usable)",
+    )
+    return parser.parse_args(argv)
+
+
+def newest_checkpoint(folder: Path) -> Path | None:
+    found = sorted(folder.glob("ckpt-*.pt"), key=lambda p: int(p.stem.split("-")[1]))
+    return found[-1] if found else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    node = os.environ.get("SLURMD_NODENAME", "")
+    args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    ranks = args.checkpoint_dir / "ranks" / str(restart)
+    ranks.mkdir(parents=True, exist_ok=True)
+    me = {
+        "rank": rank,
+        "pid": os.getpid(),
+        "node": node,
+        "restart": restart,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+    }
+    (ranks / f"{rank}.json").write_text(json.dumps(me))
+    print(f"rank {rank} pid {me['pid']} node {node} restart {restart}", flush=True)
+
+    reporter = None
+    if rank == 0 and os.environ.get("LOCKSTEP_URL") and os.environ.get("LOCKSTEP_LAUNCHER_TOKEN"):
+        from lockstep_agent.launcher import register_slurm_job
+        from lockstep_agent.progress import ProgressReporter
+
+        job_id, job_token = register_slurm_job()
+        reporter = ProgressReporter(
+            os.environ["LOCKSTEP_URL"], job_id, job_token, min_interval=args.report_interval
+        )
+        print(f"registered as Lockstep job {job_id}", flush=True)
+
+    master = f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ['MASTER_PORT']}"
+    dist.init_process_group(
+        "gloo", init_method=master, rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(64, args.hidden),
+        nn.ReLU(),
+        nn.Linear(args.hidden, args.hidden),
+        nn.ReLU(),
+        nn.Linear(args.hidden, args.hidden),
+        nn.ReLU(),
+        nn.Linear(args.hidden, 1),
+    )
+    model = nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    step = 0
+    latest = newest_checkpoint(args.checkpoint_dir)
+    if latest is not None:
+        state = torch.load(latest, weights_only=True)
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = int(state["step"])
+        print(f"rank {rank} resumed from {latest.name} at step {step}", flush=True)
+    if reporter is not None:
+        reporter.report(step, checkpoint=latest is not None)
+
+    target = torch.randn(64, 1, generator=torch.Generator().manual_seed(1))
+    first_step = True
+    while step < args.steps:
+        started = time.monotonic()
+        generator = torch.Generator().manual_seed(step * world + rank)
+        x = torch.randn(args.batch, 64, generator=generator)
+        loss = nn.functional.mse_loss(model(x), x @ target)
+        optimizer.zero_grad()
+        loss.backward()  # DDP all-reduces the gradients over gloo
+        optimizer.step()
+        step += 1
+        saved = False
+        if step % args.checkpoint_every == 0:
+            if rank == 0:
+                path = args.checkpoint_dir / f"ckpt-{step}.pt"
+                partial = path.with_suffix(".tmp")
+                torch.save(
+                    {"step": step, "model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
+                    partial,
+                )
+                os.replace(partial, path)
+            dist.barrier()
+            saved = True
+        spent = time.monotonic() - started
+        if spent < args.min_step_seconds:
+            time.sleep(args.min_step_seconds - spent)
+        if reporter is not None:
+            reporter.report(step, step_seconds=time.monotonic() - started, checkpoint=saved)
+        if first_step and rank == 0:
+            # When this run trained its first step (a restart's end, as the job itself sees it).
+            (ranks / "first_step.json").write_text(json.dumps({"step": step, "at": time.time()}))
+        first_step = False
+    if reporter is not None:
+        reporter.flush()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""Launcher credentials and Slurm jobs: a job script registers itself, and Lockstep follows Slurm's jobs.
+
+A launcher credential (``lsl_<prefix>_<secret>``) is bound to one cluster, like an agent token: with it a job
+script started by that cluster's scheduler registers the job it runs in (named by ``SLURM_JOB_ID``) and gets the
+job token its progress reports use. Lockstep looks the job up in *that cluster's* Slurm, so a credential can
+never register or report a job of another cluster (naming another cluster is refused with 403; a job id its
+own Slurm does not know is 404).
+
+The Slurm account maps to a tenant through the cluster's connection settings (``accounts``: account → tenant
+slug; ``default_tenant`` for the rest). A job of an unmapped account with no default tenant is not adopted: the
+sync reports it (provider only) and registration answers 403.
+"""
+
+import re
+import secrets
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count
+from django.utils import timezone
+from rest_framework import authentication, exceptions
+
+from controlplane.audit import audit_record
+from controlplane.errors import ServiceError
+from fleet.choices import DriverName
+from fleet.drivers import DriverError, driver_for
+from jobs.choices import ACTIVE_JOB_STATES, IncidentState, JobState
+from jobs.models import Incident, Job, LauncherCredential, SlurmJob
+from jobs.services.jobs import job_submit, job_token_create
+from tenancy.models import Tenant
+from tenancy.tokens import digest
+
+LAUNCHER_TOKEN_PATTERN = re.compile(r"^lsl_[a-z0-9]{8}_[A-Za-z0-9_-]{32,64}$")
+
+
+# --- credentials ----------------------------------------------------------------------------------------------
+@transaction.atomic
+def launcher_credential_create(*, actor, cluster, name: str) -> tuple[LauncherCredential, str]:
+    """A new launcher credential for one cluster; the token is shown only now."""
+    prefix = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(8))
+    raw = f"lsl_{prefix}_{secrets.token_urlsafe(32)}"
+    credential = LauncherCredential.objects.create(
+        cluster=cluster,
+        name=name[:100],
+        prefix=prefix,
+        digest=digest(raw),
+        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+    )
+    audit_record(
+        actor=actor,
+        action="launcher_credential.create",
+        target=credential,
+        tenant_id=cluster.dedicated_tenant_id,
+        changes={"cluster": cluster.name, "name": name},
+    )
+    return credential, raw
+
+
+@transaction.atomic
+def launcher_credential_revoke(*, actor, credential: LauncherCredential) -> LauncherCredential:
+    credential = LauncherCredential.objects.select_for_update().get(pk=credential.pk)
+    if credential.revoked_at is None:
+        credential.revoked_at = timezone.now()
+        credential.save(update_fields=["revoked_at"])
+        audit_record(
+            actor=actor,
+            action="launcher_credential.revoke",
+            target=credential,
+            tenant_id=credential.cluster.dedicated_tenant_id,
+            changes={"revoked": True},
+        )
+    return credential
+
+
+class LauncherPrincipal:
+    """request.user for a launcher: authenticated, no role; request.auth is the LauncherCredential."""
+
+    is_authenticated = True
+    is_active = True
+    is_anonymous = False
+    is_superuser = False
+    pk = None
+
+    def __init__(self, credential: LauncherCredential):
+        self.credential = credential
+        self.cluster_id = credential.cluster_id
+
+    def get_username(self) -> str:
+        return f"launcher:{self.credential.prefix}"
+
+
+class LauncherAuthentication(authentication.BaseAuthentication):
+    """``Authorization: Bearer lsl_…``; other headers are left to the next authenticator."""
+
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).split()
+        if len(header) != 2 or header[0].lower() != b"bearer" or not header[1].startswith(b"lsl_"):
+            return None
+        raw = header[1].decode("latin-1")
+        if not LAUNCHER_TOKEN_PATTERN.match(raw):
+            raise exceptions.AuthenticationFailed(
+                "Malformed launcher credential: they look like lsl_xxxxxxxx_…."
+            )
+        credential = LauncherCredential.objects.select_related("cluster").filter(digest=digest(raw)).first()
+        if credential is None or credential.revoked_at is not None:
+            raise exceptions.AuthenticationFailed("Unknown or revoked launcher credential.")
+        now = timezone.now()
+        if credential.last_used_at is None or now - credential.last_used_at >= timedelta(
+            seconds=settings.TOKEN_LAST_USED_RESOLUTION
+        ):
+            LauncherCredential.objects.filter(pk=credential.pk).update(last_used_at=now)
+        return LauncherPrincipal(credential), credential
+
+    def authenticate_header(self, request):
+        return 'Bearer realm="launcher"'
+
+
+# --- what the Slurm driver asks of jobs (fleet.hooks) ----------------------------------------------------------
+def node_reason(node) -> str:
+    """The drain reason for a node: its open incident."""
+    incident = (
+        Incident.objects.filter(node_id=node.pk, state=IncidentState.OPEN)
+        .order_by("-opened_at")
+        .values_list("pk", "kind")
+        .first()
+    )
+    return f"incident {incident[0]} ({incident[1]})" if incident else ""
+
+
+def slurm_job_of(job_ref: str) -> str | None:
+    if not job_ref.startswith("job-") or not job_ref[4:].isdigit():
+        return None
+    return SlurmJob.objects.filter(job_id=int(job_ref[4:])).values_list("slurm_job_id", flat=True).first()
+
+
+# --- adopting Slurm jobs ----------------------------------------------------------------------------------------
+def tenant_for_account(cluster, account: str) -> Tenant | None:
+    """The tenant of a Slurm account by the cluster's mapping, else its default tenant; None when unmapped."""
+    connection = cluster.connection or {}
+    slug = (connection.get("accounts") or {}).get(account) or connection.get("default_tenant")
+    return Tenant.objects.filter(slug=slug).first() if slug else None
+
+
+def hostnames_of(slurm_job: dict) -> list[str]:
+    allocated = (slurm_job.get("job_resources") or {}).get("allocated_nodes") or []
+    return [entry["nodename"] for entry in allocated if entry.get("nodename")]
+
+
+def gpus_of_job(slurm_job: dict, gpus_per_node: dict[str, int]) -> int:
+    """GPUs the job holds: its gres/gpu TRES when it asked for GPUs, else all of its nodes' GPUs (whole nodes)."""
+    found = re.search(r"gres/gpu=(\d+)", slurm_job.get("tres_alloc_str") or "")
+    if found and int(found.group(1)) > 0:
+        return int(found.group(1))
+    return max(1, sum(gpus_per_node.get(host, 0) for host in hostnames_of(slurm_job)))
+
+
+def slurm_job_adopt(*, cluster, slurm_job: dict, actor=None) -> SlurmJob:
+    """The Lockstep job of a running Slurm job, registered with its nodes when it has none yet."""
+    from fleet.models import GPU
+
+    slurm_id = str(slurm_job["job_id"])
+    link = SlurmJob.objects.select_related("job").filter(cluster=cluster, slurm_job_id=slurm_id).first()
+    if link is not None:
+        return link
+    if slurm_job.get("job_state") != "RUNNING":
+        raise ServiceError(
+            f"Slurm job {slurm_id} is {slurm_job.get('job_state', 'unknown').lower()}, not running",
+            status=409,
+        )
+    account = slurm_job.get("account") or ""
+    tenant = tenant_for_account(cluster, account)
+    if tenant is None:
+        raise ServiceError(
+            f"Slurm account {account!r} maps to no tenant on cluster {cluster.name}", status=403
+        )
+    hostnames = hostnames_of(slurm_job)
+    per_node = {
+        row["node__hostname"]: row["n"]
+        for row in GPU.objects.filter(node__cluster=cluster, node__hostname__in=hostnames)
+        .values("node__hostname")
+        .annotate(n=Count("id"))
+    }
+    job, _ = job_submit(
+        actor=actor,
+        tenant=tenant,
+        cluster=cluster,
+        name=f"{slurm_job.get('name') or 'slurm'}-{slurm_id}"[:100],
+        gpus=gpus_of_job(slurm_job, per_node),
+        hostnames=hostnames,
+    )
+    return SlurmJob.objects.create(
+        job=job,
+        cluster=cluster,
+        slurm_job_id=slurm_id,
+        account=account[:100],
+        slurm_state=slurm_job.get("job_state", "")[:30],
+        nodes=(slurm_job.get("nodes") or "")[:300],
+        restart_count=int(slurm_job.get("restart_cnt") or 0),
+        seen_at=timezone.now(),
+    )
+
+
+def launcher_register(
+    *, credential: LauncherCredential, slurm_job_id: str, cluster_named=None
+) -> tuple[Job, str, SlurmJob]:
+    """A job script registers the Slurm job it runs in: its Lockstep job (adopted now if the sync has not yet)
+    and a new job token. Refused while a recovery of the job is under way (409: the requeue that started this run
+    is not finished in Lockstep yet; the launcher retries)."""
+    cluster = credential.cluster
+    if cluster_named is not None and str(cluster_named) not in (str(cluster.pk), cluster.name):
+        raise ServiceError("this launcher credential is bound to another cluster", status=403)
+    if cluster.driver != DriverName.SLURM:
+        raise ServiceError(f"cluster {cluster.name} is not a Slurm cluster", status=403)
+    slurm_job_id = str(slurm_job_id).strip()
+    if not slurm_job_id.isdigit() or len(slurm_job_id) > 20:
+        raise ServiceError("a Slurm job id (digits)", field="slurm_job_id")
+    try:
+        found = driver_for(cluster).job(slurm_job_id)
+    except DriverError as error:
+        raise ServiceError(f"Slurm did not answer: {error}", status=503) from error
+    if found is None:
+        raise ServiceError(f"cluster {cluster.name} runs no Slurm job {slurm_job_id}", status=404)
+    with transaction.atomic():
+        link = slurm_job_adopt(cluster=cluster, slurm_job=found, actor=None)
+        job = Job.objects.select_for_update(of=("self",), no_key=True).get(pk=link.job_id)
+        if job.state == JobState.RECOVERING:
+            raise ServiceError(f"job {job.pk} is recovering; register again once it runs", status=409)
+        if job.state not in ACTIVE_JOB_STATES:
+            raise ServiceError(f"job {job.pk} is {job.state}", status=409)
+        link.restart_count = max(link.restart_count, int(found.get("restart_cnt") or 0))
+        link.registered_at = timezone.now()
+        link.save(update_fields=["restart_count", "registered_at"])
+        raw = job_token_create(job=job)
+        audit_record(
+            actor=None,
+            action="launcher.register",
+            target=job,
+            tenant_id=job.tenant_id,
+            changes={
+                "slurm_job_id": slurm_job_id,
+                "credential": credential.prefix,
+                "restart_count": link.restart_count,
+            },
+        )
+    return job, raw, link

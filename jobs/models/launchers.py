@@ -1,0 +1,57 @@
+"""Launcher credentials (a token bound to one cluster, for the job scripts a scheduler starts) and the link
+between a Lockstep job and the scheduler's job (Slurm's job id)."""
+
+from django.conf import settings
+from django.db import models
+
+
+class LauncherCredential(models.Model):
+    """``lsl_<prefix>_<secret>``, bound to one cluster: it may register and report only jobs of that cluster,
+    named by their scheduler job id (``SLURM_JOB_ID``). Only a SHA-256 digest is kept."""
+
+    cluster = models.ForeignKey(
+        "fleet.Cluster", on_delete=models.CASCADE, related_name="launcher_credentials"
+    )
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True)
+    digest = models.CharField(max_length=64, unique=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    tenant_scope = "cluster__dedicated_tenant_id"
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self):
+        return f"launcher {self.name} ({self.prefix}…) for cluster {self.cluster_id}"
+
+
+class SlurmJob(models.Model):
+    """A Slurm job Lockstep follows as one of its jobs: what Slurm last said of it."""
+
+    job = models.OneToOneField("jobs.Job", on_delete=models.CASCADE, related_name="slurm")
+    cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="+")
+    slurm_job_id = models.CharField(max_length=30)
+    account = models.CharField(max_length=100, blank=True)
+    slurm_state = models.CharField(max_length=30, blank=True)
+    nodes = models.CharField(max_length=300, blank=True, help_text="Slurm's node list as it last ran")
+    restart_count = models.PositiveIntegerField(default=0)
+    registered_at = models.DateTimeField(
+        null=True, blank=True, help_text="when its launcher last registered it"
+    )
+    seen_at = models.DateTimeField(null=True, blank=True)
+
+    tenant_scope = "job__tenant_id"
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "slurm_job_id"], name="slurm_job_unique_per_cluster")
+        ]
+
+    def __str__(self):
+        return f"Slurm job {self.slurm_job_id} = job {self.job_id}"

@@ -2,7 +2,7 @@
 really took (a running average per kind), falling back to the planner's defaults until there are enough of them.
 Every action records the estimates it was chosen with (``RecoveryAction.estimate``) beside what it measured."""
 
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from django.conf import settings
 from django.utils import timezone
@@ -22,8 +22,7 @@ MEASURES = {
 }
 # A degraded stretch (failover or run degraded → failback) measures how long a link stays bad.
 DEGRADED_MEASURES = {"nic": "nic_degraded_seconds", "degraded": "link_degraded_seconds"}
-DURATIONS = frozenset(f.name for f in fields(Estimates) if f.name.endswith(("seconds", "pause")) or f.name in
-                      ("nic_failover", "gpu_reset"))
+DURATIONS = frozenset(MEASURES.values()) | frozenset(DEGRADED_MEASURES.values())   # what is ever measured
 WEIGHT = 0.3     # of each new measurement in the running average
 
 

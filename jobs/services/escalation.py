@@ -66,16 +66,18 @@ def _publish(escalation: NodeEscalation, kind: str) -> None:
 
 
 def _node_step(escalation: NodeEscalation, kind: str, *, handle: str = "", done_at=None) -> RecoveryAction:
-    """Record a node-level step of the ladder as a RecoveryAction with no job (one per fault and kind)."""
+    """Record a node-level step of the ladder as a RecoveryAction with no job (one per fault and kind). One moment
+    stamps it: planned, started and (when it needs no waiting) ended at once, never out of order."""
+    now = timezone.now()
     action, _ = RecoveryAction.objects.get_or_create(
         fault=escalation.fault, job=None, kind=kind, node=escalation.node,
-        defaults={"cluster_id": escalation.node.cluster_id, "detected_at": escalation.fault.detected_at
-                  if escalation.fault else timezone.now(), "state": ActionState.SUCCEEDED if not handle else ActionState.RUNNING,
-                  "started_at": timezone.now(), "ended_at": None if handle else timezone.now(), "handle": handle,
+        defaults={"cluster_id": escalation.node.cluster_id, "detected_at": min(escalation.fault.detected_at, now)
+                  if escalation.fault else now, "state": ActionState.SUCCEEDED if not handle else ActionState.RUNNING,
+                  "planned_at": now, "started_at": now, "ended_at": None if handle else now, "handle": handle,
                   "done_at": done_at, "reason": escalation.reason},
     ) if escalation.fault else (RecoveryAction.objects.create(
         fault=None, job=None, kind=kind, node=escalation.node, cluster_id=escalation.node.cluster_id,
-        detected_at=timezone.now(), state=ActionState.SUCCEEDED, started_at=timezone.now(), ended_at=timezone.now(),
+        detected_at=now, state=ActionState.SUCCEEDED, planned_at=now, started_at=now, ended_at=now,
         reason=escalation.reason), True)
     publish_action(action, f"action.{action.state}")
     return action

@@ -229,3 +229,25 @@ def test_the_share_circuit_breaker_makes_a_quarantine_wait_and_retry(users):
     recovery_advance()
     assert Node.objects.get(pk=first.pk).state == NodeState.FAILED
     assert Node.objects.get(pk=second.pk).state in (NodeState.CORDONED, NodeState.DRAINING)
+
+
+def test_every_action_of_the_ladder_has_its_timestamps_in_order(users):
+    """detected ≤ planned ≤ started ≤ ended on every step (a step used to be planned after it started: its
+    ``planned_at`` default was taken after the ``started_at`` it was given)."""
+    from rest_framework.test import APIClient
+
+    from jobs.models import RecoveryAction
+    from tests.conftest import token_header
+
+    _, node, _ = failed_node()
+    escalation_repaired(actor=users["operator"], node=node, reason="rebooted")
+    for _ in range(3):
+        recovery_advance()
+    assert ladder(node).stage == EscalationStage.RETURNED
+    client = APIClient()
+    client.credentials(**token_header(users["operator"]))
+    rows = client.get("/api/v1/actions/", {"page_size": 100}).json()["results"]
+    assert len(rows) == RecoveryAction.objects.count() >= 3
+    for row in rows:
+        stamps = [row[key] for key in ("detected_at", "planned_at", "started_at", "ended_at") if row.get(key)]
+        assert stamps == sorted(stamps), row

@@ -6,7 +6,7 @@ a filter form must not list the other tenant's clusters or the tenants' names (t
 
 import django_filters
 
-from jobs.models import FaultEvent, Incident, Job, RecoveryAction
+from jobs.models import FaultEvent, Incident, Job, RecoveryAction, SlurmJob
 
 
 def _user(request):
@@ -80,3 +80,14 @@ class RecoveryActionFilterSet(django_filters.FilterSet):
     class Meta:
         model = RecoveryAction
         fields = ["state", "kind", "job", "cluster", "fault", "dry_run"]
+
+
+class SlurmJobFilterSet(django_filters.FilterSet):
+    cluster = django_filters.ModelChoiceFilter(queryset=_clusters)
+    unmapped = django_filters.BooleanFilter(
+        field_name="job", lookup_expr="isnull", label="no Lockstep job (account maps to no tenant)"
+    )
+
+    class Meta:
+        model = SlurmJob
+        fields = ["cluster", "slurm_state", "account", "unmapped"]

@@ -1,5 +1,7 @@
-"""REST for launchers: ``POST /api/v1/launchers/register/`` (a launcher credential, ``lsl_…``) and
-``/api/v1/launcher-credentials/`` (provider roles: list, create — the token is answered once — and revoke)."""
+"""REST for launchers: ``POST /api/v1/launchers/register/`` (a launcher credential, ``lsl_…``),
+``/api/v1/launcher-credentials/`` (provider roles: list, create — the token is answered once — and revoke) and
+``/api/v1/slurm-jobs/`` (the Slurm jobs Lockstep follows; ``?unmapped=true``: those of accounts that map to no
+tenant, providers only)."""
 
 from django.urls import path
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -13,6 +15,7 @@ from controlplane.api import ScopedViewSet
 from controlplane.errors import ServiceError
 from controlplane.security_ratelimit import TokenCreateThrottle
 from fleet.selectors import cluster_list
+from jobs.filtersets import SlurmJobFilterSet
 from jobs.launchers import (
     LauncherAuthentication,
     LauncherPrincipal,
@@ -20,7 +23,8 @@ from jobs.launchers import (
     launcher_credential_revoke,
     launcher_register,
 )
-from jobs.models import LauncherCredential
+from jobs.models import LauncherCredential, SlurmJob
+from jobs.selectors import slurm_job_list
 from tenancy.permissions import IsProvider
 
 
@@ -138,7 +142,43 @@ class LauncherCredentialViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+class SlurmJobSerializer(serializers.ModelSerializer):
+    job = serializers.IntegerField(
+        source="job_id", allow_null=True, help_text="its Lockstep job; null: unmapped"
+    )
+
+    class Meta:
+        model = SlurmJob
+        fields = [
+            "id",
+            "cluster",
+            "slurm_job_id",
+            "job",
+            "account",
+            "slurm_state",
+            "nodes",
+            "restart_count",
+            "registered_at",
+            "seen_at",
+            "unmapped",
+        ]
+        read_only_fields = fields
+
+
+class SlurmJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """The Slurm jobs Lockstep follows, as Slurm last reported them. A job whose account maps to no tenant has no
+    Lockstep job (``job`` null, ``unmapped`` says why) and is listed to providers only."""
+
+    serializer_class = SlurmJobSerializer
+    filterset_class = SlurmJobFilterSet
+    queryset = SlurmJob.objects.none()
+
+    def selector(self, *, user):
+        return slurm_job_list(user=user)
+
+
 router = SimpleRouter()
+router.register("slurm-jobs", SlurmJobViewSet, basename="slurm-job")
 router.register("launcher-credentials", LauncherCredentialViewSet, basename="launcher-credential")
 
 urlpatterns = [

@@ -7,8 +7,9 @@ never register or report a job of another cluster (naming another cluster is ref
 own Slurm does not know is 404).
 
 The Slurm account maps to a tenant through the cluster's connection settings (``accounts``: account → tenant
-slug; ``default_tenant`` for the rest). A job of an unmapped account with no default tenant is not adopted: the
-sync reports it (provider only) and registration answers 403.
+slug; ``default_tenant`` for the rest). A job of an unmapped account with no default tenant is not adopted: it is
+kept as a ``SlurmJob`` with no Lockstep job, listed to the provider only (``GET /api/v1/slurm-jobs/?unmapped=true``),
+registration answers 403, and a later sync adopts it once its account maps.
 """
 
 import re
@@ -161,7 +162,7 @@ def slurm_job_adopt(*, cluster, slurm_job: dict, actor=None) -> SlurmJob:
 
     slurm_id = str(slurm_job["job_id"])
     link = SlurmJob.objects.select_related("job").filter(cluster=cluster, slurm_job_id=slurm_id).first()
-    if link is not None:
+    if link is not None and link.job_id is not None:
         return link
     if slurm_job.get("job_state") != "RUNNING":
         raise ServiceError(
@@ -189,16 +190,40 @@ def slurm_job_adopt(*, cluster, slurm_job: dict, actor=None) -> SlurmJob:
         gpus=gpus_of_job(slurm_job, per_node),
         hostnames=hostnames,
     )
-    return SlurmJob.objects.create(
-        job=job,
+    # A job listed before as unmapped (its account has a tenant now) keeps its row.
+    link, _ = SlurmJob.objects.update_or_create(
         cluster=cluster,
         slurm_job_id=slurm_id,
-        account=account[:100],
-        slurm_state=slurm_job.get("job_state", "")[:30],
-        nodes=(slurm_job.get("nodes") or "")[:300],
-        restart_count=int(slurm_job.get("restart_cnt") or 0),
-        seen_at=timezone.now(),
+        defaults={
+            "job": job,
+            "account": account[:100],
+            "slurm_state": slurm_job.get("job_state", "")[:30],
+            "nodes": (slurm_job.get("nodes") or "")[:300],
+            "restart_count": int(slurm_job.get("restart_cnt") or 0),
+            "seen_at": timezone.now(),
+            "unmapped": "",
+        },
     )
+    return link
+
+
+def slurm_job_unmapped(*, cluster, slurm_job: dict, why: str) -> SlurmJob:
+    """List a running Slurm job Lockstep does not adopt (provider only): no tenant for its account, or its hosts
+    held by another job. A later sync adopts it once its account maps."""
+    link, _ = SlurmJob.objects.update_or_create(
+        cluster=cluster,
+        slurm_job_id=str(slurm_job["job_id"]),
+        job__isnull=True,
+        defaults={
+            "account": (slurm_job.get("account") or "")[:100],
+            "slurm_state": (slurm_job.get("job_state") or "")[:30],
+            "nodes": (slurm_job.get("nodes") or "")[:300],
+            "restart_count": int(slurm_job.get("restart_cnt") or 0),
+            "seen_at": timezone.now(),
+            "unmapped": why[:300],
+        },
+    )
+    return link
 
 
 def launcher_register(
@@ -221,6 +246,17 @@ def launcher_register(
         raise ServiceError(f"Slurm did not answer: {error}", status=503) from error
     if found is None:
         raise ServiceError(f"cluster {cluster.name} runs no Slurm job {slurm_job_id}", status=404)
+    followed = SlurmJob.objects.filter(cluster=cluster, slurm_job_id=slurm_job_id, job__isnull=False).first()
+    if followed is not None:
+        # A run Slurm started on its own (a requeue Lockstep did not make) registers before the next sync sees it.
+        from jobs.services.slurm_jobs import slurm_job_follow
+
+        slurm_job_follow(
+            link=followed,
+            slurm_job=found,
+            previous_restarts=followed.restart_count,
+            previous_seen=followed.seen_at,
+        )
     with transaction.atomic():
         link = slurm_job_adopt(cluster=cluster, slurm_job=found, actor=None)
         job = Job.objects.select_for_update(of=("self",), no_key=True).get(pk=link.job_id)

@@ -3,7 +3,7 @@
 from django.db.models import Prefetch, Q, QuerySet
 
 from controlplane.access import principal
-from jobs.models import FaultEvent, Incident, Job, JobSnapshot, RecoveryAction
+from jobs.models import FaultEvent, Incident, Job, JobSnapshot, RecoveryAction, SlurmJob
 from tenancy.scoping import restrict
 
 
@@ -15,6 +15,12 @@ def may_see_job_topic(who, job_id: int) -> bool:
 
 def job_list(*, user) -> QuerySet[Job]:
     return restrict(Job.objects.select_related("tenant", "cluster"), user)
+
+
+def slurm_job_list(*, user) -> QuerySet[SlurmJob]:
+    """The Slurm jobs Lockstep follows: tenant users see those of their jobs; those of unmapped accounts (no
+    Lockstep job) only providers."""
+    return restrict(SlurmJob.objects.select_related("job", "cluster"), user).order_by("cluster_id", "-seen_at", "-id")
 
 
 def _hit_incidents(tenant_id: int) -> QuerySet:

@@ -117,6 +117,9 @@ def populate(tenant):
     fault_handle(fault_id=fault.pk)
     snapshot_report(job=job, kind="snapshot", iteration=1, seconds=0.05, size_bytes=15_000_000,
                     locations=[{"rank": 0, "own": "n0", "replica": "n1"}])
+    from jobs.models import SlurmJob
+
+    SlurmJob.objects.create(job=job, cluster=cluster, slurm_job_id="4242", account="acme", slurm_state="RUNNING")
     return operator
 
 

@@ -30,6 +30,8 @@ API_LIST_MATRIX: dict[str, dict[str, int]] = {
     "user-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
     "agent-token-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
     "launcher-credential-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
+    # Slurm jobs: tenants their own; those of unmapped accounts (no Lockstep job) providers only.
+    "slurm-job-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
     "notification-channel-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
     "notification-delivery-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
     "whatif-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
@@ -361,6 +363,8 @@ ROUTES: dict[str, Route] = {
     "api:launcher-credential-detail": Route(per_method(get=provider(), delete=provider(204)), fill="launcher-credential"),
     # A launcher credential (lsl_…) only: every user's token and no token at all are unauthenticated here.
     "api:launcher-register": Route(per_method(post=lambda who, owner, method: 401)),
+    "api:slurm-job-list": Route(per_method(get=signed_in())),
+    "api:slurm-job-detail": Route(per_method(get=scoped()), fill="slurm-job"),
     "api:agent-token-detail": Route(per_method(get=provider(), delete=provider(204)), fill="agent-token"),
     "api:agent-token-rotate": Route(per_method(post=provider(201)), fill="agent-token"),
     "api:notification-channel-list": Route(per_method(get=provider(), post=provider_admin(400))),
@@ -540,8 +544,16 @@ def matrix_world_build() -> MatrixWorld:
                 return slug
         return "provider"
 
+    from jobs.models import SlurmJob
+
+    slurm_jobs = [(slug, SlurmJob.objects.create(job=job, cluster_id=job.cluster_id, slurm_job_id=f"{900 + job.pk}",
+                                                account=slug).pk)
+                  for slug in TENANTS for job in [Job.objects.filter(tenant__slug=slug).order_by("pk").first()]]
+    slurm_jobs.append(("provider", SlurmJob.objects.create(cluster=shared[0], slurm_job_id="999", account="nobody",
+                                                           unmapped="account 'nobody' maps to no tenant").pk))
     objects: dict[str, list[tuple[str, int]]] = {
         "tenant": [(slug, tenants[slug].pk) for slug in TENANTS],
+        "slurm-job": slurm_jobs,
         # The tenant's token and user are its viewer's; the provider's are the operator's (see ``managed``).
         "token": [(slug, token_rows[f"{slug}-viewer"].pk) for slug in TENANTS] + [("provider", token_rows["operator"].pk)],
         "user": [(slug, users[f"{slug}-viewer"].pk) for slug in TENANTS] + [("provider", operator.pk)],

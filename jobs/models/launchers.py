@@ -32,9 +32,12 @@ class LauncherCredential(models.Model):
 
 
 class SlurmJob(models.Model):
-    """A Slurm job Lockstep follows as one of its jobs: what Slurm last said of it."""
+    """A Slurm job Lockstep follows: what Slurm last said of it. ``job`` is its Lockstep job; a running job whose
+    account maps to no tenant has none (``unmapped`` says why) and is listed to the provider only."""
 
-    job = models.OneToOneField("jobs.Job", on_delete=models.CASCADE, related_name="slurm")
+    job = models.OneToOneField(
+        "jobs.Job", null=True, blank=True, on_delete=models.CASCADE, related_name="slurm"
+    )
     cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="+")
     slurm_job_id = models.CharField(max_length=30)
     account = models.CharField(max_length=100, blank=True)
@@ -45,6 +48,12 @@ class SlurmJob(models.Model):
         null=True, blank=True, help_text="when its launcher last registered it"
     )
     seen_at = models.DateTimeField(null=True, blank=True)
+    unmapped = models.CharField(
+        max_length=300,
+        blank=True,
+        db_default="",
+        help_text="why it has no Lockstep job (no tenant for its account)",
+    )
 
     tenant_scope = "job__tenant_id"
 
@@ -54,4 +63,4 @@ class SlurmJob(models.Model):
         ]
 
     def __str__(self):
-        return f"Slurm job {self.slurm_job_id} = job {self.job_id}"
+        return f"Slurm job {self.slurm_job_id} = job {self.job_id or '(unmapped)'}"

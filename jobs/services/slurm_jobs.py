@@ -8,17 +8,31 @@ with its reason, requeue the job without the node) is the fault path's. Lockstep
 draining, failed, spare) are never overwritten from Slurm once the node is known: the escalation ladder owns them.
 
 Jobs: a running Slurm job Lockstep does not follow yet is adopted (``jobs.launchers.slurm_job_adopt``: tenant by
-account mapping; unmapped accounts are listed in the result, provider only). A followed job that Slurm reports
-ended moves the Lockstep job: completed → Completed, cancelled → Cancelled, failed (failed, node_fail, timeout,
-out_of_memory, …) → Failed — unless a recovery of it is under way or one of its nodes has an open incident, when
-the fault path decides (it requeues the job). A job requeued by Slurm itself stays as it is until it runs again.
+account mapping). A job of an account that maps to no tenant is kept as a ``SlurmJob`` without a Lockstep job,
+listed to the provider only (``/api/v1/slurm-jobs/?unmapped=true``), and adopted by a later sync once its account
+maps. A followed job moves with what Slurm reports, unless a recovery of it is under way or one of its nodes has an
+open incident (then the fault path decides, and requeues it):
+
+- ended: completed → Completed, cancelled → Cancelled, failed (failed, node_fail, timeout, out_of_memory, …) →
+  Failed;
+- requeued by Slurm itself (its restart count rose by more than Lockstep's own restarts of it since the last look:
+  an admin's ``scontrol requeue``, a ``--requeue`` job on a node Slurm set down): Recovering, its nodes released,
+  with a recovering phase that says so; no recovery action and no ledger entry, as Lockstep did nothing;
+- running again, or running on other nodes than Lockstep holds for it (Slurm placed a restart elsewhere than the
+  spare Lockstep booked): Running, its allocations realigned to the hosts Slurm runs it on.
+
+A Slurm node Lockstep counts ready or spare, with no job of Lockstep's on it, follows the spare partition: idle
+there, a spare; anywhere else, ready.
 """
 
 import logging
+import math
+from datetime import UTC, datetime
 
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
 from fleet.choices import DriverName, NodeState
 from fleet.drivers import DriverError
@@ -27,14 +41,17 @@ from fleet.models import GPU, Cluster, Node
 from jobs.choices import (
     ACTIVE_ACTION_STATES,
     ACTIVE_JOB_STATES,
+    ActionKind,
     FaultKind,
     FaultSource,
     IncidentState,
+    JobPhaseKind,
     JobState,
 )
-from jobs.launchers import slurm_job_adopt
-from jobs.models import Incident, Job, RecoveryAction, SlurmJob
-from jobs.services.common import publish_job
+from jobs.launchers import hostnames_of, slurm_job_adopt, slurm_job_unmapped
+from jobs.models import Incident, Job, JobAllocation, RecoveryAction, SlurmJob
+from jobs.placement import allocations_move
+from jobs.services.common import phase_start, publish_job, record_progress
 from jobs.services.faults import fault_ingest
 from jobs.services.jobs import _stop, job_fail
 
@@ -61,6 +78,11 @@ def sync_nodes(cluster: Cluster, slurm_nodes: list[dict]) -> dict:
     spare_partition = connection.get("spare_partition") or ""
     gpu_model = str(connection.get("gpu_model") or "gpu")[:30]
     known = {node.hostname: node for node in Node.objects.filter(cluster=cluster)}
+    held = set(
+        JobAllocation.objects.filter(node__cluster=cluster, released_at__isnull=True).values_list(
+            "node_id", flat=True
+        )
+    )
     added, faults = [], []
     now = timezone.now()
     for slurm_node in slurm_nodes:
@@ -86,6 +108,14 @@ def sync_nodes(cluster: Cluster, slurm_nodes: list[dict]) -> dict:
             )
             added.append(name)
             continue
+        if condition == "idle" and node.state in (NodeState.READY, NodeState.SPARE) and node.pk not in held:
+            follows = _node_state(slurm_node, spare_partition)
+            if follows != node.state:
+                Node.objects.filter(pk=node.pk).update(
+                    state=follows,
+                    state_reason=f"Slurm: idle in {'the spare partition' if follows == NodeState.SPARE else 'a job partition'}",
+                )
+                node.state = follows
         if condition in DEAD and node.state in (NodeState.READY, NodeState.SPARE):
             fault, created = fault_ingest(
                 source=FaultSource.SLURM,
@@ -108,6 +138,14 @@ def _recovery_under_way(job: Job) -> bool:
     return Incident.objects.filter(node_id__in=nodes, state=IncidentState.OPEN).exists()
 
 
+def _epoch(value) -> datetime | None:
+    try:
+        seconds = int(value or 0)
+    except (TypeError, ValueError):
+        return None
+    return datetime.fromtimestamp(seconds, tz=UTC) if seconds > 0 else None
+
+
 def _end(link: SlurmJob, slurm_state: str) -> str | None:
     """Move the Lockstep job of a Slurm job that ended; returns its new state, or None when left alone."""
     with transaction.atomic():
@@ -122,51 +160,168 @@ def _end(link: SlurmJob, slurm_state: str) -> str | None:
         return job.state
 
 
+def _own_restarts(job: Job, since) -> int:
+    """Lockstep's own requeues of the job (restarts from checkpoint it started) since ``since``."""
+    rows = RecoveryAction.objects.filter(
+        job=job, kind=ActionKind.RESTART_FROM_CHECKPOINT, dry_run=False, started_at__isnull=False
+    )
+    return rows.filter(started_at__gte=since).count() if since else rows.count()
+
+
+def _requeued(job: Job, *, restarts: int, at) -> None:
+    """Slurm requeued the job on its own: it waits in Slurm's queue, holding no node."""
+    job.iteration, job.iteration_at, job.state = job.iteration_now(at), at, JobState.RECOVERING
+    job.save(update_fields=["iteration", "iteration_at", "state"])
+    JobAllocation.objects.filter(job=job, released_at__isnull=True).update(released_at=at)
+    phase_start(
+        job, JobPhaseKind.RECOVERING, reason=f"Slurm requeued the job itself (restart {restarts})", at=at
+    )
+    audit_record(
+        actor=None,
+        action="job.requeued_by_slurm",
+        target=job,
+        tenant_id=job.tenant_id,
+        changes={"state": [JobState.RUNNING, JobState.RECOVERING], "restart_count": restarts},
+    )
+    publish_job(job, "job.state", reason="requeued by Slurm")
+
+
+def _realign(job: Job, hostnames: list[str]) -> list[str]:
+    """Lockstep's allocations of the job follow the hosts Slurm runs it on; returns the hosts newly taken. Each
+    allocation on a host Slurm no longer uses moves (ranks kept) to a host it now uses; a different number of
+    hosts re-spreads the job's GPUs over Slurm's hosts."""
+    hosts = list(dict.fromkeys(hostnames))
+    nodes = {
+        node.hostname: node for node in Node.objects.filter(cluster_id=job.cluster_id, hostname__in=hosts)
+    }
+    hosts = [host for host in hosts if host in nodes]
+    allocations = list(JobAllocation.objects.filter(job=job, released_at__isnull=True).select_related("node"))
+    held = {allocation.node.hostname for allocation in allocations}
+    if not hosts or set(hosts) == held:
+        return []
+    gone = [allocation for allocation in allocations if allocation.node.hostname not in hosts]
+    new = [host for host in hosts if host not in held]
+    if len(gone) == len(new):
+        allocations_move([(allocation, nodes[host]) for allocation, host in zip(gone, new, strict=True)])
+        return new
+    now = timezone.now()
+    JobAllocation.objects.filter(pk__in=[a.pk for a in allocations]).update(released_at=now)
+    per_node, rank, left = math.ceil(job.gpus / len(hosts)), 0, job.gpus
+    rows = []
+    for host in hosts:
+        count = max(0, min(per_node, left))
+        if count == 0:
+            break
+        rows.append(
+            JobAllocation(
+                job=job,
+                node=nodes[host],
+                gpu_indices=list(range(count)),
+                rank_start=rank,
+                rank_end=rank + count - 1,
+            )
+        )
+        rank, left = rank + count, left - count
+    JobAllocation.objects.bulk_create(rows)
+    return new
+
+
+def _running(job: Job, hostnames: list[str], *, at) -> None:
+    """Slurm runs the job (again): Running, on the hosts Slurm gave it."""
+    job.iteration_at, job.state = at, JobState.RUNNING
+    job.save(update_fields=["iteration_at", "state"])
+    _realign(job, hostnames)
+    phase_start(
+        job, JobPhaseKind.RUNNING, reason=f"Slurm runs it on {', '.join(hostnames) or 'its nodes'}", at=at
+    )
+    record_progress(job, at=at, iteration=job.iteration)
+    publish_job(job, "job.state", reason="running again")
+
+
+def slurm_job_follow(*, link: SlurmJob, slurm_job: dict, previous_restarts: int, previous_seen=None) -> str:
+    """The Lockstep job of a followed Slurm job moves with what Slurm reports of it (requeued by Slurm itself,
+    running again, running elsewhere). Returns what was done ("" for nothing). Left to the fault path while a
+    recovery of the job is under way or one of its nodes has an open incident."""
+    state = slurm_job.get("job_state", "")
+    restarts = int(slurm_job.get("restart_cnt") or 0)
+    hostnames = hostnames_of(slurm_job)
+    with transaction.atomic():
+        job = Job.objects.select_for_update(of=("self",), no_key=True).get(pk=link.job_id)
+        if job.state not in (JobState.RUNNING, JobState.RECOVERING) or _recovery_under_way(job):
+            return ""
+        done = []
+        slurms_own = restarts - previous_restarts - _own_restarts(job, previous_seen)
+        if slurms_own > 0 and job.state == JobState.RUNNING:
+            _requeued(job, restarts=restarts, at=previous_seen or timezone.now())
+            done.append("requeued")
+        if state == "RUNNING" and hostnames:
+            if job.state == JobState.RECOVERING:
+                started = _epoch(slurm_job.get("start_time")) or timezone.now()
+                _running(job, hostnames, at=max(started, job.iteration_at))
+                done.append("running")
+            elif _realign(job, hostnames):
+                publish_job(job, "job.allocations")
+                done.append("realigned")
+        return "+".join(done)
+
+
 def sync_jobs(cluster: Cluster, slurm_jobs: list[dict], dead: frozenset[str] = frozenset()) -> dict:
     """``dead``: hosts Slurm reports down or not responding; a job that ended on one is the fault path's."""
     by_id = {str(j.get("job_id")): j for j in slurm_jobs}
     links = {
         link.slurm_job_id: link for link in SlurmJob.objects.filter(cluster=cluster).select_related("job")
     }
-    adopted, unmapped, ended = [], [], {}
+    adopted, unmapped, ended, followed = [], [], {}, {}
     now = timezone.now()
     for slurm_id, slurm_job in by_id.items():
         state = slurm_job.get("job_state", "")
         link = links.get(slurm_id)
-        if link is None:
+        if link is None or link.job_id is None:
             if state != "RUNNING":
+                if link is not None:  # listed unmapped, and no longer running
+                    link.delete()
                 continue
             try:
                 link = slurm_job_adopt(cluster=cluster, slurm_job=slurm_job)
                 adopted.append(slurm_id)
             except ServiceError as error:
+                slurm_job_unmapped(cluster=cluster, slurm_job=slurm_job, why=str(error.detail))
                 unmapped.append(
                     {"slurm_job_id": slurm_id, "account": slurm_job.get("account", ""), "why": error.detail}
                 )
             continue
+        previous_restarts, previous_seen = link.restart_count, link.seen_at
         link.slurm_state, link.seen_at = state[:30], now
         link.restart_count = max(link.restart_count, int(slurm_job.get("restart_cnt") or 0))
         if state == "RUNNING":
             link.nodes = (slurm_job.get("nodes") or "")[:300]
         link.save(update_fields=["slurm_state", "seen_at", "restart_count", "nodes"])
-        if (state in ENDED or state in FAILED) and not dead.intersection(_hosts(slurm_job)):
+        if (state in ENDED or state in FAILED) and not dead.intersection(hostnames_of(slurm_job)):
             moved = _end(link, state)
             if moved:
                 ended[slurm_id] = moved
+            continue
+        if link.job.state in (JobState.RUNNING, JobState.RECOVERING):
+            what = slurm_job_follow(
+                link=link,
+                slurm_job=slurm_job,
+                previous_restarts=previous_restarts,
+                previous_seen=previous_seen,
+            )
+            if what:
+                followed[slurm_id] = what
     for slurm_id, link in links.items():
-        if slurm_id not in by_id and link.job.state in ACTIVE_JOB_STATES and link.slurm_state != "GONE":
+        if slurm_id in by_id:
+            continue
+        if link.job_id is None:
+            link.delete()  # Slurm forgot it
+        elif link.job.state in ACTIVE_JOB_STATES and link.slurm_state != "GONE":
             link.slurm_state = "GONE"
             link.save(update_fields=["slurm_state"])
             moved = _end(link, "FAILED")
             if moved:
                 ended[slurm_id] = moved
-    return {"adopted": adopted, "unmapped": unmapped, "ended": ended}
-
-
-def _hosts(slurm_job: dict) -> set[str]:
-    from jobs.launchers import hostnames_of
-
-    return set(hostnames_of(slurm_job))
+    return {"adopted": adopted, "unmapped": unmapped, "ended": ended, "followed": followed}
 
 
 def slurm_sync(*, cluster: Cluster) -> dict:

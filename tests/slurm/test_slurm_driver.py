@@ -105,6 +105,17 @@ def test_slurm_job_submitted_with_sbatch_appears_with_its_nodes_and_tenant(slurm
     result = slurm_sync(cluster=slurm_cluster)
     assert result["adopted"] == [mapped]
     assert [entry["slurm_job_id"] for entry in result["unmapped"]] == [unmapped]
+    # The unmapped job is listed to the provider (no Lockstep job, and why); tenant A sees only its own.
+    listed = operator_client().get("/api/v1/slurm-jobs/", {"unmapped": "true"}).json()["results"]
+    assert [(row["slurm_job_id"], row["job"], row["account"]) for row in listed] == [
+        (unmapped, None, "nobody")
+    ]
+    assert "nobody" in listed[0]["unmapped"] and listed[0]["nodes"] == "n3"
+    tenant_user = APIClient()
+    tenant_user.credentials(**token_header(make_user("tenant-admin", tenant=tenant_a)))
+    seen = tenant_user.get("/api/v1/slurm-jobs/").json()["results"]
+    assert [row["slurm_job_id"] for row in seen] == [mapped]
+    assert tenant_user.get(f"/api/v1/slurm-jobs/{listed[0]['id']}/").status_code == 404
     link = SlurmJob.objects.select_related("job").get(cluster=slurm_cluster, slurm_job_id=mapped)
     job = link.job
     assert job.tenant == tenant_a and job.state == JobState.RUNNING and not job.simulated
@@ -120,6 +131,15 @@ def test_slurm_job_submitted_with_sbatch_appears_with_its_nodes_and_tenant(slurm
     )
     assert Job.objects.get(pk=job.pk).state == JobState.CANCELLED
     assert not job.allocations.filter(released_at__isnull=True).exists()
+    # Once its account maps to a tenant, the next look adopts the job it listed.
+    slurm_cluster.connection = {
+        **slurm_cluster.connection,
+        "accounts": {"acme": tenant_a.slug, "nobody": tenant_a.slug},
+    }
+    slurm_cluster.save(update_fields=["connection"])
+    assert slurm_sync(cluster=slurm_cluster)["adopted"] == [unmapped]
+    assert SlurmJob.objects.get(cluster=slurm_cluster, slurm_job_id=unmapped).job.tenant == tenant_a
+    assert not operator_client().get("/api/v1/slurm-jobs/", {"unmapped": "true"}).json()["results"]
 
 
 def test_slurm_launcher_credential_registers_only_jobs_of_its_own_cluster(slurm, slurm_cluster, tenant_a):

@@ -15,6 +15,7 @@ class FleetConfig(AppConfig):
         # Rollouts are for provider roles (DESIGN's permission table).
         events.register_topic("rollout", keyed=True, may_subscribe=lambda who, key: who.is_provider)
         navigation.register("Fleet", "fleet-overview", audience="all", order=20)
+        navigation.register("Clusters", "fleet-clusters", audience="all", order=21)
         navigation.register("Blueprints", "fleet-blueprints", audience="provider", order=22)
         navigation.register("Rollouts", "fleet-rollouts", audience="provider", order=24)
         navigation.register("Drift", "fleet-drift", audience="all", order=26)

@@ -56,6 +56,14 @@ def node_list(*, user) -> QuerySet[Node]:
     return restrict(Node.objects.select_related("cluster"), user)
 
 
+def node_hardware(*, user, node: Node) -> dict[str, list]:
+    """A node's GPUs (by index) and NICs (by rail), as the user may see them."""
+    from fleet.models import GPU, NIC
+
+    return {"gpus": list(restrict(GPU.objects.filter(node=node), user).order_by("index")),
+            "nics": list(restrict(NIC.objects.filter(node=node), user).order_by("rail", "name"))}
+
+
 def fleet_list(*, user) -> QuerySet:
     """All fleets for provider roles; for tenant users, the fleets that hold one of their dedicated clusters."""
     from fleet.models import Fleet

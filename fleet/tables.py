@@ -1,6 +1,7 @@
 """Tables of the fleet pages: sortable, paginated (django-tables2), filtered by the same FilterSets as the API."""
 
 import django_tables2 as tables
+from django.urls import reverse
 from django.utils.html import format_html
 
 from fleet.models import Cluster, DriftFinding, Node, Rollout
@@ -50,7 +51,23 @@ class ClusterTable(tables.Table):
         return format_html('<span class="{}">{}</span>', "bad" if count else "muted", count)
 
 
+class ClusterListTable(ClusterTable):
+    """The clusters page: the overview's columns, the cluster's nodes and a link to its fabric."""
+
+    nodes = tables.Column(accessor="node_count", verbose_name="Nodes")
+    fabric = tables.Column(empty_values=(), orderable=False, verbose_name="Fabric")
+
+    class Meta(ClusterTable.Meta):
+        fields = (*ClusterTable.Meta.fields, "nodes", "fabric")
+        sequence = fields
+        empty_text = "No clusters you can see."
+
+    def render_fabric(self, record):
+        return format_html('<a href="{}">Fabric of {}</a>', reverse("fabric", args=[record.pk]), record.name)
+
+
 class NodeTable(tables.Table):
+    hostname = tables.Column(linkify=("node-detail", {"pk": tables.A("pk")}))
     gpus = tables.Column(accessor="gpu_count", verbose_name="GPUs")
 
     class Meta:

@@ -4,6 +4,7 @@ from fleet import views
 
 urlpatterns = [
     path("fleet/", views.FleetOverviewView.as_view(), name="fleet-overview"),
+    path("clusters/", views.ClusterListView.as_view(), name="fleet-clusters"),
     path("clusters/<int:pk>/", views.cluster_detail, name="fleet-cluster"),
     path("clusters/<int:pk>/reconcile/", views.cluster_reconcile_view, name="fleet-cluster-reconcile"),
     path("blueprints/", views.blueprint_list, name="fleet-blueprints"),

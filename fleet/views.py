@@ -1,4 +1,4 @@
-"""Fleet pages: overview, cluster, blueprint, rollout and drift. Thin: selectors read, services write."""
+"""Fleet pages: overview, clusters, cluster, blueprint, rollout and drift. Thin: selectors read, services write."""
 
 from collections import Counter
 
@@ -26,7 +26,7 @@ from fleet.models import DriftFinding, ObservedAddon, Rollout
 from fleet.services import rollouts as rollout_services
 from fleet.services.clusters import cluster_reconcile
 from fleet.status import cluster_status, rollup
-from fleet.tables import ClusterTable, DriftFindingTable, NodeTable, RolloutTable
+from fleet.tables import ClusterListTable, ClusterTable, DriftFindingTable, NodeTable, RolloutTable
 
 
 def _live(*topics: str) -> dict:
@@ -66,6 +66,26 @@ class FleetOverviewView(LoginRequiredMixin, SingleTableMixin, FilterView):
             context["fleets"] = selectors.fleet_list(user=self.request.user).annotate(n=Count("clusters"))
             context.update(_live("fleet"))
         return context
+
+
+class ClusterListView(LoginRequiredMixin, SingleTableMixin, FilterView):
+    """The clusters the reader sees in full (as on the fleet overview), each with its nodes, status, drift and a
+    link to its fabric; filtered by the API's FilterSet, paged."""
+
+    template_name = "fleet/cluster_list.html"
+    paginator_class = OneMomentPaginator
+    filterset_class = ClusterFilterSet
+    table_class = ClusterListTable
+
+    def get_queryset(self):
+        return (selectors.cluster_list(user=self.request.user).select_related("blueprint")
+                .annotate(node_count=Count("nodes")).order_by("name"))
+
+    def get_table_kwargs(self):
+        ids = list(self.object_list.values_list("pk", flat=True)[:5000])
+        drift = dict(DriftFinding.objects.filter(cluster_id__in=ids, resolved_at__isnull=True).values_list(
+            "cluster_id").annotate(n=Count("id")).order_by())
+        return {"statuses": cluster_status(ids), "drift": drift}
 
 
 @login_required

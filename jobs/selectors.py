@@ -1,9 +1,22 @@
 """Reads of the jobs app; each takes the user it reads for (DESIGN's permission table)."""
 
-from django.db.models import Prefetch, Q, QuerySet
+import re
+
+from django.core.paginator import Page
+from django.db.models import F, Prefetch, Q, QuerySet, Value
 
 from controlplane.access import principal
-from jobs.models import FaultEvent, Incident, Job, JobSnapshot, RecoveryAction, SlurmJob
+from controlplane.pagination import OneMomentPaginator
+from jobs.models import (
+    FaultEvent,
+    Incident,
+    Job,
+    JobAllocation,
+    JobSnapshot,
+    NodeEscalation,
+    RecoveryAction,
+    SlurmJob,
+)
 from tenancy.scoping import restrict
 
 
@@ -54,13 +67,16 @@ def action_list(*, user) -> QuerySet[RecoveryAction]:
     return restrict(rows, user)
 
 
+def _incidents(user) -> QuerySet[Incident]:
+    return _dedicated_or_hit(Incident.objects.select_related("node", "cluster"), user,
+                             lambda tenant_id: Q(pk__in=_hit_incidents(tenant_id)))
+
+
 def incident_list(*, user, actions: QuerySet[RecoveryAction] | None = None) -> QuerySet[Incident]:
     """Incidents scoped as faults are: providers see every one; tenant users those on their dedicated clusters
     and those that hit their jobs. Each comes with its faults (the reports the user may see, oldest first) and,
     given ``actions`` (a queryset of ``action_list``), with those of its actions."""
-    rows = _dedicated_or_hit(Incident.objects.select_related("node"), user,
-                             lambda tenant_id: Q(pk__in=_hit_incidents(tenant_id)))
-    rows = rows.prefetch_related(Prefetch("faults", queryset=fault_list(user=user).order_by("detected_at", "id")))
+    rows = _incidents(user).prefetch_related(Prefetch("faults", queryset=fault_list(user=user).order_by("detected_at", "id")))
     if actions is not None:
         rows = rows.prefetch_related(Prefetch("actions", queryset=actions.order_by("planned_at", "id")))
     return rows
@@ -83,25 +99,139 @@ def job_incidents(*, user, job: Job, limit: int = 50) -> list[Incident]:
     return found
 
 
-def fault_feed(*, user, cluster=None, limit: int = 50) -> list[dict]:
-    """The fault feed, newest first: one row per incident (``{"at", "incident"}``, its reports folded under it)
-    and one per fault of no incident (``{"at", "fault"}``): the fleet's for provider roles, those that hit the
-    tenant's jobs otherwise; one cluster's if ``cluster`` is given."""
+def _feed_rows(user, cluster) -> tuple[QuerySet[FaultEvent], QuerySet[Incident]]:
+    """What the fault feed holds: faults of no incident and incidents, the fleet's for provider roles, those that
+    hit the tenant's jobs otherwise; one cluster's if ``cluster`` is given."""
     who = principal(user)
     faults, incidents = fault_list(user=user).filter(incident__isnull=True), incident_list(user=user)
     if not who.is_provider:
-        faults = faults.filter(actions__job__tenant_id=who.tenant_id).distinct()
+        faults = faults.filter(pk__in=RecoveryAction.objects.filter(job__tenant_id=who.tenant_id, fault__isnull=False)
+                               .values("fault_id"))
         incidents = incidents.filter(pk__in=_hit_incidents(who.tenant_id))
     if cluster is not None:
         faults, incidents = faults.filter(cluster=cluster), incidents.filter(cluster=cluster)
-    rows = [{"at": incident.last_reported_at, "incident": incident}
-            for incident in incidents.order_by("-last_reported_at", "-id")[:limit]]
-    rows += [{"at": fault.received_at, "fault": fault} for fault in faults.order_by("-received_at", "-id")[:limit]]
-    rows = sorted(rows, key=lambda row: row["at"], reverse=True)[:limit]
-    for row in rows:
-        if "incident" in row:
-            row["incident"].sources = sources_of(row["incident"])
-    return rows
+    return faults, incidents
+
+
+def fault_feed(*, user, cluster=None, page: int = 1, per_page: int = 50) -> tuple[Page, list[dict]]:
+    """One page of the fault feed, newest first: one row per incident (``{"at", "incident"}``, its reports folded
+    under it) and one per fault of no incident (``{"at", "fault"}``, with the recoveries of it the user may see),
+    scoped as ``_feed_rows`` says. Raises ``InvalidPage`` for a page that is not there (page 1 always is)."""
+    faults, incidents = _feed_rows(user, cluster)
+    keys = (incidents.order_by().annotate(row_kind=Value("incident"), at=F("last_reported_at"))
+            .values_list("row_kind", "id", "at")
+            .union(faults.order_by().annotate(row_kind=Value("fault"), at=F("received_at"))
+                   .values_list("row_kind", "id", "at"), all=True)
+            .order_by("-at", "-id"))
+    found = OneMomentPaginator(keys, per_page, allow_empty_first_page=True).page(page)
+    wanted = {"incident": [pk for kind, pk, _ in found.object_list if kind == "incident"],
+              "fault": [pk for kind, pk, _ in found.object_list if kind == "fault"]}
+    loaded = {("incident", row.pk): row for row in incidents.filter(pk__in=wanted["incident"])}
+    loaded |= {("fault", row.pk): row for row in faults.filter(pk__in=wanted["fault"]).prefetch_related(
+        Prefetch("actions", queryset=action_list(user=user).order_by("planned_at", "id")))}
+    rows = []
+    for kind, pk, at in found.object_list:
+        row = loaded.get((kind, pk))
+        if row is None:   # gone between the page and the read
+            continue
+        if kind == "incident":
+            row.sources = sources_of(row)
+        rows.append({"at": at, kind: row})
+    return found, rows
+
+
+def visible_node_ids(*, user, node_ids) -> set[int]:
+    """Of these nodes, those the user may open (``fleet.selectors.node_list``): what a page may link to."""
+    from fleet.selectors import node_list
+
+    ids = {pk for pk in node_ids if pk is not None}
+    if not ids:
+        return set()
+    return set(node_list(user=user).filter(pk__in=ids).values_list("pk", flat=True))
+
+
+def node_allocations(*, user, node) -> QuerySet[JobAllocation]:
+    """The jobs' places on a node, the current ones first, then the past ones newest first: every job's for
+    provider roles, the tenant's own jobs' otherwise."""
+    return (restrict(JobAllocation.objects.filter(node=node).select_related("job__tenant"), user)
+            .order_by(F("released_at").desc(nulls_first=True), "-created_at", "-id"))
+
+
+def job_allocations(*, user, job: Job) -> QuerySet[JobAllocation]:
+    """Where a job runs and ran: its allocations, current ones first (by rank), then past ones newest first."""
+    return (restrict(JobAllocation.objects.filter(job=job).select_related("node"), user)
+            .order_by(F("released_at").desc(nulls_first=True), "rank_start", "-id"))
+
+
+def node_faults(*, user, node, limit: int = 100) -> list[FaultEvent]:
+    """The newest faults of a node the user may see, each with its incident and the recoveries of it the user
+    may see."""
+    return list(fault_list(user=user).filter(node=node).select_related("incident")
+                .prefetch_related(Prefetch("actions", queryset=action_list(user=user).order_by("planned_at", "id")))
+                .order_by("-detected_at", "-id")[:limit])
+
+
+def node_ladder(*, user, node, limit: int = 100) -> dict:
+    """A node's escalation ladder: where it stands (``escalation``, or None), its steps as the cluster's event
+    log recorded them (``history``, newest first; only for a reader of the cluster's topic) and the node-level
+    recovery actions of the ladder the user may see (``steps``)."""
+    from controlplane.selectors import event_list
+
+    history = (event_list(user=user, topic=f"cluster-{node.cluster_id}")
+               .filter(kind="node.escalation", payload__node=node.pk).order_by("-seq")[:limit])
+    return {
+        "escalation": restrict(NodeEscalation.objects.filter(node=node), user).first(),
+        "history": list(history),
+        "steps": list(action_list(user=user).filter(node=node, job__isnull=True).order_by("-planned_at", "-id")[:limit]),
+    }
+
+
+def incident_actions(*, user, incident: Incident) -> list[RecoveryAction]:
+    """The recoveries of an incident the user may see (tenant users: their jobs'), oldest first."""
+    return list(action_list(user=user).filter(incident=incident).select_related("job__tenant", "previous")
+                .order_by("planned_at", "id"))
+
+
+SEARCH_LIMIT = 20
+SEARCH_MAX_LENGTH = 100
+INCIDENT_NUMBER = re.compile(r"^(?:incident\s*)?#?(\d{1,12})$", re.IGNORECASE)
+
+
+SEARCH_GROUPS = (("clusters", "Clusters"), ("nodes", "Nodes"), ("jobs", "Jobs"), ("incidents", "Incidents"))
+
+
+def search(*, user, q: str, limit: int = SEARCH_LIMIT) -> list[dict]:
+    """What ``q`` finds among what the user may see: clusters by name, nodes by hostname, jobs by name (or id)
+    and incidents by number (``12``, ``#12``, ``incident 12``), kind or their node's hostname. One group each
+    (``{"name", "label", "rows", "more"}``): at most ``limit`` rows, newest jobs and incidents first, ``more``
+    when there are others. The caller has checked ``q`` (not empty, at most ``SEARCH_MAX_LENGTH`` characters,
+    no NUL)."""
+    from fleet.selectors import cluster_list, node_list
+
+    number = INCIDENT_NUMBER.match(q)
+    job_match = Q(name__icontains=q) | (Q(pk=int(number[1])) if number else Q(pk__in=[]))
+    incident_match = Q(kind__icontains=q) | Q(node__hostname__icontains=q)
+    if number:
+        incident_match |= Q(pk=int(number[1]))
+    found = {
+        "clusters": cluster_list(user=user).filter(name__icontains=q).order_by("name"),
+        "nodes": node_list(user=user).filter(hostname__icontains=q).order_by("hostname", "pk"),
+        "jobs": job_list(user=user).filter(job_match).order_by("-created_at", "-id"),
+        "incidents": _incidents(user).filter(incident_match).order_by("-opened_at", "-id"),
+    }
+    groups = []
+    for name, label in SEARCH_GROUPS:
+        rows = list(found[name][:limit + 1])   # one more than shown: whether there are others
+        groups.append({"name": name, "label": label, "rows": rows[:limit], "more": len(rows) > limit})
+    return groups
+
+
+def sees_decisions(*, user, incident: Incident) -> bool:
+    """Whether the user may read the stay decisions recorded on an incident's faults: a decision weighs the jobs
+    the fault hit, which on a shared cluster may be another tenant's, so tenant users read them on their own
+    clusters only."""
+    who = principal(user)
+    return who.is_provider or (who.tenant_id is not None and incident.cluster.dedicated_tenant_id == who.tenant_id)
 
 
 def snapshot_list(*, user, job: Job) -> QuerySet[JobSnapshot]:

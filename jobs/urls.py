@@ -6,4 +6,7 @@ urlpatterns = [
     path("jobs/", views.JobListView.as_view(), name="job-list"),
     path("jobs/<int:pk>/", views.job_detail, name="job-detail"),
     path("faults/", views.fault_overview, name="fault-overview"),
+    path("incidents/<int:pk>/", views.incident_detail, name="incident-detail"),
+    path("nodes/<int:pk>/", views.node_detail, name="node-detail"),
+    path("search/", views.search, name="search"),
 ]

@@ -1,10 +1,11 @@
-"""Pages: the job list, the job page (live Plotly timeline, its incidents) and the fault overview (live feed of
-incidents and their reports, GPU-hours saved)."""
+"""Pages: the job list, the job page (live Plotly timeline, its incidents, its nodes), the fault overview (live
+feed of incidents and their reports, paged; GPU-hours saved), the incident page, the node page and search."""
 
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.mixins import LoginRequiredMixin
+from django.core.paginator import InvalidPage
 from django.db.models import Q, Sum
-from django.http import Http404
+from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, render
 from django_filters.views import FilterView
 from django_tables2 import SingleTableMixin
@@ -13,6 +14,7 @@ from controlplane.access import principal
 from controlplane.events import may_subscribe
 from controlplane.pagination import OneMomentPaginator
 from controlplane.selectors import topic_seq
+from fleet import selectors as fleet_selectors
 from fleet.models import Cluster
 from jobs import figures, selectors
 from jobs.filtersets import JobFilterSet
@@ -47,11 +49,16 @@ def job_detail(request, pk: int):
     topic = f"job-{job.pk}"
     after = topic_seq(topic)   # read before the snapshot: events after it are applied on top, duplicates dropped
     timeline = figures.job_timeline(job)
+    placements = list(selectors.job_allocations(user=request.user, job=job)[:200])
+    incidents = selectors.job_incidents(user=request.user, job=job)
     return render(request, "jobs/job.html", {
         "job": job, "timeline": timeline, "topic": topic, "after": after, "protection": protection_of(job.cluster),
         "allocations": job.allocations.filter(released_at__isnull=True).select_related("node"),
         "actions": selectors.action_list(user=request.user).filter(job=job).order_by("-planned_at")[:50],
-        "incidents": selectors.job_incidents(user=request.user, job=job),
+        "incidents": incidents, "placements": placements,
+        "node_ids": selectors.visible_node_ids(user=request.user, node_ids=[p.node_id for p in placements]
+                                               + [i.node_id for i in incidents]),
+        "cluster_visible": fleet_selectors.sees_in_full(request.user, job.cluster),
         "who": principal(request.user),
     })
 
@@ -75,9 +82,65 @@ def fault_overview(request):
         topic = f"cluster-{cluster.pk}"
         faults, actions = faults.filter(cluster=cluster), actions.filter(cluster=cluster)
     after = topic_seq(topic)
+    page = request.GET.get("page", "1")
+    if not page.isdigit():
+        raise Http404("no such page")
+    try:
+        page_obj, feed = selectors.fault_feed(user=request.user, cluster=cluster, page=int(page))
+    except InvalidPage as error:
+        raise Http404("no such page") from error
     stats = figures.gpu_hours_stats(actions=actions, faults=faults,
                                     group="fleet" if who.is_provider else "tenant", bucket="minute")
     return render(request, "jobs/fault_overview.html", {
-        "topic": topic, "after": after, "feed": selectors.fault_feed(user=request.user, cluster=cluster),
-        "stats": stats, "who": who, "cluster": cluster,
+        "topic": topic, "after": after, "feed": feed, "page_obj": page_obj,
+        "is_paginated": page_obj.paginator.num_pages > 1, "stats": stats, "who": who, "cluster": cluster,
+        "node_ids": selectors.visible_node_ids(user=request.user, node_ids=[
+            (row.get("incident") or row.get("fault")).node_id for row in feed]),
+    })
+
+
+@login_required
+def incident_detail(request, pk: int):
+    """One incident: its reports, the recoveries of it the reader may see with the alternatives the planner
+    weighed, and its ledger entry. Another tenant's incident is a 404, like a missing one."""
+    incident = get_object_or_404(selectors.incident_list(user=request.user), pk=pk)
+    who = principal(request.user)
+    actions = selectors.incident_actions(user=request.user, incident=incident)
+    faults = list(incident.faults.all())
+    return render(request, "jobs/incident.html", {
+        "incident": incident, "faults": faults, "actions": actions, "ledger": figures.incident_ledger(actions),
+        "sources": selectors.sources_of(incident), "who": who,
+        "show_decisions": selectors.sees_decisions(user=request.user, incident=incident),
+        "cluster_visible": fleet_selectors.sees_in_full(request.user, incident.cluster),
+        "node_ids": selectors.visible_node_ids(user=request.user, node_ids=[incident.node_id] + [
+            pk for action in actions for pk in (action.node_id, action.to_node_id)]),
+    })
+
+
+@login_required
+def node_detail(request, pk: int):
+    """One node: its GPUs and NICs, its escalation ladder and the steps it took, its faults and the jobs that ran
+    on it. A node of a cluster the reader does not see in full is a 404, like a missing one."""
+    node = get_object_or_404(fleet_selectors.node_list(user=request.user), pk=pk)
+    allocations = list(selectors.node_allocations(user=request.user, node=node)[:200])
+    return render(request, "fleet/node_detail.html", {
+        "node": node, **fleet_selectors.node_hardware(user=request.user, node=node),
+        "ladder": selectors.node_ladder(user=request.user, node=node),
+        "faults": selectors.node_faults(user=request.user, node=node),
+        "current": [a for a in allocations if a.released_at is None],
+        "past": [a for a in allocations if a.released_at is not None],
+        "who": principal(request.user),
+    })
+
+
+@login_required
+def search(request):
+    """The header's search: clusters, nodes by hostname, jobs and incidents the reader may see, each linking to
+    its page. An empty query shows the form; an over-long one (or one with a NUL) is a 400."""
+    q = request.GET.get("q", "").strip()
+    if len(q) > selectors.SEARCH_MAX_LENGTH or "\x00" in q:
+        return HttpResponseBadRequest(f"A search is at most {selectors.SEARCH_MAX_LENGTH} characters of text.")
+    groups = selectors.search(user=request.user, q=q) if q else []
+    return render(request, "jobs/search.html", {
+        "q": q, "search_query": q, "groups": groups, "total": sum(len(group["rows"]) for group in groups),
     })

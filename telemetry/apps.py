@@ -14,4 +14,5 @@ class TelemetryConfig(AppConfig):
         hooks.register_precision(precision_in_band)
         hooks.register_links_clean(links_clean)
 
+        navigation.register("Fabric", "fabric-index", audience="all", order=23)
         navigation.register("Predictions", "prediction-list-page", audience="provider", order=65)

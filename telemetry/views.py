@@ -35,6 +35,14 @@ def prediction_overview(request):
 
 
 @login_required
+def fabric_index(request):
+    """The navigation's way to the fabric pages: the clusters the reader sees in full, each linking to its fabric."""
+    from fleet.selectors import cluster_list
+
+    return render(request, "telemetry/fabric_index.html", {"clusters": cluster_list(user=request.user).order_by("name")[:500]})
+
+
+@login_required
 def fabric_view(request, cluster_id: int):
     """A cluster's fabric: leaf switches × rails coloured by the health of the ports on them."""
     from django.shortcuts import get_object_or_404

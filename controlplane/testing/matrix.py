@@ -298,6 +298,8 @@ ROUTES: dict[str, Route] = {
     "prediction-list-page": Route(per_method(get=provider(api=False))),
     "fabric": Route(per_method(get=scoped(api=False)), fill="cluster"),
     "fleet-overview": Route(per_method(get=signed_in(api=False))),
+    "fleet-clusters": Route(per_method(get=signed_in(api=False))),
+    "fabric-index": Route(per_method(get=signed_in(api=False))),
     "fleet-cluster": Route(per_method(get=scoped(api=False)), fill="cluster"),
     "fleet-cluster-reconcile": Route(per_method(post=provider(REDIRECT, api=False)), fill="cluster"),
     "fleet-blueprints": Route(per_method(get=provider(api=False))),
@@ -310,6 +312,10 @@ ROUTES: dict[str, Route] = {
     "job-list": Route(per_method(get=signed_in(api=False))),
     "job-detail": Route(per_method(get=scoped(api=False)), fill="job"),
     "fault-overview": Route(per_method(get=signed_in(api=False))),
+    # A node of a cluster the reader does not see in full, and an incident it may not see, are 404s.
+    "node-detail": Route(per_method(get=scoped(api=False)), fill="node"),
+    "incident-detail": Route(per_method(get=scoped(api=False)), fill="incident"),
+    "search": Route(per_method(get=signed_in(api=False)), values={}),
     # --- the API ---------------------------------------------------------------------------------------------
     "api:api-root": Route(per_method(get=signed_in())),
     # Tenant users must name a topic they may see (the event log is walked per topic by its own test).

@@ -22,11 +22,23 @@
   }], { margin: { l: 60, r: 20, t: 10, b: 40 }, height: 260, xaxis: { type: "date" }, yaxis: { title: "GPU-hours saved" } },
   { displaylogo: false, responsive: true });
 
+  // Only the first page of the feed is the newest: later pages keep what they were rendered with.
+  var firstPage = !feed.dataset.page || feed.dataset.page === "1";
   function add(p, kind, className) {
+    if (!firstPage) { return; }
     var code = kind === "fault" ? faultCode(p) : p.kind;
     var li = window.LockstepLive.prependToFeed(feed, p.detected_at, code,
                                                (p.summary || "") + (p.state_reason ? " — " + p.state_reason : ""), 100);
     if (className) { li.className = className; }
+    // A line links to its incident's page (or to the job a recovery is for), as the rendered rows do.
+    var href = p.incident ? "/incidents/" + Number(p.incident) + "/" : (p.job ? "/jobs/" + Number(p.job) + "/" : "");
+    var codeEl = li.querySelector("code");
+    if (href && codeEl) {
+      var link = document.createElement("a");
+      link.href = href;
+      li.replaceChild(link, codeEl);
+      link.appendChild(codeEl);
+    }
   }
   function faultCode(p) { return p.kind + (p.xid !== null && p.xid !== undefined ? " " + p.xid : ""); }
   function incidentRow(p) {
@@ -59,7 +71,7 @@
       (p.sources || []).forEach(function (s) { if (known.indexOf(s) < 0) { known.push(s); } });
       sources.textContent = known.sort().join(", ");
     }
-    feed.insertBefore(row, feed.firstChild);
+    if (firstPage) { feed.insertBefore(row, feed.firstChild); }
   }
   function onEvent(event) {
     var p = event.payload || {};
@@ -73,7 +85,8 @@
       (p.actions || [p]).forEach(function (a) {
         if (!a.fault_summary || seen["p" + a.action]) { return; }
         seen["p" + a.action] = true;
-        add({ detected_at: a.detected_at, kind: a.kind, summary: a.fault_summary + " → " + a.summary }, "action", "decided");
+        add({ detected_at: a.detected_at, kind: a.kind, summary: a.fault_summary + " → " + a.summary, job: a.job },
+            "action", "decided");
       });
     } else if (event.kind === "fault.handled") {
       var folded = feed.querySelector('.incident-faults li[data-fault="' + Number(p.fault) + '"] .state');

@@ -17,6 +17,6 @@ class AuditEntryTable(tables.Table):
         empty_text = "Nothing matches: every write through a page, the API or the command line is recorded here."
 
     def render_created_at(self, value):
-        from django.utils.html import format_html
+        from controlplane.templatetags.figures import when
 
-        return format_html('<time datetime="{}">{}</time>', value.isoformat(), value.strftime("%Y-%m-%d %H:%M:%S UTC"))
+        return when(value)

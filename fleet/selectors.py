@@ -115,6 +115,33 @@ def drift_list(*, user) -> QuerySet:
     return restrict(DriftFinding.objects.select_related("cluster"), user)
 
 
+def drift_resolution_labels(findings) -> dict[int, str]:
+    """How each resolved finding ended, for people: a finding stored as converged (no correction was attempted)
+    that a rollout resolved — the cluster got a version applied between the finding's detection and its
+    resolution — reads "Fixed by rollout #N", not "Went away by itself". One query for the findings given, which
+    the caller has already scoped to the reader."""
+    from fleet.models import DriftFinding, RolloutCluster
+
+    findings = [f for f in findings if f.resolved_at is not None]
+    labels = {f.pk: f.get_resolution_display() for f in findings}
+    converged = [f for f in findings if f.resolution == DriftFinding.Resolution.CONVERGED]
+    if not converged:
+        return labels
+    applied: dict[int, list] = {}
+    rows = (RolloutCluster.objects.filter(cluster_id__in={f.cluster_id for f in converged}, applied_at__isnull=False,
+                                          applied_at__gte=min(f.detected_at for f in converged),
+                                          applied_at__lte=max(f.resolved_at for f in converged))
+            .values_list("cluster_id", "rollout_id", "applied_at").order_by("applied_at"))
+    for cluster_id, rollout_id, at in rows:
+        applied.setdefault(cluster_id, []).append((rollout_id, at))
+    for finding in converged:
+        by = [rollout for rollout, at in applied.get(finding.cluster_id, [])
+              if finding.detected_at <= at <= finding.resolved_at]
+        if by:
+            labels[finding.pk] = f"Fixed by rollout #{by[-1]}"
+    return labels
+
+
 def _provider_only(user, what: str) -> None:
     if not principal(user).is_provider:
         raise PermissionDenied(f"{what} are for provider roles")

@@ -4,6 +4,7 @@ import django_tables2 as tables
 from django.urls import reverse
 from django.utils.html import format_html
 
+from controlplane.templatetags.figures import number, when
 from fleet.models import Cluster, DriftFinding, Node, Rollout
 
 ATTRS = {"class": "table"}
@@ -69,6 +70,13 @@ class ClusterListTable(ClusterTable):
 class NodeTable(tables.Table):
     hostname = tables.Column(linkify=("node-detail", {"pk": tables.A("pk")}))
     gpus = tables.Column(accessor="gpu_count", verbose_name="GPUs")
+    leaf_switch = tables.Column(verbose_name="Leaf switch")
+    gpu_model = tables.Column(verbose_name="GPU model")
+    risk_score = tables.Column(verbose_name="Risk")
+    state_reason = tables.Column(verbose_name="Why")
+
+    def render_risk_score(self, value):
+        return number(value, 2)
 
     class Meta:
         model = Node
@@ -93,6 +101,15 @@ class RolloutTable(tables.Table):
     def render_id(self, value):
         return f"#{value}"
 
+    def render_current_batch(self, value):
+        return "—" if value is None or value < 0 else str(value + 1)
+
+    def render_created_at(self, value):
+        return when(value)
+
+    def render_finished_at(self, value):
+        return when(value)
+
 
 class DriftFindingTable(tables.Table):
     cluster = tables.Column(accessor="cluster__name", linkify=("fleet-cluster", {"pk": tables.A("cluster_id")}))
@@ -108,6 +125,18 @@ class DriftFindingTable(tables.Table):
 
     def render_diff(self, value):
         return format_html_join_diff(value)
+
+    def render_resolution(self, record, value):
+        return getattr(self, "resolution_labels", {}).get(record.pk, value)
+
+    def render_detected_at(self, value):
+        return when(value)
+
+    def render_resolved_at(self, value):
+        return when(value)
+
+    def render_gave_up_at(self, value):
+        return when(value)
 
 
 def format_html_join_diff(changes) -> str:

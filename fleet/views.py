@@ -18,6 +18,7 @@ from controlplane.errors import ServiceError
 from controlplane.pagination import OneMomentPaginator
 from controlplane.selectors import topic_seq
 from fleet import selectors
+from fleet.choices import RolloutState
 from fleet.desired import desired_state, load_versions
 from fleet.diffing import version_diff
 from fleet.drivers import driver_for
@@ -100,11 +101,15 @@ def cluster_detail(request, pk: int):
     nodes = NodeTable(cluster.nodes.annotate(gpu_count=Count("gpus")), prefix="nodes-")
     RequestConfig(request, paginate={"per_page": 100, "paginator_class": OneMomentPaginator}).configure(nodes)
     who = principal(request.user)
+    findings = list(cluster.drift_findings.filter(Q(resolved_at__isnull=True) | Q(pk__in=cluster.drift_findings.filter(
+        resolved_at__isnull=False).order_by("-resolved_at").values("pk")[:10])).order_by("resolved_at", "-detected_at"))
+    labels = selectors.drift_resolution_labels(findings)
+    for finding in findings:
+        finding.resolution_label = labels.get(finding.pk, "")
     context = {
         "cluster": cluster, "version": version, "addons": addons, "nodes": nodes, "who": who,
         "status": cluster_status([cluster.pk])[cluster.pk],
-        "findings": cluster.drift_findings.filter(Q(resolved_at__isnull=True) | Q(pk__in=cluster.drift_findings.filter(
-            resolved_at__isnull=False).order_by("-resolved_at").values("pk")[:10])).order_by("resolved_at", "-detected_at"),
+        "findings": findings,
         "rollouts": cluster.rollout_entries.select_related("rollout__version__blueprint").order_by("-rollout_id")[:10],
         "supports": sorted(op.value for op in driver_for(cluster).supports),
         # Nodes on the escalation ladder (the jobs app's row, reached through the relation): where each stands and
@@ -127,9 +132,23 @@ def cluster_reconcile_view(request, pk: int):
     except ServiceError as error:
         messages.error(request, error.detail)
     else:
-        messages.success(request, f"Reconciled: corrected {', '.join(result['corrected']) or 'nothing'}"
-                                  + (f"; failed {', '.join(result['failed'])}" if result["failed"] else ""))
+        messages.success(request, reconcile_message(result))
     return redirect("fleet-cluster", pk=pk)
+
+
+def reconcile_message(result: dict) -> str:
+    """What "Reconcile now" tells the operator. Re-applying is not yet correcting: the drift shown below closes
+    when a drift sweep observes the add-ons as desired, so the message says what was re-applied and that."""
+    applied, failed = result["corrected"], result["failed"]
+    if not applied and not failed:
+        return "Reconciled: the cluster already matches its blueprint version; nothing to re-apply."
+    parts = []
+    if applied:
+        parts.append(f"re-applied {', '.join(applied)}; the drift findings close once the next drift sweep observes "
+                     f"{'them' if len(applied) > 1 else 'it'} as desired")
+    if failed:
+        parts.append(f"could not re-apply {', '.join(failed)}")
+    return "Reconcile: " + "; ".join(parts) + "."
 
 
 @login_required
@@ -139,11 +158,26 @@ def blueprint_list(request):
     return render(request, "fleet/blueprint_list.html", {"blueprints": blueprints})
 
 
+def effective_contents(version) -> dict:
+    """What a version carries once its parents are merged in (a child stores only its overrides): add-ons and
+    node software in name order, each marked as set by this version or inherited."""
+    own_addons = {addon.get("name") for addon in version.addons or []}
+    own_software = set((version.node_software or {}).keys())
+    addons = [{"name": name, "version": spec.get("version", ""), "own": name in own_addons}
+              for name, spec in sorted(version.effective_addons().items())]
+    software = [{"name": name, "version": value, "own": name in own_software}
+                for name, value in sorted(version.effective_node_software().items())]
+    return {"addons": addons, "node_software": software}
+
+
 @login_required
 def blueprint_detail(request, pk: int):
     """Versions, a diff between any two, clusters per version."""
     blueprint = get_object_or_404(selectors.blueprint_list(user=request.user), pk=pk)
     versions = list(blueprint.versions.select_related("parent").annotate(cluster_count=Count("clusters")))
+    loaded = load_versions([v.pk for v in versions])
+    for version in versions:
+        version.effective = effective_contents(loaded[version.pk])
     by_number = {v.number: v for v in versions}
     diff, chosen = None, {}
     if len(versions) >= 2:
@@ -182,13 +216,33 @@ def rollout_detail(request, pk: int):
         counts.setdefault(row.batch_index, Counter())[row.status] += 1
     batches = [{"batch": b, "counts": dict(counts.get(b.index, {})), "total": sum(counts.get(b.index, {}).values())}
                for b in rollout.batches.all()]
-    finished = sum(1 for row in rows if row.status in ("Succeeded", "Failed", "TimedOut", "Skipped"))
     return render(request, "fleet/rollout_detail.html", {
         "rollout": rollout, "batches": batches, "rows": rows, "who": principal(request.user),
-        "progress": {"done": finished, "total": len(rows)},
+        "progress": rollout_progress(rollout, rows),
         "actions": [a for a in ("pause", "resume", "cancel", "rollback") if _may(rollout, a)],
         **_live(f"rollout-{rollout.pk}"),
     })
+
+
+def rollout_progress(rollout: Rollout, rows: list) -> dict:
+    """What the rollout's progress line says: clusters done of all, and how it ended. A rolled-back rollout
+    counts the clusters put back on their previous version, not the ones it had applied (those are undone); a
+    failed or cancelled one says so. ``outcome`` is ok, bad or running (the line's colour)."""
+    total = len(rows)
+    finished = sum(1 for row in rows if row.status in ("Succeeded", "Failed", "TimedOut", "Skipped"))
+    failed = sum(1 for row in rows if row.status in ("Failed", "TimedOut"))
+    if rollout.state == RolloutState.ROLLED_BACK:
+        back = sum(1 for row in rows if row.rolled_back_at)
+        return {"done": back, "total": total, "outcome": "bad", "label": "Clusters rolled back",
+                "text": f"rolled back: {back} of {total} cluster{'s' if total != 1 else ''} returned to their previous "
+                        f"version"}
+    if rollout.state in (RolloutState.FAILED, RolloutState.CANCELLED):
+        return {"done": finished, "total": total, "outcome": "bad", "label": "Clusters done",
+                "text": f"{rollout.state.lower()}: {finished} of {total} done"
+                        + (f", {failed} failed" if failed else "")}
+    outcome = "ok" if rollout.state == RolloutState.SUCCEEDED and not failed else ("bad" if failed else "running")
+    return {"done": finished, "total": total, "outcome": outcome, "label": "Clusters done",
+            "text": f"{finished} of {total}" + (f", {failed} failed" if failed else "")}
 
 
 ROLLOUT_ACTIONS = {"pause": rollout_services.rollout_pause, "resume": rollout_services.rollout_resume,
@@ -224,3 +278,9 @@ class DriftListView(LoginRequiredMixin, SingleTableMixin, FilterView):
 
     def get_queryset(self):
         return selectors.drift_list(user=self.request.user)
+
+    def get_table(self, **kwargs):
+        table = super().get_table(**kwargs)
+        # Only the page shown is labelled: one query whatever the number of findings.
+        table.resolution_labels = selectors.drift_resolution_labels([row.record for row in table.paginated_rows])
+        return table

@@ -46,10 +46,20 @@ def _faults(request):
 class JobFilterSet(django_filters.FilterSet):
     cluster = django_filters.ModelChoiceFilter(queryset=_clusters)
     tenant = django_filters.ModelChoiceFilter(queryset=_tenants)
+    simulated = django_filters.BooleanFilter(method="_simulated", label="runs on a simulated cluster")
+    reports_progress = django_filters.BooleanFilter(
+        field_name="simulated", exclude=True, label="reports its own progress"
+    )
 
     class Meta:
         model = Job
-        fields = ["state", "cluster", "tenant", "simulated"]
+        fields = ["state", "cluster", "tenant", "simulated", "reports_progress"]
+
+    def _simulated(self, queryset, name, value):
+        from fleet.choices import DriverName
+
+        rows = queryset.filter(cluster__driver=DriverName.SIMULATED)
+        return rows if value else queryset.exclude(pk__in=rows.values("pk"))
 
 
 class FaultEventFilterSet(django_filters.FilterSet):

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from controlplane.access import principal
 from controlplane.errors import ServiceError
-from controlplane.selectors import topic_seq
+from controlplane.selectors import event_list, topic_seq
 from fleet.choices import GPUHealth, NodeState
 from fleet.models import GPU, Cluster, Node
 from fleet.selectors import cluster_protection
@@ -39,14 +39,19 @@ def expected_saving(actions) -> float:
 
 
 def heatmap(cluster_ids: list[int]) -> dict[int, dict]:
-    """Per cluster, its nodes in hostname order with their count of GPUs that are not healthy (-1 for a failed
-    node) and their state: one aggregate query for the whole fleet."""
+    """Per cluster, its nodes in hostname order with their ids, GPU counts, count of GPUs that are not healthy
+    (-1 for a failed node) and their state: one aggregate query for the whole fleet. The page keys its cells by
+    node id, so the node events of the fleet topic turn them."""
     rows = (Node.objects.filter(cluster_id__in=cluster_ids)
-            .annotate(unhealthy=Count("gpus", filter=~Q(gpus__health=GPUHealth.HEALTHY)))
-            .values_list("cluster_id", "hostname", "rack", "state", "unhealthy").order_by("cluster_id", "hostname"))
-    maps: dict[int, dict] = {cid: {"hosts": [], "racks": [], "states": [], "unhealthy": []} for cid in cluster_ids}
-    for cluster_id, hostname, rack, state, unhealthy in rows:
+            .annotate(unhealthy=Count("gpus", filter=~Q(gpus__health=GPUHealth.HEALTHY)), gpu_count=Count("gpus"))
+            .values_list("cluster_id", "pk", "hostname", "rack", "state", "unhealthy", "gpu_count")
+            .order_by("cluster_id", "hostname"))
+    maps: dict[int, dict] = {cid: {"ids": [], "hosts": [], "racks": [], "states": [], "unhealthy": [], "gpus": []}
+                             for cid in cluster_ids}
+    for cluster_id, pk, hostname, rack, state, unhealthy, gpu_count in rows:
         entry = maps[cluster_id]
+        entry["ids"].append(pk)
+        entry["gpus"].append(gpu_count)
         entry["hosts"].append(hostname)
         entry["racks"].append(rack)
         entry["states"].append(state)
@@ -61,7 +66,9 @@ def provider_dashboard() -> dict:
                     .order_by("fleet__name", "name"))
     ids = [c.pk for c in clusters]
     status = cluster_status(ids)
-    gpus = GPU.objects.aggregate(total=Count("id"), healthy=Count("id", filter=Q(health=GPUHealth.HEALTHY)))
+    # A GPU of a failed node serves nothing, whatever its own last health was.
+    gpus = GPU.objects.aggregate(total=Count("id"), healthy=Count("id", filter=Q(health=GPUHealth.HEALTHY)
+                                                                  & ~Q(node__state=NodeState.FAILED)))
     nodes = Node.objects.aggregate(total=Count("id"), spare=Count("id", filter=Q(state=NodeState.SPARE)),
                                    out=Count("id", filter=Q(state__in=[NodeState.CORDONED, NodeState.DRAINING, NodeState.FAILED])))
     day_ago = now - timedelta(hours=24)
@@ -96,6 +103,23 @@ def provider_dashboard() -> dict:
     }
 
 
+def phase_seconds(tenant: Tenant, *, since, now) -> dict[str, float]:
+    """Seconds the tenant's jobs spent in each phase kind between ``since`` and ``now``: phases still open count
+    up to now, and one that began before ``since`` counts from ``since``. Closed phases inside the window are one
+    aggregate; the few that are open or straddle its start (about one per job) are added here."""
+    inside = (JobPhase.objects.filter(job__tenant=tenant, started_at__gte=since, ended_at__isnull=False)
+              .values("kind").annotate(seconds=Sum(F("ended_at") - F("started_at"))).order_by())
+    totals = {row["kind"]: (row["seconds"].total_seconds() if row["seconds"] else 0.0) for row in inside}
+    edges = (JobPhase.objects.filter(job__tenant=tenant)
+             .filter(Q(ended_at__isnull=True) | Q(started_at__lt=since, ended_at__gt=since))
+             .values_list("kind", "started_at", "ended_at"))
+    for kind, started_at, ended_at in edges:
+        seconds = (min(ended_at or now, now) - max(started_at, since)).total_seconds()
+        if seconds > 0:
+            totals[kind] = totals.get(kind, 0.0) + seconds
+    return totals
+
+
 def tenant_dashboard(tenant: Tenant) -> dict:
     now = timezone.now()
     jobs = list(Job.objects.filter(tenant=tenant).select_related("cluster__blueprint_version__blueprint")
@@ -105,12 +129,10 @@ def tenant_dashboard(tenant: Tenant) -> dict:
     clusters = {job.cluster_id: job.cluster for job in jobs}
     for cluster in Cluster.objects.filter(dedicated_tenant=tenant).select_related("blueprint_version__blueprint"):
         clusters[cluster.pk] = cluster
-    phases = (JobPhase.objects.filter(job__tenant=tenant, started_at__gte=now - timedelta(days=30))
-              .values("kind").annotate(seconds=Sum(F("ended_at") - F("started_at"))))
-    durations = {row["kind"]: (row["seconds"].total_seconds() if row["seconds"] else 0.0) for row in phases}
+    durations = phase_seconds(tenant, since=now - timedelta(days=30), now=now)
     open_recovering = JobPhase.objects.filter(job__tenant=tenant, kind=JobPhaseKind.RECOVERING, ended_at__isnull=True).count()
     running, recovering = durations.get(JobPhaseKind.RUNNING, 0.0), durations.get(JobPhaseKind.RECOVERING, 0.0)
-    uptime = running / (running + recovering) if running + recovering else 1.0
+    uptime = running / (running + recovering) if running + recovering else None
     saved = (RecoveryAction.objects.filter(job__tenant=tenant, state=ActionState.SUCCEEDED, dry_run=False)
              .aggregate(s=Sum("gpu_hours_saved"))["s"] or 0.0)
     return {
@@ -124,6 +146,22 @@ def tenant_dashboard(tenant: Tenant) -> dict:
                                                                driver="simulated").order_by("name")],
         "users": Membership.objects.filter(tenant=tenant).select_related("user").order_by("user__username"),
     }
+
+
+HISTORY = 20
+
+
+def event_history(*, user, topic: str, up_to: int, limit: int = HISTORY) -> list[dict]:
+    """The last events of a topic the user may see, newest first, up to the sequence number the page subscribes
+    after (later ones arrive live, so none shows twice): the Live events panel's history. Each line reads as
+    static/js/live.js ``appendToFeed`` writes a live one."""
+    if not topic:
+        return []
+    rows = event_list(user=user, topic=topic).filter(seq__lte=up_to).order_by("-seq")[:limit]
+    return [{"seq": event.seq, "kind": event.kind, "created": event.created_at,
+             "text": next((str(event.payload[key]) for key in ("summary", "name", "hostname", "reason")
+                           if isinstance(event.payload, dict) and event.payload.get(key)), "")}
+            for event in rows]
 
 
 def _submit(request, tenant: Tenant) -> str | None:
@@ -153,8 +191,11 @@ def home(request):
     """The provider's fleet dashboard, or the tenant's own view; a user with no role sees an explanation."""
     who = principal(request.user)
     if who.is_provider:
+        after = topic_seq("fleet")   # read before the snapshot: events after it are applied on top
         data = provider_dashboard()
-        return render(request, "jobs/home_provider.html", {"data": data, "after": topic_seq("fleet"), "who": who})
+        return render(request, "jobs/home_provider.html", {
+            "data": data, "after": after, "who": who,
+            "history": event_history(user=request.user, topic="fleet", up_to=after)})
     if who.tenant_id is None:
         return render(request, "jobs/home_none.html", {"who": who})
     tenant = Tenant.objects.get(pk=who.tenant_id)
@@ -164,5 +205,7 @@ def home(request):
         if error is None:
             return redirect("home")
     topic = f"tenant-{tenant.pk}"
-    return render(request, "jobs/home_tenant.html", {"tenant": tenant, "data": tenant_dashboard(tenant), "who": who,
-                                                     "topic": topic, "after": topic_seq(topic), "error": error})
+    after = topic_seq(topic)
+    return render(request, "jobs/home_tenant.html", {
+        "tenant": tenant, "data": tenant_dashboard(tenant), "who": who, "topic": topic, "after": after,
+        "error": error, "history": event_history(user=request.user, topic=topic, up_to=after)})

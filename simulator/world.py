@@ -157,6 +157,7 @@ def world_build(*, seed: int = 7, nodes_per_cluster: int = 64, spares: int = 8) 
         drift_sweep(cluster_ids=[c.pk for c in clusters])
         simulate_drift(Cluster.objects.get(name="euw-h200-d"), addon="dcgm-exporter", kind="values")
         jobs = []
+        numbers: dict[str, int] = {}   # per tenant: the same job name must not appear on several clusters
         for cluster in clusters:
             owners = [t for t in tenants.values() if cluster.dedicated_tenant_id in (None, t.pk)]
             free = nodes_per_cluster
@@ -164,7 +165,9 @@ def world_build(*, seed: int = 7, nodes_per_cluster: int = 64, spares: int = 8) 
                 if size // 8 > free - 4:
                     continue
                 tenant = owners[index % len(owners)]
-                job, _ = job_submit(actor=actor, tenant=tenant, cluster=cluster, name=f"{tenant.slug}-{['llm', 'moe', 'vision', 'rl'][index % 4]}-{index}",
+                numbers[tenant.slug] = numbers.get(tenant.slug, 0) + 1
+                job, _ = job_submit(actor=actor, tenant=tenant, cluster=cluster,
+                                    name=f"{tenant.slug}-{['llm', 'moe', 'vision', 'rl'][index % 4]}-{numbers[tenant.slug]}",
                                     gpus=size, seconds_per_iteration=round(rng.uniform(1.5, 6.0), 2),
                                     checkpoint_interval=rng.choice([300, 500, 1000]), total_iterations=10_000_000)
                 jobs.append(job.pk)

@@ -120,6 +120,15 @@ def diagnose(job: Job) -> dict:
     else:
         verdict = {"fabric": False, "culprit": None, "where": None,
                    "summary": "Not the fabric: nothing on the job's path or among its GPUs stands out."}
+    if slowness["slow"] is False:
+        # A job that runs at its own best pace is not slow: say that first, rather than answer a question nobody
+        # should be asking ("Not the fabric"); what stands out on its path is still worth a look.
+        if fabric or hosts:
+            found = verdict["summary"]
+            verdict["summary"] = f"Not slow: {slowness['detail']}. Still, {found[0].lower()}{found[1:]}"
+        else:
+            verdict["summary"] = (f"Not slow: {slowness['detail']}; nothing on its path or among its GPUs "
+                                  f"stands out.")
     return {"job": job.pk, **verdict, "slowness": slowness, "path": {"nodes": len(nodes), "nics": len(on_path)},
             "findings": [{"where": f.where, "name": f.name, "score": round(f.score, 1), "evidence": f.evidence}
                          for f in fabric + hosts][:10]}

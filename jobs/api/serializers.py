@@ -17,6 +17,10 @@ class AllocationSerializer(serializers.ModelSerializer):
 
 class JobSerializer(serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    simulated = serializers.SerializerMethodField(help_text="the job runs on a simulated cluster")
+    reports_progress = serializers.SerializerMethodField(
+        help_text="the job reports its own progress (otherwise Lockstep advances it by the clock)"
+    )
     iteration = serializers.SerializerMethodField()
     last_checkpoint_iteration = serializers.SerializerMethodField()
     allocations = serializers.SerializerMethodField()
@@ -25,13 +29,21 @@ class JobSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Job
-        fields = ["id", "name", "tenant", "cluster", "cluster_name", "gpus", "simulated", "state", "state_reason", "iteration",
+        fields = ["id", "name", "tenant", "cluster", "cluster_name", "gpus", "simulated", "reports_progress", "state", "state_reason", "iteration",
                   "seconds_per_iteration", "checkpoint_interval", "last_checkpoint_iteration", "total_iterations",
                   "slowdown", "degraded_until", "protected", "protection_reason", "allocations", "created_at",
                   "started_at", "ended_at"]
 
     def get_iteration(self, job) -> int:
         return job.iteration_now()
+
+    def get_simulated(self, job) -> bool:
+        from fleet.choices import DriverName
+
+        return job.cluster.driver == DriverName.SIMULATED
+
+    def get_reports_progress(self, job) -> bool:
+        return not job.simulated
 
     def get_last_checkpoint_iteration(self, job) -> int:
         return job.checkpoint_iteration_now()

@@ -16,11 +16,24 @@
   // Faults the page already shows: an event sent between reading the topic's sequence and the snapshot is not
   // shown twice.
   Array.prototype.forEach.call(feed.querySelectorAll("[data-fault]"), function (el) { seen["f" + el.dataset.fault] = true; });
-  Plotly.newPlot("saved-chart", [{
-    x: stats.series.map(function (r) { return r.t; }), y: stats.series.map(function (r) { return r.cumulative; }),
-    mode: "lines+markers", name: "GPU-hours saved", line: { shape: "hv", color: "#2ea043" }
-  }], { margin: { l: 60, r: 20, t: 10, b: 40 }, height: 260, xaxis: { type: "date" }, yaxis: { title: "GPU-hours saved" } },
-  { displaylogo: false, responsive: true });
+  // The running total as steps from zero (an axis from zero, not from the first total); an empty series is an
+  // empty state until the first recovery.
+  var chartEl = document.getElementById("saved-chart");
+  var drawn = false;
+  function draw(series) {
+    chartEl.hidden = false;
+    var empty = document.getElementById("saved-chart-empty");
+    if (empty) { empty.hidden = true; }
+    var xs = series.map(function (r) { return r.t; }), ys = series.map(function (r) { return r.cumulative; });
+    if (xs.length) { xs.unshift(xs[0]); ys.unshift(0); }
+    Plotly.newPlot("saved-chart", [{ x: xs, y: ys, mode: "lines+markers", name: "GPU-hours saved",
+      line: { shape: "hv", color: "#2ea043" } }],
+    { margin: { l: 70, r: 20, t: 10, b: 40 }, height: 260, xaxis: { type: "date" },
+      yaxis: { title: "GPU-hours saved", rangemode: "tozero", tickformat: "," } },
+    { displaylogo: false, responsive: true });
+    drawn = true;
+  }
+  if (stats.series.length) { draw(stats.series); }
 
   // Only the first page of the feed is the newest: later pages keep what they were rendered with.
   var firstPage = !feed.dataset.page || feed.dataset.page === "1";
@@ -53,7 +66,7 @@
     var state = document.createElement("span");
     item.dataset.fault = p.fault;
     when.setAttribute("datetime", p.detected_at);
-    when.textContent = new Date(p.detected_at).toLocaleTimeString();
+    when.textContent = window.LockstepLive.formatTime(p.detected_at);
     code.textContent = faultCode(p);
     state.className = "state";
     state.textContent = p.state || "new";
@@ -79,7 +92,7 @@
       seen["f" + p.fault] = true;
       var row = incidentRow(p);
       if (row && row.querySelector(".incident-faults")) { fold(row, p); } else { add(p, "fault"); }
-      if (faultsEl) { faultsEl.textContent = Number(faultsEl.textContent) + 1; }
+      window.LockstepLive.bumpFigure(faultsEl, 1, 0);
     } else if (event.kind === "actions.decided" || event.kind === "action.started" || event.kind === "action.planned") {
       // A decision lists its actions (actions.decided on fleet, cluster and tenant topics).
       (p.actions || [p]).forEach(function (a) {
@@ -96,9 +109,10 @@
         if (!a.job || a.dry_run || seen["a" + a.action]) { return; }
         seen["a" + a.action] = true;
         cumulative += a.gpu_hours_saved || 0;
-        if (savedEl) { savedEl.textContent = cumulative.toFixed(2); }
-        if (actionsEl) { actionsEl.textContent = Number(actionsEl.textContent) + 1; }
-        Plotly.extendTraces("saved-chart", { x: [[a.ended_at]], y: [[cumulative]] }, [0]);
+        window.LockstepLive.setFigure(savedEl, cumulative, 2);
+        window.LockstepLive.bumpFigure(actionsEl, 1, 0);
+        if (drawn) { Plotly.extendTraces("saved-chart", { x: [[a.ended_at]], y: [[cumulative]] }, [0]); }
+        else { draw([{ t: a.ended_at, cumulative: cumulative }]); }
       });
     }
   }

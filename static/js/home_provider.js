@@ -6,71 +6,107 @@
   var dataEl = document.getElementById("dashboard-data");
   var liveEl = document.getElementById("dashboard-live");
   if (!dataEl || !liveEl || !window.Plotly) { return; }
+  var L = window.LockstepLive;
   var data = JSON.parse(dataEl.textContent);
   var CONFIG = { displayModeBar: false, responsive: true };
-  // z: -1 failed node (red), 0 all GPUs healthy (green), 1..8 GPUs not healthy (amber to brown); zmin -1, zmax 8
-  var COLORS = [[0, "#b42318"], [0.05, "#b42318"], [0.05, "#2da44e"], [0.16, "#2da44e"], [0.16, "#e3b341"], [1, "#7d4e00"]];
+  // z: -2 out of service (grey), -1 failed node (red), 0 all GPUs healthy (green), 1..8 GPUs not healthy (amber
+  // to brown); zmin -2, zmax 8
+  var OUT = -2, FAILED = -1;
+  var COLORS = [[0, "#6e7781"], [0.05, "#6e7781"], [0.05, "#b42318"], [0.15, "#b42318"], [0.15, "#2da44e"],
+                [0.25, "#2da44e"], [0.25, "#e3b341"], [1, "#7d4e00"]];
+  var OUT_STATES = { cordoned: true, draining: true };
   var now = new Date();
   function daysAgo(days) { return new Date(now.getTime() - days * 86400000).toISOString(); }
+  function bump(id, by) { L.bumpFigure(document.getElementById(id), by); }
 
-  function bump(id, by) {
-    var el = document.getElementById(id);
-    if (el) { el.textContent = (Math.round((Number(el.textContent) + by) * 100) / 100).toString(); }
-  }
-
-  // charts
+  // charts: an empty one is an empty state until its first point arrives
   var faultsChart = document.getElementById("chart-faults");
-  Plotly.newPlot(faultsChart, [{ type: "bar", x: data.charts.faults.map(function (p) { return p.t; }),
-    y: data.charts.faults.map(function (p) { return p.v; }), marker: { color: "#b42318" }, name: "faults" }],
-    { margin: { t: 8, r: 8, b: 40, l: 40 }, xaxis: { type: "date", range: [daysAgo(7), now.toISOString()] },
-      yaxis: { title: "faults", rangemode: "tozero" } }, CONFIG);
   var savedChart = document.getElementById("chart-saved");
-  // a step line from zero at the start of the window, so even one completed recovery draws a line
-  Plotly.newPlot(savedChart, [{ x: [daysAgo(30)].concat(data.charts.saved.map(function (p) { return p.t; })),
-    y: [0].concat(data.charts.saved.map(function (p) { return p.v; })), mode: "lines+markers",
-    line: { color: "#1a7f37", width: 3, shape: "hv" }, name: "saved" }],
-    { margin: { t: 8, r: 8, b: 40, l: 50 }, xaxis: { type: "date", range: [daysAgo(30), now.toISOString()] },
-      yaxis: { title: "GPU-hours", rangemode: "tozero" } }, CONFIG);
+  var faultsDrawn = false, savedDrawn = false;
+  function show(chart) {
+    chart.hidden = false;
+    var empty = document.getElementById(chart.id + "-empty");
+    if (empty) { empty.hidden = true; }
+  }
+  function drawFaults(points) {
+    show(faultsChart);
+    Plotly.newPlot(faultsChart, [{ type: "bar", x: points.map(function (p) { return p.t; }),
+      y: points.map(function (p) { return p.v; }), marker: { color: "#b42318" }, name: "faults" }],
+      { margin: { t: 8, r: 8, b: 40, l: 40 }, xaxis: { type: "date", range: [daysAgo(7), new Date().toISOString()] },
+        yaxis: { title: "faults", rangemode: "nonnegative", tickformat: ",d" } }, CONFIG);
+    faultsDrawn = true;
+  }
+  function drawSaved(points) {
+    show(savedChart);
+    // a step line from zero at the start of the window, so even one completed recovery draws a line
+    Plotly.newPlot(savedChart, [{ x: [daysAgo(30)].concat(points.map(function (p) { return p.t; })),
+      y: [0].concat(points.map(function (p) { return p.v; })), mode: "lines+markers",
+      line: { color: "#1a7f37", width: 3, shape: "hv" }, name: "saved" }],
+      { margin: { t: 8, r: 8, b: 40, l: 60 }, xaxis: { type: "date", range: [daysAgo(30), new Date().toISOString()] },
+        yaxis: { title: "GPU-hours", rangemode: "tozero", tickformat: "," } }, CONFIG);
+    savedDrawn = true;
+  }
+  if (data.charts.faults.length) { drawFaults(data.charts.faults); }
+  if (data.charts.saved.length) { drawSaved(data.charts.saved); }
   var savedTotal = data.charts.saved.length ? data.charts.saved[data.charts.saved.length - 1].v : 0;
 
-  // heat maps: 8 nodes to a row
-  var cells = {};   // hostname -> {cluster, row, col}
+  // heat maps: 8 nodes to a row, cells keyed by node id (hostnames may repeat across clusters)
+  var cells = {};   // node id -> {cluster, row, col, state, unhealthy, gpus}
+  function value(cell) {
+    if (cell.state === "failed") { return FAILED; }
+    if (OUT_STATES[cell.state]) { return OUT; }
+    return Math.max(0, cell.unhealthy);
+  }
+  function label(cell) {
+    return cell.host + " (" + cell.rack + "): " + cell.state + ", " + Math.max(0, cell.unhealthy) + " GPU(s) not healthy";
+  }
   data.clusters.forEach(function (cluster) {
     var el = document.getElementById("heatmap-" + cluster.id);
     var h = cluster.heatmap, z = [], text = [];
     h.hosts.forEach(function (host, i) {
       var row = Math.floor(i / 8), col = i % 8;
       if (!z[row]) { z[row] = []; text[row] = []; }
-      z[row][col] = h.unhealthy[i];
-      text[row][col] = host + " (" + h.racks[i] + "): " + h.states[i] + ", " + Math.max(0, h.unhealthy[i]) + " GPU(s) not healthy";
-      cells[host] = { cluster: cluster.id, row: row, col: col };
+      var cell = { cluster: cluster.id, row: row, col: col, host: host, rack: h.racks[i], state: h.states[i],
+                   unhealthy: h.unhealthy[i], gpus: h.gpus[i] };
+      cells[h.ids[i]] = cell;
+      z[row][col] = value(cell);
+      text[row][col] = label(cell);
     });
-    el._z = z;
-    Plotly.newPlot(el, [{ type: "heatmap", z: z, text: text, hoverinfo: "text", zmin: -1, zmax: 8, colorscale: COLORS,
+    el._z = z; el._text = text;
+    el.dataset.cells = JSON.stringify(z);
+    Plotly.newPlot(el, [{ type: "heatmap", z: z, text: text, hoverinfo: "text", zmin: OUT, zmax: 8, colorscale: COLORS,
       showscale: false, xgap: 2, ygap: 2 }],
       { margin: { t: 4, r: 4, b: 4, l: 4 }, height: Math.max(60, 14 * z.length + 10),
         xaxis: { visible: false }, yaxis: { visible: false, autorange: "reversed" } }, CONFIG);
   });
 
+  function healthyOf(cell) { return cell.state === "failed" ? 0 : Math.max(0, cell.gpus - Math.max(0, cell.unhealthy)); }
   function nodeChanged(payload) {
-    var cell = cells[payload.hostname];
-    if (!cell) { return; }
+    var cell = cells[payload.node];
+    if (!cell || !payload.state || payload.state === cell.state) { return; }
+    var before = { out: cell.state === "failed" || !!OUT_STATES[cell.state], healthy: healthyOf(cell) };
+    cell.state = payload.state;
+    if (payload.state !== "failed" && cell.unhealthy < 0) { cell.unhealthy = 0; }
+    var after = { out: cell.state === "failed" || !!OUT_STATES[cell.state], healthy: healthyOf(cell) };
+    if (before.out !== after.out) { bump("fig-nodes-out", after.out ? 1 : -1); }
+    if (before.healthy !== after.healthy) { bump("fig-gpus-healthy", after.healthy - before.healthy); }
     var el = document.getElementById("heatmap-" + cell.cluster);
-    var value = payload.state === "failed" ? -1 : Math.max(0, el._z[cell.row][cell.col]);
-    if (payload.state !== "failed" && el._z[cell.row][cell.col] === -1) { value = 0; }
-    el._z[cell.row][cell.col] = value;
-    Plotly.restyle(el, { z: [el._z] }, [0]);
+    el._z[cell.row][cell.col] = value(cell);
+    el._text[cell.row][cell.col] = label(cell);
+    el.dataset.cells = JSON.stringify(el._z);
+    Plotly.restyle(el, { z: [el._z], text: [el._text] }, [0]);
   }
 
   var feed = document.getElementById("event-feed");
-  var live = window.LockstepLive.connect();
+  var live = L.connect();
   live.subscribe(liveEl.dataset.topic, liveEl.dataset.after, function (event) {
-    window.LockstepLive.appendToFeed(feed, event);
+    L.appendToFeed(feed, event);
     var p = event.payload || {};
     if (event.kind === "fault.reported") {
       bump("fig-faults", 1); bump("fig-faults-open", 1);
       var hour = new Date(event.created); hour.setMinutes(0, 0, 0);
-      Plotly.extendTraces(faultsChart, { x: [[hour.toISOString()]], y: [[1]] }, [0]);
+      if (faultsDrawn) { Plotly.extendTraces(faultsChart, { x: [[hour.toISOString()]], y: [[1]] }, [0]); }
+      else { drawFaults([{ t: hour.toISOString(), v: 1 }]); }
     } else if (event.kind === "fault.handled") {
       bump("fig-faults-open", -1);
     } else if (event.kind === "actions.completed") {
@@ -79,9 +115,10 @@
       if (saved) {
         bump("fig-saved-today", saved); bump("fig-saved-30d", saved);
         savedTotal += saved;
-        Plotly.extendTraces(savedChart, { x: [[event.created]], y: [[savedTotal]] }, [0]);
+        if (savedDrawn) { Plotly.extendTraces(savedChart, { x: [[event.created]], y: [[savedTotal]] }, [0]); }
+        else { drawSaved([{ t: event.created, v: savedTotal }]); }
       }
-    } else if (event.kind.indexOf("node.") === 0 && p.hostname) {
+    } else if (event.kind.indexOf("node.") === 0 && p.node) {
       nodeChanged(p);
     }
   });

@@ -18,12 +18,8 @@
         var row = rowOf(a.job);
         if (row && a.job_state) { row.querySelector(".state").textContent = a.job_state; }
         if (event.kind === "actions.completed" && !a.dry_run && a.gpu_hours_saved) {
-          var total = document.getElementById("fig-saved");
-          total.textContent = (Number(total.textContent) + a.gpu_hours_saved).toFixed(2);
-          if (row) {
-            var cell = row.querySelector(".saved");
-            cell.textContent = (Number(cell.textContent) + a.gpu_hours_saved).toFixed(2);
-          }
+          window.LockstepLive.bumpFigure(document.getElementById("fig-saved"), a.gpu_hours_saved, 2);
+          if (row) { window.LockstepLive.bumpFigure(row.querySelector(".saved"), a.gpu_hours_saved, 2); }
         }
       });
     }

@@ -49,27 +49,151 @@
   var n = data.iterations.actual.length;
   if (n) { counterGap = data.iterations.actual[n - 1] - data.iterations.counterfactual[n - 1]; }
   Plotly.newPlot("job-iterations", [
-    { x: data.iterations.t, y: data.iterations.actual, mode: "lines", name: "actual", line: { color: "#2ea043" } },
-    { x: data.iterations.t, y: data.iterations.counterfactual, mode: "lines", name: "restart from checkpoint", line: { dash: "dot", color: "#c0392b" } }
-  ], { margin: { l: 70, r: 20, t: 10, b: 40 }, height: 280, xaxis: { type: "date" }, yaxis: { title: "iteration" } },
+    { x: data.iterations.t, y: data.iterations.actual, mode: "lines", name: "actual", line: { color: "#2ea043", shape: "hv" } },
+    { x: data.iterations.t, y: data.iterations.counterfactual, mode: "lines", name: "restart from checkpoint", line: { dash: "dot", color: "#c0392b", shape: "hv" } }
+  ], { margin: { l: 70, r: 20, t: 10, b: 40 }, height: 280, xaxis: { type: "date" },
+       yaxis: { title: "iteration", rangemode: "tozero", tickformat: ",d" } },
   { displaylogo: false, responsive: true });
 
   function addPoint(at, iteration) {
     lastAt = new Date(at); lastIteration = iteration;
     Plotly.extendTraces("job-iterations", { x: [[at], [at]], y: [[iteration], [Math.max(0, iteration - counterGap)]] }, [0, 1]);
   }
-  function setSaved(delta) {
-    if (!savedEl) { return; }
-    savedEl.textContent = (parseFloat(savedEl.textContent) + delta).toFixed(2);
+  function setSaved(delta) { window.LockstepLive.bumpFigure(savedEl, delta, 2); }
+
+  // The Recovery actions table: a row per action, newest planned first, its cells as the template writes them.
+  var actionBody = document.querySelector("#action-table tbody");
+  var ACTION_ORDER = { planned: 0, running: 1, started: 1, succeeded: 2, failed: 2, cancelled: 2, superseded: 2 };
+  function fmt(value, digits) { return window.LockstepLive.formatNumber(value, digits); }
+  function cell(row, className, text) {
+    var td = document.createElement("td");
+    if (className) { td.className = className; }
+    if (text !== undefined) { td.textContent = text; }
+    row.appendChild(td);
+    return td;
+  }
+  function upsertAction(p) {
+    if (!actionBody || !p.action) { return; }
+    var row = actionBody.querySelector('tr[data-action="' + Number(p.action) + '"]');
+    if (row && ACTION_ORDER[row.dataset.state] > ACTION_ORDER[p.state]) { return; }   // an older event, applied late
+    var empty = actionBody.querySelector("tr.empty-row");
+    if (empty) { empty.remove(); }
+    var fresh = document.createElement("tr");
+    fresh.dataset.action = p.action;
+    fresh.dataset.state = p.state;
+    var when = document.createElement("time");
+    when.setAttribute("datetime", p.planned_at);
+    when.textContent = window.LockstepLive.formatTime(p.planned_at);
+    cell(fresh).appendChild(when);
+    cell(fresh, "", p.kind + (p.dry_run ? " (dry run)" : ""));
+    cell(fresh, "state", p.state);
+    cell(fresh, "pause", fmt(p.pause_seconds || 0, 1));
+    var lost = cell(fresh, "work-lost");
+    if (p.restore_iteration !== null && p.restore_iteration !== undefined && p.state === "succeeded") {
+      if (typeof p.work_lost_seconds === "number") { lost.appendChild(document.createTextNode(fmt(p.work_lost_seconds, 1) + " s ")); }
+      lost.appendChild(document.createTextNode("from iteration "));
+      var it = document.createElement("span");
+      it.className = "restore-iteration";
+      it.textContent = fmt(p.restore_iteration, 0);
+      lost.appendChild(it);
+    } else { lost.textContent = "–"; }
+    cell(fresh, "saved", fmt(p.gpu_hours_saved || 0, 2));
+    cell(fresh, "muted", (p.reason || "").length > 160 ? p.reason.slice(0, 159) + "…" : (p.reason || ""));
+    if (row) { actionBody.replaceChild(fresh, row); return; }
+    // newest planned first
+    var rows = actionBody.querySelectorAll("tr[data-action]");
+    for (var i = 0; i < rows.length; i++) {
+      var t = rows[i].querySelector("time");
+      if (t && t.getAttribute("datetime") < p.planned_at) { actionBody.insertBefore(fresh, rows[i]); return; }
+    }
+    actionBody.appendChild(fresh);
+  }
+
+  // The Incidents table: a new incident gets a row, a new report of one counts under it, and each recovery
+  // attempt is listed (and its state kept) under the incident of its fault.
+  var incidentBody = document.querySelector("#incident-table tbody");
+  var incidentOfFault = {}, faultPayloads = {};
+  data.faults.forEach(function (f) { if (f.incident) { incidentOfFault[f.fault] = f.incident; faultPayloads[f.fault] = f; } });
+  function incidentRow(id) { return id && incidentBody ? incidentBody.querySelector('tr[data-incident="' + Number(id) + '"]') : null; }
+  function addIncident(p) {
+    if (!incidentBody || !p.incident) { return; }
+    var row = incidentRow(p.incident);
+    if (row) {
+      if (!row.querySelector('li[data-fault="' + Number(p.fault) + '"]')) {
+        var count = row.querySelector(".report-count");
+        if (count) { count.textContent = Number(count.textContent) + 1; }
+        var item = document.createElement("li");
+        item.dataset.fault = p.fault;
+        item.textContent = window.LockstepLive.formatTime(p.detected_at) + " " + p.summary + " — " + p.state;
+        var list = row.querySelector(".incident-faults");
+        if (list) { list.appendChild(item); }
+      }
+      return;
+    }
+    var empty = incidentBody.querySelector("tr.empty-row");
+    if (empty) { empty.remove(); }
+    row = document.createElement("tr");
+    row.dataset.incident = p.incident;
+    var when = document.createElement("time");
+    when.setAttribute("datetime", p.detected_at);
+    when.textContent = window.LockstepLive.formatTime(p.detected_at);
+    cell(row).appendChild(when);
+    var code = document.createElement("code");
+    code.textContent = p.kind + (p.xid !== null && p.xid !== undefined ? " " + p.xid : "");
+    var what = cell(row);
+    what.appendChild(code);
+    if (p.device) { what.appendChild(document.createTextNode(" " + p.device)); }
+    cell(row, "", p.hostname || "");
+    cell(row, "state", "open");
+    var reports = cell(row);
+    reports.innerHTML = '<details class="reports"><summary>reports: <span class="report-count">1</span> from ' +
+      '<span class="report-sources"></span></summary><ul class="incident-faults"></ul></details>';
+    reports.querySelector(".report-sources").textContent = (p.sources || []).join(", ") || "—";
+    var first = document.createElement("li");
+    first.dataset.fault = p.fault;
+    first.textContent = window.LockstepLive.formatTime(p.detected_at) + " " + p.summary + " — " + p.state;
+    reports.querySelector(".incident-faults").appendChild(first);
+    var attempts = document.createElement("ol");
+    attempts.className = "attempts";
+    cell(row).appendChild(attempts);
+    incidentBody.insertBefore(row, incidentBody.firstChild);
+  }
+  function addAttempt(p) {
+    var row = incidentRow(incidentOfFault[p.fault]);
+    // An incident is listed once the job made a recovery attempt for it (as the page renders it).
+    if (!row && faultPayloads[p.fault]) { addIncident(faultPayloads[p.fault]); row = incidentRow(incidentOfFault[p.fault]); }
+    if (!row) { return; }
+    var list = row.querySelector("ol.attempts");
+    if (!list) { return; }
+    var none = list.querySelector("li.muted");
+    if (none) { none.remove(); }
+    var item = list.querySelector('li[data-action="' + Number(p.action) + '"]');
+    if (!item) {
+      item = document.createElement("li");
+      item.dataset.action = p.action;
+      item.appendChild(document.createTextNode(p.kind + (p.dry_run ? " (dry run)" : "") + " "));
+      var state = document.createElement("span");
+      state.className = "state";
+      item.appendChild(state);
+      list.appendChild(item);
+    }
+    item.querySelector(".state").textContent = p.state;
   }
 
   function onEvent(event) {
     var p = event.payload || {};
+    if (event.kind === "fault.reported" && p.incident) {
+      incidentOfFault[p.fault] = p.incident;
+      faultPayloads[p.fault] = p;
+      if (incidentRow(p.incident)) { addIncident(p); }   // another report of an incident listed
+    }
     if (event.kind.indexOf("fault.") === 0 && !seenFaults[p.fault]) {
       seenFaults[p.fault] = true;
       Plotly.extendTraces("job-timeline", { x: [[p.detected_at]], y: [["faults"]], text: [[p.summary]] }, [3]);
     } else if (event.kind.indexOf("action.") === 0 && p.job === Number(live.dataset.job) && !seenActions[p.action + ":" + p.state]) {
       seenActions[p.action + ":" + p.state] = true;
+      upsertAction(p);
+      addAttempt(p);
       var at = p.ended_at || p.started_at || p.planned_at;
       Plotly.extendTraces("job-timeline", { x: [[at]], y: [["actions"]], text: [[p.kind + " " + p.state]] }, [4]);
       if (p.state === "succeeded" && !p.dry_run) {

@@ -12,7 +12,7 @@
     }
     if ((event.kind === "action.succeeded" || event.kind === "actions.completed") && !p.dry_run) {
       var saved = row.querySelector(".saved");
-      saved.textContent = (parseFloat(saved.textContent || "0") + (p.gpu_hours_saved || 0)).toFixed(2);
+      window.LockstepLive.bumpFigure(saved, p.gpu_hours_saved || 0, 2);
       if (p.job_state) { var state = row.querySelector(".state"); state.textContent = p.job_state; state.dataset.state = p.job_state; }
     }
   }

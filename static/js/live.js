@@ -13,11 +13,45 @@
 (function () {
   "use strict";
 
+  // The one date format of every page (templatetags/figures.py `when` writes the same, in UTC): here in the
+  // reader's time zone.
+  function pad(n) { return (n < 10 ? "0" : "") + n; }
+  function formatTime(value) {
+    var d = value instanceof Date ? value : new Date(value);
+    if (isNaN(d)) { return ""; }
+    return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " +
+      pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+  }
+
   function localTimes(root) {
     (root || document).querySelectorAll("time[datetime]").forEach(function (el) {
       var d = new Date(el.getAttribute("datetime"));
-      if (!isNaN(d)) { el.textContent = d.toLocaleString(); el.title = el.getAttribute("datetime"); }
+      if (!isNaN(d)) { el.textContent = formatTime(d); el.title = el.getAttribute("datetime"); }
     });
+  }
+
+  // Numbers as the templates write them (`number` filter): thousands separators, fixed decimals.
+  function formatNumber(value, digits) {
+    digits = digits || 0;
+    var n = Number(value) || 0;
+    if (Math.abs(n) < Math.pow(10, -digits) / 2) { n = 0; }
+    return n.toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+  }
+
+  // A figure on the page that events change: its value is kept in data-value (the text carries separators).
+  function figureValue(el) {
+    if (!el) { return 0; }
+    if (el.dataset.value !== undefined) { return Number(el.dataset.value) || 0; }
+    return Number(el.textContent.replace(/[^0-9.\-]/g, "")) || 0;
+  }
+  function setFigure(el, value, digits) {
+    if (!el) { return; }
+    el.dataset.value = String(value);
+    el.textContent = formatNumber(value, digits === undefined ? Number(el.dataset.digits || 0) : digits);
+  }
+  function bumpFigure(el, by, digits) {
+    if (!el) { return; }
+    setFigure(el, Math.round((figureValue(el) + by) * 10000) / 10000, digits);
   }
 
   function Live(url) {
@@ -31,7 +65,8 @@
   }
 
   Live.prototype.setState = function (text) {
-    if (this.stateEl) { this.stateEl.textContent = text; this.stateEl.dataset.state = text; }
+    // The badge is hidden on pages that subscribe to nothing; a live page shows it from its first connect.
+    if (this.stateEl) { this.stateEl.hidden = false; this.stateEl.textContent = text; this.stateEl.dataset.state = text; }
     document.body.dataset.live = text;
   };
 
@@ -175,7 +210,7 @@
     var item = document.createElement("li");
     var when = document.createElement("time");
     when.setAttribute("datetime", at);
-    when.textContent = new Date(at).toLocaleTimeString();
+    when.textContent = formatTime(at);
     var kind = document.createElement("code");
     kind.textContent = code;
     item.appendChild(when);
@@ -203,6 +238,11 @@
       return live;
     },
     localTimes: localTimes,
+    formatTime: formatTime,
+    formatNumber: formatNumber,
+    figureValue: figureValue,
+    setFigure: setFigure,
+    bumpFigure: bumpFigure,
   };
 
   document.addEventListener("DOMContentLoaded", function () { localTimes(document); });

@@ -137,3 +137,21 @@ def test_job_list_query_count_does_not_grow_with_jobs(api, users, world, django_
         submit(shared, users["tenant-admin"].membership.tenant, gpus=8)
     with django_assert_max_num_queries(14):
         api.get("/api/v1/jobs/")
+
+
+def test_a_simulator_run_job_that_reports_progress_is_still_simulated(api, users, world):
+    """``simulated`` says where the job runs (a simulated cluster), ``reports_progress`` whether its own reports
+    drive it: a simulator job reporting through the API is both (it used to read ``simulated: false``)."""
+    _, job_a, job_b = world
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {job_a.token}")
+    assert api.post(f"/api/v1/jobs/{job_a.pk}/progress/", {"iteration": 5}, format="json").status_code == 200
+    api.credentials()
+    operator = api.as_token(users["operator"])
+    rows = {row["id"]: row for row in operator.get("/api/v1/jobs/").json()["results"]}
+    assert (rows[job_a.pk]["simulated"], rows[job_a.pk]["reports_progress"]) == (True, True)
+    assert (rows[job_b.pk]["simulated"], rows[job_b.pk]["reports_progress"]) == (True, False)
+    reporting = operator.get("/api/v1/jobs/", {"reports_progress": "true"}).json()["results"]
+    assert [row["id"] for row in reporting] == [job_a.pk]
+    assert {row["id"] for row in operator.get("/api/v1/jobs/", {"simulated": "true"}).json()["results"]} >= {
+        job_a.pk, job_b.pk}
+    assert operator.get("/api/v1/jobs/", {"simulated": "false"}).json()["results"] == []

@@ -42,10 +42,12 @@ def test_provider_dashboard_figures_and_heatmap(client, users, fleet):
     data = dashboard_data(page)
     figures = data["figures"]
     assert figures["clusters"] == 3 and figures["nodes"] == 7 and figures["gpus"] == 56
-    assert figures["gpus_healthy"] == 55 and figures["faults_24h"] == 1 and figures["nodes_out"] == 1
+    # 56 GPUs less the failed one on s1 and the 8 of the failed node s3 (its GPUs' own rows still say healthy)
+    assert figures["gpus_healthy"] == 47 and figures["faults_24h"] == 1 and figures["nodes_out"] == 1
     shared = next(c for c in data["clusters"] if c["name"] == "shared-1")
     assert shared["heatmap"]["hosts"] == ["s0", "s1", "s2", "s3"]
     assert shared["heatmap"]["unhealthy"] == [0, 1, 0, -1]
+    assert shared["heatmap"]["ids"] == [n.pk for n in fleet["nodes"][:4]] and shared["heatmap"]["gpus"] == [8] * 4
     assert "vendor/plotly.min.js" in page and 'id="heatmap-' in page
 
 

@@ -4,54 +4,66 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# What `make run` needs: the runtime dependencies only (no test extras, no agent, no torch).
+RUN_STAMP := $(VENV)/.installed-runtime
+LOCAL_ENV := var/local.env
 
 # make run
 PORT ?= 8000
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint clean slurm-demo
+.PHONY: help install install-runtime run test lint clean slurm-demo
 
 help:
 	@echo "make install   create $(VENV) and install Lockstep with its test extras (quick when nothing changed)"
-	@echo "make run       migrate, create the demo admin, start web + workers (faults, analytics) + beat (+ redis) on http://127.0.0.1:$(PORT)/"
+	@echo "make install-runtime  only what running needs (make run uses it; make install includes it)"
+	@echo "make run       install-runtime, $(LOCAL_ENV), migrate, demo users and world, web + workers (faults, analytics) + beat (+ redis) on http://127.0.0.1:$(PORT)/"
 	@echo "make slurm-demo  (with make run going) a local 3-node Slurm with a real training job that loses a node"
 	@echo "make test      run the test suite (PostgreSQL and Redis; see DATABASE_URL / REDIS_URL); PYTEST_ARGS=... passes through"
 	@echo "make lint      ruff check"
 	@echo "make clean     remove caches, collected static files and the beat schedule (keeps $(VENV) and the database)"
 
 # --- install: redone only when pyproject.toml is newer than the stamp --------------------------------------
+# install is complete (runtime + test extras + the agent with its extras: what .ci/run and make test need);
+# install-runtime is what running needs, and a complete install satisfies it too.
 install: $(STAMP)
+install-runtime: $(RUN_STAMP)
 
-$(STAMP): pyproject.toml agent/pyproject.toml
-	@if [ ! -x $(PY) ]; then \
-	  $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
-	    || { echo "Lockstep needs Python 3.11+; $(PYTHON) is $$($(PYTHON) --version 2>&1). Try: make install PYTHON=python3.11" >&2; exit 1; }; \
-	  echo "$(PYTHON) -m venv $(VENV)"; \
-	  $(PYTHON) -m venv $(VENV); \
-	fi
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+	  || { echo "Lockstep needs Python 3.11+; $(PYTHON) is $$($(PYTHON) --version 2>&1). Try: make install PYTHON=python3.11" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml agent/pyproject.toml | $(PY)
 	$(PY) -m pip install -e '.[test]' -e './agent[redfish,test,protect]'
+	@touch $@ $(RUN_STAMP)
+
+$(RUN_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -e .
 	@touch $@
+
+# --- the local run's settings (DEBUG, a generated SECRET_KEY, the database, demo retention), written once ----
+$(LOCAL_ENV):
+	@$(PYTHON) bin/local-env $@ >/dev/null
 
 # --- run: the whole stack under honcho; Ctrl-C stops every process -----------------------------------------
 run: export DEBUG ?= true
 run: export WEB_PORT := $(PORT)
 run: export PATH := $(abspath $(VENV))/bin:$(PATH)
-run: install
-	mkdir -p var
-	$(PY) manage.py migrate --noinput
-	$(PY) manage.py ensure_demo_admin
+run: install-runtime $(LOCAL_ENV)
+	@$(PY) manage.py migrate --noinput -v 0
 	@answer=$$(bin/ensure-redis) || exit 1; \
 	procs="web worker analytics beat simulator"; \
 	if [ "$$(printf '%s\n' "$$answer" | tail -n 1)" = local ]; then \
 	  procs="redis $$procs"; \
 	  REDIS_PORT=$$(bin/ensure-redis --port); export REDIS_PORT; \
 	fi; \
-	echo "Starting $$procs; open http://127.0.0.1:$(PORT)/ (Ctrl-C stops everything)"; \
+	echo "Starting $$procs on http://127.0.0.1:$(PORT)/; how to log in follows once it answers (Ctrl-C stops everything)"; \
 	exec $(VENV)/bin/honcho start -f Procfile $$procs
 
 # --- slurm-demo: a local Slurm (root, slurm-wlm, munge, torch) with a training job, beside `make run` -------
 slurm-demo: export DEBUG ?= true
-slurm-demo: install
+slurm-demo: install $(LOCAL_ENV)
 	$(PY) manage.py slurm_demo --url http://127.0.0.1:$(PORT)
 
 # --- test: against PostgreSQL and a real Redis (DB 14 keeps away from a dev stack on DB 0) ------------------

@@ -5,6 +5,7 @@ below with its default and meaning; the README's configuration table and the
 docker-compose test are checked against that list.
 """
 
+import os
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlparse
@@ -30,7 +31,7 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "CELERY_VISIBILITY_TIMEOUT": (int, 300, "Seconds before an unacknowledged Celery message is redelivered (Redis broker)."),
     "CELERY_TASK_TIME_LIMIT": (int, 120, "Hard time limit of a Celery task, seconds."),
     "CELERY_ALWAYS_EAGER": (bool, False, "Run tasks in-process (only for quick local experiments; tests use a real worker)."),
-    "EVENT_RETENTION_DAYS": (int, 7, "How long the event outbox keeps events for catch-up."),
+    "EVENT_RETENTION_DAYS": (float, 7.0, "How long the event outbox keeps events for catch-up, days."),
     "AUDIT_RETENTION_DAYS": (int, 365, "How long audit entries are kept."),
     "OUTBOX_SWEEP_SECONDS": (int, 5, "How often beat re-sends events the relay could not deliver."),
     "OUTBOX_RELAY_TIMEOUT": (float, 1.0, "Seconds the after-commit relay waits for Redis before leaving an event to the sweep."),
@@ -38,6 +39,7 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "HEARTBEAT_SECONDS": (int, 5, "How often workers and beat write their heartbeat to Redis."),
     "TOKEN_LAST_USED_RESOLUTION": (int, 60, "Seconds between writes of an API token's last-used time."),
     "LOG_LEVEL": (str, "INFO", "Root log level."),
+    "LOG_ROUTINE_TASKS": (bool, False, "Log beat's routine tasks (the sweeps it sends every few seconds: sent, received, succeeded) at INFO like any task; off, they are DEBUG records, so the log at INFO shows the work that matters."),
     "PLAIN_HTTP": (bool, False, "Serve plain HTTP with DEBUG off: no redirect to HTTPS, no HSTS, cookies without Secure. Only for a local run on localhost (docker compose sets it) and the test suite; never in production. DEBUG=true implies it."),
     "SECURE_SSL_REDIRECT": (bool, True, "Redirect plain HTTP to HTTPS (unless DEBUG or PLAIN_HTTP). Turn off only where the proxy in front already redirects."),
     "SECURE_HSTS_SECONDS": (int, 31536000, "Strict-Transport-Security max-age, seconds (unless DEBUG or PLAIN_HTTP); start low (300) on a new domain, 0 turns HSTS off."),
@@ -49,10 +51,12 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "LOGIN_ADDRESS_RATE": (str, "60/min", "Login attempts allowed per client address, whatever the user name."),
     "TOKEN_CREATE_RATE": (str, "20/hour", "API and agent tokens one user may create or rotate (page or API); more are answered 429 with Retry-After."),
     "DEMO_ADMIN_USERNAME": (str, "admin", "User name of the demo provider-admin that `make run` creates."),
+    "LOCAL_ENV_FILE": (str, "var/local.env", "The local run's settings file (DEBUG, a generated SECRET_KEY, the database, demo-sized retention) that `make run` writes on first start; every process of the checkout reads it unless its environment sets SECRET_KEY, and a variable set in the environment wins over its line there. Empty: no file."),
+    "RETENTION_PRUNE_SECONDS": (int, 3600, "How often beat prunes telemetry, events and audit entries past their retention."),
     "TELEMETRY_MAX_BATCH_BYTES": (int, 8 * 1024 * 1024, "Largest telemetry batch accepted, bytes (413 above)."),
     "TELEMETRY_MAX_SKEW_SECONDS": (int, 300, "How far an agent's clock may be from the server's before its batch is refused."),
-    "TELEMETRY_RAW_RETENTION_HOURS": (int, 24, "How long raw GPU samples are kept (and the oldest reading a batch may carry)."),
-    "TELEMETRY_HISTORY_DAYS": (int, 30, "How long the per-node, per-minute history for charts is kept."),
+    "TELEMETRY_RAW_RETENTION_HOURS": (float, 24.0, "How long raw GPU samples are kept, hours (and the oldest reading a batch may carry)."),
+    "TELEMETRY_HISTORY_DAYS": (float, 30.0, "How long the per-node, per-minute history for charts and the facility series are kept, days."),
     "TELEMETRY_THERMAL_CELSIUS": (float, 90.0, "GPU temperature at which ingest reports a thermal fault."),
     "TELEMETRY_SYMBOL_ERRORS_PER_HOUR": (float, 100.0, "NIC symbol-error rate above which a link counts as degraded."),
     "RISK_SWEEP_SECONDS": (int, 60, "How often beat scores every node's risk of failing soon."),
@@ -98,6 +102,31 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
 env = environ.Env(**{name: (cast, default) for name, (cast, default, _) in ENVIRONMENT.items()})
 if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env")
+
+
+def local_env_file(environment=None) -> Path | None:
+    """The local run's settings file (var/local.env, written by `make run`) this process reads, or None.
+
+    Only a process that brings no SECRET_KEY of its own reads it: production, CI, docker compose and the test
+    suite (controlplane/testing/settings.py) set their own key, and so never pick up a checkout's local run.
+    LOCAL_ENV_FILE names another file, or, empty, none.
+    """
+    environment = os.environ if environment is None else environment
+    if environment.get("SECRET_KEY"):
+        return None
+    path = environment.get("LOCAL_ENV_FILE", str(VAR_DIR / "local.env"))
+    if not path:
+        return None
+    path = Path(path)
+    if not path.is_absolute():
+        path = BASE_DIR / path
+    return path if path.is_file() else None
+
+
+# A variable set in the environment wins over its line in the file (read_env only sets what is unset).
+LOCAL_ENV_FILE = local_env_file()
+if LOCAL_ENV_FILE is not None:
+    environ.Env.read_env(LOCAL_ENV_FILE)
 
 DEBUG = env("DEBUG")
 # Production is DEBUG off: it runs on its own key. A DEBUG run (`make run`) may fall back to a fixed development
@@ -349,13 +378,13 @@ CELERY_BEAT_SCHEDULE = {
     },
     "telemetry-retention-prune": {
         "task": "telemetry.retention_prune",
-        "schedule": timedelta(hours=1),
-        "options": {"expires": 1800},
+        "schedule": timedelta(seconds=env("RETENTION_PRUNE_SECONDS")),
+        "options": {"expires": min(1800, env("RETENTION_PRUNE_SECONDS"))},
     },
     "retention-prune": {
         "task": "controlplane.retention_prune",
-        "schedule": timedelta(hours=1),
-        "options": {"expires": 600},
+        "schedule": timedelta(seconds=env("RETENTION_PRUNE_SECONDS")),
+        "options": {"expires": min(600, env("RETENTION_PRUNE_SECONDS"))},
     },
 }
 
@@ -525,14 +554,29 @@ CACHES = {
 # Cluster credentials are encrypted at rest with these Fernet keys (controlplane/security_crypto.py).
 CREDENTIALS_KEYS = env("CREDENTIALS_KEYS")
 
+LOG_ROUTINE_TASKS = env("LOG_ROUTINE_TASKS")
+
 # Every log record passes through the redaction of secrets (controlplane/security_logging.py).
 LOGGING_CONFIG = "controlplane.security_logging.configure"
+# Beat's routine tasks log at DEBUG and a refused request on one line (controlplane/logging_filters.py). Django's
+# own "django" logger gets no handler of its own (its default prints to the console with DEBUG on, and the
+# record then reached the root's console as well: each 403 was logged twice) and the root's level.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"redact_secrets": {"()": "controlplane.security_logging.RedactSecretsFilter"}},
+    "filters": {
+        "redact_secrets": {"()": "controlplane.security_logging.RedactSecretsFilter"},
+        "routine_tasks_at_debug": {"()": "controlplane.logging_filters.RoutineTasksAtDebug"},
+        "client_errors_on_one_line": {"()": "controlplane.logging_filters.ClientErrorsOnOneLine"},
+    },
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact_secrets"]}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
+                             "filters": ["client_errors_on_one_line", "redact_secrets"]}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL")},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    "loggers": {
+        "django": {"handlers": [], "level": "NOTSET", "propagate": True},
+        "django.db.backends": {"level": "INFO"},
+        **{name: {"filters": ["routine_tasks_at_debug"]} for name in ("celery.beat", "celery.worker.strategy",
+                                                                       "celery.worker.request", "celery.app.trace")},
+    },
 }

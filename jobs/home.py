@@ -164,6 +164,10 @@ def event_history(*, user, topic: str, up_to: int, limit: int = HISTORY) -> list
             for event in rows]
 
 
+# The submit form places simulated jobs on nodes of this many GPUs (the service's default).
+SUBMIT_GPUS_PER_NODE = 8
+
+
 def _submit(request, tenant: Tenant) -> str | None:
     """The submit form: validates shape, then the job service decides. Returns an error to show, or None."""
     try:
@@ -180,8 +184,14 @@ def _submit(request, tenant: Tenant) -> str | None:
         return "GPUs must be between 1 and 4096, the checkpoint interval at least 1."
     try:
         job_submit(actor=request.user, tenant=tenant, cluster=cluster, name=name, gpus=gpus,
-                   seconds_per_iteration=seconds, checkpoint_interval=interval, total_iterations=10_000_000)
+                   gpus_per_node=SUBMIT_GPUS_PER_NODE, seconds_per_iteration=seconds, checkpoint_interval=interval,
+                   total_iterations=10_000_000)
     except ServiceError as error:
+        if error.status == 409 and error.field == "gpus":
+            # The service counts nodes ("needs 63"); the form asked for GPUs, so say it in both.
+            nodes = -(-gpus // SUBMIT_GPUS_PER_NODE)
+            return (f"{cluster.name} has too few free nodes for {gpus:,} GPUs: they take {nodes:,} free ready "
+                    f"nodes of {SUBMIT_GPUS_PER_NODE} GPUs. Ask for fewer GPUs or choose another cluster.")
         return f"{error.field + ': ' if error.field else ''}{error.detail}"
     return None
 
@@ -206,6 +216,8 @@ def home(request):
             return redirect("home")
     topic = f"tenant-{tenant.pk}"
     after = topic_seq(topic)
+    # A refused submission shows the form as it was sent, so the reader corrects it instead of retyping it.
+    submitted = request.POST if error else {}
     return render(request, "jobs/home_tenant.html", {
         "tenant": tenant, "data": tenant_dashboard(tenant), "who": who, "topic": topic, "after": after,
-        "error": error, "history": event_history(user=request.user, topic=topic, up_to=after)})
+        "error": error, "submitted": submitted, "history": event_history(user=request.user, topic=topic, up_to=after)})

@@ -146,7 +146,7 @@ class BlueprintWriteSerializer(serializers.Serializer):
 
 class VersionSerializer(serializers.ModelSerializer):
     parent = serializers.IntegerField(source="parent.number", read_only=True, default=None, allow_null=True)
-    clusters = serializers.SerializerMethodField(help_text="how many clusters carry it (in version lists)")
+    clusters = serializers.SerializerMethodField(help_text="how many clusters carry it")
 
     class Meta:
         model = BlueprintVersion
@@ -154,8 +154,10 @@ class VersionSerializer(serializers.ModelSerializer):
                   "activated_at", "disabled_at", "clusters"]
         read_only_fields = fields
 
-    def get_clusters(self, version) -> int | None:
-        return getattr(version, "cluster_count", None)
+    def get_clusters(self, version) -> int:
+        # Lists annotate the count (one query for all); a single version (created, patched, activated) counts.
+        count = getattr(version, "cluster_count", None)
+        return version.clusters.count() if count is None else count
 
 
 class VersionWriteSerializer(serializers.Serializer):
@@ -200,11 +202,13 @@ class RolloutClusterSerializer(serializers.ModelSerializer):
 
 class RolloutSerializer(serializers.ModelSerializer):
     blueprint = serializers.CharField(source="version.blueprint.name", read_only=True)
-    version_number = serializers.IntegerField(source="version.number", read_only=True)
+    # The number a rollout is started with and a version is addressed by (versions/{number}/), not a row id.
+    version = serializers.IntegerField(source="version.number", read_only=True,
+                                       help_text="the blueprint version's number (1, 2, 3…)")
 
     class Meta:
         model = Rollout
-        fields = ["id", "blueprint", "version", "version_number", "state", "targets", "canary", "batch_size",
+        fields = ["id", "blueprint", "version", "state", "targets", "canary", "batch_size",
                   "batch_percent", "max_failures", "progress_deadline_seconds", "soak_seconds", "change_window",
                   "auto_rollback", "current_batch", "reason", "created_at", "started_at", "finished_at"]
         read_only_fields = fields

@@ -99,8 +99,36 @@ class FaultSerializer(serializers.ModelSerializer):
                   "handled_at", "triage", "needs_human", "details", "incident"]
 
 
+@extend_schema_field({"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string", "minLength": 1, "maxLength": 100}]})
+class IdOrNameField(serializers.Field):
+    """A row named by its id (an integer, or a string of digits) or by its name (any other string)."""
+
+    default_error_messages = {"invalid": "an id (a whole number) or a name (1 to 100 characters)"}
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, (int, str)):
+            self.fail("invalid")
+        if isinstance(data, int):
+            if data < 1 or data > 2**63 - 1:
+                self.fail("invalid")
+            return data
+        text = data.strip()
+        if not text or len(text) > 100 or "\x00" in text:
+            self.fail("invalid")
+        if text.isascii() and text.isdigit():
+            return self.to_internal_value(int(text))
+        return text
+
+    def to_representation(self, value):
+        return value
+
+
 class FaultReportSerializer(serializers.Serializer):
-    node = serializers.IntegerField(min_value=1)
+    node = IdOrNameField(required=False, help_text="the node: its id, or its hostname")
+    hostname = serializers.CharField(max_length=100, required=False,
+                                     help_text="the node's hostname (instead of node)")
+    cluster = IdOrNameField(required=False, help_text="the node's cluster, id or name: needed only when the "
+                                                      "hostname is on several clusters")
     kind = serializers.ChoiceField(choices=FaultKind.choices)
     source = serializers.ChoiceField(choices=FaultSource.choices, default=FaultSource.API)
     xid = serializers.IntegerField(min_value=0, max_value=100_000, required=False, allow_null=True)
@@ -111,6 +139,10 @@ class FaultReportSerializer(serializers.Serializer):
     details = serializers.DictField(required=False)
 
     def validate(self, data):
+        if "node" in data and "hostname" in data:
+            raise serializers.ValidationError({"hostname": ["name the node once: node or hostname, not both"]})
+        if "node" not in data and "hostname" not in data:
+            raise serializers.ValidationError({"node": ["name the node: its id or hostname"]})
         if data["kind"] == FaultKind.GPU_XID and data.get("xid") is None:
             raise serializers.ValidationError({"xid": ["a gpu_xid fault needs its code"]})
         return data

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 
 from controlplane.api import ScopedViewSet
 from controlplane.openapi import ErrorSerializer
+from fleet import selectors as fleet_selectors
 from fleet.models import Cluster, Node
 from jobs import figures, selectors
 from jobs.api.serializers import (
@@ -188,11 +189,8 @@ class FaultViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewS
         data = FaultReportSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
-        # Only what intake reads (the hot path of fault reports: every column of a node and its cluster costs).
-        node = (Node.objects.select_related("cluster").only(*fault_services.INGEST_NODE_FIELDS)
-                .filter(pk=values.pop("node")).first())
-        if node is None:
-            raise exceptions.ValidationError({"node": ["no such node"]})
+        node = self._reported_node(node=values.pop("node", None), hostname=values.pop("hostname", None),
+                                   cluster=values.pop("cluster", None))
         key = (request.headers.get("Idempotency-Key") or "").strip() or None
         if key and len(key) > 200:
             raise exceptions.ValidationError({"Idempotency-Key": ["at most 200 characters"]})
@@ -200,6 +198,29 @@ class FaultViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewS
         body = FaultSerializer(fault).data
         return Response({**body, "created": created}, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
+
+    def _reported_node(self, *, node: int | str | None, hostname: str | None, cluster: int | str | None) -> Node:
+        """The node a report names: by id, or by hostname (with its cluster where several clusters have it)."""
+        # Only what intake reads (the hot path of fault reports: every column of a node and its cluster costs).
+        nodes = fleet_selectors.node_list(user=self.request.user).only(*fault_services.INGEST_NODE_FIELDS)
+        if isinstance(node, int):
+            nodes = nodes.filter(pk=node)
+        else:
+            hostname = node if node is not None else hostname
+            nodes = nodes.filter(hostname=hostname)
+        if cluster is not None:
+            nodes = nodes.filter(cluster_id=cluster) if isinstance(cluster, int) else nodes.filter(cluster__name=cluster)
+        found = list(nodes[:2])
+        field = "hostname" if node is None else "node"
+        if not found:
+            where = f" on cluster {cluster}" if cluster is not None else ""
+            raise exceptions.ValidationError({field: [f"no node named {hostname}{where}" if hostname else "no such node"]})
+        if len(found) > 1:
+            clusters = sorted(nodes.values_list("cluster__name", flat=True))
+            raise exceptions.ValidationError({field: [
+                f"hostname {hostname} is on several clusters ({', '.join(clusters)}): name its cluster "
+                f"(\"cluster\": id or name) or give the node's id"]})
+        return found[0]
 
     @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["post"])

@@ -40,8 +40,8 @@ def _pick_nodes(cluster: Cluster, nodes_needed: int, gpu_model: str | None) -> l
         rows = rows.filter(gpu_model=gpu_model)
     picked = list(rows.distinct()[:nodes_needed])
     if len(picked) < nodes_needed:
-        raise ServiceError(f"cluster {cluster.name} has {len(picked)} free ready nodes; the job needs {nodes_needed}",
-                           field="gpus", status=409)
+        raise ServiceError(f"cluster {cluster.name} has {len(picked)} free ready nodes; the job needs {nodes_needed} "
+                           f"node{'s' if nodes_needed != 1 else ''} for its GPUs", field="gpus", status=409)
     return picked
 
 

@@ -37,6 +37,7 @@ def test_tenant_admin_submits_on_a_simulated_cluster_and_gets_a_job_token(api, u
     too_big = api.as_token(users["tenant-admin"]).post("/api/v1/jobs/", {"name": "w", "cluster": shared.pk, "gpus": 800},
                                                       format="json")
     assert too_big.status_code == 409
+    assert "needs 100 nodes for its GPUs" in too_big.json()["gpus"][0], too_big.json()
 
 
 def test_progress_with_the_job_token_only_for_its_own_job(api, users, world):

@@ -2,14 +2,17 @@
 
     .venv/bin/python bench/predictor_nab.py                 # leave-one-series-out over the 16 shared series
     .venv/bin/python bench/predictor_nab.py --compare       # ... for every family of detectors tried
+    .venv/bin/python bench/predictor_nab.py --compare --family river --family ruptures   # ... for some
     .venv/bin/python bench/predictor_nab.py --data DIR --windows FILE [--labels FILE] [--orion FILE]
 
 With no options: leave-one-series-out over every shared labelled series (``../shared/data/anomaly``, both
 folders). For each series, the candidate configuration (``telemetry.prediction.evaluation.CANDIDATES``) with the
 best summed F1 on the other fifteen is chosen and run on it; the table shows each series as scored by the
 configuration chosen without it, the held-out sums per folder and overall (``held-out F1 overall 0.xxx``), the
-lead times, and TadGAN's sums from Orion's published results where they cover the series. ``--compare`` does the
-same for every family of detectors tried and prints their held-out F1 side by side.
+lead times (and how many detections began before the label: by an alarm already standing when the window opened,
+the hold's doing, or by one raised inside the window ahead of the label), and TadGAN's sums from Orion's published
+results where they cover the series. ``--compare`` does the same for every family of detectors tried (``--family``
+picks some) and prints their held-out F1 and lead times side by side.
 
 With ``--data``: every ``timestamp,value`` CSV under DIR keyed in the windows file as ``<folder>/<file>.csv`` is
 streamed through the one configuration chosen on the sixteen shared series (``detector.CONFIG``), unchanged:
@@ -65,12 +68,17 @@ def describe(config) -> str:
     return "CONFIG" if not changed else "CONFIG with " + ", ".join(f"{k}={v}" for k, v in changed.items())
 
 
-def lead_summary(leads: list[float]) -> str:
+def lead_summary(results) -> str:
+    """The lead times of these results' detections, and where the early ones come from."""
+    leads = [lead for result in results for lead in result.found_leads]
     if not leads:
         return "no detection"
-    early = sum(lead > 0 for lead in leads)
+    held = sum(result.early[0] for result in results)
+    inside = sum(result.early[1] for result in results)
     return (f"median {hours(statistics.median(leads))}, mean {hours(statistics.mean(leads))}, "
-            f"earliest {hours(max(leads))}, latest {hours(min(leads))}; {early} of {len(leads)} before the label")
+            f"earliest {hours(max(leads))}, latest {hours(min(leads))}; {held + inside} of {len(leads)} before the "
+            f"label: {held} by an alarm raised before the window opened (the hold), {inside} raised inside the "
+            f"window ahead of the label")
 
 
 def table(corpus, results, orion_path: Path, label: str) -> dict[str, Scores]:
@@ -79,24 +87,21 @@ def table(corpus, results, orion_path: Path, label: str) -> dict[str, Scores]:
     by_folder: dict[str, list[int]] = defaultdict(list)
     for i, series in enumerate(corpus):
         by_folder[series.folder].append(i)
-    all_leads: list[float] = []
     for folder, indices in by_folder.items():
         total = Scores()
-        leads: list[float] = []
         print(f"== {folder} ({len(indices)} series)")
         print(f"{'series':44s} {'tp':>3s} {'fp':>3s} {'fn':>3s} {'prec':>6s} {'recall':>6s} {'F1':>6s}  "
               "lead time per window")
         for i in indices:
             series, result = corpus[i], results[i]
             total += result.scores
-            leads += result.found_leads
             lead_text = ", ".join("missed" if lead is None else hours(lead) for lead in result.leads) or "(no window)"
             s = result.scores
             print(f"{series.key.split('/', 1)[1][:44]:44s} {s.tp:3d} {s.fp:3d} {s.fn:3d} {fmt(s.precision):>6s} "
                   f"{fmt(s.recall):>6s} {fmt(s.f1):>6s}  {lead_text}")
         print(f"{'SUM':44s} {total.tp:3d} {total.fp:3d} {total.fn:3d} {fmt(total.precision):>6s} "
               f"{fmt(total.recall):>6s} {fmt(total.f1):>6s}")
-        print(f"lead time of detections: {lead_summary(leads)}")
+        print(f"lead time of detections: {lead_summary([results[i] for i in indices])}")
         print(f"{label}F1 {folder} {fmt(total.f1)}")
         signals = {Path(corpus[i].key).stem for i in indices}
         orion = orion_sums(orion_path, "tadgan", signals)
@@ -114,13 +119,12 @@ def table(corpus, results, orion_path: Path, label: str) -> dict[str, Scores]:
             print("TadGAN (Orion): no results for these series")
         print()
         sums[folder] = total
-        all_leads += leads
     overall = Scores()
     for total in sums.values():
         overall += total
     sums["overall"] = overall
     print(f"{label}F1 overall {fmt(overall.f1)} (tp {overall.tp} fp {overall.fp} fn {overall.fn})")
-    print(f"lead time of all detections: {lead_summary(all_leads)}")
+    print(f"lead time of all detections: {lead_summary(results)}")
     return sums
 
 
@@ -139,28 +143,31 @@ def loso(corpus, candidates, orion_path: Path) -> dict[str, Scores]:
     return table(corpus, [fold.result for fold in folds], orion_path, "held-out ")
 
 
-def compare(corpus, orion_path: Path) -> None:
+def compare(corpus, families: list[str]) -> None:
     rows = []
-    for name, candidates in evaluation.FAMILIES.items():
+    for name in families:
         started = time.perf_counter()
-        matrix = evaluation.score_matrix(candidates, corpus)
+        matrix = evaluation.score_matrix(evaluation.FAMILIES[name], corpus)
         folds = evaluation.leave_one_out(matrix)
         sums: dict[str, Scores] = defaultdict(Scores)
-        leads: list[float] = []
         for fold in folds:
             sums[corpus[fold.series].folder] += fold.result.scores
             sums["overall"] += fold.result.scores
-            leads += fold.result.found_leads
-        rows.append((name, sums, leads, time.perf_counter() - started))
-        print(f"{name}: held-out F1 overall {fmt(sums['overall'].f1)} ({time.perf_counter() - started:.0f} s)",
-              flush=True)
+        results = [fold.result for fold in folds]
+        rows.append((name, sums, results, time.perf_counter() - started))
+        print(f"{name}: held-out F1 overall {fmt(sums['overall'].f1)}, lead time {lead_summary(results)} "
+              f"({time.perf_counter() - started:.0f} s)", flush=True)
     folders = sorted({series.folder for series in corpus})
-    print(f"\n| family (parameters chosen inside each fold) | {' | '.join(folders)} | overall | median lead |")
-    print(f"| --- | {' | '.join('---' for _ in folders)} | --- | --- |")
-    for name, sums, leads, _ in rows:
+    print(f"\n| family (parameters chosen inside each fold) | {' | '.join(folders)} | overall | median lead | "
+          "before the label (held / inside the window) | time |")
+    print(f"| --- | {' | '.join('---' for _ in folders)} | --- | --- | --- | --- |")
+    for name, sums, results, seconds in rows:
         cells = [f"{sums[f].tp}/{sums[f].fp}/{sums[f].fn} F1 {fmt(sums[f].f1)}" for f in folders]
+        leads = [lead for result in results for lead in result.found_leads]
         median = hours(statistics.median(leads)) if leads else "-"
-        print(f"| {name} | {' | '.join(cells)} | **{fmt(sums['overall'].f1)}** | {median} |")
+        held, inside = (sum(result.early[i] for result in results) for i in (0, 1))
+        print(f"| {name} | {' | '.join(cells)} | **{fmt(sums['overall'].f1)}** | {median} | "
+              f"{held + inside} of {len(leads)} ({held} / {inside}) | {seconds:.0f} s |")
 
 
 def main() -> int:
@@ -174,8 +181,18 @@ def main() -> int:
                         help="Orion results CSV (default: DATA/orion_scores_realAWSCloudwatch.csv)")
     parser.add_argument("--corpus", action="append", default=None,
                         help="only these folders (repeatable; default: every folder with series under DATA)")
-    parser.add_argument("--compare", action="store_true", help="leave-one-series-out for every family tried")
+    parser.add_argument("--compare", action="store_true", help="leave-one-series-out for every family tried "
+                        "(but the slow ones: " + "; ".join(evaluation.SLOW_FAMILIES) + ")")
+    parser.add_argument("--family", action="append", default=None,
+                        help="with --compare: only the families whose name contains this (repeatable; "
+                        "\"all\" for every one, the slow ones too)")
     args = parser.parse_args()
+    families = [name for name in evaluation.FAMILIES if name not in evaluation.SLOW_FAMILIES]
+    if args.family:
+        families = [name for name in evaluation.FAMILIES
+                    if any(part == "all" or part.lower() in name.lower() for part in args.family)]
+        if not families:
+            parser.error(f"no family matches {args.family}; the families: {'; '.join(evaluation.FAMILIES)}")
     data = args.data or DATA
     windows_path = args.windows or data / "windows.json"
     labels_path = args.labels or data / "labels.json"
@@ -190,7 +207,7 @@ def main() -> int:
     print(f"probationary period: first {evaluation.PROBATION:.0%} of each series (learning only)")
     started = time.perf_counter()
     if args.compare:
-        compare(corpus, orion_path)
+        compare(corpus, families)
     elif args.data is None:
         loso(corpus, evaluation.CANDIDATES, orion_path)
     else:

@@ -13,7 +13,7 @@ APPS = ("controlplane", "tenancy", "fleet", "jobs", "telemetry", "simulator")
 # Code that runs only under the test suite or benchmarks, with the test extras installed.
 TEST_ONLY = ("controlplane/testing/", "/tests/")
 # Detector families tried and not shipped (docs/prediction.md): imported only by bench/predictor_nab.py --compare.
-OPTIONAL = {"statsmodels", "stumpy"}
+OPTIONAL = {"statsmodels", "stumpy", "river", "ruptures"}
 
 
 def _name(requirement: str) -> str:

@@ -1,7 +1,7 @@
 """The anomaly detector online: each node's series run through ``StreamingDetector`` as the risk sweep sees them.
 
 Every beat the sweep hands over each node's latest features (kept by ingest as readings arrive) and this module
-folds them into one detector per node and series. Each detector's state (about 7 KB: two weeks of hourly
+folds them into one detector per node and series. Each detector's state (about 8 KB: two weeks of hourly
 summaries) lives in one Redis hash, read and written back in one round trip each per beat; the sweep never goes
 back to the samples. A node whose series has an alarm raised gets the ``anomaly`` evidence of ``risk.py``.
 
@@ -54,8 +54,9 @@ def describe(series: str, verdict: Verdict, value: float) -> str:
     if not verdict.channel or math.isnan(verdict.baseline):
         return f"{name} unusual for this node in the last hours ({number.format(value)} {unit} now)"
     where = "above" if verdict.direction > 0 else "below"
-    what = "its last hour" if verdict.channel == "level" else "now"
-    return (f"{name} unusual for this node: {number.format(value)} {unit} {what}, {where} its usual "
+    what = "its last hour" if verdict.channel in ("level", "slow") else "now"
+    usual = "its two weeks' usual" if verdict.channel == "slow" else "its usual"
+    return (f"{name} unusual for this node: {number.format(value)} {unit} {what}, {where} {usual} "
             f"{number.format(verdict.baseline)} {unit}")
 
 

@@ -54,6 +54,12 @@ class Scores:
         return 2 * self.tp / (2 * self.tp + self.fp + self.fn)
 
 
+def first_starts(expected: list[Interval], observed: list[Interval]) -> list[float | None]:
+    """Per window: the start of the first detection overlapping it, or None."""
+    starts = [[interval[0] for interval in observed if overlaps(window, interval)] for window in expected]
+    return [min(found) if found else None for found in starts]
+
+
 def lead_times(expected: list[Interval], labels: list[float], observed: list[Interval]) -> list[float | None]:
     """Per window: its labelled anomaly time minus the start of the first detection overlapping it, in seconds
     (positive: detected early), or None when nothing overlaps it. ``labels`` pair with ``expected`` in order

@@ -1,6 +1,7 @@
 """The streaming anomaly detector: scoring by overlapping segments, synthetic series, its state, and the online hook."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from django.utils import timezone
 from fleet.models import Node
 from telemetry.models import GPUState
 from telemetry.prediction import online
-from telemetry.prediction.detector import CONFIG, StreamingDetector, alarm_intervals
+from telemetry.prediction.detector import CONFIG, StreamingDetector, Verdict, _change_point, alarm_intervals
 from telemetry.prediction.risk import NodeFeatures, node_risk
 from telemetry.prediction.scoring import Scores, lead_times, overlap_segment
 from telemetry.services.prediction import risk_sweep
@@ -58,10 +59,10 @@ def test_alarm_intervals_are_runs_of_alarmed_readings():
 
 # --- the detector on synthetic series -----------------------------------------------------------------------
 
-def run(values, *, learn_days=1.0, step=STEP):
-    """Stream ``values`` (one every ``step`` s); learning only for the first ``learn_days``. Returns the
-    timestamps and verdicts."""
-    detector = StreamingDetector(CONFIG)
+def run(values, *, learn_days=1.0, step=STEP, config=CONFIG):
+    """Stream ``values`` (one every ``step`` s) through a detector of ``config``; learning only for the first
+    ``learn_days``. Returns the timestamps and verdicts."""
+    detector = StreamingDetector(config)
     times = [T0 + i * step for i in range(len(values))]
     verdicts = [detector.update(t, v, detect=t - T0 >= learn_days * DAY) for t, v in zip(times, values, strict=True)]
     return times, verdicts
@@ -141,7 +142,7 @@ def test_readings_out_of_order_or_not_numbers_change_nothing():
     assert detector.to_bytes() == before
 
 
-# --- the channels the benchmark compares (off in CONFIG) ---------------------------------------------------------
+# --- the channels the benchmark compares (all but the slow level are off in CONFIG) -----------------------------
 
 def daily_cycle_with_a_flat_peak():
     """Nine days of a daily cycle; on day 8 the peak hours stay at the day's mean (inside the day's range)."""
@@ -180,23 +181,97 @@ def test_the_discord_channel_scores_a_shape_the_memory_never_had():
     assert odd > 10 * usual and usual < 0.1
 
 
+def first_alarm(verdicts, since):
+    """Hours from reading ``since`` to the first alarm raised, and the channel that raised it (None: none)."""
+    found = next(((i, v.channel) for i, v in enumerate(verdicts) if v.new), None)
+    return found and ((found[0] - since) * STEP / 3600.0, found[1])
+
+
+def test_the_slow_channel_sees_a_drift_that_the_daily_baseline_follows():
+    values = noise(12, 3, sigma=1.0)
+    start = int(4 * DAY / STEP)
+    values[start:] += np.arange(len(values) - start) * STEP / 3600.0 * 0.1     # 0.1 units an hour, for eight days
+    assert CONFIG.slow
+    hours, channel = first_alarm(run(values)[1], start)
+    assert channel == "slow" and 12 < hours < 96                  # once the level is out of the two weeks' range
+    # without it, the baseline (the last day) keeps up with the drift and nothing is ever raised
+    assert first_alarm(run(values, config=replace(CONFIG, slow=False))[1], start) is None
+
+
+def test_the_drift_channel_adds_up_a_shift_too_small_for_the_level_channel():
+    values = noise(10, 4, sigma=1.0)
+    start = int(5 * DAY / STEP)
+    values[start:start + int(DAY / STEP)] += 2.0                   # about 2.5 spreads, for a day: under z_min
+    core = replace(CONFIG, slow=False)
+    assert first_alarm(run(values, config=core)[1], start) is None
+    hours, channel = first_alarm(run(values, config=replace(core, drift_k=1.0, drift_h=4.0))[1], start)
+    assert channel == "drift" and 2 < hours < 8                    # 4 spread-hours at about 1.5 beyond the allowance
+
+
+def test_the_trend_channel_warns_before_the_level_gets_there():
+    values = noise(8, 5, sigma=1.0)
+    start, length = int(5 * DAY / STEP), int(DAY / 2 / STEP)
+    values[start:start + length] += np.linspace(0.0, 30.0, length)  # 30 units over twelve hours
+    values[start + length:] += 30.0
+    core = replace(CONFIG, slow=False)
+    level_hours, level_channel = first_alarm(run(values, config=core)[1], start)
+    trend_hours, trend_channel = first_alarm(run(values, config=replace(core, trend_blocks=6))[1], start)
+    assert (level_channel, trend_channel) == ("level", "trend") and trend_hours < level_hours
+
+
+def test_the_change_point_is_ruptures_best_split_of_the_last_two_days():
+    rng = np.random.default_rng(1)
+    recent = np.r_[np.zeros(44), np.full(4, 5.0)] + rng.normal(0, 0.1, 48)
+    assert _change_point(recent, 1.0) == pytest.approx(5.0, abs=0.2)     # the shift's size, in spreads
+    assert _change_point(recent, 2.0) == pytest.approx(2.5, abs=0.1)
+    assert _change_point(np.r_[np.zeros(24), np.full(24, 5.0)], 1.0) == 0.0   # a day ago: not a new change
+    assert _change_point(np.zeros(10), 1.0) == 0.0                            # too short to tell
+
+
+@pytest.mark.parametrize("library", ["page_hinkley", "adwin", "half_space_trees"])
+def test_rivers_models_run_as_a_channel_and_cannot_be_carried_between_processes(library):
+    config = replace(CONFIG, slow=False, library=library)
+    values = noise(6, 6, sigma=1.0)
+    values[int(4 * DAY / STEP):] -= 6.0
+    detector = StreamingDetector(config)
+    verdicts = [detector.update(T0 + i * STEP, v, detect=i * STEP >= DAY) for i, v in enumerate(values)]
+    assert any(v.new for v in verdicts) and detector.model is not None
+    with pytest.raises(ValueError, match="river"):
+        detector.to_bytes()
+
+
+def test_a_slow_level_alarm_is_described_against_the_two_weeks():
+    verdict = Verdict(alarm=True, score=1.0, channel="slow", direction=1, deviation=9.0, baseline=61.0)
+    assert online.describe("gpu_temperature", verdict, 70.0) == (
+        "hottest GPU temperature unusual for this node: 70 °C its last hour, above its two weeks' usual 61 °C")
+    verdict.channel = "reading"
+    assert online.describe("gpu_temperature", verdict, 70.0).endswith("70 °C now, above its usual 61 °C")
+
+
 # --- state ----------------------------------------------------------------------------------------------------
 
-def test_state_round_trip_continues_exactly():
+# the shipped configuration, and one with every channel that keeps state of its own switched on
+EVERY_CHANNEL = replace(CONFIG, drift_k=2.0, trend_blocks=6, library="ruptures")
+
+
+@pytest.mark.parametrize("config", [CONFIG, EVERY_CHANNEL], ids=["shipped", "every channel"])
+def test_state_round_trip_continues_exactly(config):
     values = noise(6, 9)
     values[int(4.5 * DAY / STEP)] = 150.0
+    values[int(5 * DAY / STEP):] += np.linspace(0, 20, len(values) - int(5 * DAY / STEP))   # and a drift
     times = [T0 + i * STEP for i in range(len(values))]
-    whole = StreamingDetector()
+    whole = StreamingDetector(config)
     expected = [whole.update(t, v, detect=t - T0 >= DAY) for t, v in zip(times, values, strict=True)]
     assert any(v.alarm for v in expected)
-    got, detector = [], StreamingDetector()
+    got, detector = [], StreamingDetector(config)
     for t, v in zip(times, values, strict=True):
-        detector = StreamingDetector.from_bytes(detector.to_bytes())   # as if every reading came to a new process
+        detector = StreamingDetector.from_bytes(detector.to_bytes(), config)   # as if each reading came to a new process
         got.append(detector.update(t, v, detect=t - T0 >= DAY))
     assert [(v.alarm, v.new, round(v.score, 9)) for v in got] == [(v.alarm, v.new, round(v.score, 9)) for v in expected]
+    assert (detector.G_up, detector.T, detector.M, detector.L) == (whole.G_up, whole.T, whole.M, whole.L)
     assert StreamingDetector.from_bytes(StreamingDetector(phase=1800).to_bytes()).phase == 1800
     blob = detector.to_bytes()
-    assert len(blob) < 8000                                          # bounded: a week of hours, not the readings
+    assert len(blob) < 9000                                          # bounded: two weeks of hours, not the readings
     with pytest.raises(ValueError):
         StreamingDetector.from_bytes(b"nonsense")
     with pytest.raises(ValueError):

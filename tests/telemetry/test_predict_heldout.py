@@ -45,10 +45,13 @@ def test_held_out_f1_beats_tadgan_on_aws_and_holds_its_floors(evaluated):
     known, _ = held_out(corpus, folds, "realKnownCause")
     overall, leads = held_out(corpus, folds)
     assert aws.f1 > TADGAN_AWS.f1 and aws.f1 >= 0.96, aws
-    assert known.f1 >= 0.53, known
-    assert overall.f1 >= 0.72, overall
-    assert statistics.median(leads) >= 0.0 and sum(lead > 0 for lead in leads) >= 7
-    assert seconds < 60
+    assert known.f1 >= 0.58, known
+    assert overall.f1 >= 0.75, overall
+    # the median lead is +0.0 h, not above it (docs/prediction.md, *Lead time*): a floor at what is reached
+    assert statistics.median(leads) >= 0.0 and sum(lead > 0 for lead in leads) >= 8
+    early_inside = sum(fold.result.early[1] for fold in folds)
+    assert early_inside >= 4   # detections raised inside their window ahead of the label, not held from before
+    assert seconds < 180   # eight candidates over 103,758 readings: 46-82 s on two cores shared at load average 6-7
 
 
 def test_the_shipped_configuration_is_the_one_chosen_on_all_sixteen(evaluated):
@@ -58,3 +61,22 @@ def test_the_shipped_configuration_is_the_one_chosen_on_all_sixteen(evaluated):
     for fold in folds:
         others = [s for s in range(len(corpus)) if s != fold.series]
         assert fold.chosen == evaluation.choose(matrix, others)
+
+
+def _result(tp, fp, fn, leads):
+    return evaluation.Result(Scores(tp, fp, fn), leads, [False] * len(leads))
+
+
+def test_the_choice_prefers_the_earlier_warning_among_candidates_of_similar_f1():
+    hour = 3600.0
+    best = [_result(10, 1, 1, [0.0] * 10)]                          # F1 0.909, warns at the label
+    close = [_result(10, 1, 1, [2 * hour] * 6 + [0.0] * 4)]         # the same F1, two hours earlier
+    slightly_worse = [_result(10, 1, 2, [5 * hour] * 10)]           # F1 0.870: beyond the margin
+    assert evaluation.choose([best, close], [0]) == 1
+    assert evaluation.choose([best, slightly_worse], [0]) == 0
+    assert evaluation.F1_MARGIN < best[0].scores.f1 - slightly_worse[0].scores.f1
+    within = [_result(17, 2, 2, [hour] * 17)]                       # F1 0.895: within 0.02 of 0.909, an hour early
+    assert evaluation.choose([best, within], [0]) == 1
+    # at the same lead, the better F1; at the same F1 and lead, the simpler (the first)
+    assert evaluation.choose([[_result(9, 1, 2, [0.0] * 9)], best], [0]) == 1
+    assert evaluation.choose([best, [_result(10, 1, 1, [0.0] * 10)]], [0]) == 0

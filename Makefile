@@ -35,7 +35,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml agent/pyproject.toml | $(PY)
-	$(PY) -m pip install -e '.[test]' -e './agent[redfish,test,protect]'
+	$(PY) -m pip install -e '.[test]' -e './agent[redfish,test,protect,metrics]'
 	@touch $@ $(RUN_STAMP)
 
 $(RUN_STAMP): pyproject.toml | $(PY)

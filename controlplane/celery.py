@@ -45,3 +45,17 @@ def _database_connections_checked(**_):
 
     close_old_connections()
 
+
+@task_prerun.connect
+def _sweep_started(task_id=None, task=None, **_):
+    from controlplane.metrics import sweep_started
+
+    sweep_started(task_id=task_id, name=getattr(task, "name", None))
+
+
+@task_postrun.connect
+def _sweep_finished(task_id=None, task=None, state=None, **_):
+    """Each sweep's duration for /metrics (lockstep_sweep_duration_seconds)."""
+    from controlplane.metrics import sweep_finished
+
+    sweep_finished(task_id=task_id, name=getattr(task, "name", None), state=state)

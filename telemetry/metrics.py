@@ -2,50 +2,69 @@
 
 Reading the database (instead of counting in each process) gives every web process the same answer, needs
 no multiprocess mode, and survives restarts. Names follow Prometheus conventions: the ``lockstep_`` prefix,
-base units (seconds, so GPU-hours are exposed as GPU-seconds), ``_total`` for counters.
+base units (seconds, so GPU-hours are exposed as GPU-seconds), ``_total`` for counters. A labelled family
+lists every value of its choices, 0 where no row has it, so rate() sees a first increase. Lockstep's own health
+(outbox, queues, heartbeats, sweeps: controlplane/metrics.py) is served beside these; the alert rules in
+deploy/prometheus/rules/ read both.
 """
 
 from datetime import timedelta
 
-from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Q, Sum
+from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Min, Q, Sum
+from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from controlplane.metrics import HealthCollector
+from fleet.choices import DriftKind, GPUHealth, NodeState, RolloutState
 from fleet.models import GPU, Node
 from fleet.models.drift import DriftFinding
 from fleet.models.rollouts import Rollout
+from jobs.choices import ActionKind, ActionState, FaultKind, FaultState
 from jobs.models import FaultEvent, RecoveryAction
 
 DECISION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-def _by(queryset, field: str) -> list[tuple[str, int]]:
-    return list(queryset.values_list(field).annotate(n=Count("pk")).order_by(field))
+def _by(queryset, field: str, choices) -> list[tuple[str, int]]:
+    """Counts by ``field``, with every choice present (0 when none): a series that appears only once its first
+    row exists would hide that first increase from rate() and increase()."""
+    counts = {value: 0 for value in choices.values}
+    counts.update(queryset.values_list(field).annotate(n=Count("pk")).order_by(field))
+    return sorted(counts.items())
 
 
 class LockstepCollector:
     def collect(self):
         gpus = GaugeMetricFamily("lockstep_gpus", "GPUs by health", labels=["health"])
-        for health, n in _by(GPU.objects.all(), "health"):
+        for health, n in _by(GPU.objects.all(), "health", GPUHealth):
             gpus.add_metric([health], n)
         yield gpus
 
         nodes = GaugeMetricFamily("lockstep_nodes", "Nodes by state", labels=["state"])
-        for state, n in _by(Node.objects.all(), "state"):
+        for state, n in _by(Node.objects.all(), "state", NodeState):
             nodes.add_metric([state], n)
         yield nodes
 
         faults = CounterMetricFamily("lockstep_faults", "Fault events stored, by kind", labels=["kind"])
-        for kind, n in _by(FaultEvent.objects.all(), "kind"):
+        for kind, n in _by(FaultEvent.objects.all(), "kind", FaultKind):
             faults.add_metric([kind], n)
         yield faults
 
         actions = CounterMetricFamily("lockstep_recovery_actions", "Recovery actions by kind and outcome",
                                       labels=["kind", "outcome"])
-        rows = RecoveryAction.objects.values_list("kind", "state").annotate(n=Count("pk")).order_by("kind", "state")
-        for kind, state, n in rows:
+        rows = {(kind, state): 0 for kind in ActionKind.values for state in ActionState.values}
+        rows.update(((kind, state), n) for kind, state, n in
+                    RecoveryAction.objects.values_list("kind", "state").annotate(n=Count("pk")).order_by())
+        for (kind, state), n in sorted(rows.items()):
             actions.add_metric([kind, state], n)
         yield actions
+
+        waiting = FaultEvent.objects.filter(state=FaultState.NEW).aggregate(n=Count("pk"), oldest=Min("received_at"))
+        yield GaugeMetricFamily("lockstep_faults_waiting", "Faults stored and not yet decided (new)", value=waiting["n"])
+        yield GaugeMetricFamily(
+            "lockstep_faults_waiting_oldest_seconds", "How long the oldest undecided fault has waited (0: none)",
+            value=(timezone.now() - waiting["oldest"]).total_seconds() if waiting["oldest"] else 0.0)
 
         saved = RecoveryAction.objects.filter(state="succeeded").aggregate(
             saved=Sum("gpu_hours_saved"), lost=Sum("gpu_hours_lost"))
@@ -68,12 +87,12 @@ class LockstepCollector:
         yield histogram
 
         rollouts = GaugeMetricFamily("lockstep_rollouts", "Rollouts by state", labels=["state"])
-        for state, n in _by(Rollout.objects.all(), "state"):
+        for state, n in _by(Rollout.objects.all(), "state", RolloutState):
             rollouts.add_metric([state], n)
         yield rollouts
 
         drift = GaugeMetricFamily("lockstep_drift_findings_open", "Open drift findings by kind", labels=["kind"])
-        for kind, n in _by(DriftFinding.objects.filter(resolved_at__isnull=True), "kind"):
+        for kind, n in _by(DriftFinding.objects.filter(resolved_at__isnull=True), "kind", DriftKind):
             drift.add_metric([kind], n)
         yield drift
 
@@ -86,4 +105,5 @@ def _latency_sum(decided) -> float:
 def exposition() -> bytes:
     registry = CollectorRegistry()
     registry.register(LockstepCollector())
+    registry.register(HealthCollector())
     return generate_latest(registry)

@@ -71,6 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env_float("LOCKSTEP_FACILITY_INTERVAL", 30.0),
         help="seconds between Redfish polls [LOCKSTEP_FACILITY_INTERVAL, 30]",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(env("LOCKSTEP_METRICS_PORT") or 0),
+        help="serve the GPU readings on this port at /metrics under dcgm-exporter's names (9400 where no dcgm-exporter "
+        "runs); 0: off [LOCKSTEP_METRICS_PORT, 0]",
+    )
+    parser.add_argument(
+        "--metrics-address", default=env("LOCKSTEP_METRICS_ADDRESS", "0.0.0.0"), help="address /metrics listens on [LOCKSTEP_METRICS_ADDRESS, 0.0.0.0]"
+    )
     parser.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout towards the control plane, seconds")
     parser.add_argument("--retries", type=int, default=3, help="attempts per batch before it is spooled")
     parser.add_argument("--backoff", type=float, default=1.0, help="first retry delay, seconds; doubles up to --max-backoff")
@@ -118,6 +128,21 @@ def main(argv: list[str] | None = None) -> int:
         print("lockstep-agent: --require-gpus with --no-gpus: nothing to require", file=sys.stderr)
         return EXIT_USAGE
 
+    exported = None
+    if args.metrics_port:
+        try:
+            from lockstep_agent.metrics import DCGMCollector, serve
+        except ImportError as error:
+            print(f"lockstep-agent: --metrics-port needs prometheus_client (pip install lockstep-agent[metrics]): {error}", file=sys.stderr)
+            return EXIT_USAGE
+        exported = DCGMCollector(hostname=args.node, gpus=gpus)
+        try:
+            metrics_server, _ = serve(exported, port=args.metrics_port, address=args.metrics_address)
+        except OSError as error:
+            print(f"lockstep-agent: cannot serve /metrics on {args.metrics_address}:{args.metrics_port}: {error}", file=sys.stderr)
+            return EXIT_USAGE
+        log.info("serving /metrics on %s:%d", args.metrics_address, args.metrics_port)
+
     nics = NICCollector(args.sysfs_root, include_virtual=args.include_virtual_nics)
     facility = _facility_collector(args)
     sender = None
@@ -158,12 +183,15 @@ def main(argv: list[str] | None = None) -> int:
             if facility is not None and started >= next_facility:
                 facility_points = facility.collect()
                 next_facility = started + args.facility_interval
+            readings = gpus.collect() if gpus else []
+            if exported is not None:
+                exported.update(readings)
             batch = make_batch(
                 node=args.node,
                 gpu_status=gpu_status,
                 gpu_status_reason=gpu_reason,
                 driver_version=gpus.driver_version if gpus else None,
-                readings=gpus.collect() if gpus else [],
+                readings=readings,
                 events=gpus.take_events() if gpus else [],
                 nics=nics.collect(),
                 facility=facility_points,
@@ -186,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
                     stop.wait(step)
                 remaining = args.interval - (time.monotonic() - started)
     finally:
+        if exported is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
         if gpus is not None:
             gpus.close()
     return 0

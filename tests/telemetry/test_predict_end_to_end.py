@@ -188,4 +188,4 @@ def test_without_a_precursor_nothing_is_predicted_and_the_fault_is_a_miss(tmp_pa
     figures = prediction_metrics()
     assert figures["predictions"] == 0 and figures["failures"] == 1 and figures["precision"] is None
     client.force_login(make_user(Role.OPERATOR))
-    assert "of 1 hardware failures" in client.get("/predictions/").content.decode()
+    assert "of 1 hardware failure;" in client.get("/predictions/").content.decode()

@@ -236,12 +236,14 @@ def unusable_nodes(allocations: list[JobAllocation]) -> set[int]:
     return bad | {a.node_id for a in allocations if any((a.node_id, i) in sick for i in a.gpu_indices)}
 
 
-def replacements(job, pool: "SparePool", taken: set[int]) -> tuple[list[tuple[JobAllocation, Node]], str]:
-    """Where a restarting job goes instead of its failed or quarantined nodes: a healthy spare for each worker there
-    (from ``pool``, never one in ``taken``, which grows). Returns the moves for ``allocations_move``, or none and
-    why not: all or nothing."""
+def replacements(job, pool: "SparePool", taken: set[int],
+                 gone: frozenset[int] = frozenset()) -> tuple[list[tuple[JobAllocation, Node]], str]:
+    """Where a restarting job goes instead of its failed or quarantined nodes (and the ``gone`` ones: a node its
+    fault says is dead, not yet out of service in Lockstep): a healthy spare for each worker there (from ``pool``,
+    never one in ``taken``, which grows). Returns the moves for ``allocations_move``, or none and why not: all or
+    nothing."""
     allocations = list(JobAllocation.objects.filter(job=job, released_at__isnull=True).select_related("node"))
-    bad = unusable_nodes(allocations)
+    bad = unusable_nodes(allocations) | set(gone)
     moves = []
     for allocation in (a for a in allocations if a.node_id in bad):
         spare = pool.pick(near=allocation.node, gpus=allocation.gpu_count, exclude=taken)

@@ -18,7 +18,7 @@ from fleet import selectors as fleet_selectors
 from fleet.models import Cluster
 from jobs import figures, selectors
 from jobs.filtersets import JobFilterSet
-from jobs.services.common import protection_of
+from jobs.protection import job_protection
 from jobs.tables import JobTable
 
 
@@ -52,7 +52,7 @@ def job_detail(request, pk: int):
     placements = list(selectors.job_allocations(user=request.user, job=job)[:200])
     incidents = selectors.job_incidents(user=request.user, job=job)
     return render(request, "jobs/job.html", {
-        "job": job, "timeline": timeline, "topic": topic, "after": after, "protection": protection_of(job.cluster),
+        "job": job, "timeline": timeline, "topic": topic, "after": after, "protection": job_protection(job),
         "allocations": job.allocations.filter(released_at__isnull=True).select_related("node"),
         "actions": selectors.action_list(user=request.user).filter(job=job).order_by("-planned_at")[:50],
         "incidents": incidents, "placements": placements,

@@ -35,16 +35,18 @@ class ProgressReporter:
         self.timeout = timeout
         self.sent = 0
         self.failed = 0
+        self.answer: dict = {}   # Lockstep's answer to the last report (``write_through``: it is moving the job)
         self._last = 0.0
         self._queue: queue.Queue[dict | None] = queue.Queue(maxsize=100)
         self._thread = threading.Thread(target=self._run, name="lockstep-progress", daemon=True)
         self._thread.start()
 
-    def report(self, iteration: int, *, step_seconds: float | None = None, checkpoint: bool = False) -> bool:
+    def report(self, iteration: int, *, step_seconds: float | None = None, checkpoint: bool = False,
+               force: bool = False) -> bool:
         """Queue a report; returns whether it was queued (skipped when too soon after the last, unless a
-        checkpoint, or when the queue is full)."""
+        checkpoint or ``force``, or when the queue is full)."""
         now = time.monotonic()
-        if not checkpoint and now - self._last < self.min_interval:
+        if not (checkpoint or force) and now - self._last < self.min_interval:
             return False
         body = {"iteration": int(iteration), "checkpoint": bool(checkpoint)}
         if step_seconds is not None and step_seconds > 0:
@@ -66,7 +68,8 @@ class ProgressReporter:
         request = urllib.request.Request(self.endpoint, data=json.dumps(body).encode(), method="POST", headers={
             "Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=self.timeout) as response:
-            response.read()
+            answer = json.loads(response.read() or b"{}")
+        self.answer = answer if isinstance(answer, dict) else {}
 
     def _run(self) -> None:
         while True:

@@ -5,6 +5,9 @@ each emulating a node (``slurmd -N n1``), in a folder of its own with a generate
         slurm.run("sinfo")                      # the CLI tools, pointed at this cluster (SLURM_CONF)
         slurm.kill_node("n2")                   # slurmd and the job steps and ranks on n2 end
 
+With ``holders=True`` each node also runs its protection-runtime snapshot holder (``lockstep_agent.snapshot_holder``,
+a node daemon like slurmd, outside every job) at ``holder_socket(name)``; killing the node kills it too.
+
 Every daemon runs in a session of its own and is stopped (its process group killed) when the context ends.
 Needs ``slurmctld``, ``slurmd``, ``munged`` and the CLI tools (Debian: ``slurm-wlm``, ``munge``) and root (the
 daemons run as SlurmUser=root); ``available()`` says whether they are there.
@@ -15,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -80,6 +84,7 @@ class SlurmCluster:
         slurmd_timeout: int = 10,
         cred_expire: int = 10,
         name: str = "lockstep",
+        holders: bool = False,
     ):
         self.folder = Path(folder)
         self.names = [f"n{i}" for i in range(1, nodes + 1)]
@@ -96,6 +101,7 @@ class SlurmCluster:
         self.socket_folder = Path(tempfile.mkdtemp(prefix="lockstep-munge-"))
         self.socket_folder.chmod(0o755)
         self.socket = self.socket_folder / "munge.sock"
+        self.holders = holders
 
     # --- environment -----------------------------------------------------------------------------------------
     @property
@@ -234,8 +240,33 @@ class SlurmCluster:
         self._wait(lambda: self.idle_nodes() >= len(self.names), 30, "slurmd nodes idle")
         return self
 
+    def holder_socket(self, name: str = "{node}") -> str:
+        """Node ``name``'s snapshot holder socket (``{node}`` left in: the template a job script fills in). Under
+        /tmp: a socket path must be short."""
+        return str(self.socket_folder / f"holder-{name}.sock")
+
+    def start_holder(self, name: str) -> subprocess.Popen:
+        agent = Path(__file__).resolve().parents[2] / "agent"
+        path = Path(self.holder_socket(name))
+        path.unlink(missing_ok=True)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "lockstep_agent.snapshot_holder", "--socket", str(path)],
+            env={**self.env, "PYTHONPATH": str(agent)},
+            stdout=(self.folder / "log" / f"holder-{name}.out").open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.processes[f"holder-{name}"] = process
+        self._wait(path.exists, 10, f"the snapshot holder of {name}")
+        return process
+
     def start_node(self, name: str) -> subprocess.Popen:
         (self.folder / "spool" / name).mkdir(parents=True, exist_ok=True)
+        if self.holders and (
+            self.processes.get(f"holder-{name}") is None
+            or self.processes[f"holder-{name}"].poll() is not None
+        ):
+            self.start_holder(name)
         return self._spawn(f"slurmd-{name}", [_binary("slurmd"), "-D", "-N", name, "-f", str(self.conf)])
 
     def idle_nodes(self) -> int:
@@ -254,18 +285,20 @@ class SlurmCluster:
         raise TimeoutError(f"timed out waiting for {what}: {self.log()[-1500:]}")
 
     def kill_node(self, name: str, rank_pids: list[int] = ()) -> float:
-        """A node dies: its slurmd, the step daemons it started and their ranks (``rank_pids``, as the ranks
-        reported them) are killed at once. Returns the time (epoch seconds) it happened."""
+        """A node dies: its slurmd, its snapshot holder (and the memory it kept), the step daemons it started and
+        their ranks (``rank_pids``, as the ranks reported them) are killed at once. Returns the time (epoch
+        seconds) it happened."""
         victims = set(rank_pids)
         for pid in rank_pids:
             parent = _parent(pid)
             if parent and _cmdline(parent).startswith("slurmstepd"):
                 victims.add(parent)
-        process = self.processes.get(f"slurmd-{name}")
         at = time.time()
-        if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+        for key in (f"slurmd-{name}", f"holder-{name}"):
+            process = self.processes.get(key)
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
         for pid in victims:
             try:
                 os.kill(pid, signal.SIGKILL)

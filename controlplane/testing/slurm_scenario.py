@@ -9,6 +9,11 @@ trained past its checkpoint, node ``n2`` dies: its slurmd, its step daemon and i
 - ``without_lockstep``: nothing but Slurm: the job is watched until Slurm requeues it and it trains again, or it
   is lost (ended, not requeued) — by the partition's policy and ``SlurmdTimeout``.
 
+With the protection runtime (``SlurmCluster(holders=True)``, a cluster whose policy turns the runtime on):
+``with_lockstep(..., snapshot_every=N)`` runs the same node death under a protected job (restored from memory);
+``predicted_move`` flags n2 as about to fail and follows the job's write-through and move off it before n2 dies;
+``ab_run`` runs a protected and an unprotected job side by side and kills a node under each.
+
 Apps are imported inside the functions (controlplane imports no app at import time).
 """
 
@@ -25,10 +30,30 @@ AGENT_DIR = TRAIN_SCRIPT.parents[2]
 
 
 def submit_training(
-    slurm, folder: Path, *, checkpoint_every: int = 20, env: dict | None = None, account: str = "acme"
+    slurm,
+    folder: Path,
+    *,
+    checkpoint_every: int = 20,
+    env: dict | None = None,
+    account: str = "acme",
+    snapshot_every: int = 0,
 ) -> str:
-    """sbatch the training job on two nodes (requeueable); returns its Slurm job id."""
+    """sbatch the training job on two nodes (requeueable); returns its Slurm job id. With ``snapshot_every`` the
+    job runs under the protection runtime, snapshotting every that many steps into its nodes' holders (the test
+    Slurm must run them: ``SlurmCluster(holders=True)``)."""
     folder.mkdir(parents=True, exist_ok=True)
+    protection = (
+        [
+            "--protect-holder",
+            slurm.holder_socket(),
+            "--snapshot-every",
+            str(snapshot_every),
+            "--snapshot-report-interval",
+            "0.5",
+        ]
+        if snapshot_every
+        else []
+    )
     answer = slurm.run(
         "sbatch",
         "--parsable",
@@ -51,6 +76,7 @@ def submit_training(
         "0.05",
         "--report-interval",
         "0.3",
+        *protection,
         env={
             "LOCKSTEP_PYTHON": sys.executable,
             "PYTHONPATH": str(AGENT_DIR),
@@ -114,19 +140,30 @@ def with_lockstep(
     url: str,
     checkpoint_every: int = 20,
     timeout: float = 150,
+    snapshot_every: int = 0,
+    kill_after: int | None = None,
 ) -> dict:
-    """Run the scenario under Lockstep; returns what happened and when (epoch seconds and durations)."""
-    from jobs.choices import ActionKind
-    from jobs.models import FaultEvent, Job, JobProgress, RecoveryAction, SlurmJob
+    """Run the scenario under Lockstep; returns what happened and when (epoch seconds and durations).
+
+    With ``snapshot_every`` the job runs protected (the cluster's policy must turn the runtime on): the node is
+    killed once Lockstep counts the job protected, and the run ends when the runtime has restored it and it trains
+    again (``restore_from_snapshot``); without, when it trains again after its restart from checkpoint.
+    ``kill_after``: iterations past the second checkpoint at which the node dies (default half an interval)."""
+    from jobs.choices import ActionKind, SnapshotKind
+    from jobs.models import FaultEvent, Job, JobProgress, JobSnapshot, RecoveryAction, SlurmJob
+    from jobs.protection import job_protection
     from jobs.services.advance import recovery_advance
     from jobs.services.faults import fault_handle
     from jobs.services.slurm_jobs import slurm_sync
 
+    kind = ActionKind.RESTORE_FROM_SNAPSHOT if snapshot_every else ActionKind.RESTART_FROM_CHECKPOINT
+    kill_after = checkpoint_every // 2 if kill_after is None else kill_after
     slurm_id = submit_training(
         slurm,
         folder,
         checkpoint_every=checkpoint_every,
         env={"LOCKSTEP_URL": url, "LOCKSTEP_LAUNCHER_TOKEN": launcher_token},
+        snapshot_every=snapshot_every,
     )
 
     def beat():
@@ -143,7 +180,8 @@ def with_lockstep(
             job
             if job
             and job.last_checkpoint_iteration >= 2 * checkpoint_every
-            and job.iteration >= job.last_checkpoint_iteration + checkpoint_every // 2
+            and job.iteration >= job.last_checkpoint_iteration + kill_after
+            and (not snapshot_every or job_protection(job).protected)
             else None
         )
 
@@ -153,12 +191,20 @@ def with_lockstep(
 
     def restarted():
         action = (
-            RecoveryAction.objects.filter(job=job, kind=ActionKind.RESTART_FROM_CHECKPOINT, state="succeeded")
-            .order_by("-ended_at")
-            .first()
+            RecoveryAction.objects.filter(job=job, kind=kind, state="succeeded").order_by("-ended_at").first()
         )
         if action is None or first_step_at(folder, 1) is None:
             return None
+        if (
+            snapshot_every
+            and not JobSnapshot.objects.filter(
+                job=job,
+                kind__in=(SnapshotKind.RESTORE, SnapshotKind.DISK_FALLBACK),
+                started_at__gte=action.started_at,
+            ).exists()
+        ):
+            return None  # the runtime has not said yet where it restored to
+        action.refresh_from_db()
         progress = (
             JobProgress.objects.filter(
                 job=job, at__gt=action.ended_at, iteration__gt=action.restore_iteration
@@ -175,6 +221,7 @@ def with_lockstep(
         JobProgress.objects.filter(job=job, at__lt=action.started_at).values_list("iteration", flat=True)
     )
     fault = FaultEvent.objects.filter(node__hostname="n2", cluster=cluster).order_by("detected_at").first()
+    resumed = json.loads((folder / "ckpt" / "ranks" / "1" / "resumed.json").read_text())
     link = SlurmJob.objects.get(job=job)
     requeued = squeue_job(slurm, slurm_id) or {}
     detected = _epoch(fault.received_at)
@@ -194,6 +241,12 @@ def with_lockstep(
         "checkpoint_at_fault": action.restore_iteration,
         "checkpoint_seen_before_kill": checkpoint_at_fault,
         "first_progress": progress,
+        "resumed": resumed,  # what the job itself says it resumed from (memory or disk) and at which step
+        "restore": JobSnapshot.objects.filter(
+            job=job, kind__in=(SnapshotKind.RESTORE, SnapshotKind.DISK_FALLBACK)
+        )
+        .order_by("-ended_at")
+        .first(),
         "seconds": {
             "detect": detected - killed_at,  # Slurm's ping fails; the sync stores the fault
             "decide": started - detected,  # Lockstep decides and starts the requeue
@@ -242,3 +295,266 @@ def without_lockstep(slurm, folder: Path, *, checkpoint_every: int = 20, timeout
         "lost": "lost" in seen,
         "slurm_job": squeue_job(slurm, slurm_id) or {},
     }
+
+
+def predicted_move(
+    slurm,
+    cluster,
+    folder: Path,
+    *,
+    launcher_token: str,
+    url: str,
+    checkpoint_every: int = 40,
+    snapshot_every: int = 5,
+    timeout: float = 150,
+) -> dict:
+    """A predicted failure under a protected job on a real Slurm: the predictor flags n2, Lockstep asks the job to
+    write through, moves it off n2 (a requeue without it, onto the spare) before n2 fails, and the runtime restores
+    the written-through step from memory; then n2 really dies. Returns what happened and when."""
+    from fleet.models import Node
+    from jobs.choices import ActionKind, FaultKind, FaultSource, SnapshotKind
+    from jobs.models import FaultEvent, Job, JobProgress, JobSnapshot, RecoveryAction
+    from jobs.protection import job_protection
+    from jobs.services.advance import recovery_advance
+    from jobs.services.faults import fault_handle, fault_ingest
+    from jobs.services.slurm_jobs import slurm_sync
+
+    slurm_id = submit_training(
+        slurm,
+        folder,
+        checkpoint_every=checkpoint_every,
+        env={"LOCKSTEP_URL": url, "LOCKSTEP_LAUNCHER_TOKEN": launcher_token},
+        snapshot_every=snapshot_every,
+    )
+
+    def beat():
+        result = slurm_sync(cluster=cluster)
+        for fault_id in result.get("faults", []):
+            fault_handle(fault_id=fault_id)
+        for fault_id in FaultEvent.objects.filter(cluster=cluster, state="new").values_list("pk", flat=True):
+            fault_handle(fault_id=fault_id)
+        recovery_advance(cluster_ids=[cluster.pk])
+
+    def protected_and_training():
+        job = Job.objects.filter(slurm__cluster=cluster, slurm__slurm_job_id=slurm_id).first()
+        return (
+            job
+            if job
+            and job.last_checkpoint_iteration >= checkpoint_every
+            and job.iteration >= job.last_checkpoint_iteration + snapshot_every + 2
+            and job_protection(job).protected
+            else None
+        )
+
+    job = _until(protected_and_training, 120, "the protected job to train past its checkpoint", step=beat)
+    before = ranks(folder, 0)
+    n2 = Node.objects.get(cluster=cluster, hostname="n2")
+    Node.objects.filter(pk=n2.pk).update(risk_score=0.95)  # what the predictor writes on the node
+    predicted_at = time.time()
+    prediction, _ = fault_ingest(
+        source=FaultSource.PREDICTOR,
+        kind=FaultKind.PREDICTED_FAILURE,
+        node=n2,
+        details={"score": 0.95, "horizon_hours": 1.0, "cause": "test: ECC errors rising"},
+    )
+    fault_handle(fault_id=prediction.pk)
+
+    def moved():
+        action = RecoveryAction.objects.filter(
+            job=job, kind=ActionKind.PROACTIVE_MIGRATION, state="succeeded"
+        ).first()
+        if action is None or first_step_at(folder, 1) is None:
+            return None
+        restore = (
+            JobSnapshot.objects.filter(
+                job=job,
+                kind__in=(SnapshotKind.RESTORE, SnapshotKind.DISK_FALLBACK),
+                started_at__gte=action.started_at,
+            )
+            .order_by("ended_at")
+            .first()
+        )
+        if restore is None:
+            return None
+        progress = JobProgress.objects.filter(
+            job=job, at__gt=restore.ended_at, iteration__gt=restore.iteration
+        ).first()
+        return (action, restore, progress) if progress else None
+
+    action, restore, progress = _until(
+        moved, timeout, "the job to be moved off n2 and train again", step=beat
+    )
+    write_through = (
+        JobSnapshot.objects.filter(job=job, kind=SnapshotKind.WRITE_THROUGH).order_by("ended_at").first()
+    )
+    reached = max(
+        JobProgress.objects.filter(job=job, at__lt=restore.started_at).values_list("iteration", flat=True)
+    )
+    # The node the prediction was about now really fails, with no job left on it.
+    after = ranks(folder, 1)
+    killed_at = slurm.kill_node("n2")
+    _until(
+        lambda: FaultEvent.objects.filter(node=n2, kind=FaultKind.NODE_UNREACHABLE).exists(),
+        60,
+        "Slurm to report n2 down",
+        step=beat,
+    )
+    recovery_advance(cluster_ids=[cluster.pk])
+    action.refresh_from_db()
+    resumed = json.loads((folder / "ckpt" / "ranks" / "1" / "resumed.json").read_text())
+    return {
+        "slurm_job_id": slurm_id,
+        "job": job,
+        "action": action,
+        "prediction": prediction,
+        "write_through": write_through,
+        "restore": restore,
+        "reached": reached,
+        "before": before,
+        "after": after,
+        "resumed": resumed,
+        "first_progress": progress,
+        "seconds": {
+            "write_through": _epoch(write_through.ended_at) - predicted_at if write_through else None,
+            "moved": _epoch(restore.ended_at) - predicted_at,  # predicted → restored on the spare
+            "resume": (first_step_at(folder, 1) or 0) - predicted_at,
+        },
+        "killed_at": killed_at,
+    }
+
+
+def ab_run(
+    slurm,
+    cluster,
+    folder: Path,
+    *,
+    launcher_token: str,
+    url: str,
+    checkpoint_every: int = 40,
+    snapshot_every: int = 5,
+    kill_after: int | None = None,
+    timeout: float = 180,
+) -> dict:
+    """``manage.py simulate ab-nic``'s story on a real Slurm: two training jobs on one cluster whose policy turns
+    the protection runtime on, one running it (protected) and one not (unprotected: its runtime never reports).
+    Once the unprotected one is ``kill_after`` steps past a checkpoint (default half an interval), the node of
+    each job's rank 1 dies at once (slurmd, rank, snapshot holder). Lockstep restores the protected job from
+    memory and restarts the other from its checkpoint; each arm's loss and time to resume come from its own
+    progress reports. The Slurm needs two spare nodes (``SlurmCluster(nodes=6, spare_nodes=2, holders=True)``)."""
+    from jobs.choices import ActionKind, SnapshotKind
+    from jobs.models import FaultEvent, Job, JobProgress, JobSnapshot, RecoveryAction
+    from jobs.protection import job_protection
+    from jobs.services.advance import recovery_advance
+    from jobs.services.faults import fault_handle
+    from jobs.services.slurm_jobs import slurm_sync
+
+    kill_after = checkpoint_every // 2 if kill_after is None else kill_after
+    arms = {"protected": snapshot_every, "unprotected": 0}
+    env = {"LOCKSTEP_URL": url, "LOCKSTEP_LAUNCHER_TOKEN": launcher_token}
+    ids = {}
+    for name, every in arms.items():
+        ids[name] = submit_training(
+            slurm, folder / name, checkpoint_every=checkpoint_every, env=env, snapshot_every=every
+        )
+
+    def beat():
+        result = slurm_sync(cluster=cluster)
+        for fault_id in result.get("faults", []):
+            fault_handle(fault_id=fault_id)
+        for fault_id in FaultEvent.objects.filter(cluster=cluster, state="new").values_list("pk", flat=True):
+            fault_handle(fault_id=fault_id)
+        recovery_advance(cluster_ids=[cluster.pk])
+
+    def jobs_of():
+        found = {
+            name: Job.objects.filter(slurm__cluster=cluster, slurm__slurm_job_id=i).first()
+            for name, i in ids.items()
+        }
+        return found if all(found.values()) else None
+
+    def ready():
+        found = jobs_of()
+        if not found:
+            return None
+        protected, unprotected = found["protected"], found["unprotected"]
+        since = unprotected.iteration - unprotected.last_checkpoint_iteration
+        return (
+            found
+            if protected.last_checkpoint_iteration >= checkpoint_every
+            and job_protection(protected).protected
+            and unprotected.last_checkpoint_iteration >= checkpoint_every
+            and kill_after <= since < checkpoint_every
+            else None
+        )
+
+    jobs = _until(
+        ready, 150, "both jobs to train past a checkpoint, one of them protected", step=beat, interval=0.05
+    )
+    victims = {}
+    for name in arms:
+        before = ranks(folder / name, 0)
+        victims[name] = (
+            next(r["node"] for r in before if r["rank"] == 1),
+            [r["pid"] for r in before if r["rank"] == 1],
+        )
+    killed_at = time.time()
+    for node, pids in victims.values():
+        slurm.kill_node(node, pids)
+    kinds = {"protected": ActionKind.RESTORE_FROM_SNAPSHOT, "unprotected": ActionKind.RESTART_FROM_CHECKPOINT}
+
+    def recovered(name):
+        job = jobs[name]
+        action = RecoveryAction.objects.filter(job=job, kind=kinds[name], state="succeeded").first()
+        if action is None or first_step_at(folder / name, 1) is None:
+            return None
+        restore = None
+        if name == "protected":
+            restore = JobSnapshot.objects.filter(
+                job=job,
+                kind__in=(SnapshotKind.RESTORE, SnapshotKind.DISK_FALLBACK),
+                started_at__gte=action.started_at,
+            ).first()
+            if restore is None:
+                return None
+            action.refresh_from_db()
+        progress = JobProgress.objects.filter(
+            job=job, at__gt=action.ended_at, iteration__gt=action.restore_iteration
+        ).first()
+        return (action, restore) if progress else None
+
+    try:
+        done = _until(
+            lambda: (lambda a, b: (a, b) if a and b else None)(
+                recovered("protected"), recovered("unprotected")
+            ),
+            timeout,
+            "both jobs to train again",
+            step=beat,
+        )
+    except TimeoutError as error:
+        actions = RecoveryAction.objects.filter(job__in=list(jobs.values())).order_by("pk")
+        seen = "; ".join(f"job {a.job_id} {a.kind} {a.state} {a.error or a.reason[:160]}" for a in actions)
+        raise TimeoutError(f"{error}: {seen or 'no action'}") from error
+    out = {"killed_at": killed_at, "kill_after": kill_after, "victims": {n: v[0] for n, v in victims.items()}}
+    for name, (action, restore) in zip(arms, done, strict=True):
+        job = jobs[name]
+        job.refresh_from_db()
+        reached = max(
+            JobProgress.objects.filter(job=job, at__lt=action.started_at).values_list("iteration", flat=True)
+        )
+        restored = restore.iteration if restore is not None else action.restore_iteration
+        lost = max(0, reached - restored)
+        resumed = json.loads((folder / name / "ckpt" / "ranks" / "1" / "resumed.json").read_text())
+        out[name] = {
+            "job": job,
+            "action": action,
+            "restore": restore,
+            "resumed": resumed,
+            "after": ranks(folder / name, 1),
+            "reached": reached,
+            "restored": restored,
+            "lost_iterations": lost,
+            "lost_seconds": lost * job.seconds_per_iteration,
+            "resume_seconds": first_step_at(folder / name, 1) - killed_at,
+        }
+    return out

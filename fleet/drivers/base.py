@@ -27,6 +27,9 @@ class Operation(enum.StrEnum):
     RESTART_FROM_CHECKPOINT = "restart_from_checkpoint"
     SNAPSHOT = "snapshot"
     RESTORE_FROM_SNAPSHOT = "restore_from_snapshot"
+    # Move a running job off a node by relaunching it without the node (Slurm: a requeue), after its protection
+    # runtime has written its snapshot through: the proactive move of a job that cannot move one worker live.
+    RELAUNCH_WITHOUT_NODE = "relaunch_without_node"
     HEALTH_CHECK = "health_check"
 
 
@@ -111,15 +114,24 @@ class ClusterDriver:
     def reset_gpu(self, node, gpu_index: int) -> OperationResult:
         self._unsupported(Operation.GPU_RESET)
 
-    def restart_from_checkpoint(self, job_ref: str, exclude=()) -> OperationResult:
+    def restart_from_checkpoint(self, job_ref: str, exclude=(), nodes=()) -> OperationResult:
         """Restart the whole job from its last checkpoint, on none of the ``exclude`` hosts (its failed or
-        quarantined nodes; a scheduler that places the job itself, like Slurm, is told to keep off them)."""
+        quarantined nodes; a scheduler that places the job itself, like Slurm, is told to keep off them) and, when
+        given, on exactly the ``nodes`` Lockstep placed it on (its other nodes and the spares it booked)."""
         self._unsupported(Operation.RESTART_FROM_CHECKPOINT)
 
     def snapshot(self, job_ref: str, gpus: int) -> OperationResult:
         self._unsupported(Operation.SNAPSHOT)
 
-    def restore_from_snapshot(self, job_ref: str, snapshot_ref: str) -> OperationResult:
+    def relaunch_without_node(self, job_ref: str, exclude=(), nodes=()) -> OperationResult:
+        """Relaunch the running job on none of the ``exclude`` hosts; its protection runtime restores it from the
+        snapshot it has just written through (a proactive move off a node predicted to fail)."""
+        self._unsupported(Operation.RELAUNCH_WITHOUT_NODE)
+
+    def restore_from_snapshot(self, job_ref: str, snapshot_ref: str, exclude=(), nodes=()) -> OperationResult:
+        """Restart the whole job from a restore point newer than its checkpoint (``snapshot_ref``: a platform
+        snapshot's handle; empty for the job's own protection runtime, which restores itself), on none of the
+        ``exclude`` hosts."""
         self._unsupported(Operation.RESTORE_FROM_SNAPSHOT)
 
     # validation

@@ -89,7 +89,8 @@ def _health(row, now) -> str:
 
 class SimulatedDriver(ClusterDriver):
     name = "simulated"
-    supports = frozenset(Operation)
+    # Everything but relaunching a job to move it (a simulated job's workers migrate live).
+    supports = frozenset(Operation) - {Operation.RELAUNCH_WITHOUT_NODE}
 
     def setting(self, key: str):
         return (self.cluster.connection or {}).get(key, DEFAULTS.get(key))
@@ -259,7 +260,7 @@ class SimulatedDriver(ClusterDriver):
     def reset_gpu(self, node, gpu_index: int) -> OperationResult:
         return self._operation(Operation.GPU_RESET, f"{node.hostname}/gpu{gpu_index}", self.setting("gpu_reset_seconds"))
 
-    def restart_from_checkpoint(self, job_ref: str, exclude=()) -> OperationResult:
+    def restart_from_checkpoint(self, job_ref: str, exclude=(), nodes=()) -> OperationResult:
         return self._operation(Operation.RESTART_FROM_CHECKPOINT, job_ref, self.setting("restart_seconds"),
                                **({"exclude": sorted(exclude)} if exclude else {}))
 
@@ -267,7 +268,7 @@ class SimulatedDriver(ClusterDriver):
         seconds = float(self.setting("snapshot_base_seconds")) + float(self.setting("snapshot_seconds_per_gpu")) * gpus
         return self._operation(Operation.SNAPSHOT, job_ref, seconds, gpus=gpus)
 
-    def restore_from_snapshot(self, job_ref: str, snapshot_ref: str) -> OperationResult:
+    def restore_from_snapshot(self, job_ref: str, snapshot_ref: str, exclude=(), nodes=()) -> OperationResult:
         return self._operation(Operation.RESTORE_FROM_SNAPSHOT, job_ref, self.setting("migration_pause_seconds"),
                                snapshot=snapshot_ref)
 

@@ -11,7 +11,8 @@ submit host: it has the cluster's ``slurm.conf`` (or reaches the controller conf
   Lockstep incident (through ``fleet.hooks.node_reason``); Slurm lets running jobs finish, so the node shows
   draining until Slurm reports it drained (``drain_done``); uncordon: ``State=RESUME``;
 - restart from checkpoint: hold and requeue the job (``scontrol requeuehold``), exclude the bad nodes
-  (``ExcNodeList``), release it; a bad node Slurm reports not responding is first set DOWN (and drained again,
+  (``ExcNodeList``), pin it to where Lockstep placed it (``ReqNodeList``: its other nodes and the spares it
+  booked), release it; a bad node Slurm reports not responding is first set DOWN (and drained again,
   so it stays out when its slurmd comes back), so the requeued job need not wait for the node's timeout to
   finish completing; the operation succeeds when Slurm runs the job again (restart count up);
 - health check: a short batch job pinned to the node (``-w``) inside a maintenance reservation of the node,
@@ -20,8 +21,14 @@ submit host: it has the cluster's ``slurm.conf`` (or reaches the controller conf
   service (an uncordon) puts it back;
 - node software: ``ActiveFeatures`` of the form ``<component>_<version>`` (``driver_550`` → gpu_driver 550).
 
+- restore from snapshot (a job whose protection runtime reports, ``jobs.protection``): the same requeue without
+  the bad nodes; the runtime restores every rank from the in-memory snapshots its nodes' holders kept (the lost
+  node's rank from its peer's replica), not from the disk checkpoint;
+- proactive move (``relaunch_without_node``): once the job has written its snapshot through at Lockstep's
+  request (``jobs.services.moves``), the same requeue without the node predicted to fail.
+
 Not supported (declared, so the planner never offers them): add-on installs, taints, NIC failover, moving one
-rank (that needs the protection runtime), GPU reset, snapshots.
+rank without a requeue, GPU reset, platform snapshots.
 
 Connection settings (``Cluster.connection``): ``slurm_conf`` (path; the ``SLURM_CONF`` the tools read),
 ``bin_dir`` (where the tools are, default: PATH), ``spare_partition`` (idle nodes there are Lockstep's spares),
@@ -103,6 +110,8 @@ class SlurmDriver(ClusterDriver):
             Operation.UNCORDON,
             Operation.DRAIN,
             Operation.RESTART_FROM_CHECKPOINT,
+            Operation.RESTORE_FROM_SNAPSHOT,
+            Operation.RELAUNCH_WITHOUT_NODE,
             Operation.HEALTH_CHECK,
         }
     )
@@ -218,8 +227,9 @@ class SlurmDriver(ClusterDriver):
             raise DriverError(f"{job_ref} is not a Slurm job of cluster {self.cluster.name}")
         return str(found)
 
-    def restart_from_checkpoint(self, job_ref: str, exclude=()) -> OperationResult:
-        """Requeue the job without the ``exclude`` nodes; it resumes from its own newest checkpoint."""
+    def restart_from_checkpoint(self, job_ref: str, exclude=(), nodes=()) -> OperationResult:
+        """Requeue the job without the ``exclude`` nodes (on exactly ``nodes`` when given); it resumes from its own
+        newest checkpoint."""
         slurm_id = self.slurm_job_id(job_ref)
         current = self.job(slurm_id)
         if current is None:
@@ -244,6 +254,11 @@ class SlurmDriver(ClusterDriver):
             self._run("scontrol", "hold", slurm_id)
         if excluded:
             self._run("scontrol", "update", f"JobId={slurm_id}", f"ExcNodeList={','.join(excluded)}")
+        placed = [host for host in dict.fromkeys(nodes) if host not in excluded]
+        if placed:
+            # Lockstep's placement: the job's surviving nodes (their snapshot holders keep its memory) and the
+            # spares it booked, so that a restart beside it cannot take them first.
+            self._run("scontrol", "update", f"JobId={slurm_id}", f"ReqNodeList={','.join(placed)}")
         self._run("scontrol", "release", slurm_id)
         restarts = int((self.job(slurm_id) or current).get("restart_cnt") or 0)
         handle = f"requeue:{slurm_id}:{restarts}:{requeued_at}:{','.join(excluded)}"
@@ -253,6 +268,24 @@ class SlurmDriver(ClusterDriver):
             handle=handle,
             done_at=timezone.now(),
             detail=f"requeued Slurm job {slurm_id} excluding {', '.join(excluded) or 'no node'}",
+        )
+
+    def restore_from_snapshot(self, job_ref: str, snapshot_ref: str, exclude=(), nodes=()) -> OperationResult:
+        """Requeue the job without the ``exclude`` nodes, as for a restart; its protection runtime then restores
+        every rank from the in-memory snapshots that survive on the nodes' snapshot holders (a lost node's rank
+        from its peer's replica) instead of the disk checkpoint. ``snapshot_ref`` is unused: the runtime picks the
+        newest restore point every rank still has."""
+        result = self.restart_from_checkpoint(job_ref, exclude=exclude, nodes=nodes)
+        return OperationResult(
+            handle=result.handle, done_at=result.done_at, detail=f"{result.detail}; restoring from memory"
+        )
+
+    def relaunch_without_node(self, job_ref: str, exclude=(), nodes=()) -> OperationResult:
+        """A proactive move: requeue the running job without the ``exclude`` nodes (predicted to fail, still
+        up); it restores from the snapshot it wrote through just before."""
+        result = self.restart_from_checkpoint(job_ref, exclude=exclude, nodes=nodes)
+        return OperationResult(
+            handle=result.handle, done_at=result.done_at, detail=f"{result.detail}; moving off in time"
         )
 
     # --- health check -------------------------------------------------------------------------------------------
@@ -365,6 +398,8 @@ class SlurmDriver(ClusterDriver):
         if kind == "check":
             slurm_id, _, hostname = rest.partition(":")
             return self._check_status(slurm_id, hostname)
+        if kind == "write-through":
+            return "running"  # Lockstep waits for the job's write-through, then relaunches it (jobs.services.moves)
         if kind == "drain":
             found = self.node(rest)
             return "succeeded" if found is None or node_condition(found) in (DRAINED, "down") else "running"

@@ -53,12 +53,21 @@ class JobSerializer(serializers.ModelSerializer):
         return AllocationSerializer(active, many=True).data
 
     def _protection(self, job):
+        from jobs.protection import job_protection, runtime_policy_on
         from jobs.services.common import protection_of
 
         cache = self.context.setdefault("protection", {})
-        if job.cluster_id not in cache:
-            cache[job.cluster_id] = protection_of(job.cluster)
-        return cache[job.cluster_id]
+        if job.simulated:
+            if job.cluster_id not in cache:
+                cache[job.cluster_id] = protection_of(job.cluster)
+            return cache[job.cluster_id]
+        # A real job: its cluster's policy (once per cluster) and its own runtime's reports.
+        policy = ("runtime-policy", job.cluster_id)
+        if policy not in cache:
+            cache[policy] = runtime_policy_on(job.cluster)
+        if ("job", job.pk) not in cache:
+            cache[("job", job.pk)] = job_protection(job, policy=cache[policy])
+        return cache[("job", job.pk)]
 
     def get_protected(self, job) -> bool:
         return self._protection(job).protected

@@ -100,7 +100,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
 
     @extend_schema(request=ProgressSerializer, responses=inline_serializer("ProgressResult", {
         "id": serializers.IntegerField(), "state": serializers.CharField(), "iteration": serializers.IntegerField(),
-        "last_checkpoint_iteration": serializers.IntegerField()}))
+        "last_checkpoint_iteration": serializers.IntegerField(), "write_through": serializers.BooleanField()}))
     @action(detail=True, methods=["post"])
     def progress(self, request, pk=None):
         """The job reports its progress: with its job token, or as a user who may submit its tenant's jobs."""
@@ -115,8 +115,12 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
         data = ProgressSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         job = job_services.job_progress(job=job, actor=None, **data.validated_data)
+        from jobs.services.moves import write_through_requested
+
+        # ``write_through``: Lockstep is moving the job off a node; its protection runtime writes through and holds.
         return Response({"id": job.pk, "state": job.state, "iteration": job.iteration,
-                         "last_checkpoint_iteration": job.last_checkpoint_iteration})
+                         "last_checkpoint_iteration": job.last_checkpoint_iteration,
+                         "write_through": write_through_requested(job)})
 
     @extend_schema(responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["get"])

@@ -63,8 +63,15 @@ def start_through_driver(action: RecoveryAction, cluster: Cluster, budget: place
     decision already handed out) and moves them there once the driver has started it; with none it is refused."""
     moves = []
     if action.kind in WHOLE_JOB_KINDS:      # it comes back off every failed or quarantined node
-        moves, problem = placement.replacements(action.job, placement.SparePool(cluster),
-                                                taken if taken is not None else set())
+        taken = taken if taken is not None else set()
+        pool = placement.SparePool(cluster)
+        moves, problem = [], "no dead node"
+        if action.impact == "node" and action.node_id:
+            # The node is dead even while Lockstep may not take it out of service yet (a fleet-wide cap): a spare
+            # for its workers too, where there is one, so that the scheduler cannot hand out one booked for another.
+            moves, problem = placement.replacements(action.job, pool, taken, gone=frozenset({action.node_id}))
+        if problem:
+            moves, problem = placement.replacements(action.job, pool, taken)
         if problem:
             action.error = problem[:300]
             return "refused"
@@ -81,10 +88,23 @@ def start_through_driver(action: RecoveryAction, cluster: Cluster, budget: place
         result_handle, done_at = "", now
     else:
         try:
+            # A scheduler that places the job itself (Slurm) is told which hosts a whole-job restart leaves, and
+            # where Lockstep placed it instead.
+            exclude = {allocation.node.hostname for allocation, _ in moves}
+            if action.impact == "node" and action.node_id and action.kind in WHOLE_JOB_KINDS:
+                # The node is gone even when Lockstep may not take it out of service yet (a fleet-wide cap).
+                exclude.add(action.node.hostname)
+            exclude = sorted(exclude)
+            nodes = [h for h in _placed_hosts(action, moves) if h not in exclude] if action.kind in WHOLE_JOB_KINDS else []
             if action.kind == ActionKind.RESTART_FROM_CHECKPOINT:
-                # A scheduler that places the job itself (Slurm) is told which hosts the restart leaves.
-                exclude = sorted({allocation.node.hostname for allocation, _ in moves})
-                result = driver_for(cluster).restart_from_checkpoint(action.job.ref, exclude=exclude)
+                result = driver_for(cluster).restart_from_checkpoint(action.job.ref, exclude=exclude, nodes=nodes)
+            elif action.kind == ActionKind.PROACTIVE_MIGRATION and _asks_write_through(cluster):
+                from jobs.services.moves import move_ask
+
+                result = move_ask(action)   # written through first, then relaunched (jobs.services.moves)
+            elif action.kind == ActionKind.RESTORE_FROM_SNAPSHOT:
+                result = driver_for(cluster).restore_from_snapshot(
+                    action.job.ref, action.snapshot.handle if action.snapshot else "", exclude=exclude, nodes=nodes)
             else:
                 result = call(driver_for(cluster), action)
             result_handle, done_at = result.handle, result.done_at or now
@@ -106,6 +126,21 @@ def start_through_driver(action: RecoveryAction, cluster: Cluster, budget: place
         budget.cluster_running += 1
         budget.leaf_running[leaf] = budget.leaf_running.get(leaf, 0) + 1
     return "started"
+
+
+def _placed_hosts(action: RecoveryAction, moves: list) -> list[str]:
+    """The hosts a whole-job restart runs on: the job's nodes, each one it leaves replaced by its spare. A host
+    the caller then excludes without a spare for it is left to the scheduler to fill (Slurm: ``ReqNodeList`` names
+    the nodes the job must have, and it adds others up to its node count)."""
+    moved = {allocation.pk: spare.hostname for allocation, spare in moves}
+    allocations = JobAllocation.objects.filter(job_id=action.job_id, released_at__isnull=True).select_related("node")
+    return list(dict.fromkeys(moved.get(a.pk, a.node.hostname) for a in allocations.order_by("rank_start")))
+
+
+def _asks_write_through(cluster) -> bool:
+    from jobs.services.moves import asks_write_through
+
+    return asks_write_through(cluster)
 
 
 STARTED_FIELDS = ["state", "handle", "done_at", "started_at", "error", "deadline_at"]

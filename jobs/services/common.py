@@ -173,6 +173,8 @@ def supported_operations(cluster) -> frozenset[str]:
         kinds.add("gpu_reset")
     if Operation.RESTORE_FROM_SNAPSHOT in ops:
         kinds.add("restore_from_snapshot")
+    if Operation.RELAUNCH_WITHOUT_NODE in ops:
+        kinds.add("proactive_migration")   # written through, then relaunched without the node (jobs.services.moves)
     return frozenset(kinds)
 def decision_lists(cluster, created: list[RecoveryAction], started: set[int]) -> list[events.Item]:
     """A decision's actions as ``actions.decided`` lists (see ``action_lists``)."""

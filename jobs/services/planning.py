@@ -13,7 +13,7 @@ from django.utils import timezone
 from fleet.choices import LinkState
 from fleet.models import NIC
 from jobs import placement
-from jobs.choices import BUDGETED_KINDS, ActionKind
+from jobs.choices import BUDGETED_KINDS, ActionKind, SnapshotReason
 from jobs.models import FaultEvent, Job, JobAllocation, JobSnapshot, RecoveryAction
 from jobs.planner import (
     SPARE_KINDS,
@@ -26,6 +26,7 @@ from jobs.planner import (
     plan,
     plan_with_spare_lookup,
 )
+from jobs.protection import job_protection
 from jobs.services.actions import deadline_after
 from jobs.services.common import protection_of, supported_operations
 from jobs.services.estimates import chosen_with, estimates_for
@@ -53,12 +54,25 @@ class Context:
     budget: placement.Budget | None = None   # read when a recovery first needs a spare node
     queued: int = 0                          # budgeted moves this decision queued
     booked: set[int] = field(default_factory=set)
+    verdict: object = None                   # the cluster's protection verdict (simulated jobs)
+    by_job: dict[int, bool] = field(default_factory=dict)
 
     @classmethod
     def of(cls, cluster, *, dry_run: bool) -> "Context":
+        verdict = protection_of(cluster, max_age=2.0)
         return cls(cluster=cluster, now=timezone.now(), dry_run=dry_run, estimates=estimates_for(cluster),
-                   supports=supported_operations(cluster), protected=protection_of(cluster, max_age=2.0).protected,
-                   overhead=cluster.restart_overhead_minutes * 60.0, spares=placement.SparePool(cluster))
+                   supports=supported_operations(cluster), protected=verdict.protected,
+                   overhead=cluster.restart_overhead_minutes * 60.0, spares=placement.SparePool(cluster),
+                   verdict=verdict)
+
+    def protected_for(self, job: Job, at: datetime) -> bool:
+        """Whether this job is protected when its fault was detected: the cluster's verdict for a simulated job;
+        for a real one its policy and its own runtime's reports (jobs.protection), read once a decision."""
+        if job.simulated:
+            return self.protected
+        if job.pk not in self.by_job:
+            self.by_job[job.pk] = job_protection(job, at=min(at, self.now), cluster_verdict=self.verdict).protected
+        return self.by_job[job.pk]
 
     def spare_for(self, node, gpus: int, exclude=frozenset()) -> tuple[object, float]:
         """The spare node for a worker leaving ``node``, and the wait for the budget to move it there."""
@@ -121,6 +135,13 @@ def facts_of(job: Job, allocation: JobAllocation, impact: Impact, fault: FaultEv
     usable = [s for s in snapshots if checkpoint < s.iteration <= iteration]
     snapshot = max(usable, key=lambda s: s.iteration) if usable else None
     since_snapshot = (iteration - snapshot.iteration) * job.seconds_per_iteration if snapshot else None
+    runtime = [s for s in snapshots if s.reason == SnapshotReason.RUNTIME and s.iteration <= iteration]
+    if snapshot is None and runtime and protected and not job.simulated:
+        # A protection runtime keeps a restore point at least as new as the last one it reported (its reports are
+        # coalesced), and the job resumes from the newer of that and its checkpoint: a restore loses no more than
+        # a restart even when the last report is not past the checkpoint.
+        snapshot = max(runtime, key=lambda s: s.iteration)
+        since_snapshot = min(since_checkpoint, (iteration - snapshot.iteration) * job.seconds_per_iteration)
     affected = 1 if impact == Impact.DEVICE else allocation.gpu_count
     return JobFacts(gpus=job.gpus, gpus_affected=affected, seconds_since_checkpoint=since_checkpoint,
                     protected=protected, restart_overhead_seconds=overhead, seconds_since_snapshot=since_snapshot), snapshot
@@ -135,7 +156,8 @@ def plan_hit(ctx: Context, hit: Hit, *, snapshots: list[JobSnapshot],
     note."""
     job, fault, allocation, retry = hit.job, hit.fault, hit.allocation, hit.retry
     node, now = allocation.node, ctx.now
-    facts, snapshot = facts_of(job, allocation, hit.impact, fault, ctx.protected, ctx.overhead, snapshots, now)
+    facts, snapshot = facts_of(job, allocation, hit.impact, fault, ctx.protected_for(job, fault.detected_at),
+                               ctx.overhead, snapshots, now)
     stake = gpu_hours_at_stake(facts)
     spare_gpus = placement.spare_gpus_on_node(node) if hit.impact == Impact.DEVICE and facts.protected else []
     spare_nic = next((n for n in healthy_nics if n != fault.nic_name), None)
@@ -204,7 +226,9 @@ def _place(ctx: Context, action: RecoveryAction, kind: str, *, spare, spare_gpus
     if kind == ActionKind.NIC_FAILOVER:
         action.to_nic_name = spare_nic
     if kind == ActionKind.RESTORE_FROM_SNAPSHOT:
-        action.snapshot, action.restore_iteration = snapshot, snapshot.iteration
+        # The newer of the restore point and the checkpoint (the job resumes from whichever is newer).
+        checkpoint = action.job.checkpoint_iteration_now(min(action.fault.detected_at, ctx.now))
+        action.snapshot, action.restore_iteration = snapshot, max(snapshot.iteration, checkpoint)
     if kind in (ActionKind.RESTART_FROM_CHECKPOINT, ActionKind.GPU_RESET):
         at = min(action.fault.detected_at, ctx.now)
         action.restore_iteration = action.job.checkpoint_iteration_now(at)

@@ -315,7 +315,8 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     # most GPU-hours at stake, shared between tenants by tier.
     snapshots = snapshots_of(jobs.values())
     nics = healthy_nics_of({h.allocation.node_id for h in hits if h.impact in LINK_IMPACTS})
-    stakes = [gpu_hours_at_stake(facts_of(h.job, h.allocation, h.impact, h.fault, ctx.protected, ctx.overhead,
+    stakes = [gpu_hours_at_stake(facts_of(h.job, h.allocation, h.impact, h.fault,
+                                        ctx.protected_for(h.job, h.fault.detected_at), ctx.overhead,
                                         snapshots.get(h.job.pk, []), now)[0]) for h in hits]
     ordered = fair_order([(h.job.tenant_id, h.job.tenant.tier, stakes[i], i) for i, h in enumerate(hits)])
     ordered.sort(key=lambda i: hits[i].link)

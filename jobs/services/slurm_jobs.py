@@ -161,9 +161,16 @@ def _end(link: SlurmJob, slurm_state: str) -> str | None:
 
 
 def _own_restarts(job: Job, since) -> int:
-    """Lockstep's own requeues of the job (restarts from checkpoint it started) since ``since``."""
+    """Lockstep's own requeues of the job (restarts, restores and moves it started) since ``since``."""
     rows = RecoveryAction.objects.filter(
-        job=job, kind=ActionKind.RESTART_FROM_CHECKPOINT, dry_run=False, started_at__isnull=False
+        job=job,
+        kind__in=(
+            ActionKind.RESTART_FROM_CHECKPOINT,
+            ActionKind.RESTORE_FROM_SNAPSHOT,
+            ActionKind.PROACTIVE_MIGRATION,
+        ),
+        dry_run=False,
+        started_at__isnull=False,
     )
     return rows.filter(started_at__gte=since).count() if since else rows.count()
 

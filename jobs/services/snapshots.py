@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.db.models import Max
 from django.utils import timezone
 
 from controlplane import events
@@ -15,14 +16,18 @@ from fleet.drivers import DriverError, driver_for
 from jobs.choices import (
     ACTIVE_JOB_STATES,
     RESTORE_POINT_KINDS,
+    ActionKind,
+    ActionState,
     JobState,
+    SavingState,
     SnapshotKind,
     SnapshotReason,
     SnapshotState,
 )
-from jobs.models import Job, JobAllocation, JobSnapshot
+from jobs.ledger import actual_gpu_hours, expected_saving
+from jobs.models import Job, JobAllocation, JobProgress, JobSnapshot, RecoveryAction
 from jobs.placement import immediate_constraints
-from jobs.services.common import job_topics, protection_of
+from jobs.services.common import job_topics, protection_of, publish_action
 
 
 def _summary(snapshot: JobSnapshot) -> str:
@@ -148,8 +153,70 @@ def snapshot_report(*, job: Job, kind: str, iteration: int, seconds: float | Non
         estimates_record([(job.cluster_id, "restore_pause", float(seconds))])
     if kind == SnapshotKind.HANG:
         _hang_fault(job, snapshot)
+    if kind in (SnapshotKind.RESTORE, SnapshotKind.DISK_FALLBACK):
+        restore_measured(job=job, report=snapshot)
+    if kind == SnapshotKind.WRITE_THROUGH:
+        from jobs.services.moves import write_through_reported
+
+        write_through_reported(job=job, report=snapshot)
     _publish(snapshot, "snapshot.reported")
     return snapshot
+
+
+# How long after Lockstep's restore finished in the scheduler the runtime's own restore report still belongs to it.
+RESTORE_REPORT_WINDOW = timedelta(minutes=30)
+
+
+def restore_measured(*, job: Job, report: JobSnapshot) -> RecoveryAction | None:
+    """The job's runtime says where it restored to after Lockstep's restore_from_snapshot or proactive move (a
+    ``restore`` from memory, or a ``disk_fallback``): the ledger books what happened instead of what was planned
+    (docs/gpu-hours.md). Work lost: the iterations from the job's last progress report before the relaunch back to
+    the iteration restored, at the job's measured step time; pause: from the fault's detection (a proactive move:
+    from its start, the job ran until then) until the runtime had restored (training resumes from there). A
+    proactive move's saving stays expected until its prediction settles. The action then points at this report, so
+    a report is booked once. Returns the action rebooked, or None when none of Lockstep's waits for its report."""
+    action = (RecoveryAction.objects.select_for_update(of=("self",), no_key=True)
+              .filter(job=job, kind__in=(ActionKind.RESTORE_FROM_SNAPSHOT, ActionKind.PROACTIVE_MIGRATION),
+                      dry_run=False, state=ActionState.SUCCEEDED,
+                      ended_at__lte=report.ended_at, ended_at__gte=report.ended_at - RESTORE_REPORT_WINDOW)
+              .exclude(snapshot__kind__in=(SnapshotKind.RESTORE, SnapshotKind.DISK_FALLBACK))
+              .order_by("-ended_at").first())
+    if action is None:
+        return None
+    proactive = action.kind == ActionKind.PROACTIVE_MIGRATION
+    # A proactive move's job trained on after the move started, up to its write-through: its reports until the
+    # relaunch count.
+    before = report.started_at if proactive else (action.started_at or action.detected_at)
+    reached = JobProgress.objects.filter(job=job, at__lt=before).aggregate(reached=Max("iteration"))["reached"]
+    if reached is None:
+        reached = (action.restore_iteration or 0) + round(action.work_lost_seconds / max(job.seconds_per_iteration, 1e-6))
+    planned = action.restore_iteration
+    action.snapshot, action.restore_iteration = report, report.iteration
+    action.work_lost_seconds = max(0, reached - report.iteration) * job.seconds_per_iteration
+    since = (action.started_at or action.detected_at) if proactive else action.detected_at
+    action.pause_seconds = max(0.0, (report.ended_at - since).total_seconds())
+    action.gpu_hours_lost = actual_gpu_hours(gpus=action.gpus, pause_seconds=action.pause_seconds,
+                                             work_lost_seconds=action.work_lost_seconds,
+                                             degraded_seconds=action.degraded_seconds, slowdown=action.slowdown)
+    saving = action.gpu_hours_baseline - action.gpu_hours_lost
+    if not proactive or action.saving == SavingState.REALIZED:
+        action.gpu_hours_saved = saving
+    elif action.saving == SavingState.EXPECTED:
+        action.gpu_hours_expected, _ = expected_saving(saving, score=action.risk_score)
+    how = "from memory" if report.kind == SnapshotKind.RESTORE else "from disk (its in-memory copies were lost)"
+    action.reason = (f"{action.reason} Measured: the runtime restored iteration {report.iteration} {how} "
+                     f"(planned {planned}); the job had reached {reached}; back "
+                     f"{action.pause_seconds:.1f} s after detection.")[:4000]
+    action.save(update_fields=["snapshot", "restore_iteration", "work_lost_seconds", "pause_seconds",
+                               "gpu_hours_lost", "gpu_hours_saved", "gpu_hours_expected", "reason"])
+    audit_record(actor=None, action="recovery.measured", target=action, tenant_id=job.tenant_id,
+                 changes={"restore_iteration": [planned, report.iteration], "reached": reached,
+                          "work_lost_seconds": round(action.work_lost_seconds, 3),
+                          "pause_seconds": round(action.pause_seconds, 3),
+                          "gpu_hours_saved": round(action.gpu_hours_saved, 4),
+                          "gpu_hours_expected": round(action.gpu_hours_expected or 0.0, 4)})
+    publish_action(action, "action.measured")
+    return action
 
 
 def _hang_fault(job: Job, snapshot: JobSnapshot) -> None:

@@ -33,3 +33,58 @@ def slurm_cluster(slurm, tenant_a):
     )
     slurm_sync(cluster=cluster)
     return cluster
+
+
+def _runtime_cluster(slurm, tenant):
+    """A Lockstep cluster on ``slurm`` whose blueprint policy turns the protection runtime on."""
+    from fleet.models import BlueprintVersion
+    from jobs.services.slurm_jobs import slurm_sync
+    from tests.fleet_factories import make_blueprint
+
+    _, version = make_blueprint()
+    BlueprintVersion.objects.filter(pk=version.pk).update(policy={"protection": {"runtime": True}})
+    version.refresh_from_db()
+    cluster = make_cluster(
+        make_fleet(),
+        driver=DriverName.SLURM,
+        kind=ClusterKind.SLURM,
+        blueprint_version=version,
+        connection=slurm.connection(accounts={"acme": tenant.slug}, gpu_model="H100"),
+    )
+    slurm_sync(cluster=cluster)
+    return cluster
+
+
+def _holders(tmp_path, **sizes):
+    from controlplane.testing.slurm import SlurmCluster, available
+
+    why = available()
+    if why:
+        pytest.skip(why)
+    return SlurmCluster(tmp_path / "slurm", holders=True, **sizes)
+
+
+@pytest.fixture
+def slurm_holders(tmp_path):
+    """The test Slurm (2 training nodes + 1 hot spare) with a snapshot holder per node (a node daemon, as the
+    protection runtime needs)."""
+    with _holders(tmp_path, nodes=3, spare_nodes=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def protected_slurm_cluster(slurm_holders, tenant_a):
+    return _runtime_cluster(slurm_holders, tenant_a)
+
+
+@pytest.fixture
+def ab_slurm(tmp_path):
+    """Room for two jobs: 4 training nodes + 2 hot spares, a snapshot holder on each; one CPU a node, so the two
+    jobs (one task a node) never share one."""
+    with _holders(tmp_path, nodes=6, spare_nodes=2, cpus=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def ab_cluster(ab_slurm, tenant_a):
+    return _runtime_cluster(ab_slurm, tenant_a)

@@ -95,7 +95,7 @@ def test_slurm_requeue_by_slurm_itself_moves_the_job_through_recovering_onto_its
     slurm.run("scancel", slurm_id)
 
 
-def test_slurm_restart_placed_on_another_node_than_the_spare_realigns_the_job(slurm, slurm_cluster):
+def test_slurm_restart_runs_on_the_spare_lockstep_booked(slurm, slurm_cluster):
     # One node: Slurm places it on n1 (the spare n3 weighs more).
     slurm_id = sbatch(
         slurm, "-N", "1", "--requeue", "-A", "acme", "-J", "one", "-o", "/dev/null", "--wrap", "sleep 300"
@@ -116,16 +116,14 @@ def test_slurm_restart_placed_on_another_node_than_the_spare_realigns_the_job(sl
         ).first()
 
     wait(restarted, 90, "Lockstep's requeue to succeed")
-    # Lockstep moved the job to the spare n3; Slurm, told only to keep off n1, ran it on n2.
-    assert squeue(slurm, slurm_id)["nodes"] == "n2"
-    wait(lambda: slurm_sync(cluster=slurm_cluster)["followed"] or hosts(job) == ["n2"], 10, "the realignment")
+    # Lockstep booked the spare n3 for it and told Slurm so (ReqNodeList): Slurm runs it there, not on the idle
+    # n2 it would pick by itself, so a spare booked for one recovery cannot go to another's restart.
+    assert squeue(slurm, slurm_id)["nodes"] == "n3"
+    assert slurm_sync(cluster=slurm_cluster)["followed"] == {}  # nothing to realign
     job.refresh_from_db()
-    assert job.state == JobState.RUNNING and hosts(job) == ["n2"]
+    assert job.state == JobState.RUNNING and hosts(job) == ["n3"]
     history = job.allocations.order_by("created_at", "id").values_list("node__hostname", flat=True)
-    assert list(history) == ["n1", "n3", "n2"]
-    # The spare Slurm did not use is a spare again (idle in the spare partition), n2 a node of the job.
-    slurm_sync(cluster=slurm_cluster)
-    assert Node.objects.get(cluster=slurm_cluster, hostname="n3").state == NodeState.SPARE
+    assert list(history) == ["n1", "n3"]
+    assert Node.objects.get(cluster=slurm_cluster, hostname="n3").state == NodeState.READY
     assert Node.objects.get(cluster=slurm_cluster, hostname="n2").state == NodeState.READY
-    assert slurm_sync(cluster=slurm_cluster)["followed"] == {}
     slurm.run("scancel", slurm_id)

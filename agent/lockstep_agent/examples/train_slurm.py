@@ -13,6 +13,13 @@ with Lockstep (``lockstep_agent.launcher``) and reports progress through ``locks
 
 The model is a four-layer MLP of about 1 M parameters (4 MB); data is drawn from a generator seeded by the step,
 so a resumed run sees the same batches it would have.
+
+**Protected** (``--protect-holder``): the loop is wrapped by the protection runtime (``lockstep_agent.protect``):
+every ``--snapshot-every`` steps each rank's state is snapshotted into its node's snapshot holder and replicated
+to the peer node; a relaunch (Slurm requeues the job, Lockstep without the lost node) restores from memory — the
+lost node's rank from its peer's replica — and only falls back to the disk checkpoint when both copies are gone.
+The holder is a node daemon started outside the job (one per node, like slurmd); ``--protect-holder`` names its
+socket, ``{node}`` replaced by ``SLURMD_NODENAME``. Rank 0 reports restore points and restores with the job token.
 """
 
 from __future__ import annotations
@@ -45,6 +52,24 @@ def parse(argv: list[str]) -> argparse.Namespace:
         default=0.0,
         help="pad each step to at least this long (the tests use it to keep two CPUs usable)",
     )
+    parser.add_argument(
+        "--protect-holder",
+        default=os.environ.get("LOCKSTEP_PROTECT_HOLDER", ""),
+        help="the node's snapshot holder socket ({node}: SLURMD_NODENAME); turns the protection runtime on",
+    )
+    parser.add_argument("--snapshot-every", type=int, default=1, help="steps between in-memory snapshots")
+    parser.add_argument(
+        "--hold-seconds",
+        type=float,
+        default=300.0,
+        help="after a write-through Lockstep asked for, wait this long to be moved before giving up",
+    )
+    parser.add_argument(
+        "--snapshot-report-interval",
+        type=float,
+        default=float(os.environ.get("LOCKSTEP_PROTECT_INTERVAL", "10")),
+        help="at most one restore-point report to Lockstep per this many seconds",
+    )
     return parser.parse_args(argv)
 
 
@@ -76,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     (ranks / f"{rank}.json").write_text(json.dumps(me))
     print(f"rank {rank} pid {me['pid']} node {node} restart {restart}", flush=True)
 
-    reporter = None
+    reporter = snapshot_reporter = None
     if rank == 0 and os.environ.get("LOCKSTEP_URL") and os.environ.get("LOCKSTEP_LAUNCHER_TOKEN"):
         from lockstep_agent.launcher import register_slurm_job
         from lockstep_agent.progress import ProgressReporter
@@ -86,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["LOCKSTEP_URL"], job_id, job_token, min_interval=args.report_interval
         )
         print(f"registered as Lockstep job {job_id}", flush=True)
+        if args.protect_holder:
+            from lockstep_agent.protect.report import SnapshotReporter
+
+            snapshot_reporter = SnapshotReporter(
+                os.environ["LOCKSTEP_URL"], job_id, job_token, min_interval=args.snapshot_report_interval
+            )
 
     master = f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ['MASTER_PORT']}"
     dist.init_process_group(
@@ -103,9 +134,37 @@ def main(argv: list[str] | None = None) -> int:
     )
     model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    step = 0
+    step, resumed_from = 0, "fresh"
+    protect = None
+    if args.protect_holder:
+        from lockstep_agent.protect import Protection
+
+        protect = Protection(
+            model,
+            optimizer,
+            every=args.snapshot_every,
+            holder=args.protect_holder.replace("{node}", node),
+            node=node,
+            job=f"slurm-{os.environ.get('SLURM_JOB_ID', 'job')}",
+            checkpoint_dir=str(args.checkpoint_dir / "protect"),
+            reporter=snapshot_reporter if rank == 0 else None,
+        )
+        restored = protect.restored
+        print(
+            f"rank {rank} protection: {restored.kind} at step {restored.iteration} "
+            f"({restored.sources.get(rank, restored.reason)}) in {restored.seconds:.3f}s",
+            flush=True,
+        )
     latest = newest_checkpoint(args.checkpoint_dir)
-    if latest is not None:
+    if (
+        protect is not None
+        and protect.restored.kind == "snapshot"
+        and (latest is None or protect.start_iteration >= int(latest.stem.split("-")[1]))
+    ):
+        step, latest, resumed_from = protect.start_iteration, None, "memory"
+        print(f"rank {rank} restored from memory at step {step}", flush=True)
+    elif latest is not None:
+        resumed_from = "disk"
         state = torch.load(latest, weights_only=True)
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -113,6 +172,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rank {rank} resumed from {latest.name} at step {step}", flush=True)
     if reporter is not None:
         reporter.report(step, checkpoint=latest is not None)
+    if rank == 0:
+        (ranks / "resumed.json").write_text(
+            json.dumps({"step": step, "from": resumed_from, "at": time.time()})
+        )
+
+    def moving(reporter) -> bool:
+        """Every rank at once: has Lockstep asked (in its answer to rank 0's last progress report) to write
+        through? One small broadcast a step."""
+        flag = torch.tensor([1 if reporter is not None and reporter.answer.get("write_through") else 0])
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
 
     target = torch.randn(64, 1, generator=torch.Generator().manual_seed(1))
     first_step = True
@@ -125,6 +195,21 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()  # DDP all-reduces the gradients over gloo
         optimizer.step()
         step += 1
+        if protect is not None and moving(reporter):
+            # Lockstep moves the job off a node predicted to fail: snapshot this step, write it through, hold
+            # until the relaunch (which restores this step from memory: nothing is lost).
+            protect.request_write_through()
+            protect.step(step)
+            protect.write_through()
+            if reporter is not None:
+                reporter.report(step, step_seconds=time.monotonic() - started, force=True)
+                reporter.flush()
+            protect.close()
+            print(f"rank {rank} wrote through at step {step}; held for Lockstep to move the job", flush=True)
+            time.sleep(args.hold_seconds)
+            return 3  # not moved: Slurm requeues the job or it ends
+        if protect is not None:
+            protect.step(step)
         saved = False
         if step % args.checkpoint_every == 0:
             if rank == 0:
@@ -148,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         first_step = False
     if reporter is not None:
         reporter.flush()
+    if protect is not None:
+        protect.close()
     dist.destroy_process_group()
     return 0
 

@@ -24,6 +24,25 @@ def event_list(*, user, topic: str | None, after: int | None = None) -> QuerySet
     return rows
 
 
+HISTORY = 20
+
+
+def _first_text(payload) -> str:
+    return next((str(payload[key]) for key in ("summary", "name", "hostname", "reason")
+                 if isinstance(payload, dict) and payload.get(key)), "")
+
+
+def event_history(*, user, topic: str, up_to: int, limit: int = HISTORY, text=_first_text) -> list[dict]:
+    """The last events of a topic the user may see, newest first, up to the sequence number the page subscribes
+    after (later ones arrive live, so none shows twice): a live feed's history on render. ``text`` makes each
+    line from the event's payload as the page's script writes a live one (static/js/live.js ``appendToFeed``)."""
+    if not topic:
+        return []
+    rows = event_list(user=user, topic=topic).filter(seq__lte=up_to).order_by("-seq")[:limit]
+    return [{"seq": event.seq, "kind": event.kind, "created": event.created_at, "text": text(event.payload)}
+            for event in rows]
+
+
 def audit_list(*, user) -> QuerySet[AuditEntry]:
     if not principal(user).may_read_audit:
         return AuditEntry.objects.none()

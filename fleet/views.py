@@ -16,7 +16,7 @@ from django_tables2 import RequestConfig, SingleTableMixin
 from controlplane.access import principal
 from controlplane.errors import ServiceError
 from controlplane.pagination import OneMomentPaginator
-from controlplane.selectors import topic_seq
+from controlplane.selectors import event_history, topic_seq
 from fleet import selectors
 from fleet.choices import RolloutState
 from fleet.desired import desired_state, load_versions
@@ -30,9 +30,19 @@ from fleet.status import cluster_status, rollup
 from fleet.tables import ClusterListTable, ClusterTable, DriftFindingTable, NodeTable, RolloutTable
 
 
-def _live(*topics: str) -> dict:
-    """What a page needs to go live: its topics and the sequence numbers it was rendered at."""
-    return {"live_topics": ",".join(topics), "live_after": ",".join(str(topic_seq(t)) for t in topics)}
+def _fleet_line(payload) -> str:
+    """A fleet event's line, as static/js/fleet.js writes a live one: name · status · reason."""
+    payload = payload if isinstance(payload, dict) else {}
+    return " · ".join(str(v) for v in (payload.get("name"), payload.get("status") or payload.get("state"),
+                                       payload.get("reason")) if v)
+
+
+def _live(user, *topics: str) -> dict:
+    """What a page needs to go live: its topics, the sequence numbers it was rendered at, and the last events of
+    its first topic up to there (the Live feed's history; later ones arrive live)."""
+    seqs = [topic_seq(t) for t in topics]
+    return {"live_topics": ",".join(topics), "live_after": ",".join(str(seq) for seq in seqs),
+            "live_history": event_history(user=user, topic=topics[0], up_to=seqs[0], text=_fleet_line)}
 
 
 class FleetOverviewView(LoginRequiredMixin, SingleTableMixin, FilterView):
@@ -65,7 +75,7 @@ class FleetOverviewView(LoginRequiredMixin, SingleTableMixin, FilterView):
                                                              "blueprint_version__state")
                                      .annotate(n=Count("id")).order_by("blueprint__name", "blueprint_version__number"))
             context["fleets"] = selectors.fleet_list(user=self.request.user).annotate(n=Count("clusters"))
-            context.update(_live("fleet"))
+            context.update(_live(self.request.user, "fleet"))
         return context
 
 
@@ -116,7 +126,7 @@ def cluster_detail(request, pk: int):
         # what its validation saw (the health check through the driver, clean telemetry after it).
         "ladders": cluster.nodes.filter(escalation__isnull=False).exclude(escalation__stage="watching")
         .select_related("escalation").order_by("-escalation__updated_at")[:50],
-        **_live(f"cluster-{cluster.pk}"),
+        **_live(request.user, f"cluster-{cluster.pk}"),
     }
     return render(request, "fleet/cluster_detail.html", context)
 
@@ -220,7 +230,7 @@ def rollout_detail(request, pk: int):
         "rollout": rollout, "batches": batches, "rows": rows, "who": principal(request.user),
         "progress": rollout_progress(rollout, rows),
         "actions": [a for a in ("pause", "resume", "cancel", "rollback") if _may(rollout, a)],
-        **_live(f"rollout-{rollout.pk}"),
+        **_live(request.user, f"rollout-{rollout.pk}"),
     })
 
 

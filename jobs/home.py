@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from controlplane.access import principal
 from controlplane.errors import ServiceError
-from controlplane.selectors import event_list, topic_seq
+from controlplane.selectors import event_history, topic_seq
 from fleet.choices import GPUHealth, NodeState
 from fleet.models import GPU, Cluster, Node
 from fleet.selectors import cluster_protection
@@ -148,20 +148,6 @@ def tenant_dashboard(tenant: Tenant) -> dict:
     }
 
 
-HISTORY = 20
-
-
-def event_history(*, user, topic: str, up_to: int, limit: int = HISTORY) -> list[dict]:
-    """The last events of a topic the user may see, newest first, up to the sequence number the page subscribes
-    after (later ones arrive live, so none shows twice): the Live events panel's history. Each line reads as
-    static/js/live.js ``appendToFeed`` writes a live one."""
-    if not topic:
-        return []
-    rows = event_list(user=user, topic=topic).filter(seq__lte=up_to).order_by("-seq")[:limit]
-    return [{"seq": event.seq, "kind": event.kind, "created": event.created_at,
-             "text": next((str(event.payload[key]) for key in ("summary", "name", "hostname", "reason")
-                           if isinstance(event.payload, dict) and event.payload.get(key)), "")}
-            for event in rows]
 
 
 # The submit form places simulated jobs on nodes of this many GPUs (the service's default).

@@ -249,3 +249,36 @@ def test_incidents_table_lists_an_incident_once_the_job_acts_on_it(page, server,
     page.wait_for_selector("#live-state[data-state='live']", timeout=10_000)
     assert page.locator(f"{row} li[data-action='{action.pk}'] .state").inner_text() == "running"
     assert page.locator("#incident-table tbody tr").count() == 1
+
+
+def test_tenant_home_job_counts_follow_job_states_live(page, server, users, tenant_a):
+    """The tenant home's "Jobs running" and "recovering" figures move with each job's change of state, and what
+    they show live is what a fresh load shows."""
+    from jobs.services.common import publish_job
+
+    cluster = protected_cluster(nodes=4, spares=1)
+    first = submit(cluster, tenant_a, gpus=8, name="one")
+    submit(cluster, tenant_a, gpus=8, name="two")
+    viewer = users["tenant-viewer"]
+    usable_password(viewer, PASSWORD)
+    log_in(page, server.url, viewer.username, PASSWORD)
+    page.wait_for_selector("#live-state[data-state='live']", timeout=10_000)
+    figures = "() => [document.querySelector('#fig-running').textContent, document.querySelector('#fig-recovering').textContent]"
+    assert page.evaluate(figures) == ["2", "0"]
+
+    def recovering():
+        from jobs.choices import JobState
+        from jobs.models import Job
+
+        Job.objects.filter(pk=first.pk).update(state=JobState.RECOVERING)
+        publish_job(Job.objects.get(pk=first.pk), "job.state")
+
+    in_a_thread(recovering)
+    page.wait_for_function(f"() => ({figures})().join() === '1,1'", timeout=5_000)
+    in_a_thread(recovering)  # the same state again moves nothing
+    page.wait_for_timeout(500)
+    assert page.evaluate(figures) == ["1", "1"]
+    assert page.locator(f"#tenant-jobs tr[data-job='{first.pk}'] .state").inner_text() == "Recovering"
+    page.reload()
+    page.wait_for_selector("#live-state[data-state='live']", timeout=10_000)
+    assert page.evaluate(figures)[0] == "1"

@@ -129,3 +129,32 @@ def test_the_node_table_headers_read_as_words(client, users, world):  # noqa: F8
     client.force_login(users["operator"])
     html = client.get(f"/clusters/{world['mine'].pk}/").content.decode()
     assert ">GPUs<" in html and "Gpus" not in html and "Gpu model" not in html
+
+
+def test_fleet_live_feeds_open_with_their_history(client, users, tenant_a, world):  # noqa: F811
+    """The fleet pages' Live panel renders the topic's last events on load, newest first, written as the live
+    ones are (name · state · reason); a tenant's own cluster page shows its own cluster's, nothing else."""
+    from django.db import transaction
+
+    from controlplane import events
+
+    mine = world["mine"]
+    with transaction.atomic():
+        events.publish(["fleet"], "cluster.status", {"name": "old-cluster", "status": "Degraded", "reason": "drift"})
+        events.publish([f"cluster-{mine.pk}"], "node.cordoned", {"name": "node-x", "state": "cordoned"})
+        events.publish([f"cluster-{mine.pk}"], "node.uncordoned", {"name": "node-x", "state": "ready"})
+
+    def feed(html: str) -> str:
+        start = html.index('id="fleet-feed"')
+        return html[start : html.index("</ol>", start)]
+
+    client.force_login(users["operator"])
+    overview = feed(client.get("/fleet/").content.decode())
+    assert "old-cluster · Degraded · drift" in overview and 'class="empty"' not in overview
+    assert re.search(r'<li data-seq="\d+"><time datetime="[^"]+">\d{4}-\d\d-\d\d \d\d:\d\d:\d\d</time>', overview)
+    page = feed(client.get(f"/clusters/{mine.pk}/").content.decode())
+    assert page.index("node.uncordoned") < page.index("node.cordoned")  # newest first
+    assert "old-cluster" not in page
+    client.force_login(users["tenant-viewer"])
+    page = feed(client.get(f"/clusters/{mine.pk}/").content.decode())
+    assert "node-x · ready" in page and "old-cluster" not in page

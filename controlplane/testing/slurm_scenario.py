@@ -17,6 +17,7 @@ With the protection runtime (``SlurmCluster(holders=True)``, a cluster whose pol
 Apps are imported inside the functions (controlplane imports no app at import time).
 """
 
+import functools
 import json
 import sys
 import time
@@ -121,6 +122,22 @@ def _until(predicate, timeout: float, what: str, step=None, interval: float = 0.
     raise TimeoutError(f"timed out waiting for {what}")
 
 
+def beat_once(cluster) -> None:
+    """Beat's work for one cluster, done in the caller's loop: the Slurm sync, the faults it stored (and any other
+    new one) handled, recovery advanced — each what the beat task calls."""
+    from jobs.models import FaultEvent
+    from jobs.services.advance import recovery_advance
+    from jobs.services.faults import fault_handle
+    from jobs.services.slurm_jobs import slurm_sync
+
+    result = slurm_sync(cluster=cluster)
+    for fault_id in result.get("faults", []):
+        fault_handle(fault_id=fault_id)
+    for fault_id in FaultEvent.objects.filter(cluster=cluster, state="new").values_list("pk", flat=True):
+        fault_handle(fault_id=fault_id)
+    recovery_advance(cluster_ids=[cluster.pk])
+
+
 def _epoch(moment: datetime) -> float:
     return moment.astimezone(UTC).timestamp()
 
@@ -152,9 +169,6 @@ def with_lockstep(
     from jobs.choices import ActionKind, SnapshotKind
     from jobs.models import FaultEvent, Job, JobProgress, JobSnapshot, RecoveryAction, SlurmJob
     from jobs.protection import job_protection
-    from jobs.services.advance import recovery_advance
-    from jobs.services.faults import fault_handle
-    from jobs.services.slurm_jobs import slurm_sync
 
     kind = ActionKind.RESTORE_FROM_SNAPSHOT if snapshot_every else ActionKind.RESTART_FROM_CHECKPOINT
     kill_after = checkpoint_every // 2 if kill_after is None else kill_after
@@ -166,13 +180,7 @@ def with_lockstep(
         snapshot_every=snapshot_every,
     )
 
-    def beat():
-        result = slurm_sync(cluster=cluster)
-        for fault_id in result.get("faults", []):
-            fault_handle(fault_id=fault_id)
-        for fault_id in FaultEvent.objects.filter(cluster=cluster, state="new").values_list("pk", flat=True):
-            fault_handle(fault_id=fault_id)
-        recovery_advance(cluster_ids=[cluster.pk])
+    beat = functools.partial(beat_once, cluster)
 
     def trained_past_checkpoint():
         job = Job.objects.filter(slurm__cluster=cluster, slurm__slurm_job_id=slurm_id).first()
@@ -317,7 +325,6 @@ def predicted_move(
     from jobs.protection import job_protection
     from jobs.services.advance import recovery_advance
     from jobs.services.faults import fault_handle, fault_ingest
-    from jobs.services.slurm_jobs import slurm_sync
 
     slurm_id = submit_training(
         slurm,
@@ -327,13 +334,7 @@ def predicted_move(
         snapshot_every=snapshot_every,
     )
 
-    def beat():
-        result = slurm_sync(cluster=cluster)
-        for fault_id in result.get("faults", []):
-            fault_handle(fault_id=fault_id)
-        for fault_id in FaultEvent.objects.filter(cluster=cluster, state="new").values_list("pk", flat=True):
-            fault_handle(fault_id=fault_id)
-        recovery_advance(cluster_ids=[cluster.pk])
+    beat = functools.partial(beat_once, cluster)
 
     def protected_and_training():
         job = Job.objects.filter(slurm__cluster=cluster, slurm__slurm_job_id=slurm_id).first()
@@ -442,11 +443,8 @@ def ab_run(
     memory and restarts the other from its checkpoint; each arm's loss and time to resume come from its own
     progress reports. The Slurm needs two spare nodes (``SlurmCluster(nodes=6, spare_nodes=2, holders=True)``)."""
     from jobs.choices import ActionKind, SnapshotKind
-    from jobs.models import FaultEvent, Job, JobProgress, JobSnapshot, RecoveryAction
+    from jobs.models import Job, JobProgress, JobSnapshot, RecoveryAction
     from jobs.protection import job_protection
-    from jobs.services.advance import recovery_advance
-    from jobs.services.faults import fault_handle
-    from jobs.services.slurm_jobs import slurm_sync
 
     kill_after = checkpoint_every // 2 if kill_after is None else kill_after
     arms = {"protected": snapshot_every, "unprotected": 0}
@@ -457,13 +455,7 @@ def ab_run(
             slurm, folder / name, checkpoint_every=checkpoint_every, env=env, snapshot_every=every
         )
 
-    def beat():
-        result = slurm_sync(cluster=cluster)
-        for fault_id in result.get("faults", []):
-            fault_handle(fault_id=fault_id)
-        for fault_id in FaultEvent.objects.filter(cluster=cluster, state="new").values_list("pk", flat=True):
-            fault_handle(fault_id=fault_id)
-        recovery_advance(cluster_ids=[cluster.pk])
+    beat = functools.partial(beat_once, cluster)
 
     def jobs_of():
         found = {

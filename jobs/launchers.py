@@ -194,17 +194,20 @@ def slurm_job_adopt(*, cluster, slurm_job: dict, actor=None) -> SlurmJob:
     link, _ = SlurmJob.objects.update_or_create(
         cluster=cluster,
         slurm_job_id=slurm_id,
-        defaults={
-            "job": job,
-            "account": account[:100],
-            "slurm_state": slurm_job.get("job_state", "")[:30],
-            "nodes": (slurm_job.get("nodes") or "")[:300],
-            "restart_count": int(slurm_job.get("restart_cnt") or 0),
-            "seen_at": timezone.now(),
-            "unmapped": "",
-        },
+        defaults={"job": job, **_as_reported(slurm_job), "unmapped": ""},
     )
     return link
+
+
+def _as_reported(slurm_job: dict) -> dict:
+    """A ``SlurmJob``'s fields as Slurm reports the job now."""
+    return {
+        "account": (slurm_job.get("account") or "")[:100],
+        "slurm_state": (slurm_job.get("job_state") or "")[:30],
+        "nodes": (slurm_job.get("nodes") or "")[:300],
+        "restart_count": int(slurm_job.get("restart_cnt") or 0),
+        "seen_at": timezone.now(),
+    }
 
 
 def slurm_job_unmapped(*, cluster, slurm_job: dict, why: str) -> SlurmJob:
@@ -214,14 +217,7 @@ def slurm_job_unmapped(*, cluster, slurm_job: dict, why: str) -> SlurmJob:
         cluster=cluster,
         slurm_job_id=str(slurm_job["job_id"]),
         job__isnull=True,
-        defaults={
-            "account": (slurm_job.get("account") or "")[:100],
-            "slurm_state": (slurm_job.get("job_state") or "")[:30],
-            "nodes": (slurm_job.get("nodes") or "")[:300],
-            "restart_count": int(slurm_job.get("restart_cnt") or 0),
-            "seen_at": timezone.now(),
-            "unmapped": why[:300],
-        },
+        defaults={**_as_reported(slurm_job), "unmapped": why[:300]},
     )
     return link
 

@@ -129,7 +129,8 @@ def main() -> None:
             line.append(
                 f"{arm} {figures['action'].kind} from {figures['resumed']['from']}: lost "
                 f"{figures['lost_iterations']} it ({figures['reached']} → {figures['restored']}), booked "
-                f"{figures['action'].work_lost_seconds:.2f} s work + {figures['action'].pause_seconds:.1f} s pause, "
+                f"{figures['action'].work_lost_seconds:.2f} s work + {figures['action'].pause_seconds:.1f} s pause + "
+                f"{figures['action'].snapshot_overhead_seconds:.2f} s snapshot overhead, "
                 f"saved {figures['action'].gpu_hours_saved:.4f} GPU-h, training again after "
                 f"{figures['resume_seconds']:.1f} s;"
             )
@@ -143,6 +144,7 @@ def main() -> None:
         print(f"  iterations lost   {spread([r[arm]['lost_iterations'] for r in runs])}")
         print(f"  work lost (s)     {spread([r[arm]['lost_seconds'] for r in runs], 2)}")
         print(f"  kill → training   {spread([r[arm]['resume_seconds'] for r in runs])} s")
+        print(f"  snapshot overhead {spread([r[arm]['action'].snapshot_overhead_seconds for r in runs], 2)} s booked")
         print(f"  resumed from      {', '.join(sorted({r[arm]['resumed']['from'] for r in runs}))}")
     print(
         f"half a checkpoint interval: {args.checkpoint_every / 2:.0f} iterations; one snapshot interval: "

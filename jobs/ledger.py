@@ -3,7 +3,8 @@
 Counted from the moment the fault was detected, for a job of G GPUs:
 
     baseline = G × (time since the last checkpoint + restart overhead)
-    actual   = G × (pause + work lost since the restore point used + slowdown × time degraded)
+    actual   = G × (pause + work lost since the restore point used + slowdown × time degraded
+                  + snapshot overhead: training time the job's in-memory snapshots cost since its previous recovery)
     saved    = baseline − actual
 
 Times are in seconds here and GPU-hours come out (÷ 3600).
@@ -29,20 +30,23 @@ def baseline_gpu_hours(*, gpus: int, seconds_since_checkpoint: float, restart_ov
 
 
 def actual_gpu_hours(*, gpus: int, pause_seconds: float, work_lost_seconds: float = 0.0,
-                     degraded_seconds: float = 0.0, slowdown: float = 0.0) -> float:
+                     degraded_seconds: float = 0.0, slowdown: float = 0.0, overhead_seconds: float = 0.0) -> float:
     """What a recovery loses: the pause (from detection until the job runs again), the work redone since the
-    restore point used, and the fraction of speed lost while degraded (docs/gpu-hours.md)."""
+    restore point used, the fraction of speed lost while degraded, and what the snapshots it restored from cost
+    the job while it trained (measured by the runtime; docs/gpu-hours.md)."""
     return gpus * (max(0.0, pause_seconds) + max(0.0, work_lost_seconds)
-                   + max(0.0, degraded_seconds) * max(0.0, slowdown)) / 3600.0
+                   + max(0.0, degraded_seconds) * max(0.0, slowdown) + max(0.0, overhead_seconds)) / 3600.0
 
 
 def ledger(*, gpus: int, seconds_since_checkpoint: float, restart_overhead_seconds: float, pause_seconds: float,
-           work_lost_seconds: float = 0.0, degraded_seconds: float = 0.0, slowdown: float = 0.0) -> Ledger:
+           work_lost_seconds: float = 0.0, degraded_seconds: float = 0.0, slowdown: float = 0.0,
+           overhead_seconds: float = 0.0) -> Ledger:
     return Ledger(
         baseline=baseline_gpu_hours(gpus=gpus, seconds_since_checkpoint=seconds_since_checkpoint,
                                     restart_overhead_seconds=restart_overhead_seconds),
         actual=actual_gpu_hours(gpus=gpus, pause_seconds=pause_seconds, work_lost_seconds=work_lost_seconds,
-                                degraded_seconds=degraded_seconds, slowdown=slowdown),
+                                degraded_seconds=degraded_seconds, slowdown=slowdown,
+                                overhead_seconds=overhead_seconds),
     )
 
 

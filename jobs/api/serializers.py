@@ -168,7 +168,8 @@ class RecoveryActionSerializer(serializers.ModelSerializer):
         fields = ["id", "fault", "incident", "job", "cluster", "kind", "state", "dry_run", "attempt", "previous",
                   "node", "to_node", "gpu_index", "to_gpu_index", "nic_name", "to_nic_name", "snapshot", "detected_at",
                   "planned_at", "started_at", "done_at", "deadline_at", "ended_at", "gpus", "pause_seconds",
-                  "work_lost_seconds", "degraded_seconds", "slowdown", "restore_iteration", "gpu_hours_lost",
+                  "work_lost_seconds", "degraded_seconds", "slowdown", "snapshot_overhead_seconds", "restore_iteration",
+                  "gpu_hours_lost",
                   "gpu_hours_baseline", "gpu_hours_saved", "saving", "gpu_hours_expected", "gpu_hours_at_stake",
                   "reason", "alternatives", "estimate", "failed_back_at", "error"]
 
@@ -241,7 +242,7 @@ class SnapshotSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobSnapshot
         fields = ["id", "job", "kind", "state", "reason", "iteration", "started_at", "done_at", "ended_at", "seconds",
-                  "error", "size_bytes", "locations", "stalled_ranks", "note"]
+                  "error", "size_bytes", "locations", "stalled_ranks", "note", "overhead_seconds"]
 
 
 class SnapshotLocationSerializer(serializers.Serializer):
@@ -271,6 +272,9 @@ class SnapshotReportSerializer(serializers.Serializer):
     seconds = serializers.FloatField(min_value=0, max_value=30 * 86400, required=False, allow_null=True,
                                      help_text="measured: capture + replication, restore, or how long a rank hangs")
     bytes = serializers.IntegerField(min_value=0, max_value=2**62, required=False, allow_null=True)
+    overhead_seconds = serializers.FloatField(
+        min_value=0, max_value=30 * 86400, required=False, allow_null=True,
+        help_text="training time its snapshots cost since its previous report (in the training thread)")
     locations = SnapshotLocationSerializer(many=True, required=False, max_length=1024)
     stalled_ranks = serializers.ListField(child=serializers.IntegerField(min_value=0, max_value=10_000_000),
                                           required=False, max_length=4096)

@@ -58,6 +58,9 @@ class RecoveryAction(models.Model):
     work_lost_seconds = models.FloatField(default=0.0)
     degraded_seconds = models.FloatField(default=0.0)
     slowdown = models.FloatField(default=0.0)
+    snapshot_overhead_seconds = models.FloatField(
+        default=0.0, db_default=0.0,
+        help_text="measured: training time the job's in-memory snapshots cost since its previous recovery")
     restore_iteration = models.PositiveBigIntegerField(null=True, blank=True)
     gpu_hours_lost = models.FloatField(default=0.0)
     gpu_hours_baseline = models.FloatField(default=0.0)

@@ -181,6 +181,10 @@ class JobSnapshot(models.Model):
     locations = models.JSONField(default=list, db_default=[], blank=True, help_text="where each rank's copies live")
     stalled_ranks = models.JSONField(default=list, db_default=[], blank=True, help_text="a hang: the ranks that stalled")
     note = models.CharField(max_length=300, blank=True, db_default="")
+    overhead_seconds = models.FloatField(
+        null=True, blank=True,
+        help_text="training time the runtime's snapshots cost since its previous report (capture and waiting for "
+                  "replication, in the training thread, slowest rank)")
 
     tenant_scope = "job__tenant_id"
 

@@ -54,6 +54,7 @@ def action_payload(action: RecoveryAction) -> dict:
         "ended_at": action.ended_at.isoformat() if action.ended_at else None,
         "pause_seconds": round(action.pause_seconds, 3),
         "work_lost_seconds": round(action.work_lost_seconds, 3),
+        "snapshot_overhead_seconds": round(action.snapshot_overhead_seconds, 3),
         "gpu_hours_lost": round(action.gpu_hours_lost, 4),
         "gpu_hours_baseline": round(action.gpu_hours_baseline, 4),
         "gpu_hours_saved": round(action.gpu_hours_saved, 4),

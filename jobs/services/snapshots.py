@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Max, Sum
 from django.utils import timezone
 
 from controlplane import events
@@ -124,10 +124,12 @@ _AUDITED = (SnapshotKind.WRITE_THROUGH, SnapshotKind.RESTORE, SnapshotKind.DISK_
 @transaction.atomic
 def snapshot_report(*, job: Job, kind: str, iteration: int, seconds: float | None = None, size_bytes: int | None = None,
                     locations: list[dict] | None = None, stalled_ranks: list[int] | None = None,
-                    note: str = "") -> JobSnapshot:
+                    note: str = "", overhead_seconds: float | None = None) -> JobSnapshot:
     """Record what the job's protection runtime reports with its job token: a restore point (``snapshot``,
     ``write_through``: usable by restore_from_snapshot), a ``restore`` or ``disk_fallback`` it performed, or a
-    ``hang``. ``seconds`` is measured by the runtime; the row spans the ``seconds`` before now."""
+    ``hang``. ``seconds`` is measured by the runtime; the row spans the ``seconds`` before now.
+    ``overhead_seconds``: the training time its snapshots cost since its previous report (what the ledger books
+    as snapshot overhead)."""
     if kind == SnapshotKind.PLATFORM or kind not in SnapshotKind.values:
         raise ServiceError(f"{kind!r} is not a runtime report kind", status=400)
     job = Job.objects.get(pk=job.pk)
@@ -141,7 +143,8 @@ def snapshot_report(*, job: Job, kind: str, iteration: int, seconds: float | Non
         job=job, kind=kind, reason=SnapshotReason.RUNTIME, iteration=iteration,
         state=SnapshotState.SUCCEEDED if point else SnapshotState.RECORDED,
         started_at=now - timedelta(seconds=seconds or 0), done_at=now, ended_at=now, size_bytes=size_bytes,
-        locations=list(locations or []), stalled_ranks=list(stalled_ranks or []), note=note)
+        locations=list(locations or []), stalled_ranks=list(stalled_ranks or []), note=note,
+        overhead_seconds=overhead_seconds)
     if kind in _AUDITED:
         audit_record(actor=None, action=f"job.{kind}", target=job, tenant_id=job.tenant_id,
                      changes={"iteration": iteration, "seconds": seconds, "stalled_ranks": snapshot.stalled_ranks,
@@ -195,9 +198,11 @@ def restore_measured(*, job: Job, report: JobSnapshot) -> RecoveryAction | None:
     action.work_lost_seconds = max(0, reached - report.iteration) * job.seconds_per_iteration
     since = (action.started_at or action.detected_at) if proactive else action.detected_at
     action.pause_seconds = max(0.0, (report.ended_at - since).total_seconds())
+    action.snapshot_overhead_seconds = _overhead_since_previous_recovery(job, action)
     action.gpu_hours_lost = actual_gpu_hours(gpus=action.gpus, pause_seconds=action.pause_seconds,
                                              work_lost_seconds=action.work_lost_seconds,
-                                             degraded_seconds=action.degraded_seconds, slowdown=action.slowdown)
+                                             degraded_seconds=action.degraded_seconds, slowdown=action.slowdown,
+                                             overhead_seconds=action.snapshot_overhead_seconds)
     saving = action.gpu_hours_baseline - action.gpu_hours_lost
     if not proactive or action.saving == SavingState.REALIZED:
         action.gpu_hours_saved = saving
@@ -206,17 +211,32 @@ def restore_measured(*, job: Job, report: JobSnapshot) -> RecoveryAction | None:
     how = "from memory" if report.kind == SnapshotKind.RESTORE else "from disk (its in-memory copies were lost)"
     action.reason = (f"{action.reason} Measured: the runtime restored iteration {report.iteration} {how} "
                      f"(planned {planned}); the job had reached {reached}; back "
-                     f"{action.pause_seconds:.1f} s after detection.")[:4000]
+                     f"{action.pause_seconds:.1f} s after detection; its snapshots had cost "
+                     f"{action.snapshot_overhead_seconds:.1f} s of training since the previous recovery.")[:4000]
     action.save(update_fields=["snapshot", "restore_iteration", "work_lost_seconds", "pause_seconds",
+                               "snapshot_overhead_seconds",
                                "gpu_hours_lost", "gpu_hours_saved", "gpu_hours_expected", "reason"])
     audit_record(actor=None, action="recovery.measured", target=action, tenant_id=job.tenant_id,
                  changes={"restore_iteration": [planned, report.iteration], "reached": reached,
                           "work_lost_seconds": round(action.work_lost_seconds, 3),
                           "pause_seconds": round(action.pause_seconds, 3),
+                          "snapshot_overhead_seconds": round(action.snapshot_overhead_seconds, 3),
                           "gpu_hours_saved": round(action.gpu_hours_saved, 4),
                           "gpu_hours_expected": round(action.gpu_hours_expected or 0.0, 4)})
     publish_action(action, "action.measured")
     return action
+
+
+def _overhead_since_previous_recovery(job: Job, action: RecoveryAction) -> float:
+    """What protection cost the job while it trained up to this fault: the runtime's measured snapshot overhead
+    (each report carries its own since the one before) from the end of the job's previous recovery, or its start,
+    until the fault was detected."""
+    previous = (RecoveryAction.objects.filter(job=job, dry_run=False, ended_at__lt=action.detected_at)
+                .exclude(pk=action.pk).aggregate(at=Max("ended_at"))["at"])
+    reports = JobSnapshot.objects.filter(job=job, overhead_seconds__isnull=False, ended_at__lte=action.detected_at)
+    if previous is not None:
+        reports = reports.filter(ended_at__gt=previous)
+    return float(reports.aggregate(total=Sum("overhead_seconds"))["total"] or 0.0)
 
 
 def _hang_fault(job: Job, snapshot: JobSnapshot) -> None:

@@ -97,6 +97,7 @@
       it.textContent = fmt(p.restore_iteration, 0);
       lost.appendChild(it);
     } else { lost.textContent = "–"; }
+    cell(fresh, "overhead", p.snapshot_overhead_seconds ? fmt(p.snapshot_overhead_seconds, 1) : "–");
     cell(fresh, "saved", fmt(p.gpu_hours_saved || 0, 2));
     cell(fresh, "muted", (p.reason || "").length > 160 ? p.reason.slice(0, 159) + "…" : (p.reason || ""));
     if (row) { actionBody.replaceChild(fresh, row); return; }

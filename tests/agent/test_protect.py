@@ -164,6 +164,9 @@ def test_one_process_restores_from_its_holder_and_writes_through_to_disk(tmp_pat
         path = first.write_through()  # before a planned drain: the newest snapshot (4) on disk, now
         assert path.endswith("iter000000000004.snap") and os.path.getsize(path) > 3 * 4_988_928
         first.close()
+        # What snapshots cost the training thread: every capture, every wait for a round, the write-through.
+        in_thread = sum(first.capture_seconds) + first.blocked_seconds
+        assert first.overhead_seconds > in_thread > 0
         # A relaunch on the same node: restored from the holder's shared memory, bit for bit.
         model, optimizer, data = fresh()
         second = Protection(

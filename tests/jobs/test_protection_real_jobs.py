@@ -115,7 +115,8 @@ def test_a_simulated_job_keeps_the_add_on_rule(tenant_a):
 def test_a_protected_real_job_that_loses_a_node_is_restored_and_booked_as_measured(tenant_a, api):
     cluster = runtime_cluster(nodes=3)
     job = real_job(cluster, tenant_a, api, iteration=500, checkpoint=400)
-    report(api, job, iteration=495, **POINT)
+    report(api, job, iteration=490, overhead_seconds=0.5, **POINT)
+    report(api, job, iteration=495, overhead_seconds=0.25, **POINT)
     fault, _ = fault_ingest(source="agent", kind="node_unreachable", node=node_of(job))
     [action_id] = fault_handle(fault_id=fault.pk)
     action = RecoveryAction.objects.get(pk=action_id)
@@ -141,10 +142,14 @@ def test_a_protected_real_job_that_loses_a_node_is_restored_and_booked_as_measur
     assert action.work_lost_seconds == pytest.approx(work)
     pause = (restore.ended_at - action.detected_at).total_seconds()
     assert action.pause_seconds == pytest.approx(pause, abs=1e-3)
-    lost = actual_gpu_hours(gpus=16, pause_seconds=pause, work_lost_seconds=work)
+    # What the snapshots cost the job while it trained up to the fault, as its runtime measured it.
+    assert action.snapshot_overhead_seconds == pytest.approx(0.75)
+    lost = actual_gpu_hours(gpus=16, pause_seconds=pause, work_lost_seconds=work, overhead_seconds=0.75)
     assert action.gpu_hours_lost == pytest.approx(lost)
+    assert action.gpu_hours_lost > actual_gpu_hours(gpus=16, pause_seconds=pause, work_lost_seconds=work)
     assert action.gpu_hours_saved == pytest.approx(action.gpu_hours_baseline - lost)
     assert "Measured: the runtime restored iteration 498 from memory (planned 495)" in action.reason
+    assert "snapshots had cost 0.8 s of training" in action.reason
     # A second restore report (the next relaunch's, or a retry) does not book this recovery again.
     report(api, job, kind="restore", iteration=520, seconds=0.3)
     action.refresh_from_db()
@@ -180,3 +185,34 @@ def test_a_runtime_report_not_past_the_checkpoint_still_prices_a_restore_no_wors
     assert options["restore_from_snapshot"]["work_lost_seconds"] == pytest.approx(
         options["restart_from_checkpoint"]["work_lost_seconds"]
     )
+
+
+def test_snapshot_overhead_is_booked_once_from_the_previous_recovery_to_the_fault(tenant_a, api, users):
+    """Each runtime report carries the overhead since the one before; a recovery books what accrued between the
+    job's previous recovery and its own fault, so no second of it is booked twice. The job page and the API
+    show it."""
+    cluster = runtime_cluster(nodes=4, spares=2)
+    job = real_job(cluster, tenant_a, api, iteration=500, checkpoint=400)
+    booked = []
+    for round_, (overhead, restored) in enumerate(((1.5, 498), (0.5, 610))):
+        report(api, job, iteration=restored - 3, overhead_seconds=overhead, **POINT)
+        fault, _ = fault_ingest(source="agent", kind="node_unreachable", node=node_of(job))
+        [action_id] = fault_handle(fault_id=fault.pk)
+        assert recovery_advance()["completed"] == 1
+        # Reported after the fault was detected: the next recovery's, not this one's.
+        report(api, job, kind="restore", iteration=restored, seconds=0.3, overhead_seconds=None)
+        action = RecoveryAction.objects.get(pk=action_id)
+        assert action.kind == ActionKind.RESTORE_FROM_SNAPSHOT and action.state == ActionState.SUCCEEDED
+        booked.append(action.snapshot_overhead_seconds)
+        if round_ == 0:
+            api.credentials(HTTP_AUTHORIZATION=f"Bearer {job.token}")
+            api.post(f"/api/v1/jobs/{job.pk}/progress/", {"iteration": 612, "step_seconds": 0.5}, format="json")
+    assert booked == [pytest.approx(1.5), pytest.approx(0.5)]
+
+    api.as_token(users["operator"])
+    figures = api.get(f"/api/v1/actions/{action_id}/").json()
+    assert figures["snapshot_overhead_seconds"] == pytest.approx(0.5)
+    browser = Client()
+    browser.force_login(make_user("operator"))
+    page = browser.get(f"/jobs/{job.pk}/").content.decode()
+    assert "Snapshot overhead (s)" in page and '<td class="overhead">1.5</td>' in page

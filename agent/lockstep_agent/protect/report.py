@@ -3,7 +3,8 @@
 Configured like ``lockstep_agent.progress`` by ``LOCKSTEP_URL``, ``LOCKSTEP_JOB_ID`` and ``LOCKSTEP_JOB_TOKEN``.
 A daemon thread sends; restore points are coalesced to at most one every ``min_interval`` seconds
 (``LOCKSTEP_PROTECT_INTERVAL``, default 10: the newest is what the planner needs), restores, fallbacks,
-write-throughs and hangs are always sent. A failure is logged and counted, never raised into training.
+write-throughs and hangs are always sent. A coalesced report carries the snapshot overhead
+(``overhead_seconds``) of the ones it replaced. A failure is logged and counted, never raised into training.
 """
 
 from __future__ import annotations
@@ -54,7 +55,13 @@ class SnapshotReporter:
             if body.get("kind") in ALWAYS:
                 self._pending.append(body)
             else:
-                self._latest_point = body  # a newer restore point replaces one not yet sent
+                # A newer restore point replaces one not yet sent; the training time the replaced one's snapshots
+                # cost still counts, so it carries on in the newer one.
+                replaced = self._latest_point or {}
+                if replaced.get("overhead_seconds") is not None:
+                    body = {**body, "overhead_seconds": round(
+                        float(body.get("overhead_seconds") or 0.0) + float(replaced["overhead_seconds"]), 6)}
+                self._latest_point = body
             self._cond.notify()
 
     def flush(self, timeout: float = 10.0) -> bool:

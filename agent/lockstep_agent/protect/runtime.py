@@ -131,6 +131,10 @@ class Protection:
         self.snapshots_taken = 0
         self.snapshots_skipped = 0
         self.blocked_seconds = 0.0
+        # Training-thread time snapshots cost (captures, waits for a round, write-throughs): the overhead the
+        # ledger books. Reported by rank 0 as the slowest rank's, each report carrying what accrued since the last.
+        self.overhead_seconds = 0.0
+        self._overhead_reported = 0.0
         self.capture_seconds: list[float] = []
         self.replication_seconds: list[float] = []
         self.last_replicated = -1
@@ -180,6 +184,7 @@ class Protection:
             self._round_done.clear()
             started = time.perf_counter()
             slot = self._capture(self.start_iteration)
+            self.overhead_seconds += time.perf_counter() - started
             self._rounds.put((self.start_iteration, slot, False, time.perf_counter() - started))
 
     # --- the training loop's side --------------------------------------------------------------------------
@@ -198,6 +203,7 @@ class Protection:
             started = time.perf_counter()
             finished = self._round_done.wait(self.replication_timeout)
             self.blocked_seconds += time.perf_counter() - started
+            self.overhead_seconds += time.perf_counter() - started
             if not finished:
                 self.snapshots_skipped += 1
                 log.warning(
@@ -215,6 +221,7 @@ class Protection:
         if disk:
             self._write_through.clear()
         self.capture_seconds.append(time.perf_counter() - started)
+        self.overhead_seconds += self.capture_seconds[-1]
         self._rounds.put((iteration, slot, disk, self.capture_seconds[-1]))
 
     def mark_sync(self) -> None:
@@ -228,11 +235,13 @@ class Protection:
         """Write the newest snapshot through to disk now (e.g. before a planned drain); returns the path."""
         if not self.checkpoint_dir:
             raise ValueError("no checkpoint_dir to write through to")
+        started = time.perf_counter()
         self._round_done.wait(self.replication_timeout)
         newest = max((s for s in self._own if s and s.nbytes), key=lambda s: s.iteration, default=None)
         if newest is None:
             return None
         path = self._write_disk(newest)
+        self.overhead_seconds += time.perf_counter() - started
         self._report(
             {
                 "kind": "write_through",
@@ -322,11 +331,11 @@ class Protection:
             iteration, slot, disk, capture_seconds = item
             try:
                 started = time.perf_counter()
-                stats = torch.tensor([slot.nbytes, 0.0], dtype=torch.float64)
+                stats = torch.tensor([slot.nbytes, 0.0, self.overhead_seconds], dtype=torch.float64)
                 if self.group is not None:
                     self._replicate(iteration, slot)
                     stats[1] = time.perf_counter() - started
-                    everyone = [torch.zeros(2, dtype=torch.float64) for _ in range(self.world)]
+                    everyone = [torch.zeros(3, dtype=torch.float64) for _ in range(self.world)]
                     dist.all_gather(everyone, stats, group=self.group)  # every rank's copy is now replicated
                 else:
                     everyone = [stats]
@@ -336,11 +345,14 @@ class Protection:
                 if disk:
                     self._write_disk(slot)
                 if self.rank == 0:
+                    slowest = max(float(s[2]) for s in everyone)
+                    overhead, self._overhead_reported = max(0.0, slowest - self._overhead_reported), slowest
                     self._report(
                         {
                             "kind": "snapshot",
                             "iteration": iteration,
                             "seconds": round(max(float(s[1]) for s in everyone) + capture_seconds, 6),
+                            "overhead_seconds": round(overhead, 6),
                             "bytes": int(sum(float(s[0]) for s in everyone)),
                             "locations": self._locations(),
                         }

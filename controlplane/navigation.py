@@ -7,7 +7,7 @@ from dataclasses import dataclass
 class NavItem:
     label: str
     url_name: str
-    audience: str  # "all", "provider", "tenant", "audit"
+    audience: str  # "all", "provider", "tenant", "audit", "users"
     order: int
 
 

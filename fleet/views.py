@@ -9,11 +9,13 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 from django_filters.views import FilterView
 from django_tables2 import RequestConfig, SingleTableMixin
 
 from controlplane.access import principal
+from controlplane.confirm import confirm_page, confirmed
 from controlplane.errors import ServiceError
 from controlplane.pagination import OneMomentPaginator
 from controlplane.selectors import event_history, topic_seq
@@ -23,8 +25,10 @@ from fleet.desired import desired_state, load_versions
 from fleet.diffing import version_diff
 from fleet.drivers import driver_for
 from fleet.filtersets import ClusterFilterSet, DriftFindingFilterSet, RolloutFilterSet
+from fleet.forms import AssignmentForm, AutomationForm
 from fleet.models import DriftFinding, ObservedAddon, Rollout
 from fleet.services import rollouts as rollout_services
+from fleet.services.automation import automation_modes_for, automation_switch
 from fleet.services.clusters import cluster_reconcile
 from fleet.status import cluster_status, rollup
 from fleet.tables import ClusterListTable, ClusterTable, DriftFindingTable, NodeTable, RolloutTable
@@ -76,6 +80,11 @@ class FleetOverviewView(LoginRequiredMixin, SingleTableMixin, FilterView):
                                      .annotate(n=Count("id")).order_by("blueprint__name", "blueprint_version__number"))
             context["fleets"] = selectors.fleet_list(user=self.request.user).annotate(n=Count("clusters"))
             context.update(_live(self.request.user, "fleet"))
+            switch = automation_switch()
+            context["automation"] = switch
+            context["automation_modes"] = automation_modes_for(self.request.user)
+            context["automation_form"] = AutomationForm(initial={"mode": switch.mode},
+                                                        modes=context["automation_modes"])
         return context
 
 
@@ -122,6 +131,9 @@ def cluster_detail(request, pk: int):
         "findings": findings,
         "rollouts": cluster.rollout_entries.select_related("rollout__version__blueprint").order_by("-rollout_id")[:10],
         "supports": sorted(op.value for op in driver_for(cluster).supports),
+        "assign_form": AssignmentForm(cluster=cluster, initial={"assignment": (
+            f"track:{cluster.blueprint_id}" if cluster.track_latest else
+            f"pin:{cluster.blueprint_id}:{version.number}" if version else None)}) if who.may_operate else None,
         # Nodes on the escalation ladder (the jobs app's row, reached through the relation): where each stands and
         # what its validation saw (the health check through the driver, clean telemetry after it).
         "ladders": cluster.nodes.filter(escalation__isnull=False).exclude(escalation__stage="watching")
@@ -203,6 +215,7 @@ def blueprint_detail(request, pk: int):
     return render(request, "fleet/blueprint_detail.html", {
         "blueprint": blueprint, "versions": versions, "diff": diff, "chosen": chosen, "clusters": clusters[:500],
         "rollouts": Rollout.objects.filter(version__blueprint=blueprint).select_related("version")[:20],
+        "who": principal(request.user),
     })
 
 
@@ -257,6 +270,12 @@ def rollout_progress(rollout: Rollout, rows: list) -> dict:
 
 ROLLOUT_ACTIONS = {"pause": rollout_services.rollout_pause, "resume": rollout_services.rollout_resume,
                    "cancel": rollout_services.rollout_cancel, "rollback": rollout_services.rollout_rollback}
+# The destructive ones ask first: what the confirmation button says, and what follows.
+CONFIRMED_ACTIONS = {
+    "cancel": ("Cancel", "No further cluster is moved; clusters already moved keep the new version."),
+    "rollback": ("Roll back", "Every cluster the rollout moved goes back to its previous version and is pinned "
+                              "there; the rest are skipped."),
+}
 ACTION_TARGET = {"pause": "Paused", "resume": "Running", "cancel": "Cancelled", "rollback": "RolledBack"}
 
 
@@ -267,10 +286,18 @@ def _may(rollout, action: str) -> bool:
 @login_required
 @require_POST
 def rollout_action(request, pk: int, action: str):
+    if not principal(request.user).may_operate:
+        raise PermissionDenied("only provider roles may pause, resume, cancel or roll back a rollout")
     if action not in ROLLOUT_ACTIONS:
         raise Http404
     rollout = get_object_or_404(selectors.rollout_list(user=request.user), pk=pk)
     kwargs = {} if action == "resume" else {"reason": request.POST.get("reason", "")[:300]}
+    if action in CONFIRMED_ACTIONS and not confirmed(request):
+        return confirm_page(request, title=f"{action.capitalize()} rollout #{rollout.pk}",
+                            question=f"{CONFIRMED_ACTIONS[action][0]} rollout #{rollout.pk} of {rollout.version}?",
+                            consequences=[CONFIRMED_ACTIONS[action][1]], action_url=request.path,
+                            back_url=reverse("fleet-rollout", args=[rollout.pk]),
+                            button=CONFIRMED_ACTIONS[action][0], fields=kwargs)
     try:
         ROLLOUT_ACTIONS[action](actor=request.user, rollout=rollout, **kwargs)
     except ServiceError as error:

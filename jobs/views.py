@@ -1,24 +1,33 @@
 """Pages: the job list, the job page (live Plotly timeline, its incidents, its nodes), the fault overview (live
 feed of incidents and their reports, paged; GPU-hours saved), the incident page, the node page and search."""
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.mixins import LoginRequiredMixin
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import InvalidPage
 from django.db.models import Q, Sum
 from django.http import Http404, HttpResponseBadRequest
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
 from django_filters.views import FilterView
 from django_tables2 import SingleTableMixin
 
 from controlplane.access import principal
+from controlplane.confirm import confirm_page, confirmed
+from controlplane.errors import ServiceError
 from controlplane.events import may_subscribe
 from controlplane.pagination import OneMomentPaginator
 from controlplane.selectors import topic_seq
 from fleet import selectors as fleet_selectors
 from fleet.models import Cluster
+from fleet.views_actions import node_actions_for
 from jobs import figures, selectors
+from jobs.choices import ACTIVE_JOB_STATES
 from jobs.filtersets import JobFilterSet
 from jobs.protection import job_protection
+from jobs.services import jobs as job_services
 from jobs.tables import JobTable
 
 
@@ -60,7 +69,32 @@ def job_detail(request, pk: int):
                                                + [i.node_id for i in incidents]),
         "cluster_visible": fleet_selectors.sees_in_full(request.user, job.cluster),
         "who": principal(request.user),
+        "may_cancel": job.state in ACTIVE_JOB_STATES and principal(request.user).may_submit_jobs(job.tenant_id),
     })
+
+
+@login_required
+@require_POST
+def job_cancel(request, pk: int):
+    """Cancel a job (provider roles, or its own tenant's admin), after a confirmation: the service the API's
+    POST /api/v1/jobs/{id}/cancel/ calls."""
+    job = get_object_or_404(selectors.job_list(user=request.user), pk=pk)
+    if not principal(request.user).may_submit_jobs(job.tenant_id):
+        raise PermissionDenied("you may not cancel this job")
+    back = reverse("job-detail", args=[job.pk])
+    if not confirmed(request):
+        return confirm_page(request, title=f"Cancel {job.name}", question=f"Cancel {job.name} on {job.cluster.name}?",
+                            consequences=[f"It stops for good and its {job.gpus} GPUs are released; recoveries under "
+                                          f"way are dropped. Its last checkpoint is iteration "
+                                          f"{job.last_checkpoint_iteration}."],
+                            action_url=request.path, back_url=back, button="Cancel the job")
+    try:
+        job_services.job_cancel(actor=request.user, job=job)
+    except ServiceError as error:
+        messages.error(request, error.detail)
+    else:
+        messages.success(request, f"{job.name} cancelled.")
+    return redirect(back)
 
 
 @login_required
@@ -130,6 +164,7 @@ def node_detail(request, pk: int):
         "current": [a for a in allocations if a.released_at is None],
         "past": [a for a in allocations if a.released_at is not None],
         "who": principal(request.user),
+        "node_actions": node_actions_for(node) if principal(request.user).may_operate else [],
     })
 
 

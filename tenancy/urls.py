@@ -9,4 +9,6 @@ urlpatterns = [
     path("admin/login/", RedirectView.as_view(pattern_name="login", query_string=True)),
     path("tokens/", views.token_list, name="token-list"),
     path("tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
+    path("users/", views.user_list, name="user-list"),
+    path("users/<int:pk>/remove/", views.user_remove, name="user-remove"),
 ]

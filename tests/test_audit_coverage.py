@@ -395,13 +395,16 @@ def _latest(model: str):
     return target
 
 
+CONFIRMED = {"confirmed": "yes"}  # the second POST of an action that asks first (controlplane/confirm.py)
+
 PAGE_WRITES: dict[str, Write] = {
     "home": Write("acme-admin", body=lambda w, ctx: {"name": "page-job", "cluster": w.id("cluster", "acme"), "gpus": "8"},
                   target=_latest("jobs.job"), action="job.submit", status=302),
     "token-list": Write("acme-viewer", body=lambda w, ctx: {"name": "page-token", "scope": "read"},
                         target=_latest("tenancy.apitoken"), action="token.create"),
     "token-revoke": Write("acme-admin", prepare=_ids(pk=("token", "acme")), path=lambda w, ctx: {"pk": ctx["pk"]},
-                          target=at("tenancy.apitoken", "pk"), action="token.revoke", status=302),
+                          body=lambda w, ctx: CONFIRMED, target=at("tenancy.apitoken", "pk"), action="token.revoke",
+                          status=302),
     "whatif-list-page": Write("operator", body=lambda w, ctx: {"seed": "3", "days": "1"},
                               target=_latest("simulator.whatifrun"), action="whatif.start", status=302),
     "scenario-list": Write("operator", prepare=_room_for_scenario, target=_latest("simulator.scenario"),
@@ -412,6 +415,47 @@ PAGE_WRITES: dict[str, Write] = {
     "fleet-rollout-action": Write("operator", prepare=_ids(pk=("rollout", "provider")),
                                   path=lambda w, ctx: {"pk": ctx["pk"], "action": "pause"},
                                   target=at("fleet.rollout", "pk"), action="rollout.pause", status=302),
+    # The write actions' pages (issue 24); the destructive ones are sent confirmed.
+    "fleet-version-new": Write(
+        "operator", prepare=lambda w: {"pk": w.blueprint("gpu-base").pk}, path=lambda w, ctx: {"pk": ctx["pk"]},
+        body=lambda w, ctx: {"parent": "", "notes": "audit page draft", "create": "1", "content": yaml.safe_dump(
+            {"addons": w.blueprint("gpu-base").versions.order_by("-number").first().addons})},
+        target=_latest("fleet.blueprintversion"), action="blueprint.version_create", status=302),
+    "fleet-version-activate": Write(
+        "operator", prepare=_draft, path=lambda w, ctx: {"pk": ctx["id"], "number": ctx["number"]},
+        body=lambda w, ctx: CONFIRMED, target=at("fleet.blueprintversion", "version"),
+        action="blueprint.version_activate", status=302),
+    "fleet-blueprint-import": Write(
+        "operator", prepare=_yaml_document, body=lambda w, ctx: {"document": ctx["document"], "apply": "1"},
+        target=at("fleet.blueprint"), action="blueprint.update", status=302),
+    "fleet-rollout-new": Write(
+        "operator", prepare=_new_resilient_version, body=lambda w, ctx: {
+            "version": f"{ctx['blueprint']}:{ctx['number']}", "target_kind": "clusters",
+            "clusters": [w.id("cluster", "nimbus")], "canary": "0", "batch_percent": "25", "max_failures": "0",
+            "soak_seconds": "60", "progress_deadline_seconds": "600", "auto_rollback": "on",
+            "plan": str(w.id("cluster", "nimbus")), "start": "1"},
+        target=_latest("fleet.rollout"), action="rollout.start", status=302),
+    "fleet-cluster-assign": Write(
+        "operator", prepare=_ids(pk=("cluster", "nimbus")), path=lambda w, ctx: {"pk": ctx["pk"]},
+        body=lambda w, ctx: {"assignment": f"pin:{w.blueprint('gpu-resilient').pk}:1", "reason": "audit",
+                             **CONFIRMED},
+        target=at("fleet.cluster", "pk"), action="cluster.assign", status=302),
+    "fleet-node-action": Write(
+        "operator", prepare=lambda w: {"pk": w.idle_node().pk}, path=lambda w, ctx: {"pk": ctx["pk"], "action": "cordon"},
+        body=lambda w, ctx: {"reason": "audit", **CONFIRMED}, target=at("fleet.node", "pk"), action="node.cordon",
+        status=302),
+    "fleet-drift-sweep": Write("operator", target=lambda w, ctx, response: ("fleet.cluster", "*"),
+                               action="drift.sweep", status=302),
+    "fleet-automation": Write(
+        "provider-admin", body=lambda w, ctx: {"mode": "dry-run", "reason": "audit", **CONFIRMED},
+        target=lambda w, ctx, response: ("fleet.automationswitch", "1"), action="automation.switch", status=302),
+    "job-cancel": Write("acme-admin", prepare=_ids(pk=("job", "acme")), path=lambda w, ctx: {"pk": ctx["pk"]},
+                        body=lambda w, ctx: CONFIRMED, target=at("jobs.job", "pk"), action="job.cancel", status=302),
+    "user-list": Write("acme-admin", body=lambda w, ctx: {"username": "audit-page-user", "role": "tenant-viewer"},
+                       target=_latest("auth.user"), action="user.create"),
+    "user-remove": Write("acme-admin", prepare=_ids(pk=("user", "acme")), path=lambda w, ctx: {"pk": ctx["pk"]},
+                         body=lambda w, ctx: CONFIRMED, target=at("auth.user", "pk"), action="user.deactivate",
+                         status=302),
 }
 
 WRITES = schema_writes()

@@ -249,6 +249,20 @@ def managed(ok: Expected = OK, *, self_only: int | None = 403, api: bool = True)
     return policy
 
 
+def user_admins(ok: Expected = OK, *, fill: bool = False) -> Policy:
+    """The users page: the provider admin (every tenant's users) and a tenant admin (its own tenant's, another's
+    user is 404); every other role is refused the page (403) before any user is looked up."""
+    def policy(who, owner, method):
+        if who.anonymous:
+            return LOGIN
+        if who.kind == "provider-admin":
+            return ok
+        if who.tenant_admin:
+            return ok if not fill or owner == who.tenant else 404
+        return 403
+    return policy
+
+
 def admin_site(who: Who, owner: str | None, method: str) -> int:
     """Django's admin is for staff; no role of DESIGN's table is staff: every page redirects to a login page
     (the admin's own login sends everyone on to Lockstep's)."""
@@ -290,7 +304,10 @@ ROUTES: dict[str, Route] = {
     "schema": Route(per_method(get=public())),
     "swagger-ui": Route(per_method(get=public())),
     "token-list": Route(per_method(get=signed_in(api=False), post=signed_in(api=False))),
-    "token-revoke": Route(per_method(post=managed(REDIRECT, self_only=None, api=False)), fill="token"),
+    # Revoking asks first: an empty POST answers the confirmation page.
+    "token-revoke": Route(per_method(post=managed(OK, self_only=None, api=False)), fill="token"),
+    "user-list": Route(per_method(get=user_admins(), post=user_admins(400))),
+    "user-remove": Route(per_method(post=user_admins(OK, fill=True)), fill="user"),
     "whatif-list-page": Route(per_method(get=provider(api=False), post=provider(REDIRECT, api=False))),
     "whatif-detail": Route(per_method(get=provider(api=False)), fill="whatif"),
     "scenario-list": Route(per_method(get=provider(api=False), post=provider(either(REDIRECT, OK), api=False))),
@@ -309,6 +326,18 @@ ROUTES: dict[str, Route] = {
     "fleet-rollout-action": Route(per_method(post=provider(REDIRECT, api=False)), fill="rollout",
                                   values={"action": "pause"}),
     "fleet-drift": Route(per_method(get=signed_in(api=False))),
+    # The write actions' pages (issue 24): an empty POST is a 400 form, a redirect with the error, or (for the
+    # actions that ask first) the confirmation page; tenant roles are refused before any object is looked up.
+    "fleet-blueprint-import": Route(per_method(get=provider(api=False), post=provider(400, api=False))),
+    "fleet-version-new": Route(per_method(get=provider(api=False), post=provider(400, api=False)), fill="blueprint"),
+    "fleet-version-activate": Route(per_method(post=provider(OK, api=False)), fill="blueprint",
+                                    values={"number": "1"}),
+    "fleet-rollout-new": Route(per_method(get=provider(api=False), post=provider(400, api=False))),
+    "fleet-cluster-assign": Route(per_method(post=provider(REDIRECT, api=False)), fill="cluster"),
+    "fleet-node-action": Route(per_method(post=provider(OK, api=False)), fill="node", values={"action": "cordon"}),
+    "fleet-drift-sweep": Route(per_method(post=provider(REDIRECT, api=False))),
+    "fleet-automation": Route(per_method(post=provider(REDIRECT, api=False))),
+    "job-cancel": Route(per_method(post=tenant_writes(OK, api=False)), fill="job"),
     "job-list": Route(per_method(get=signed_in(api=False))),
     "job-detail": Route(per_method(get=scoped(api=False)), fill="job"),
     "fault-overview": Route(per_method(get=signed_in(api=False))),
@@ -396,7 +425,7 @@ ROUTES: dict[str, Route] = {
     "api:action-list": Route(per_method(get=signed_in())),
     "api:action-detail": Route(per_method(get=scoped()), fill="action"),
     "api:stats-list": Route(per_method(get=signed_in())),
-    "api:automation": Route(per_method(get=provider(), put=provider_admin(400))),
+    "api:automation": Route(per_method(get=provider(), put=provider(400))),
 }
 
 # Django's admin is walked with ``admin_site``, every pattern filled with these values.

@@ -1,4 +1,4 @@
-"""The provider-wide automation switch: ``GET /api/v1/automation/`` (provider roles), ``PUT`` (the provider admin)."""
+"""The provider-wide automation switch: ``GET /api/v1/automation/`` (provider roles), ``PUT`` (the provider admin any mode; an operator dry-run or paused)."""
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, serializers
@@ -39,10 +39,7 @@ class AutomationSwitchView(APIView):
         responses={200: AutomationSwitchSerializer, 400: ErrorSerializer, 403: ErrorSerializer},
     )
     def put(self, request):
-        if not principal(request.user).is_provider_admin:
-            raise exceptions.PermissionDenied(
-                "only the provider admin may throw the provider-wide automation switch"
-            )
+        self._provider(request)  # who may set which mode: automation_switch_set (DESIGN's table)
         data = AutomationSwitchSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         switch = automation_switch_set(

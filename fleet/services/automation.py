@@ -22,12 +22,30 @@ def automation_switch() -> AutomationSwitch:
     )
 
 
+def automation_modes_for(actor) -> list[str]:
+    """The modes this actor may set the provider switch to (DESIGN, *Who may do what*): the provider admin any;
+    an operator may dry-run or pause automation, and putting it back to active is the provider admin's; nobody
+    else any. No actor (a command, a task) is the system itself."""
+    if not getattr(actor, "is_authenticated", False):
+        return list(AutomationMode.values)
+    who = principal(actor)
+    if who.is_provider_admin:
+        return list(AutomationMode.values)
+    if who.may_operate:
+        return [AutomationMode.DRY_RUN, AutomationMode.PAUSED]
+    return []
+
+
 @transaction.atomic
 def automation_switch_set(*, actor, mode: str, reason: str = "") -> AutomationSwitch:
-    """Throw the provider switch (the provider admin only); audited, and published on the ``fleet`` topic."""
-    if getattr(actor, "is_authenticated", False) and not principal(actor).is_provider_admin:
+    """Throw the provider switch (as ``automation_modes_for`` allows); audited, and published on the ``fleet``
+    topic."""
+    allowed = automation_modes_for(actor)
+    if not allowed:
+        raise ServiceError("only provider roles may throw the provider-wide automation switch", status=403)
+    if mode in AutomationMode.values and mode not in allowed:
         raise ServiceError(
-            "only the provider admin may throw the provider-wide automation switch", status=403
+            f"an operator may dry-run or pause automation; only the provider admin sets it {mode}", status=403
         )
     if mode not in AutomationMode.values:
         raise ServiceError(f"one of {', '.join(AutomationMode.values)}", field="mode")

@@ -53,6 +53,16 @@ def drift_sweep_request(*, actor) -> None:
     drift_sweep_task.delay()
 
 
+def drift_sweep_now(*, actor) -> SweepReport:
+    """Sweep every cluster now, in the caller's request, and return what the sweep did (clusters observed,
+    findings opened and resolved, corrections made, held or recorded as dry-run). Audited with those counts; a
+    sweep already running elsewhere makes this one skip (``skipped``)."""
+    report = drift_sweep()
+    audit_record(actor=actor, action="drift.sweep", object_type="fleet.cluster", object_id="*",
+                 changes=report.as_dict())
+    return report
+
+
 def _sweep_lock() -> bool:
     if connection.vendor != "postgresql":
         return True

@@ -2,6 +2,7 @@
 fleet/services/rollout_steps.py; the beat-driven task calls it."""
 
 import math
+from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -95,16 +96,27 @@ def _canaries(strategy: dict, found: list[dict]) -> list[int]:
     return list(dict.fromkeys(by_key[c] for c in canary))
 
 
-@transaction.atomic
-@batched_events
-def rollout_start(*, actor, version: BlueprintVersion, targets: dict, strategy: dict | None = None,
-                  skip_busy: bool = False) -> Rollout:
-    """Write a rollout, its batches and one row per cluster; the beat-driven step starts the first batch.
+@dataclass(frozen=True)
+class RolloutPlan:
+    """What a start would write: the cleaned strategy, the clusters it moves (``ready``, dicts of id, name and
+    version), the ones skipped as busy (cluster id → the rollout holding it), the canaries and the batches."""
 
-    Refused with 400 naming the field: a version that is not active, targets matching no cluster, a cluster
-    already in an unfinished rollout (unless ``skip_busy``: such clusters are recorded as Skipped).
-    """
-    version = BlueprintVersion.objects.select_related("blueprint").get(pk=version.pk)
+    strategy: dict
+    ready: list[dict]
+    busy: dict[int, int]
+    canary_ids: list[int]
+    waves: list[list[int]]
+
+    def batches(self) -> list[list[dict]]:
+        """The batches as lists of cluster dicts, in the order the rollout takes them."""
+        by_id = {c["id"]: c for c in self.ready}
+        return [[by_id[cid] for cid in wave] for wave in self.waves]
+
+
+def rollout_plan(*, version: BlueprintVersion, targets: dict, strategy: dict | None = None,
+                 skip_busy: bool = False) -> RolloutPlan:
+    """The clusters and batches a rollout of ``version`` to ``targets`` would touch, refused exactly as
+    ``rollout_start`` refuses (400 naming the field); writes nothing, so a page can preview a start."""
     if version.state != VersionState.ACTIVE:
         raise ServiceError(f"version {version.number} is {version.state}; only an active version rolls out",
                            field="version")
@@ -122,6 +134,21 @@ def rollout_start(*, actor, version: BlueprintVersion, targets: dict, strategy: 
         raise ServiceError("every targeted cluster is already in an unfinished rollout", field="targets")
     canary_ids = _canaries(strategy, ready)
     waves = _batches([c["id"] for c in ready], canary_ids, strategy)
+    return RolloutPlan(strategy=strategy, ready=ready, busy=busy, canary_ids=canary_ids, waves=waves)
+
+
+@transaction.atomic
+@batched_events
+def rollout_start(*, actor, version: BlueprintVersion, targets: dict, strategy: dict | None = None,
+                  skip_busy: bool = False) -> Rollout:
+    """Write a rollout, its batches and one row per cluster; the beat-driven step starts the first batch.
+
+    Refused with 400 naming the field: a version that is not active, targets matching no cluster, a cluster
+    already in an unfinished rollout (unless ``skip_busy``: such clusters are recorded as Skipped).
+    """
+    version = BlueprintVersion.objects.select_related("blueprint").get(pk=version.pk)
+    plan = rollout_plan(version=version, targets=targets, strategy=strategy, skip_busy=skip_busy)
+    strategy, ready, busy, canary_ids, waves = (plan.strategy, plan.ready, plan.busy, plan.canary_ids, plan.waves)
     rollout = Rollout.objects.create(
         version=version, targets=targets, canary=canary_ids, batch_size=strategy["batch_size"],
         batch_percent=strategy["batch_percent"], max_failures=strategy["max_failures"],

@@ -7,7 +7,7 @@ from rest_framework.test import APIClient
 from controlplane.models import AuditEntry, Event
 from fleet.choices import AutomationMode, RolloutClusterStatus, RolloutState
 from fleet.drivers.simulated import simulate_drift
-from fleet.models import Cluster, DriftFinding, SimulatedAddon
+from fleet.models import AutomationSwitch, Cluster, DriftFinding, SimulatedAddon
 from fleet.services.automation import automation_switch_set
 from fleet.services.blueprints import version_create
 from fleet.services.drift import drift_sweep
@@ -146,10 +146,18 @@ def test_the_provider_switch_through_the_api(users):
     client = APIClient()
     client.credentials(**token_header(users["operator"]))
     assert client.get("/api/v1/automation/").json()["mode"] == "active"
-    assert client.put("/api/v1/automation/", {"mode": "paused"}, format="json").status_code == 403
+    # DESIGN: an operator may dry-run or pause automation; setting it active again is the provider admin's.
+    answer = client.put("/api/v1/automation/", {"mode": "dry-run", "reason": "night shift"}, format="json")
+    assert answer.status_code == 200 and answer.json()["changed_by"] == users["operator"].username
+    answer = client.put("/api/v1/automation/", {"mode": "active"}, format="json")
+    assert answer.status_code == 403 and "only the provider admin sets it active" in answer.content.decode()
     client.credentials(**token_header(users["tenant-admin"]))
     assert client.get("/api/v1/automation/").status_code == 403
+    assert client.put("/api/v1/automation/", {"mode": "paused"}, format="json").status_code == 403
+    assert AutomationSwitch.objects.get().mode == "dry-run"
     client.credentials(**token_header(users["provider-admin"]))
+    assert client.put("/api/v1/automation/", {"mode": "active"}, format="json").status_code == 200
+    AuditEntry.objects.filter(action="automation.switch").delete()
     for bad in ({}, {"mode": "off"}, {"mode": ["paused"]}, {"mode": "paused", "reason": "x" * 301}):
         answer = client.put("/api/v1/automation/", bad, format="json")
         assert answer.status_code == 400, (bad, answer.content)

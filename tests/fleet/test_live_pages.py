@@ -64,6 +64,7 @@ def test_rollout_progress_arrives_live_and_matches_a_fresh_page(page, server, us
     assert Rollout.objects.get(pk=rollout.pk).state == RolloutState.PAUSED
     assert "checking the canary" in page.content()
     page.click("button[data-action='rollback']")
+    page.click("#confirm-yes")  # rolling back asks first
     page.locator("#rollout-state", has_text="RolledBack").wait_for(timeout=10_000)
     screenshot(page, "fleet-rollout-rolled-back")
 

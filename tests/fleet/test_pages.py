@@ -108,7 +108,10 @@ def test_rollout_page_buttons_act_through_the_services(client, users, world):
     html = client.get(url).content.decode()
     assert 'data-action="resume"' in html and "investigating" in html
     client.post(f"{url}resume/")
-    client.post(f"{url}rollback/", {"reason": "bad canary"})
+    asked = client.post(f"{url}rollback/", {"reason": "bad canary"})  # rolling back asks first
+    assert asked.status_code == 200 and 'name="reason" value="bad canary"' in asked.content.decode()
+    assert Rollout.objects.get().state == RolloutState.RUNNING
+    client.post(f"{url}rollback/", {"reason": "bad canary", "confirmed": "yes"})
     assert Rollout.objects.get().state == RolloutState.ROLLED_BACK
     assert client.post(f"{url}explode/").status_code == 404
 

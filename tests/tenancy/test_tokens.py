@@ -156,7 +156,11 @@ def test_token_page_creates_shows_once_and_revokes(client, admin):
     assert f"lsk_{token.prefix}_" in page.content.decode()
     again = client.get("/tokens/").content.decode()
     assert f"lsk_{token.prefix}_…" in again and "copy it now" not in again
-    client.post(f"/tokens/{token.pk}/revoke/")
+    asked = client.post(f"/tokens/{token.pk}/revoke/")  # revoking asks first, and changes nothing yet
+    assert asked.status_code == 200 and "cannot be undone" in asked.content.decode()
+    token.refresh_from_db()
+    assert token.revoked_at is None
+    client.post(f"/tokens/{token.pk}/revoke/", {"confirmed": "yes"})
     token.refresh_from_db()
     assert token.revoked_at is not None
 

@@ -1,0 +1,328 @@
+"""The fleet pages' write actions: rollouts (preview the batches, then start), pin or track a cluster, cordon,
+drain and uncordon a node, a drift sweep, and the provider's automation switch (blueprint versions and YAML
+import are in fleet/views_versions.py). Each calls the service the REST API calls (so it is audited and published
+the same way), is refused (403) to roles DESIGN's permission table does not allow before any input is read, and
+puts a service's refusal back on its form with the service's 4xx status."""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods, require_POST
+
+from controlplane.access import principal
+from controlplane.confirm import confirm_page, confirmed
+from controlplane.errors import ServiceError
+from fleet import selectors
+from fleet.choices import AutomationMode
+from fleet.drivers import driver_for
+from fleet.drivers.base import Operation
+from fleet.forms import (
+    AssignmentForm,
+    AutomationForm,
+    ReasonForm,
+    RolloutForm,
+)
+from fleet.models import Blueprint, BlueprintVersion
+from fleet.services.automation import automation_modes_for, automation_switch, automation_switch_set
+from fleet.services.clusters import cluster_assign
+from fleet.services.drift import drift_sweep_now
+from fleet.services.nodes import node_cordon, node_drain, node_uncordon
+from fleet.services.rollouts import rollout_plan, rollout_start
+
+
+def require_operator(request):
+    """Blueprints, rollouts, cordon and drain, sweeps: provider roles only (DESIGN), checked before the input."""
+    if not principal(request.user).may_operate:
+        raise PermissionDenied("only provider roles (provider-admin, operator) may do this")
+
+
+def put_back_on_form(form, error: ServiceError, fallback: str | None = None) -> None:
+    """A service's refusal on the field it names (its last part: ``strategy.canary`` is ``canary``); the rollout
+    form's ``targets`` is the input of the chosen kind."""
+    field = (error.field or "").split(".")[-1].split("[")[0]
+    if field == "targets" and "target_kind" in form.fields:
+        kind = (getattr(form, "cleaned_data", None) or {}).get("target_kind")
+        field = kind if kind in form.fields else "target_kind"
+    form.add_error(field if field in form.fields else fallback, error.detail)
+
+
+# --- rollouts ---------------------------------------------------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def rollout_new(request):
+    """Choose a version, targets and strategy; Preview shows the clusters and batches (the plan rollout_start
+    would write, nothing written); Start rolls out exactly the previewed plan, or shows the new one if it moved."""
+    require_operator(request)
+    status, plan = 200, None
+    if request.method == "GET":
+        initial = {"target_kind": "clusters"}
+        if request.GET.get("version"):
+            initial["version"] = request.GET["version"][:40]
+        form = RolloutForm(initial=initial)
+    else:
+        form = RolloutForm(request.POST)
+        if not form.is_valid():
+            status = 400
+        else:
+            version = form.version_object()
+            if version is None:
+                form.add_error("version", "no such version")
+                status = 400
+            else:
+                try:
+                    plan = rollout_plan(version=version, targets=form.targets(), strategy=form.strategy())
+                except ServiceError as error:
+                    put_back_on_form(form, error)
+                    status = error.status
+                else:
+                    key = ";".join(",".join(map(str, wave)) for wave in plan.waves)
+                    if "start" in request.POST and form.cleaned_data["plan"] == key:
+                        try:
+                            rollout = rollout_start(
+                                actor=request.user,
+                                version=version,
+                                targets=form.targets(),
+                                strategy=form.strategy(),
+                            )
+                        except ServiceError as error:
+                            put_back_on_form(form, error)
+                            status = error.status
+                        else:
+                            messages.success(
+                                request,
+                                f"Rollout #{rollout.pk} started: {len(plan.ready)} clusters "
+                                f"in {len(plan.waves)} batches.",
+                            )
+                            return redirect("fleet-rollout", pk=rollout.pk)
+                    elif "start" in request.POST:
+                        form.add_error(
+                            None,
+                            "The plan changed since the preview: check the batches below and start again.",
+                        )
+                        status = 409
+                    # The form carries the plan it previewed (the bound value renders from the data; its
+                    # errors stay).
+                    data = form.data.copy()
+                    data["plan"] = key
+                    form.data = data
+    batches = plan.batches() if plan else []
+    if batches:  # what each cluster carries now, beside its name
+        ids = {c["blueprint_version_id"] for batch in batches for c in batch}
+        labels = {
+            v.pk: f"{v.blueprint.name} v{v.number}"
+            for v in BlueprintVersion.objects.filter(pk__in=ids).select_related("blueprint")
+        }
+        for batch in batches:
+            for cluster in batch:
+                cluster["now_on"] = labels.get(cluster["blueprint_version_id"], "no version")
+    return render(
+        request, "fleet/rollout_form.html", {"form": form, "plan": plan, "batches": batches}, status=status
+    )
+
+
+# --- clusters and nodes -----------------------------------------------------------------------------------------
+
+
+@login_required
+@require_POST
+def cluster_assign_view(request, pk: int):
+    """Pin the cluster to a version or let it track the latest, after a confirmation (it re-applies add-ons)."""
+    require_operator(request)
+    cluster = get_object_or_404(
+        selectors.cluster_list(user=request.user).select_related("blueprint_version"), pk=pk
+    )
+    back = reverse("fleet-cluster", args=[cluster.pk])
+    form = AssignmentForm(request.POST, cluster=cluster)
+    if not form.is_valid():
+        messages.error(
+            request,
+            "Choose a blueprint version: "
+            + "; ".join(str(e) for errors in form.errors.values() for e in errors),
+        )
+        return redirect(back)
+    values = form.parsed()
+    blueprint = get_object_or_404(Blueprint, pk=values.pop("blueprint"))
+    label = dict(form.fields["assignment"].choices)[form.cleaned_data["assignment"]]
+    if not confirmed(request):
+        current = f"v{cluster.blueprint_version.number}" if cluster.blueprint_version_id else "no version"
+        return confirm_page(
+            request,
+            title=f"{cluster.name}: {label}",
+            question=f"{label.capitalize()} on {cluster.name}?",
+            consequences=[
+                f"It carries {current} of {cluster.blueprint.name if cluster.blueprint_id else '—'} now"
+                f"{' and tracks the latest' if cluster.track_latest else ''}.",
+                "If the version changes, its add-ons are re-applied (reconciled) right after.",
+            ],
+            action_url=request.path,
+            back_url=back,
+            button="Apply",
+            danger=False,
+            fields={"assignment": form.cleaned_data["assignment"], "reason": form.cleaned_data["reason"]},
+        )
+    try:
+        cluster_assign(
+            actor=request.user,
+            cluster=cluster,
+            blueprint=blueprint,
+            reason=form.cleaned_data["reason"],
+            **values,
+        )
+    except ServiceError as error:
+        messages.error(request, error.detail)
+    else:
+        messages.success(request, f"{cluster.name}: {label}.")
+    return redirect(back)
+
+
+NODE_ACTIONS = {
+    "cordon": (Operation.CORDON, node_cordon, True, "No new work is placed on it; what runs there stays."),
+    "drain": (
+        Operation.DRAIN,
+        node_drain,
+        True,
+        "Its jobs are moved off it and no new work is placed on it.",
+    ),
+    "uncordon": (Operation.UNCORDON, node_uncordon, False, "It takes new work again."),
+}
+
+
+def node_actions_for(node) -> list[str]:
+    """The node actions its driver supports and its state allows (what its page offers)."""
+    allowed = {
+        "ready": ("cordon", "drain"),
+        "spare": ("cordon", "drain"),
+        "cordoned": ("drain", "uncordon"),
+        "draining": ("uncordon",),
+        "failed": (),
+    }.get(node.state, ())
+    supports = driver_for(node.cluster).supports
+    return [name for name in allowed if NODE_ACTIONS[name][0] in supports]
+
+
+@login_required
+@require_POST
+def node_action(request, pk: int, action: str):
+    """Cordon, drain (both after a confirmation) or uncordon a node, within the fleet's caps."""
+    require_operator(request)
+    if action not in NODE_ACTIONS:
+        raise Http404("no such node action")
+    node = get_object_or_404(selectors.node_list(user=request.user).select_related("cluster"), pk=pk)
+    operation, service, confirm, effect = NODE_ACTIONS[action]
+    back = reverse("node-detail", args=[node.pk])
+    form = ReasonForm(request.POST)
+    reason = form.cleaned_data["reason"] if form.is_valid() else ""
+    if operation not in driver_for(node.cluster).supports:
+        messages.error(request, f"The {node.cluster.driver} driver cannot {action}.")
+        return redirect(back)
+    if confirm and not confirmed(request):
+        return confirm_page(
+            request,
+            title=f"{action.capitalize()} {node.hostname}",
+            question=f"{action.capitalize()} {node.hostname} on {node.cluster.name}?",
+            consequences=[effect],
+            action_url=request.path,
+            back_url=back,
+            button=action.capitalize(),
+            fields={"reason": reason},
+        )
+    try:
+        service(actor=request.user, node=node, reason=reason or f"{action} from the node page")
+    except ServiceError as error:
+        messages.error(request, error.detail)
+    else:
+        messages.success(request, f"{node.hostname}: {action} done.")
+    return redirect(back)
+
+
+# --- drift and automation ---------------------------------------------------------------------------------------
+
+
+@login_required
+@require_POST
+def drift_sweep_view(request):
+    """Sweep every cluster now and say what the sweep did, with the counts the service returns."""
+    require_operator(request)
+    report = drift_sweep_now(actor=request.user)
+    if report.skipped:
+        messages.error(
+            request, "Another drift sweep is running; this one did nothing. Try again in a moment."
+        )
+    else:
+        messages.success(request, sweep_message(report.as_dict()))
+    return redirect("fleet-drift")
+
+
+def sweep_message(counts: dict) -> str:
+    """The drift page's report of a sweep, from the counts ``SweepReport.as_dict`` returns."""
+    parts = [
+        f"{counts['clusters']} cluster{'s' if counts['clusters'] != 1 else ''} observed "
+        f"({counts['checks']} add-on checks)",
+        f"{counts['opened']} finding{'s' if counts['opened'] != 1 else ''} opened",
+        f"{counts['resolved']} resolved",
+        f"{counts['corrected']} corrected",
+    ]
+    for key, label in (
+        ("would_correct", "would be corrected (dry-run)"),
+        ("held", "held (automation paused)"),
+        ("gave_up", "given up on"),
+    ):
+        if counts[key]:
+            parts.append(f"{counts[key]} {label}")
+    if counts["unreachable"]:
+        parts.append(
+            f"{counts['unreachable']} cluster{'s' if counts['unreachable'] != 1 else ''} unreachable"
+        )
+    return "Drift sweep: " + ", ".join(parts) + "."
+
+
+@login_required
+@require_POST
+def automation_view(request):
+    """Throw the provider-wide automation switch (the provider admin any mode, an operator dry-run or paused, as the
+    service and the API require), after a confirmation that says what the new mode stops."""
+    modes = automation_modes_for(request.user)
+    if not modes:
+        raise PermissionDenied("only provider roles may throw the provider-wide automation switch")
+    if request.POST.get("mode") in AutomationMode.values and request.POST["mode"] not in modes:
+        raise PermissionDenied("an operator may dry-run or pause automation; the provider admin sets it active")
+    form = AutomationForm(request.POST, modes=modes)
+    back = reverse("fleet-overview")
+    if not form.is_valid():
+        messages.error(request, f"Choose {' or '.join(modes)}.")
+        return redirect(back)
+    mode, reason = form.cleaned_data["mode"], form.cleaned_data["reason"]
+    current = automation_switch().mode
+    if mode == current:
+        messages.success(request, f"Automation is already {mode}.")
+        return redirect(back)
+    if not confirmed(request):
+        effect = {
+            AutomationMode.PAUSED: "Nothing acts anywhere: fault recovery, the escalation ladder, drift "
+            "correction and rollout steps all hold.",
+            AutomationMode.DRY_RUN: "Everything decides and records what it would do, and acts on nothing.",
+            AutomationMode.ACTIVE: "Automation acts again wherever a cluster's and fleet's own modes allow.",
+        }
+        return confirm_page(
+            request,
+            title=f"Automation: {current} → {mode}",
+            question=f"Set the provider-wide automation switch to {mode}?",
+            consequences=[effect[mode]],
+            action_url=request.path,
+            back_url=back,
+            button=f"Set {mode}",
+            danger=mode != AutomationMode.ACTIVE,
+            fields={"mode": mode, "reason": reason},
+        )
+    try:
+        automation_switch_set(actor=request.user, mode=mode, reason=reason)
+    except ServiceError as error:
+        messages.error(request, error.detail)
+    else:
+        messages.success(request, f"Automation is now {mode} everywhere.")
+    return redirect(back)

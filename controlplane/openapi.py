@@ -7,10 +7,15 @@ operation that needs credentials can answer 401 and 403; one with a path paramet
 one with input (a body or query parameters) 400; one with a body 413 and 415; a write 409 (a conflict with
 existing data or with the object's state); a rate-limited one 429; and any of them 503 while the database
 cannot be reached (controlplane.middleware). Codes an operation declares itself (``@extend_schema``) are kept.
+
+Operations are tagged by the area (the Django app) whose folder holds their view, so Swagger UI groups them as
+the code is grouped (controlplane/openapi_tags.py names and describes each area).
 """
 
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
 from rest_framework import serializers
+
+from controlplane.openapi_tags import AREAS
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -30,7 +35,16 @@ WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 STRUCTURED_MEDIA_TYPES = frozenset({"application/json", "application/yaml"})
 
 
+def area_of(view) -> str:
+    """The tag of the area whose folder holds the view (a view of no Lockstep app keeps the control plane's)."""
+    package = type(view).__module__.split(".", 1)[0]
+    return AREAS.get(package, AREAS["controlplane"])[0]
+
+
 class AutoSchema(SpectacularAutoSchema):
+    def get_tags(self) -> list[str]:
+        return [area_of(self.view)]
+
     def get_operation(self, path, path_regex, path_prefix, method, registry):
         operation = super().get_operation(path, path_regex, path_prefix, method, registry)
         if operation is None:

@@ -11,7 +11,8 @@ from controlplane.tables import AuditEntryTable
 
 
 class AuditEntryListView(LoginRequiredMixin, SingleTableMixin, FilterView):
-    """The audit trail: sortable, filtered by the same FilterSet as /api/v1/audit/, paginated."""
+    """The audit trail: sortable, filtered by the same FilterSet as /api/v1/audit/, paginated; its filters
+    offer actors, objects and tenants by name."""
 
     template_name = "controlplane/auditentry_list.html"
     paginator_class = OneMomentPaginator
@@ -22,3 +23,9 @@ class AuditEntryListView(LoginRequiredMixin, SingleTableMixin, FilterView):
         if not principal(self.request.user).may_read_audit:
             raise PermissionDenied
         return selectors.audit_list(user=self.request.user)
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        # After the page of rows is read (as of one moment): the pickers' lists are no part of that moment.
+        self.filterset.offer_choices()
+        return context

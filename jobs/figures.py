@@ -27,27 +27,41 @@ def counterfactual(points: list[tuple], savings: list[tuple], seconds_per_iterat
 
 
 @one_moment()
-def job_timeline(job: Job) -> dict:
-    """Everything the job page draws, from the database (so a reload loses nothing), as of one moment."""
+def job_timeline(job: Job, *, since=None) -> dict:
+    """Everything the job page draws, from the database (so a reload loses nothing), as of one moment. With
+    ``since`` the phases, faults, actions, snapshots and iterations are those of the window from then to now (the
+    last progress point before it too, so the line starts at the window's edge); the GPU-hours saved and the
+    counterfactual still count every recovery."""
     now = timezone.now()
+    phase_rows = JobPhase.objects.filter(job=job).order_by("started_at", "id")
+    snapshot_rows = JobSnapshot.objects.filter(job=job).order_by("started_at")
+    progress = JobProgress.objects.filter(job=job).order_by("at", "id").values_list("at", "iteration")
+    if since is not None:
+        phase_rows = phase_rows.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since))
+        snapshot_rows = snapshot_rows.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since))
+        before = JobProgress.objects.filter(job=job, at__lt=since).order_by("-at", "-id").values_list("at", "iteration")[:1]
+        points = [*before, *progress.filter(at__gte=since)]
+    else:
+        points = list(progress)
     phases = [{"kind": p.kind, "start": _iso(p.started_at), "end": _iso(p.ended_at), "reason": p.reason}
-              for p in JobPhase.objects.filter(job=job).order_by("started_at", "id")]
+              for p in phase_rows]
     actions = list(RecoveryAction.objects.filter(job=job).select_related("job", "cluster").order_by("planned_at", "id"))
-    fault_ids = {a.fault_id for a in actions if a.fault_id}
+    shown = [a for a in actions if since is None or (a.ended_at or a.started_at or a.planned_at or now) >= since]
+    fault_ids = {a.fault_id for a in shown if a.fault_id}
     faults = [fault_payload(f) for f in FaultEvent.objects.filter(pk__in=fault_ids).select_related("node")
               .order_by("detected_at")]
     snapshots = [{"snapshot": s.pk, "state": s.state, "iteration": s.iteration, "reason": s.reason,
                   "start": _iso(s.started_at), "end": _iso(s.ended_at), "seconds": s.seconds}
-                 for s in JobSnapshot.objects.filter(job=job).order_by("started_at")]
-    points = list(JobProgress.objects.filter(job=job).order_by("at", "id").values_list("at", "iteration"))
+                 for s in snapshot_rows]
     if job.state == JobState.RUNNING:
         points.append((now, job.iteration_now(now)))
     savings = [(a.ended_at, a.gpu_hours_saved * 3600 / max(a.gpus, 1)) for a in actions
                if a.state == ActionState.SUCCEEDED and a.ended_at and not a.dry_run]
     counter = counterfactual(points, savings, job.seconds_per_iteration)
     saved = sum(a.gpu_hours_saved for a in actions if a.state == ActionState.SUCCEEDED and not a.dry_run)
+    actions = shown
     return {
-        "job": job.pk, "state": job.state, "now": _iso(now),
+        "job": job.pk, "state": job.state, "now": _iso(now), "since": _iso(since),
         "seconds_per_iteration": job.seconds_per_iteration,
         "phases": phases, "faults": faults, "actions": [action_payload(a) for a in actions], "snapshots": snapshots,
         "iterations": {"t": [_iso(at) for at, _ in points], "actual": [it for _, it in points],
@@ -118,3 +132,24 @@ def incident_ledger(actions) -> dict:
 
 def faults_for_feed(faults, limit: int = 50) -> list[dict]:
     return [fault_payload(f) for f in faults.order_by("-received_at")[:limit]]
+
+
+def timeline_summary(timeline: dict) -> dict[str, str]:
+    """The job page's charts in words (their text alternatives): the phases, faults and recoveries of the
+    timeline, and where the iterations went against the restart-from-checkpoint counterfactual."""
+    counts: dict[str, int] = {}
+    for phase in timeline["phases"]:
+        counts[phase["kind"]] = counts.get(phase["kind"], 0) + 1
+    phases = ", ".join(f"{n} {kind}" for kind, n in counts.items()) or "none"
+    actions = [f"{a['kind']} {a['state']}" for a in timeline["actions"]]
+    listed = "; ".join(actions[-5:]) + (f" and {len(actions) - 5} earlier" if len(actions) > 5 else "")
+    events = (f"Phases: {phases}. {len(timeline['faults'])} fault{'s' * (len(timeline['faults']) != 1)}, "
+              f"{len(actions)} recovery action{'s' * (len(actions) != 1)}{': ' + listed if actions else ''}; "
+              f"{len(timeline['snapshots'])} snapshot{'s' * (len(timeline['snapshots']) != 1)}.")
+    iterations = timeline["iterations"]
+    if iterations["actual"]:
+        progress = (f"From iteration {iterations['actual'][0]:,} to {iterations['actual'][-1]:,}; restarting from the "
+                    f"last checkpoint after each fault would have reached {iterations['counterfactual'][-1]:,}.")
+    else:
+        progress = "No progress reported in this range."
+    return {"timeline": events, "iterations": progress}

@@ -9,13 +9,14 @@ from datetime import timedelta
 
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count, F, Q, Sum
-from django.db.models.functions import TruncHour
+from django.db.models.functions import TruncDay, TruncHour, TruncMinute
 from django.shortcuts import redirect, render
 from django.utils import timezone
 
 from controlplane.access import principal
 from controlplane.errors import ServiceError
 from controlplane.selectors import event_history, topic_seq
+from controlplane.timerange import TimeRange, time_range
 from fleet.choices import GPUHealth, NodeState
 from fleet.models import GPU, Cluster, Node
 from fleet.selectors import cluster_protection
@@ -59,8 +60,36 @@ def heatmap(cluster_ids: list[int]) -> dict[int, dict]:
     return maps
 
 
-def provider_dashboard() -> dict:
-    now = timezone.now()
+TRUNCATE = {"minute": TruncMinute, "hour": TruncHour, "day": TruncDay}
+
+
+def heatmap_summary(entry: dict) -> str:
+    """The heat map of one cluster in words (its text alternative): how many nodes are healthy, and which are
+    not, out of service or failed. static/js/home_provider.js rewrites it as node events arrive."""
+    out, failed, sick = [], [], []
+    for host, state, unhealthy in zip(entry["hosts"], entry["states"], entry["unhealthy"], strict=True):
+        if state == NodeState.FAILED:
+            failed.append(host)
+        elif state in (NodeState.CORDONED, NodeState.DRAINING):
+            out.append(host)
+        elif unhealthy > 0:
+            sick.append(f"{host} ({unhealthy} GPU{'s' if unhealthy != 1 else ''})")
+    total = len(entry["hosts"])
+    healthy = total - len(out) - len(failed) - len(sick)
+    parts = [f"{healthy} of {total} nodes have all GPUs healthy"]
+    for label, hosts in (("not all GPUs healthy", sick), ("out of service", out), ("failed", failed)):
+        if hosts:
+            listed = ", ".join(hosts[:12]) + (f" and {len(hosts) - 12} more" if len(hosts) > 12 else "")
+            parts.append(f"{len(hosts)} {label}: {listed}")
+    return "; ".join(parts) + "."
+
+
+def provider_dashboard(window: TimeRange | None = None) -> dict:
+    """The fleet dashboard's figures, heat maps and charts; the charts (faults per bucket, GPU-hours saved
+    cumulated) cover ``window`` (the last 7 days by default)."""
+    now = window.now if window else timezone.now()
+    since = window.since if window else now - timedelta(days=7)
+    truncate = TRUNCATE[window.bucket if window else "hour"]
     today = now.replace(hour=0, minute=0, second=0, microsecond=0)
     clusters = list(Cluster.objects.select_related("fleet", "blueprint_version__blueprint", "dedicated_tenant")
                     .order_by("fleet__name", "name"))
@@ -76,10 +105,10 @@ def provider_dashboard() -> dict:
     actions = RecoveryAction.objects.all()
     on_version = sum(1 for c in clusters if c.blueprint_version_id and status[c.pk].total
                      and status[c.pk].ready == status[c.pk].total)
-    per_hour = (FaultEvent.objects.filter(received_at__gte=now - timedelta(days=7)).annotate(hour=TruncHour("received_at"))
+    per_hour = (FaultEvent.objects.filter(received_at__gte=since).annotate(hour=truncate("received_at"))
                 .values("hour").annotate(n=Count("id")).order_by("hour"))
-    saved_hours = (actions.filter(state=ActionState.SUCCEEDED, dry_run=False, ended_at__gte=now - timedelta(days=30))
-                   .annotate(hour=TruncHour("ended_at")).values("hour").annotate(saved=Sum("gpu_hours_saved")).order_by("hour"))
+    saved_hours = (actions.filter(state=ActionState.SUCCEEDED, dry_run=False, ended_at__gte=since)
+                   .annotate(hour=truncate("ended_at")).values("hour").annotate(saved=Sum("gpu_hours_saved")).order_by("hour"))
     cumulative, saved_series = 0.0, []
     for row in saved_hours:
         cumulative += row["saved"] or 0.0
@@ -98,8 +127,9 @@ def provider_dashboard() -> dict:
                       "tenant": c.dedicated_tenant.name if c.dedicated_tenant else "shared",
                       "version": str(c.blueprint_version) if c.blueprint_version else "—",
                       "sync": status[c.pk].sync, "health": status[c.pk].health, "ready": status[c.pk].label,
-                      "heatmap": maps[c.pk]} for c in clusters],
-        "charts": {"faults": [{"t": r["hour"].isoformat(), "v": r["n"]} for r in per_hour], "saved": saved_series},
+                      "heatmap": maps[c.pk], "summary": heatmap_summary(maps[c.pk])} for c in clusters],
+        "charts": {"faults": [{"t": r["hour"].isoformat(), "v": r["n"]} for r in per_hour], "saved": saved_series,
+                   "range": window.as_data() if window else None},
     }
 
 
@@ -188,9 +218,10 @@ def home(request):
     who = principal(request.user)
     if who.is_provider:
         after = topic_seq("fleet")   # read before the snapshot: events after it are applied on top
-        data = provider_dashboard()
+        window = time_range(request)
+        data = provider_dashboard(window)
         return render(request, "jobs/home_provider.html", {
-            "data": data, "after": after, "who": who,
+            "data": data, "after": after, "who": who, "time_range": window,
             "history": event_history(user=request.user, topic="fleet", up_to=after)})
     if who.tenant_id is None:
         return render(request, "jobs/home_none.html", {"who": who})

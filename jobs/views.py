@@ -20,6 +20,7 @@ from controlplane.errors import ServiceError
 from controlplane.events import may_subscribe
 from controlplane.pagination import OneMomentPaginator
 from controlplane.selectors import topic_seq
+from controlplane.timerange import time_range
 from fleet import selectors as fleet_selectors
 from fleet.models import Cluster
 from fleet.views_actions import node_actions_for
@@ -57,11 +58,13 @@ def job_detail(request, pk: int):
     job = get_object_or_404(selectors.job_list(user=request.user), pk=pk)
     topic = f"job-{job.pk}"
     after = topic_seq(topic)   # read before the snapshot: events after it are applied on top, duplicates dropped
-    timeline = figures.job_timeline(job)
+    window = time_range(request, default="30d")
+    timeline = figures.job_timeline(job, since=window.since)
     placements = list(selectors.job_allocations(user=request.user, job=job)[:200])
     incidents = selectors.job_incidents(user=request.user, job=job)
     return render(request, "jobs/job.html", {
         "job": job, "timeline": timeline, "topic": topic, "after": after, "protection": job_protection(job),
+        "time_range": window, "summary": figures.timeline_summary(timeline),
         "allocations": job.allocations.filter(released_at__isnull=True).select_related("node"),
         "actions": selectors.action_list(user=request.user).filter(job=job).order_by("-planned_at")[:50],
         "incidents": incidents, "placements": placements,
@@ -123,10 +126,12 @@ def fault_overview(request):
         page_obj, feed = selectors.fault_feed(user=request.user, cluster=cluster, page=int(page))
     except InvalidPage as error:
         raise Http404("no such page") from error
-    stats = figures.gpu_hours_stats(actions=actions, faults=faults,
-                                    group="fleet" if who.is_provider else "tenant", bucket="minute")
+    # The figures and the chart cover the page's time range (the feed below lists every fault, newest first).
+    window = time_range(request, default="30d")
+    stats = figures.gpu_hours_stats(actions=actions, faults=faults, group="fleet" if who.is_provider else "tenant",
+                                    bucket="minute" if window.bucket == "minute" else "hour", since=window.since)
     return render(request, "jobs/fault_overview.html", {
-        "topic": topic, "after": after, "feed": feed, "page_obj": page_obj,
+        "topic": topic, "after": after, "feed": feed, "page_obj": page_obj, "time_range": window,
         "is_paginated": page_obj.paginator.num_pages > 1, "stats": stats, "who": who, "cluster": cluster,
         "node_ids": selectors.visible_node_ids(user=request.user, node_ids=[
             (row.get("incident") or row.get("fault")).node_id for row in feed]),

@@ -5,6 +5,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from controlplane.access import principal
 from controlplane.errors import ServiceError
 from controlplane.selectors import topic_seq
+from controlplane.timerange import time_range
 from simulator import selectors
 from simulator.profiles import PROFILES
 from simulator.services import whatif_start
@@ -70,14 +71,19 @@ def scenario_list(request):
 
 @login_required
 def scenario_detail(request, pk: int):
-    from jobs.figures import job_timeline
+    from jobs.figures import job_timeline, timeline_summary
     from jobs.models import Job
     from simulator.models import Scenario
 
     _provider(request)
     scenario = get_object_or_404(Scenario, pk=pk)
     jobs = {label: Job.objects.select_related("cluster").get(pk=job_id) for label, job_id in scenario.jobs.items()}
+    window = time_range(request, default="6h")
     data = {label: {"job": job.pk, "name": job.name, "cluster": job.cluster.name, "topic": f"job-{job.pk}",
-                    "after": topic_seq(f"job-{job.pk}"), "timeline": job_timeline(job)}
+                    "after": topic_seq(f"job-{job.pk}"), "timeline": job_timeline(job, since=window.since),
+                    "range": window.key}
             for label, job in jobs.items()}
-    return render(request, "simulator/scenario_detail.html", {"scenario": scenario, "jobs": jobs, "data": data})
+    summary = "; ".join(f"{label} job {row['name']}: {timeline_summary(row['timeline'])['iterations']}"
+                        for label, row in data.items())
+    return render(request, "simulator/scenario_detail.html", {"scenario": scenario, "jobs": jobs, "data": data,
+                                                              "time_range": window, "summary": summary})

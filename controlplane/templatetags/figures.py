@@ -72,3 +72,41 @@ def ordinal_batch(index):
     except (TypeError, ValueError):
         return DASH
     return DASH if index < 0 else str(index + 1)
+
+
+@register.simple_tag
+def chart_summary(points, unit: str, cumulative: bool = False, value: str = "v", at: str = "t") -> str:
+    """A chart's text alternative: what a reader of a series of ``{"t": iso time, "v": value}`` points would
+    see in it (the screen reader's copy of the chart, in a visually hidden paragraph beside it)."""
+    rows = [row for row in points or [] if _number(row.get(value)) is not None]
+    if not rows:
+        return f"No {unit}s in this range."
+
+    def stamp(row):
+        return _plain_time(row[at])
+
+    if cumulative:
+        return (
+            f"{number(rows[-1][value], 2)} {unit}s in all, rising over {len(rows)} step{'s' * (len(rows) != 1)} "
+            f"from {stamp(rows[0])} to {stamp(rows[-1])}."
+        )
+    total = sum(_number(row[value]) for row in rows)
+    peak = max(rows, key=lambda row: _number(row[value]))
+    return (
+        f"{number(total)} {unit}{'s' * (total != 1)} in {len(rows)} interval{'s' * (len(rows) != 1)} from "
+        f"{stamp(rows[0])} to {stamp(rows[-1])}; the most, {number(peak[value])}, at {stamp(peak)}."
+    )
+
+
+def _plain_time(value) -> str:
+    """A moment as text (UTC), for text alternatives (no markup)."""
+    if isinstance(value, str):
+        try:
+            value = datetime.datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    if isinstance(value, datetime.datetime):
+        if timezone.is_naive(value):
+            value = timezone.make_aware(value, datetime.UTC)
+        return value.astimezone(datetime.UTC).strftime(DATE_FORMAT) + " UTC"
+    return str(value)

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 
 from controlplane.api import ScopedViewSet
 from controlplane.openapi import ErrorSerializer
+from controlplane.timerange import RANGES
 from fleet import selectors as fleet_selectors
 from fleet.models import Cluster, Node
 from jobs import figures, selectors
@@ -122,11 +123,17 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
                          "last_checkpoint_iteration": job.last_checkpoint_iteration,
                          "write_through": write_through_requested(job)})
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(responses=OpenApiTypes.OBJECT, parameters=[OpenApiParameter(
+        "range", OpenApiTypes.STR, enum=list(RANGES),
+        description="only the last 15 min, 6 h, 7 d or 30 d (the job's whole life without it)")])
     @action(detail=True, methods=["get"])
     def timeline(self, request, pk=None):
         """Phases, faults, actions, snapshots, iterations against the restart-from-checkpoint counterfactual."""
-        return Response(figures.job_timeline(self.get_object()))
+        asked = request.query_params.get("range")
+        if asked is not None and asked not in RANGES:
+            raise exceptions.ValidationError({"range": [f"one of {', '.join(RANGES)}"]})
+        since = timezone.now() - RANGES[asked][1] if asked else None
+        return Response(figures.job_timeline(self.get_object(), since=since))
 
     @extend_schema(methods=["GET"], request=None, responses=SnapshotSerializer(many=True))
     @extend_schema(methods=["POST"], request=SnapshotReportSerializer,

@@ -23,7 +23,8 @@
     if (last) { document.querySelector(".abnic-action[data-job='" + job + "']").textContent = last.kind + " " + last.state; }
   }
   function reload(label) {
-    fetch("/api/v1/jobs/" + data[label].job + "/timeline/", { credentials: "same-origin" })
+    fetch("/api/v1/jobs/" + data[label].job + "/timeline/" + (data[label].range ? "?range=" + encodeURIComponent(data[label].range) : ""),
+          { credentials: "same-origin" })
       .then(function (r) { return r.json(); })
       .then(function (t) {
         data[label].timeline = t; show(label);

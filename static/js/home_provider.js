@@ -15,8 +15,16 @@
   var COLORS = [[0, "#6e7781"], [0.05, "#6e7781"], [0.05, "#b42318"], [0.15, "#b42318"], [0.15, "#2da44e"],
                 [0.25, "#2da44e"], [0.25, "#e3b341"], [1, "#7d4e00"]];
   var OUT_STATES = { cordoned: true, draining: true };
-  var now = new Date();
-  function daysAgo(days) { return new Date(now.getTime() - days * 86400000).toISOString(); }
+  // The charts' window (the page's time range: ?range=, templates/_time_range.html) and the bucket faults are
+  // counted per; live points extend it to now.
+  var range = data.charts.range || { since: new Date(Date.now() - 7 * 86400000).toISOString(), bucket: "hour" };
+  function bucketOf(at) {
+    var t = new Date(at);
+    if (range.bucket === "day") { t.setUTCHours(0, 0, 0, 0); }
+    else if (range.bucket === "hour") { t.setUTCMinutes(0, 0, 0); }
+    else { t.setUTCSeconds(0, 0); }
+    return t.toISOString();
+  }
   function bump(id, by) { L.bumpFigure(document.getElementById(id), by); }
 
   // charts: an empty one is an empty state until its first point arrives
@@ -32,17 +40,17 @@
     show(faultsChart);
     Plotly.newPlot(faultsChart, [{ type: "bar", x: points.map(function (p) { return p.t; }),
       y: points.map(function (p) { return p.v; }), marker: { color: "#b42318" }, name: "faults" }],
-      { margin: { t: 8, r: 8, b: 40, l: 40 }, xaxis: { type: "date", range: [daysAgo(7), new Date().toISOString()] },
+      { margin: { t: 8, r: 8, b: 40, l: 40 }, xaxis: { type: "date", range: [range.since, new Date().toISOString()] },
         yaxis: { title: "faults", rangemode: "nonnegative", tickformat: ",d" } }, CONFIG);
     faultsDrawn = true;
   }
   function drawSaved(points) {
     show(savedChart);
     // a step line from zero at the start of the window, so even one completed recovery draws a line
-    Plotly.newPlot(savedChart, [{ x: [daysAgo(30)].concat(points.map(function (p) { return p.t; })),
+    Plotly.newPlot(savedChart, [{ x: [range.since].concat(points.map(function (p) { return p.t; })),
       y: [0].concat(points.map(function (p) { return p.v; })), mode: "lines+markers",
       line: { color: "#1a7f37", width: 3, shape: "hv" }, name: "saved" }],
-      { margin: { t: 8, r: 8, b: 40, l: 60 }, xaxis: { type: "date", range: [daysAgo(30), new Date().toISOString()] },
+      { margin: { t: 8, r: 8, b: 40, l: 60 }, xaxis: { type: "date", range: [range.since, new Date().toISOString()] },
         yaxis: { title: "GPU-hours", rangemode: "tozero", tickformat: "," } }, CONFIG);
     savedDrawn = true;
   }
@@ -95,6 +103,29 @@
     el._text[cell.row][cell.col] = label(cell);
     el.dataset.cells = JSON.stringify(el._z);
     Plotly.restyle(el, { z: [el._z], text: [el._text] }, [0]);
+    summarize(cell.cluster);
+  }
+  // The heat map's text alternative (#heatmap-summary-<cluster>), as jobs/home.py heatmap_summary writes it.
+  function summarize(clusterId) {
+    var el = document.getElementById("heatmap-summary-" + clusterId);
+    if (!el) { return; }
+    var total = 0, groups = { sick: [], out: [], failed: [] };
+    Object.keys(cells).forEach(function (id) {
+      var c = cells[id];
+      if (c.cluster !== clusterId) { return; }
+      total += 1;
+      if (c.state === "failed") { groups.failed.push(c.host); }
+      else if (OUT_STATES[c.state]) { groups.out.push(c.host); }
+      else if (c.unhealthy > 0) { groups.sick.push(c.host + " (" + c.unhealthy + " GPU" + (c.unhealthy === 1 ? "" : "s") + ")"); }
+    });
+    var healthy = total - groups.sick.length - groups.out.length - groups.failed.length;
+    var parts = [healthy + " of " + total + " nodes have all GPUs healthy"];
+    [["sick", "not all GPUs healthy"], ["out", "out of service"], ["failed", "failed"]].forEach(function (g) {
+      var hosts = groups[g[0]];
+      if (!hosts.length) { return; }
+      parts.push(hosts.length + " " + g[1] + ": " + hosts.slice(0, 12).join(", ") + (hosts.length > 12 ? " and " + (hosts.length - 12) + " more" : ""));
+    });
+    el.textContent = parts.join("; ") + ".";
   }
 
   var feed = document.getElementById("event-feed");
@@ -104,9 +135,9 @@
     var p = event.payload || {};
     if (event.kind === "fault.reported") {
       bump("fig-faults", 1); bump("fig-faults-open", 1);
-      var hour = new Date(event.created); hour.setMinutes(0, 0, 0);
-      if (faultsDrawn) { Plotly.extendTraces(faultsChart, { x: [[hour.toISOString()]], y: [[1]] }, [0]); }
-      else { drawFaults([{ t: hour.toISOString(), v: 1 }]); }
+      var bucket = bucketOf(event.created);
+      if (faultsDrawn) { Plotly.extendTraces(faultsChart, { x: [[bucket]], y: [[1]] }, [0]); }
+      else { drawFaults([{ t: bucket, v: 1 }]); }
     } else if (event.kind === "fault.handled") {
       bump("fig-faults-open", -1);
     } else if (event.kind === "actions.completed") {

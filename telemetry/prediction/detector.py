@@ -15,7 +15,7 @@ shared labelled series; docs/prediction.md). The method:
   shifts) are compared with ``B``, upwards and downwards; the same median also against the whole memory's median
   (``slow``: a drift slow enough for the last day's baseline to follow it). More channels can be switched on (the
   families the benchmark compares; the shipped configuration has them off, they held out worse): the level
-  against the hour's seasonal expectation (``seasonal``: a daily profile, or statsmodels' STL), the discord of
+  against the hour's seasonal expectation (``seasonal``: a daily or weekly profile, or statsmodels' STL), the discord of
   the last hours' shape against every earlier stretch of the memory (``discord_blocks``: stumpy's MASS), the level
   carried ahead at its slope (``trend_blocks``), a CUSUM of small deviations (``drift_k``), and a library's
   detector (``library``: ruptures' change points on the last two days, or river's half-space trees, Page-Hinkley
@@ -57,13 +57,14 @@ class DetectorConfig:
     memory_blocks: int = 336            # records and rarity look back two weeks (a weekly cycle, twice)
     level_seconds: float = 3600.0       # the level channel: median of the last hour
     level_readings: int = 64            # at most this many of the last hour's readings are kept
-    z_min: float = 3.0                  # an excursion starts beyond 3 spreads from the baseline
+    z_min: float = 2.5                  # an excursion starts beyond 2.5 spreads from the baseline
     margin: float = 0.5                 # ... and alarms when 1.5x the memory's largest excursion
     alpha: float = 0.05                 # ... at a value reached in fewer than 5 % of the memory's hours
     hold_seconds: float = 24 * 3600.0   # an alarm is held 24 h (the prediction horizon) after its excursion ends
     min_blocks: int = 3                 # no verdict before three hours of memory
     seasonal: str = ""                  # the seasonal channel (off: ""): the level against the hour's expectation,
-                                        # "profile" (median of the same hour on the days kept) or "stl" (statsmodels)
+                                        # "profile" (median of the same hour on the days kept), "weekly" (the same
+                                        # hour of the week, a week and two back) or "stl" (statsmodels)
     discord_blocks: int = 0             # the discord channel (0: off): the last N hours' shape against the week's
     drift_k: float = 0.0                # the drift channel (0: off): a CUSUM of the readings' deviation beyond
                                         # drift_k spreads (each clipped at z_min), in spread-hours
@@ -207,10 +208,13 @@ class StreamingDetector:
         self.recent_head = (i + 1) % self.config.level_readings
         self.recent_n = min(self.recent_n + 1, self.config.level_readings)
 
-    def _recent(self, since: float) -> list[float]:
-        """The kept readings newer than ``since`` (plain floats: for a few dozen values, faster than numpy)."""
+    def _recent(self, since: float, *, inclusive: bool = False) -> list[float]:
+        """The kept readings newer than ``since`` (or at it, ``inclusive``), as plain floats: for a few dozen
+        values, faster than numpy."""
         n = self.recent_n
         times, values = self.recent_t[:n].tolist(), self.recent_v[:n].tolist()
+        if inclusive:
+            return [v for t, v in zip(times, values, strict=True) if t >= since]
         return [v for t, v in zip(times, values, strict=True) if t > since]
 
     def _channels(self, value: float, level: float) -> list[tuple[int, float, float, float]]:
@@ -283,7 +287,9 @@ class StreamingDetector:
 
     def _close_block(self) -> None:
         c = self.config
-        values = self._recent(self.block_start - 1e-9)
+        # the hour's readings include the one at its first second: ``block_start - 1e-9`` rounds back to
+        # ``block_start`` at epoch magnitudes, which left every hour of an hourly series empty (it never learnt)
+        values = self._recent(self.block_start, inclusive=True)
         if not values or not math.isfinite(self.cur_hi):
             self.cur_hi, self.cur_lo = -math.inf, math.inf
             return
@@ -342,6 +348,8 @@ class StreamingDetector:
         history = week[::-1, 0]                                   # hourly medians, oldest first
         if c.seasonal == "stl":
             self.E, self.SE = _seasonal_stl(history, c.baseline_blocks, max(within, floor))
+        elif c.seasonal == "weekly":
+            self.E, self.SE = _seasonal(history, 7 * c.baseline_blocks, max(within, floor))
         elif c.seasonal:
             self.E, self.SE = _seasonal(history, c.baseline_blocks, max(within, floor))
         if c.discord_blocks:
@@ -390,8 +398,8 @@ class StreamingDetector:
 
 
 def _seasonal(history: np.ndarray, period: int, within: float) -> tuple[float, float]:
-    """The coming hour's expected median (the median of the same hour on the past days kept) and the spread of
-    the last day's hours about their own expectation; NaN until two whole periods are kept."""
+    """The coming hour's expected median (the median of the same hour on the past periods kept: days, or weeks)
+    and the spread of the last period's hours about their own expectation; NaN until two whole periods are kept."""
     n = len(history)
     if n < 2 * period:
         return math.nan, math.nan

@@ -27,11 +27,11 @@ HOUR = 3600.0
 
 def _grid(**channels) -> list[DetectorConfig]:
     """One family's candidates, simplest first (ties go to the earlier one): the memory (a week or two), where an
-    excursion starts (4 or 3 spreads) and how long an alarm is held (8 h, or the prediction horizon's 24 h); the
+    excursion starts (3 or 2.5 spreads) and how long an alarm is held (8 h, or the prediction horizon's 24 h); the
     family's channels as ``channels`` say (the slow level is off unless they switch it on)."""
     channels = {"slow": False} | channels
     return [replace(CONFIG, memory_blocks=memory, z_min=z_min, hold_seconds=hold, **channels)
-            for memory in (168, 336) for z_min in (4.0, 3.0) for hold in (8 * HOUR, 24 * HOUR)]
+            for memory in (168, 336) for z_min in (3.0, 2.5) for hold in (8 * HOUR, 24 * HOUR)]
 
 
 # The families compared (bench/predictor_nab.py --compare), each with its parameters chosen inside the fold; the
@@ -42,6 +42,8 @@ FAMILIES = {
     "+ trend (the level 6 h ahead at the last 6 h's slope)": _grid(trend_blocks=6),
     "+ drift (CUSUM of deviations beyond 2 spreads, from 4 spread-hours)": _grid(drift_k=2.0, drift_h=4.0),
     "+ seasonal profile (same hour, past days)": _grid(seasonal="profile"),
+    # a week's memory cannot hold two weeks: its candidates run without the channel
+    "+ weekly profile (same hour of the week, one and two weeks back)": _grid(slow=True, seasonal="weekly"),
     "+ matrix-profile discord (stumpy MASS, 6 h)": _grid(discord_blocks=6),
     "+ change point (ruptures Binseg, last 48 h)": _grid(library="ruptures"),
     "+ half-space trees (river)": _grid(library="half_space_trees"),

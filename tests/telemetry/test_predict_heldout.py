@@ -44,14 +44,16 @@ def test_held_out_f1_beats_tadgan_on_aws_and_holds_its_floors(evaluated):
     aws, _ = held_out(corpus, folds, "realAWSCloudwatch")
     known, _ = held_out(corpus, folds, "realKnownCause")
     overall, leads = held_out(corpus, folds)
+    # 12/0/1, 10/9/9, 22/9/10 (docs/prediction.md); lower than before the fix to hourly series (which left
+    # ambient_temperature_system_failure unwatched, and so without its false alarms), not a worse detector
     assert aws.f1 > TADGAN_AWS.f1 and aws.f1 >= 0.96, aws
-    assert known.f1 >= 0.58, known
-    assert overall.f1 >= 0.75, overall
+    assert known.f1 > 0.5 and known.f1 >= 0.526, known
+    assert overall.f1 >= 0.698, overall
     # the median lead is +0.0 h, not above it (docs/prediction.md, *Lead time*): a floor at what is reached
-    assert statistics.median(leads) >= 0.0 and sum(lead > 0 for lead in leads) >= 8
+    assert statistics.median(leads) >= 0.0 and sum(lead > 0 for lead in leads) >= 9
     early_inside = sum(fold.result.early[1] for fold in folds)
-    assert early_inside >= 4   # detections raised inside their window ahead of the label, not held from before
-    assert seconds < 180   # eight candidates over 103,758 readings: 46-82 s on two cores shared at load average 6-7
+    assert early_inside >= 7   # detections raised inside their window ahead of the label, not held from before
+    assert seconds < 180   # eight candidates over 103,758 readings: 46-82 s on two cores at load average 6-7, 110 s at 10
 
 
 def test_the_shipped_configuration_is_the_one_chosen_on_all_sixteen(evaluated):

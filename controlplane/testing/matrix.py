@@ -494,7 +494,7 @@ def matrix_world_build() -> MatrixWorld:
     from jobs.services.jobs import job_submit
     from jobs.services.snapshots import snapshot_take
     from simulator.models import Scenario
-    from simulator.services import whatif_start
+    from simulator.services import whatif_execute, whatif_start
     from simulator.world import world_build
     from telemetry.models import AgentToken, NotificationDelivery, Prediction
     from telemetry.services.channels import channel_create
@@ -566,9 +566,10 @@ def matrix_world_build() -> MatrixWorld:
                              rules=["recovery_failed"])
     delivery = NotificationDelivery.objects.create(channel=channel, event_id=1, rule="recovery_failed",
                                                    summary="a recovery failed", next_attempt_at=now + timedelta(minutes=1))
-    run = whatif_start(actor=provider_admin, config={"seed": 5, "days": 1})
-    # A finished run (no worker runs it here): a queued one would count against the what-if caps of every POST.
-    type(run).objects.filter(pk=run.pk).update(state=type(run).State.DONE, progress=1.0, finished_at=now)
+    run = whatif_start(actor=provider_admin, config={"seed": 5, "days": 1, "gpus": 1024})
+    # Run here, to the end (no worker runs it): a queued one would count against the what-if caps of every POST,
+    # and the report page is read (and checked by axe) with its report.
+    whatif_execute(run_id=run.pk)
     acme_job = Job.objects.filter(tenant=tenants["acme"]).order_by("pk").first()
     scenario = Scenario.objects.create(kind="ab-nic", jobs={"protected": acme_job.pk, "unprotected": acme_job.pk},
                                        nic_name="mlx5_3", strike_at=now + timedelta(hours=1))

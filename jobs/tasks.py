@@ -6,8 +6,8 @@ from jobs.services import faults as fault_services
 
 
 @shared_task(name="jobs.fault_handle", ignore_result=True, time_limit=60, soft_time_limit=50)
-def fault_handle_task(fault_id: int) -> list[int]:
-    return fault_services.fault_handle(fault_id=fault_id)
+def fault_handle_task(fault_id: int, cluster_id: int | None = None) -> list[int]:
+    return fault_services.fault_handle(fault_id=fault_id, cluster_id=cluster_id)
 
 
 @shared_task(name="jobs.fault_sweep", ignore_result=True, time_limit=30, soft_time_limit=25)

@@ -54,17 +54,19 @@ def _gpus_on(action: RecoveryAction) -> int:
 
 
 def start_through_driver(action: RecoveryAction, cluster: Cluster, budget: placement.Budget | None,
-                         taken: set[int] | None = None) -> str:
+                         taken: set[int] | None = None, pool: placement.SparePool | None = None) -> str:
     """Ask the driver to carry out a planned action, the migration budget permitting, and set the action's fields
     in memory (the caller writes them). Returns ``"started"`` (and counts it in ``budget``), ``"waiting"`` (over
     the budget, or a transient driver error: it stays planned and ``error`` says why) or ``"refused"`` (``error``
     says why; the caller fails it). ``budget`` is needed for the budgeted kinds only. A whole-job restart first
     finds healthy spares for its workers on failed or quarantined nodes (never one in ``taken``, the spares this
-    decision already handed out) and moves them there once the driver has started it; with none it is refused."""
+    decision already handed out) and moves them there once the driver has started it; with none it is refused. A
+    decision passes its own spare ``pool`` (read and locked once for all its actions; a storm's 64 restarts would
+    otherwise each read the spares afresh, twice, and wait for their locks each time)."""
     moves = []
     if action.kind in WHOLE_JOB_KINDS:      # it comes back off every failed or quarantined node
         taken = taken if taken is not None else set()
-        pool = placement.SparePool(cluster)
+        pool = pool if pool is not None else placement.SparePool(cluster)
         moves, problem = [], "no dead node"
         if action.impact == "node" and action.node_id:
             # The node is dead even while Lockstep may not take it out of service yet (a fleet-wide cap): a spare

@@ -54,7 +54,7 @@ WITH found AS (
     WHERE i.node_id = %(node)s AND i.state = 'open' AND i.id NOT IN (SELECT id FROM found) RETURNING i.id
 ), joined AS (
     UPDATE {incident} i SET
-        report_count = i.report_count + 1, last_reported_at = %(now)s, opened_at = LEAST(i.opened_at, %(detected)s),
+        report_count = i.report_count + %(count)s, last_reported_at = %(now)s, opened_at = LEAST(i.opened_at, %(detected)s),
         scope = CASE WHEN i.scope = 'nic' AND NOT (%(one_nic)s AND i.nic_name = %(nic)s) THEN 'node' ELSE i.scope END,
         nic_name = CASE WHEN i.scope = 'nic' AND NOT (%(one_nic)s AND i.nic_name = %(nic)s) THEN '' ELSE i.nic_name END,
         kind = CASE WHEN %(rank)s < i.rank THEN %(kind)s ELSE i.kind END,
@@ -67,7 +67,7 @@ WITH found AS (
                             last_reported_at, report_count)
     SELECT %(cluster)s, %(node)s, CASE WHEN %(one_nic)s THEN 'nic' ELSE 'node' END,
            CASE WHEN %(one_nic)s THEN %(nic)s ELSE '' END, %(kind)s, %(xid)s::integer, %(fatal)s, %(rank)s, 'open',
-           %(detected)s, %(now)s, 1
+           %(detected)s, %(now)s, %(count)s
     WHERE NOT EXISTS (SELECT 1 FROM joined) RETURNING id
 )
 SELECT id FROM joined UNION ALL SELECT id FROM opened
@@ -84,12 +84,42 @@ def incident_join(*, fault: FaultEvent, fatal: bool, now: datetime) -> int:
     return fault.incident_id
 
 
+def incident_join_many(*, faults: list[tuple[FaultEvent, bool]], now: datetime) -> int:
+    """``incident_join`` for several new faults of one node, in their order, with the same result as joining them
+    one by one; on PostgreSQL in one statement (an agent's batch reports a node's eight NICs down together). Each
+    item is (fault, whether it is fatal); sets every fault's ``incident_id`` and returns it."""
+    if len(faults) == 1 or connection.vendor != "postgresql":
+        for fault, fatal in faults:
+            incident_join(fault=fault, fatal=fatal, now=now)
+        return faults[-1][0].incident_id
+    if len({fault.node_id for fault, _ in faults}) != 1:
+        raise ValueError("incident_join_many joins the faults of one node")
+    # Folded one by one, the incident counts every report, starts at the earliest detection, keeps a NIC scope only
+    # while every report is on that one NIC, and takes the kind of the first of the most severe.
+    ranks = [severity_rank(fault.kind, fatal=fatal) for fault, fatal in faults]
+    worst = ranks.index(min(ranks))
+    nics = {fault.nic_name if fault.kind in NIC_KINDS and fault.nic_name else None for fault, _ in faults}
+    decisive, fatal = faults[worst]
+    incident_id = _execute_join(faults[0][0], on_one_nic=len(nics) == 1 and None not in nics, rank=ranks[worst],
+                                kind=decisive.kind, xid=decisive.xid, fatal=fatal,
+                                detected=min(fault.detected_at for fault, _ in faults), count=len(faults), now=now)
+    for fault, _ in faults:
+        fault.incident_id = incident_id
+    return incident_id
+
+
 def _join_in_one_statement(fault: FaultEvent, *, on_one_nic: bool, rank: int, fatal: bool, now: datetime) -> int:
+    return _execute_join(fault, on_one_nic=on_one_nic, rank=rank, kind=fault.kind, xid=fault.xid, fatal=fatal,
+                         detected=fault.detected_at, count=1, now=now)
+
+
+def _execute_join(fault: FaultEvent, *, on_one_nic: bool, rank: int, kind: str, xid, fatal: bool, detected,
+                  count: int, now: datetime) -> int:
     sql = JOIN_SQL.format(incident=Incident._meta.db_table, action=RecoveryAction._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(sql, {"node": fault.node_id, "cluster": fault.cluster_id, "cutoff": now - _window(), "now": now,
-                             "detected": fault.detected_at, "one_nic": on_one_nic, "nic": fault.nic_name, "rank": rank,
-                             "kind": fault.kind, "xid": fault.xid, "fatal": fatal})
+                             "detected": detected, "one_nic": on_one_nic, "nic": fault.nic_name, "rank": rank,
+                             "kind": kind, "xid": xid, "fatal": fatal, "count": count})
         return cursor.fetchone()[0]
 
 

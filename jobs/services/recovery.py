@@ -364,7 +364,7 @@ def act(ctx: Context, created: list[RecoveryAction]) -> list[RecoveryAction]:
     for action in sorted(created, key=lambda a: -a.gpu_hours_at_stake):
         if action.retry_at and action.retry_at > ctx.now:
             continue
-        if start_through_driver(action, ctx.cluster, budget, taken=ctx.booked) == "refused":
+        if start_through_driver(action, ctx.cluster, budget, taken=ctx.booked, pool=ctx.spares) == "refused":
             refused.append(action)
     return refused
 

@@ -5,7 +5,7 @@ rejected batch stores nothing). Then, on PostgreSQL, two statements (telemetry/u
 the batch id and, unless it was seen before (a duplicate changes nothing and locks nothing), locks and reads
 the previous state of the GPUs, NICs and facility series the batch reports; the readings are folded in time
 order (extract.py); the second writes raw samples, latest state with features, the per-minute history,
-facility series and the nodes' last-seen time. Hard faults go to jobs' ``fault_ingest``, which stores them
+facility series and the nodes' last-seen time. Hard faults go to jobs' ``fault_ingest_many``, which stores them
 before anything acts on them. Elsewhere (SQLite) the ORM does the same reads and writes, a few more statements.
 """
 
@@ -22,7 +22,7 @@ from django.utils import timezone
 from controlplane.errors import ServiceError
 from fleet.models import Node
 from fleet.services.hardware import nodes_mark_seen, nodes_mark_seen_sql
-from jobs.services.faults import fault_ingest
+from jobs.services.faults import FaultReport, fault_ingest_many
 from telemetry import extract
 from telemetry.inventory import Inventory, inventory_for
 from telemetry.models import (
@@ -440,12 +440,8 @@ def _report_faults(candidates: list[extract.FaultCandidate]) -> list[int]:
     """Hand each hard fault to jobs (it stores first, merges duplicates, and queues handling on commit)."""
     if not candidates:
         return []
-    nodes = Node.objects.in_bulk({c.node_id for c in candidates})
-    ids = []
-    for candidate in candidates:
-        fault, _ = fault_ingest(
-            source="agent", kind=candidate.kind, node=nodes[candidate.node_id], gpu_index=candidate.gpu_index,
-            nic_name=candidate.nic_name, xid=candidate.xid, detected_at=_dt(candidate.ts), details=candidate.details,
-        )
-        ids.append(fault.pk)
-    return ids
+    nodes = Node.objects.select_related("cluster").in_bulk({c.node_id for c in candidates})
+    stored = fault_ingest_many(source="agent", reports=[
+        FaultReport(kind=c.kind, node=nodes[c.node_id], gpu_index=c.gpu_index, nic_name=c.nic_name, xid=c.xid,
+                    detected_at=_dt(c.ts), details=c.details) for c in candidates])
+    return [fault.pk for fault, _ in stored]

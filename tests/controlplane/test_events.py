@@ -119,3 +119,39 @@ def test_tenant_model_is_its_own_scope(users, tenant_a):
 
     assert list(restrict(Tenant.objects.all(), users["tenant-viewer"])) == [tenant_a]
     assert restrict(Tenant.objects.all(), users["operator"]).count() == 2
+
+
+def test_gathered_events_are_written_at_the_end_in_order_and_a_rolled_back_savepoint_loses_its_own():
+    """Issue 26: a decision's events are written together at its end (one statement, one relay), in the order they
+    were published; an event published inside a savepoint that rolls back goes with it."""
+    with transaction.atomic():
+        with events.gathered():
+            events.publish(["fleet"], "first", {"n": 1})
+            try:
+                with transaction.atomic():
+                    events.publish(["fleet", "cluster-7"], "undone", {"n": 2})
+                    raise RuntimeError("the savepoint rolls back")
+            except RuntimeError:
+                pass
+            with pytest.raises(events.UnknownTopic):
+                events.publish(["no-such-topic-x"], "refused")       # refused where it is published
+            events.publish_many([(["cluster-7"], "second", {"n": 3}, ""), (["fleet"], "third", {"n": 4}, "")])
+            assert not Event.objects.exists()                     # nothing written yet
+        assert [e.kind for e in Event.objects.order_by("pk")] == ["first", "second", "third"]
+        assert [(e.topic, e.seq) for e in Event.objects.order_by("pk")] == [("fleet", 1), ("cluster-7", 1), ("fleet", 2)]
+
+
+def test_gathered_publishes_once_in_one_statement_and_nothing_after_an_error():
+    from django.test.utils import CaptureQueriesContext
+
+    with transaction.atomic():
+        with CaptureQueriesContext(connection) as statements, events.gathered():
+            for n in range(20):
+                events.publish(["fleet", f"cluster-{n}"], "many", {"n": n})
+        assert len(statements.captured_queries) == 1 and Event.objects.count() == 40
+    with transaction.atomic():
+        with pytest.raises(RuntimeError), events.gathered():
+            events.publish(["fleet"], "lost")
+            raise RuntimeError("the decision failed")
+        events.publish(["fleet"], "after")          # outside the block: written at once again
+    assert not Event.objects.filter(kind="lost").exists() and Event.objects.filter(kind="after").exists()

@@ -99,3 +99,30 @@ def test_bad_payloads_are_400(api, users, node, body, field):
 def test_only_provider_roles_may_post(api, users, node, role, status):
     api.as_token(users[role])
     assert api.post(URL, webhook(alert()), format="json").status_code == status
+
+
+def test_a_grouped_webhook_takes_its_new_alerts_in_together_with_the_outcomes_one_by_one_gives(api, users):
+    """Issue 26: 64 nodes down arrive as one group; its new alerts are stored together (a few statements, not a dozen
+    an alert), and a group that one alert spoils (the same alert twice, an unknown node) still gets each outcome."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    cluster = make_cluster()
+    for i in range(6):
+        make_node(cluster, f"dgx-{i}")
+    api.as_token(users["operator"])
+
+    def down(i, fingerprint=None):
+        return alert(fingerprint=fingerprint or f"down-{i}", alertname="NodeDown", Hostname=f"dgx-{i}", gpu="")
+
+    with CaptureQueriesContext(connection) as four:
+        together = api.post(URL, webhook(*(down(i) for i in range(4)), down(9)), format="json").json()["alerts"]
+    assert [a["outcome"] for a in together] == ["opened"] * 4 + ["skipped"]
+    assert len({a["fault"] for a in together[:4]}) == 4
+    assert FaultEvent.objects.filter(kind="node_unreachable").count() == 4
+    assert AlertRecord.objects.count() == 4
+    assert len(four.captured_queries) < 40          # one by one it was about 15 an alert
+    spoiled = api.post(URL, webhook(down(4), down(4), down(5), down(0)), format="json").json()["alerts"]
+    assert [a["outcome"] for a in spoiled] == ["opened", "duplicate", "opened", "duplicate"]
+    assert spoiled[0]["fault"] == spoiled[1]["fault"] and spoiled[3]["fault"] == together[0]["fault"]
+    assert FaultEvent.objects.count() == 6 and AlertRecord.objects.count() == 6

@@ -51,6 +51,14 @@ def when(value):
     """A moment as ``<time>`` in the one date format (UTC here; live.js rewrites it in the reader's zone)."""
     if not value:
         return DASH
+    value = _utc(value)
+    if isinstance(value, datetime.datetime):
+        return format_html('<time datetime="{}">{}</time>', value.isoformat(), value.strftime(DATE_FORMAT))
+    return value
+
+
+def _utc(value):
+    """A moment (a datetime, or an ISO string of one; naive is UTC) in UTC; anything else as it came."""
     if isinstance(value, str):
         try:
             value = datetime.datetime.fromisoformat(value)
@@ -59,8 +67,7 @@ def when(value):
     if isinstance(value, datetime.datetime):
         if timezone.is_naive(value):
             value = timezone.make_aware(value, datetime.UTC)
-        value = value.astimezone(datetime.UTC)
-        return format_html('<time datetime="{}">{}</time>', value.isoformat(), value.strftime(DATE_FORMAT))
+        return value.astimezone(datetime.UTC)
     return value
 
 
@@ -100,13 +107,7 @@ def chart_summary(points, unit: str, cumulative: bool = False, value: str = "v",
 
 def _plain_time(value) -> str:
     """A moment as text (UTC), for text alternatives (no markup)."""
-    if isinstance(value, str):
-        try:
-            value = datetime.datetime.fromisoformat(value)
-        except ValueError:
-            return value
+    value = _utc(value)
     if isinstance(value, datetime.datetime):
-        if timezone.is_naive(value):
-            value = timezone.make_aware(value, datetime.UTC)
-        return value.astimezone(datetime.UTC).strftime(DATE_FORMAT) + " UTC"
+        return value.strftime(DATE_FORMAT) + " UTC"
     return str(value)

@@ -2,7 +2,10 @@
 with a form that posts the same fields again plus ``confirmed=yes``; its Cancel is a plain link back, so nothing
 changes unless the second form is sent. Works without JavaScript (no window.confirm)."""
 
-from django.shortcuts import render
+from django.contrib import messages
+from django.shortcuts import redirect, render
+
+from controlplane.errors import ServiceError
 
 CONFIRM_FIELD = "confirmed"
 
@@ -39,3 +42,15 @@ def confirm_page(
             "danger": danger,
         },
     )
+
+
+def carry_out(request, call, *, done, back):
+    """Do a page action through its service (``call()``), say what came of it — the service's refusal, or ``done``
+    (a message, or a function of the service's result) — and go ``back`` (a URL or a URL name)."""
+    try:
+        result = call()
+    except ServiceError as error:
+        messages.error(request, error.detail)
+    else:
+        messages.success(request, done(result) if callable(done) else done)
+    return redirect(back)

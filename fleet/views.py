@@ -2,21 +2,19 @@
 
 from collections import Counter
 
-from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q
 from django.http import Http404
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 from django_filters.views import FilterView
 from django_tables2 import RequestConfig, SingleTableMixin
 
 from controlplane.access import principal
-from controlplane.confirm import confirm_page, confirmed
-from controlplane.errors import ServiceError
+from controlplane.confirm import carry_out, confirm_page, confirmed
 from controlplane.pagination import OneMomentPaginator
 from controlplane.selectors import event_history, topic_seq
 from fleet import selectors
@@ -149,13 +147,8 @@ def cluster_reconcile_view(request, pk: int):
     if not principal(request.user).may_operate:
         raise PermissionDenied
     cluster = get_object_or_404(selectors.cluster_list(user=request.user), pk=pk)
-    try:
-        result = cluster_reconcile(actor=request.user, cluster=cluster)
-    except ServiceError as error:
-        messages.error(request, error.detail)
-    else:
-        messages.success(request, reconcile_message(result))
-    return redirect("fleet-cluster", pk=pk)
+    return carry_out(request, lambda: cluster_reconcile(actor=request.user, cluster=cluster), done=reconcile_message,
+                     back=reverse("fleet-cluster", args=[pk]))
 
 
 def reconcile_message(result: dict) -> str:
@@ -298,13 +291,8 @@ def rollout_action(request, pk: int, action: str):
                             consequences=[CONFIRMED_ACTIONS[action][1]], action_url=request.path,
                             back_url=reverse("fleet-rollout", args=[rollout.pk]),
                             button=CONFIRMED_ACTIONS[action][0], fields=kwargs)
-    try:
-        ROLLOUT_ACTIONS[action](actor=request.user, rollout=rollout, **kwargs)
-    except ServiceError as error:
-        messages.error(request, error.detail)
-    else:
-        messages.success(request, f"Rollout #{rollout.pk}: {action} done.")
-    return redirect("fleet-rollout", pk=pk)
+    return carry_out(request, lambda: ROLLOUT_ACTIONS[action](actor=request.user, rollout=rollout, **kwargs),
+                     done=f"Rollout #{rollout.pk}: {action} done.", back=reverse("fleet-rollout", args=[pk]))
 
 
 class DriftListView(LoginRequiredMixin, SingleTableMixin, FilterView):

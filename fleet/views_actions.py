@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from controlplane.access import principal
-from controlplane.confirm import confirm_page, confirmed
+from controlplane.confirm import carry_out, confirm_page, confirmed
 from controlplane.errors import ServiceError
 from fleet import selectors
 from fleet.choices import AutomationMode
@@ -165,19 +165,14 @@ def cluster_assign_view(request, pk: int):
             danger=False,
             fields={"assignment": form.cleaned_data["assignment"], "reason": form.cleaned_data["reason"]},
         )
-    try:
-        cluster_assign(
-            actor=request.user,
-            cluster=cluster,
-            blueprint=blueprint,
-            reason=form.cleaned_data["reason"],
-            **values,
-        )
-    except ServiceError as error:
-        messages.error(request, error.detail)
-    else:
-        messages.success(request, f"{cluster.name}: {label}.")
-    return redirect(back)
+    return carry_out(
+        request,
+        lambda: cluster_assign(
+            actor=request.user, cluster=cluster, blueprint=blueprint, reason=form.cleaned_data["reason"], **values
+        ),
+        done=f"{cluster.name}: {label}.",
+        back=back,
+    )
 
 
 NODE_ACTIONS = {
@@ -231,13 +226,8 @@ def node_action(request, pk: int, action: str):
             button=action.capitalize(),
             fields={"reason": reason},
         )
-    try:
-        service(actor=request.user, node=node, reason=reason or f"{action} from the node page")
-    except ServiceError as error:
-        messages.error(request, error.detail)
-    else:
-        messages.success(request, f"{node.hostname}: {action} done.")
-    return redirect(back)
+    return carry_out(request, lambda: service(actor=request.user, node=node, reason=reason or f"{action} from the node page"),
+                     done=f"{node.hostname}: {action} done.", back=back)
 
 
 # --- drift and automation ---------------------------------------------------------------------------------------
@@ -319,10 +309,5 @@ def automation_view(request):
             danger=mode != AutomationMode.ACTIVE,
             fields={"mode": mode, "reason": reason},
         )
-    try:
-        automation_switch_set(actor=request.user, mode=mode, reason=reason)
-    except ServiceError as error:
-        messages.error(request, error.detail)
-    else:
-        messages.success(request, f"Automation is now {mode} everywhere.")
-    return redirect(back)
+    return carry_out(request, lambda: automation_switch_set(actor=request.user, mode=mode, reason=reason),
+                     done=f"Automation is now {mode} everywhere.", back=back)

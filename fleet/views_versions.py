@@ -9,7 +9,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from controlplane.confirm import confirm_page, confirmed
+from controlplane.confirm import carry_out, confirm_page, confirmed
 from controlplane.errors import ServiceError
 from fleet import selectors
 from fleet.choices import VersionState
@@ -149,13 +149,8 @@ def version_activate(request, pk: int, number: int):
             button="Activate",
             danger=False,
         )
-    try:
-        blueprint_services.version_activate(actor=request.user, version=version)
-    except ServiceError as error:
-        messages.error(request, error.detail)
-    else:
-        messages.success(request, f"{blueprint.name} v{version.number} is active.")
-    return redirect(back)
+    return carry_out(request, lambda: blueprint_services.version_activate(actor=request.user, version=version),
+                     done=f"{blueprint.name} v{version.number} is active.", back=back)
 
 
 @login_required

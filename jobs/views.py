@@ -1,22 +1,20 @@
 """Pages: the job list, the job page (live Plotly timeline, its incidents, its nodes), the fault overview (live
 feed of incidents and their reports, paged; GPU-hours saved), the incident page, the node page and search."""
 
-from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import InvalidPage
 from django.db.models import Q, Sum
 from django.http import Http404, HttpResponseBadRequest
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 from django_filters.views import FilterView
 from django_tables2 import SingleTableMixin
 
 from controlplane.access import principal
-from controlplane.confirm import confirm_page, confirmed
-from controlplane.errors import ServiceError
+from controlplane.confirm import carry_out, confirm_page, confirmed
 from controlplane.events import may_subscribe
 from controlplane.pagination import OneMomentPaginator
 from controlplane.selectors import topic_seq
@@ -91,13 +89,8 @@ def job_cancel(request, pk: int):
                                           f"way are dropped. Its last checkpoint is iteration "
                                           f"{job.last_checkpoint_iteration}."],
                             action_url=request.path, back_url=back, button="Cancel the job")
-    try:
-        job_services.job_cancel(actor=request.user, job=job)
-    except ServiceError as error:
-        messages.error(request, error.detail)
-    else:
-        messages.success(request, f"{job.name} cancelled.")
-    return redirect(back)
+    return carry_out(request, lambda: job_services.job_cancel(actor=request.user, job=job),
+                     done=f"{job.name} cancelled.", back=back)
 
 
 @login_required

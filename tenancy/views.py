@@ -7,7 +7,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from controlplane.access import principal
-from controlplane.confirm import confirm_page, confirmed
+from controlplane.confirm import carry_out, confirm_page, confirmed
 from controlplane.errors import ServiceError
 from controlplane.security_ratelimit import LOGIN, TOKEN_CREATE, refused, retry_after
 from tenancy import selectors, services
@@ -117,10 +117,5 @@ def user_remove(request, pk: int):
                             consequences=["The user can no longer log in; its API tokens are revoked and its open "
                                           "pages stop updating."],
                             action_url=request.path, back_url=reverse("user-list"), button="Remove")
-    try:
-        services.user_deactivate(actor=request.user, user=user)
-    except ServiceError as error:
-        messages.error(request, error.detail)
-    else:
-        messages.success(request, f"{user.get_username()} removed.")
-    return redirect("user-list")
+    return carry_out(request, lambda: services.user_deactivate(actor=request.user, user=user),
+                     done=f"{user.get_username()} removed.", back="user-list")

@@ -39,7 +39,7 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "OUTBOX_RELAY_TIMEOUT": (float, 1.0, "Seconds the after-commit relay waits for Redis before leaving an event to the sweep."),
     "READYZ_TIMEOUT": (float, 2.0, "Seconds each /readyz check may take before it counts as failed."),
     "HEARTBEAT_SECONDS": (int, 5, "How often workers and beat write their heartbeat to Redis."),
-    "TOKEN_LAST_USED_RESOLUTION": (int, 60, "Seconds between writes of an API token's last-used time."),
+    "TOKEN_LAST_USED_RESOLUTION": (int, 60, "Seconds between writes of a token's last-used time (API, agent, job and launcher tokens)."),
     "LOG_LEVEL": (str, "INFO", "Root log level."),
     "LOG_ROUTINE_TASKS": (bool, False, "Log beat's routine tasks (the sweeps it sends every few seconds: sent, received, succeeded) at INFO like any task; off, they are DEBUG records, so the log at INFO shows the work that matters."),
     "PLAIN_HTTP": (bool, False, "Serve plain HTTP with DEBUG off: no redirect to HTTPS, no HSTS, cookies without Secure. Only for a local run on localhost (docker compose sets it) and the test suite; never in production. DEBUG=true implies it."),
@@ -501,7 +501,7 @@ SPECTACULAR_SETTINGS = {
 }
 
 # How controlplane reaches the token check without importing tenancy (dependencies point one way).
-LOCKSTEP_TOKEN_AUTHENTICATOR = "tenancy.tokens.user_for_bearer"
+LOCKSTEP_TOKEN_AUTHENTICATOR = "tenancy.authentication.user_for_bearer"
 
 # --- security (docs/security.md) ------------------------------------------------------------------------
 # Production (DEBUG off) speaks HTTPS only: redirect, HSTS, Secure cookies. PLAIN_HTTP lifts that for a local

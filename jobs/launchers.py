@@ -13,14 +13,10 @@ registration answers 403, and a later sync adopts it once its account maps.
 """
 
 import re
-import secrets
-from datetime import timedelta
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
-from rest_framework import authentication, exceptions
 
 from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
@@ -29,23 +25,19 @@ from fleet.drivers import DriverError, driver_for
 from jobs.choices import ACTIVE_JOB_STATES, IncidentState, JobState
 from jobs.models import Incident, Job, LauncherCredential, SlurmJob
 from jobs.services.jobs import job_submit, job_token_create
+from tenancy.authentication import TokenAuthentication, TokenPrincipal
 from tenancy.models import Tenant
-from tenancy.tokens import digest
-
-LAUNCHER_TOKEN_PATTERN = re.compile(r"^lsl_[a-z0-9]{8}_[A-Za-z0-9_-]{32,64}$")
+from tenancy.services import token_issue, token_mark_revoked
 
 
 # --- credentials ----------------------------------------------------------------------------------------------
 @transaction.atomic
 def launcher_credential_create(*, actor, cluster, name: str) -> tuple[LauncherCredential, str]:
     """A new launcher credential for one cluster; the token is shown only now."""
-    prefix = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(8))
-    raw = f"lsl_{prefix}_{secrets.token_urlsafe(32)}"
-    credential = LauncherCredential.objects.create(
+    credential, raw = token_issue(
+        model=LauncherCredential,
         cluster=cluster,
         name=name[:100],
-        prefix=prefix,
-        digest=digest(raw),
         created_by=actor if getattr(actor, "is_authenticated", False) else None,
     )
     audit_record(
@@ -61,9 +53,7 @@ def launcher_credential_create(*, actor, cluster, name: str) -> tuple[LauncherCr
 @transaction.atomic
 def launcher_credential_revoke(*, actor, credential: LauncherCredential) -> LauncherCredential:
     credential = LauncherCredential.objects.select_for_update().get(pk=credential.pk)
-    if credential.revoked_at is None:
-        credential.revoked_at = timezone.now()
-        credential.save(update_fields=["revoked_at"])
+    if token_mark_revoked(token=credential):
         audit_record(
             actor=actor,
             action="launcher_credential.revoke",
@@ -74,47 +64,22 @@ def launcher_credential_revoke(*, actor, credential: LauncherCredential) -> Laun
     return credential
 
 
-class LauncherPrincipal:
+class LauncherPrincipal(TokenPrincipal):
     """request.user for a launcher: authenticated, no role; request.auth is the LauncherCredential."""
 
-    is_authenticated = True
-    is_active = True
-    is_anonymous = False
-    is_superuser = False
-    pk = None
-
-    def __init__(self, credential: LauncherCredential):
-        self.credential = credential
-        self.cluster_id = credential.cluster_id
-
-    def get_username(self) -> str:
-        return f"launcher:{self.credential.prefix}"
+    name_template = "launcher:{token.prefix}"
 
 
-class LauncherAuthentication(authentication.BaseAuthentication):
+class LauncherAuthentication(TokenAuthentication):
     """``Authorization: Bearer lsl_…``; other headers are left to the next authenticator."""
 
-    def authenticate(self, request):
-        header = authentication.get_authorization_header(request).split()
-        if len(header) != 2 or header[0].lower() != b"bearer" or not header[1].startswith(b"lsl_"):
-            return None
-        raw = header[1].decode("latin-1")
-        if not LAUNCHER_TOKEN_PATTERN.match(raw):
-            raise exceptions.AuthenticationFailed(
-                "Malformed launcher credential: they look like lsl_xxxxxxxx_…."
-            )
-        credential = LauncherCredential.objects.select_related("cluster").filter(digest=digest(raw)).first()
-        if credential is None or credential.revoked_at is not None:
-            raise exceptions.AuthenticationFailed("Unknown or revoked launcher credential.")
-        now = timezone.now()
-        if credential.last_used_at is None or now - credential.last_used_at >= timedelta(
-            seconds=settings.TOKEN_LAST_USED_RESOLUTION
-        ):
-            LauncherCredential.objects.filter(pk=credential.pk).update(last_used_at=now)
-        return LauncherPrincipal(credential), credential
-
-    def authenticate_header(self, request):
-        return 'Bearer realm="launcher"'
+    model = LauncherCredential
+    realm = "launcher"
+    own_kind_only = True
+    related = ("cluster",)
+    malformed = "Malformed launcher credential: they look like lsl_xxxxxxxx_…."
+    unknown = revoked = "Unknown or revoked launcher credential."
+    principal = LauncherPrincipal
 
 
 # --- what the Slurm driver asks of jobs (fleet.hooks) ----------------------------------------------------------

@@ -4,19 +4,18 @@ short retention, a per-node per-minute history for charts, and facility series p
 from django.conf import settings
 from django.db import models
 
+from tenancy.models import Token
 
-class AgentToken(models.Model):
+
+class AgentToken(Token):
     """A node agent's bearer token, bound to one cluster: it may report only for that cluster's nodes and racks."""
+
+    kind = "lsa"
 
     cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="agent_tokens")
     name = models.CharField(max_length=100)
-    prefix = models.CharField(max_length=16, unique=True)
-    digest = models.CharField(max_length=64, unique=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")
-    created_at = models.DateTimeField(auto_now_add=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

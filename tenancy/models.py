@@ -1,3 +1,5 @@
+from typing import ClassVar
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -44,18 +46,31 @@ class Membership(models.Model):
         return f"{self.user} as {self.role}" + (f" of {self.tenant}" if self.tenant_id else "")
 
 
-class ApiToken(models.Model):
-    """A bearer token. Only a SHA-256 digest of the secret is stored; the token is shown once at creation."""
+class Token(models.Model):
+    """What every Lockstep bearer token is (API, agent, job, launcher): ``<kind>_<prefix>_<secret>``, shown once
+    at creation; only the SHA-256 digest of the whole token is kept (tenancy.tokens). ``kind`` is its first word."""
+
+    kind: ClassVar[str]
+
+    prefix = models.CharField(max_length=16, unique=True)
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class ApiToken(Token):
+    """A user's bearer token, read-only or read-write, with an optional expiry."""
+
+    kind = "lsk"
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     name = models.CharField(max_length=100)
-    prefix = models.CharField(max_length=16, unique=True)
-    digest = models.CharField(max_length=64, unique=True)
     scope = models.CharField(max_length=10, choices=TokenScope.choices, default=TokenScope.READ)
-    created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField(null=True, blank=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
 
     tenant_scope = "user__membership__tenant_id"
 

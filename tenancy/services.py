@@ -1,8 +1,12 @@
-"""Writes of the tenancy app: tenants, users and their roles, API tokens. Each audited, each in a transaction."""
+"""Writes of the tenancy app: tenants, users and their roles, API tokens. Each audited, each in a transaction.
+
+Every kind of token (API, agent, job, launcher) is issued by ``token_issue``, has its use noted by ``token_touch``
+and is revoked by ``token_mark_revoked``; the services that call those two audit what they issue and revoke."""
 
 import secrets
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
@@ -13,7 +17,7 @@ from controlplane.audit import audit_record, field_changes
 from controlplane.errors import ServiceError
 from controlplane.wsauth import credentials_revoked
 from tenancy.choices import Role, TenantTier, TokenScope
-from tenancy.models import ApiToken, Membership, Tenant
+from tenancy.models import ApiToken, Membership, Tenant, Token
 from tenancy.tokens import generate
 
 User = get_user_model()
@@ -107,6 +111,35 @@ def may_manage_tokens_of(actor, owner) -> bool:
 
 
 @transaction.atomic
+def token_issue(*, model: type[Token], **fields) -> tuple[Token, str]:
+    """A new token of any kind (``model``: ApiToken, AgentToken, JobToken, LauncherCredential) with ``fields``.
+    Returns the row and the token itself, which is shown only now: only its digest is kept."""
+    raw, prefix, digest = generate(model.kind)
+    return model.objects.create(prefix=prefix, digest=digest, **fields), raw
+
+
+def token_touch(*, token: Token) -> None:
+    """Note that ``token`` was used now, at most once every TOKEN_LAST_USED_RESOLUTION seconds (every request
+    authenticates, and a write each time would cost more than the answer)."""
+    now = timezone.now()
+    if token.last_used_at is not None and now - token.last_used_at < timedelta(seconds=settings.TOKEN_LAST_USED_RESOLUTION):
+        return
+    # One UPDATE, atomic by itself: a transaction around it would add only round trips to a request's path.
+    type(token).objects.filter(pk=token.pk).update(last_used_at=now)
+    token.last_used_at = now
+
+
+def token_mark_revoked(*, token: Token) -> bool:
+    """Revoke ``token`` unless it already is; whether it was revoked now (its caller audits only then). The
+    caller holds the token's row lock, in its transaction."""
+    if token.revoked_at is not None:
+        return False
+    token.revoked_at = timezone.now()
+    token.save(update_fields=["revoked_at"])
+    return True
+
+
+@transaction.atomic
 def token_create(
     *, actor, owner, name: str, scope: str = TokenScope.READ, expires_at: datetime | None = None
 ) -> tuple[ApiToken, str]:
@@ -114,8 +147,7 @@ def token_create(
     _require(may_manage_tokens_of(actor, owner), "You may not create tokens for this user.")
     if expires_at is not None and expires_at <= timezone.now():
         raise ServiceError("the expiry must be in the future", field="expires_at")
-    raw, prefix, digest = generate()
-    token = ApiToken.objects.create(user=owner, name=name, prefix=prefix, digest=digest, scope=scope, expires_at=expires_at)
+    token, raw = token_issue(model=ApiToken, user=owner, name=name, scope=scope, expires_at=expires_at)
     tenant_id = Membership.objects.filter(user=owner).values_list("tenant_id", flat=True).first()
     audit_record(actor=actor, action="token.create", target=token, tenant_id=tenant_id,
                  changes={"owner": owner.get_username(), "name": name, "scope": scope,
@@ -127,9 +159,7 @@ def token_create(
 def token_revoke(*, actor, token: ApiToken) -> ApiToken:
     token = ApiToken.objects.select_for_update().select_related("user").get(pk=token.pk)
     _require(may_manage_tokens_of(actor, token.user), "You may not revoke this token.")
-    if token.revoked_at is None:
-        token.revoked_at = timezone.now()
-        token.save(update_fields=["revoked_at"])
+    if token_mark_revoked(token=token):
         tenant_id = Membership.objects.filter(user=token.user).values_list("tenant_id", flat=True).first()
         audit_record(actor=actor, action="token.revoke", target=token, tenant_id=tenant_id, changes={"revoked": True})
         credentials_revoked(user_id=token.user_id, token_id=token.pk)   # sockets opened with it close

@@ -1,24 +1,23 @@
-"""API tokens: generation, hashing and the bearer check used by the API and the websocket.
+"""Bearer tokens: how one is made, how it looks and how it is hashed, for every kind of them (API ``lsk``, agent
+``lsa``, job ``lsj``, launcher ``lsl``), and the API token's one-statement lookup.
 
-A token reads ``lsk_<prefix>_<secret>``. The prefix identifies it in lists and logs; the whole token is
+A token reads ``<kind>_<prefix>_<secret>``. The prefix identifies it in lists and logs; the whole token is
 hashed with SHA-256 (the secret is 256 random bits, so a slow hash adds nothing) and only the digest is kept.
+The checks that turn a token into a request's user are in tenancy.authentication; the writes in tenancy.services.
 """
 
 import functools
 import hashlib
 import re
 import secrets
-from datetime import timedelta
 
-from django.conf import settings
 from django.db import connection
-from django.utils import timezone
 
 from tenancy.choices import TokenScope
 from tenancy.models import ApiToken, Membership
 
-TOKEN_PATTERN = re.compile(r"^lsk_(?P<prefix>[a-z0-9]{8})_(?P<secret>[A-Za-z0-9_-]{32,64})$")
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+PREFIX_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 
 
 class TokenError(Exception):
@@ -30,15 +29,21 @@ class TokenError(Exception):
         self.message = message
 
 
-def generate() -> tuple[str, str, str]:
-    """A new token: (the token to show once, its prefix, its digest)."""
-    prefix = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(8))
-    raw = f"lsk_{prefix}_{secrets.token_urlsafe(32)}"
+def generate(kind: str) -> tuple[str, str, str]:
+    """A new token of ``kind`` (``lsk``…): (the token to show once, its prefix, its digest)."""
+    prefix = "".join(secrets.choice(PREFIX_ALPHABET) for _ in range(8))
+    raw = f"{kind}_{prefix}_{secrets.token_urlsafe(32)}"
     return raw, prefix, digest(raw)
 
 
 def digest(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
+
+
+@functools.cache
+def shape(kind: str) -> re.Pattern:
+    """What a well-formed token of ``kind`` looks like."""
+    return re.compile(rf"^{kind}_(?P<prefix>[a-z0-9]{{8}})_(?P<secret>[A-Za-z0-9_-]{{32,64}})$")
 
 
 @functools.cache
@@ -62,7 +67,7 @@ def _token_query() -> tuple[str, list[tuple[type, list[str], list]]]:
     return sql, layout
 
 
-def _token_by_digest(token_digest: str) -> ApiToken | None:
+def api_token_by_digest(token_digest: str) -> ApiToken | None:
     """The token with this digest, with its user and the user's membership (or its absence) loaded, as
     ``select_related("user", "user__membership")`` would: in one plain statement, since every API request and
     websocket authenticates through here and compiling the three-table query cost more than running it."""
@@ -87,29 +92,6 @@ def _token_by_digest(token_digest: str) -> ApiToken | None:
     if membership is not None:
         Membership.user.field.set_cached_value(membership, user)
     return token
-
-
-def user_for_bearer(raw: str, *, method: str = "GET"):
-    """The (user, token) a bearer token stands for, or TokenError saying why not. Scope is checked by the caller."""
-    if not raw:
-        raise TokenError("malformed", "Malformed Authorization header: expected 'Bearer <token>'.")
-    if not TOKEN_PATTERN.match(raw):
-        raise TokenError("malformed", "Malformed bearer token: Lockstep tokens look like lsk_xxxxxxxx_….")
-    token = _token_by_digest(digest(raw))
-    if token is None:
-        raise TokenError("unknown", "Unknown token.")
-    if token.revoked_at is not None:
-        raise TokenError("revoked", "Token has been revoked.")
-    now = timezone.now()
-    if token.expires_at is not None and token.expires_at <= now:
-        raise TokenError("expired", "Token has expired.")
-    if not token.user.is_active:
-        raise TokenError("inactive", "The token's user is inactive.")
-    resolution = timedelta(seconds=settings.TOKEN_LAST_USED_RESOLUTION)
-    if token.last_used_at is None or now - token.last_used_at >= resolution:
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-        token.last_used_at = now
-    return token.user, token
 
 
 def scope_allows(token: ApiToken, method: str) -> bool:

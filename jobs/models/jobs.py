@@ -8,6 +8,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from jobs.choices import JobPhaseKind, JobState, SnapshotKind, SnapshotReason, SnapshotState
+from tenancy.models import Token
 
 
 class Job(models.Model):
@@ -199,15 +200,12 @@ class JobSnapshot(models.Model):
         return (self.ended_at - self.started_at).total_seconds() if self.ended_at else None
 
 
-class JobToken(models.Model):
-    """A bearer token bound to one job, for the job's own progress reports. Only a SHA-256 digest is kept."""
+class JobToken(Token):
+    """A bearer token bound to one job, for the job's own progress reports."""
+
+    kind = "lsj"
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="tokens")
-    prefix = models.CharField(max_length=16, unique=True)
-    digest = models.CharField(max_length=64, unique=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
 
     tenant_scope = "job__tenant_id"
 

@@ -4,23 +4,22 @@ between a Lockstep job and the scheduler's job (Slurm's job id)."""
 from django.conf import settings
 from django.db import models
 
+from tenancy.models import Token
 
-class LauncherCredential(models.Model):
+
+class LauncherCredential(Token):
     """``lsl_<prefix>_<secret>``, bound to one cluster: it may register and report only jobs of that cluster,
-    named by their scheduler job id (``SLURM_JOB_ID``). Only a SHA-256 digest is kept."""
+    named by their scheduler job id (``SLURM_JOB_ID``)."""
+
+    kind = "lsl"
 
     cluster = models.ForeignKey(
         "fleet.Cluster", on_delete=models.CASCADE, related_name="launcher_credentials"
     )
     name = models.CharField(max_length=100)
-    prefix = models.CharField(max_length=16, unique=True)
-    digest = models.CharField(max_length=64, unique=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    created_at = models.DateTimeField(auto_now_add=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
 
     tenant_scope = "cluster__dedicated_tenant_id"
 

@@ -1,8 +1,6 @@
 """Jobs: submit (simulated clusters place the job; real launchers name their nodes), cancel, progress."""
 
-import hashlib
 import math
-import secrets
 
 from django.db import transaction
 from django.utils import timezone
@@ -16,19 +14,12 @@ from jobs.choices import ACTIVE_ACTION_STATES, ACTIVE_JOB_STATES, JobPhaseKind, 
 from jobs.models import Job, JobAllocation, JobToken, RecoveryAction
 from jobs.placement import busy_node_ids, immediate_constraints, lock_cluster, lock_nodes
 from jobs.services.common import job_payload, phase_end, phase_start, publish_job, record_progress
-
-TOKEN_PREFIX = "lsj"
-
-
-def token_digest(raw: str) -> str:
-    return hashlib.sha256(raw.encode()).hexdigest()
+from tenancy.services import token_issue
 
 
 def job_token_create(*, job: Job) -> str:
     """A new job token (shown once): ``lsj_<prefix>_<secret>``; only its digest is stored."""
-    prefix = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(8))
-    raw = f"{TOKEN_PREFIX}_{prefix}_{secrets.token_urlsafe(32)}"
-    JobToken.objects.create(job=job, prefix=prefix, digest=token_digest(raw))
+    _, raw = token_issue(model=JobToken, job=job)
     return raw
 
 

@@ -10,8 +10,8 @@ from django.conf import settings
 
 from controlplane.testing.processes import BASE_DIR, database_url
 from fleet.choices import DriverName
+from tenancy.authentication import user_for_bearer
 from tenancy.choices import Role
-from tenancy.tokens import user_for_bearer
 from tests.conftest import make_user
 from tests.fleet_factories import make_cluster, make_node
 

@@ -183,7 +183,7 @@ def test_a_bearer_token_loads_its_user_and_role_in_one_statement(role, tenant_a)
     from django.test.utils import CaptureQueriesContext
 
     from controlplane.access import principal
-    from tenancy.tokens import user_for_bearer
+    from tenancy.authentication import user_for_bearer
 
     if role is None:
         user = get_user_model().objects.create_user("no-membership", password="x" * 20)
@@ -200,3 +200,38 @@ def test_a_bearer_token_loads_its_user_and_role_in_one_statement(role, tenant_a)
         assert not who.is_authenticated
     else:
         assert who.role == role and who.tenant_id == (tenant_a.pk if role == Role.TENANT_VIEWER else None)
+
+
+def _one_of_each_kind(admin, tenant):
+    """A token of every kind, made by the one generator, and the authenticator that checks it."""
+    from jobs.authentication import JobTokenAuthentication
+    from jobs.launchers import LauncherAuthentication
+    from jobs.models import Job, JobToken, LauncherCredential
+    from telemetry.models import AgentToken
+    from telemetry.tokens import AgentTokenAuthentication
+    from tenancy.authentication import BearerTokenAuthentication
+    from tests.fleet_factories import make_cluster
+
+    cluster = make_cluster()
+    job = Job.objects.create(tenant=tenant, cluster=cluster, name="j", gpus=8)
+    return [
+        (BearerTokenAuthentication, services.token_issue(model=ApiToken, user=admin, name="t")),
+        (AgentTokenAuthentication, services.token_issue(model=AgentToken, cluster=cluster, name="a")),
+        (JobTokenAuthentication, services.token_issue(model=JobToken, job=job)),
+        (LauncherAuthentication, services.token_issue(model=LauncherCredential, cluster=cluster, name="l")),
+    ]
+
+
+def test_every_kind_of_token_is_made_hashed_and_noted_as_used_once_per_resolution(admin, tenant_a, settings):
+    settings.TOKEN_LAST_USED_RESOLUTION = 3600
+    for authentication, (token, raw) in _one_of_each_kind(admin, tenant_a):
+        assert raw.split("_")[:2] == [token.kind, token.prefix] and token.digest == digest(raw)
+        assert authentication().check(raw).pk == token.pk
+        first = type(token).objects.get(pk=token.pk).last_used_at
+        assert first is not None
+        authentication().check(raw)
+        assert type(token).objects.get(pk=token.pk).last_used_at == first      # within the resolution: no write
+        settings.TOKEN_LAST_USED_RESOLUTION = 0
+        authentication().check(raw)
+        assert type(token).objects.get(pk=token.pk).last_used_at > first
+        settings.TOKEN_LAST_USED_RESOLUTION = 3600

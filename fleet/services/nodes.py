@@ -13,7 +13,8 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from controlplane import events
-from controlplane.audit import audit_record
+from controlplane.audit import audit_entry, audit_record_many
+from controlplane.bulk import update_rows
 from controlplane.errors import ServiceError
 from fleet.choices import NodeState
 from fleet.drivers import DriverError, driver_for
@@ -38,51 +39,108 @@ def share_allowance(fleet: Fleet, total: int) -> int:
     return max(1, math.floor(total * fleet.max_disrupted_percent / 100))
 
 
-def _check_cap(node: Node, new_state: str) -> None:
-    fleet = node.cluster.fleet
-    if new_state in DISRUPTED and node.state not in DISRUPTED:
-        counts = Node.objects.filter(cluster__fleet=fleet).exclude(pk=node.pk).aggregate(
-            total=Count("pk"), disrupted=Count("pk", filter=Q(state__in=DISRUPTED)))
-        total, disrupted = counts["total"] + 1, counts["disrupted"]
-        allowed = share_allowance(fleet, total)
-        if disrupted + 1 > allowed:
-            raise ServiceError(f"circuit breaker: fleet {fleet.name} already has {disrupted} of {total} nodes cordoned "
-                               f"or draining ({fleet.max_disrupted_percent} % allows {allowed})", status=409)
-    if new_state == NodeState.CORDONED:
-        count = Node.objects.filter(cluster__fleet=fleet, state__in=DISRUPTED).exclude(pk=node.pk).count()
-        if count >= fleet.max_cordoned_nodes:
-            raise ServiceError(f"fleet {fleet.name} already has {count} nodes cordoned or draining "
-                               f"(cap {fleet.max_cordoned_nodes})", status=409)
-    if new_state == NodeState.DRAINING:
-        count = Node.objects.filter(cluster__fleet=fleet, state=NodeState.DRAINING).exclude(pk=node.pk).count()
-        if count >= fleet.max_draining_nodes:
-            raise ServiceError(f"fleet {fleet.name} already has {count} nodes draining (cap {fleet.max_draining_nodes})",
-                               status=409)
+class _Caps:
+    """A fleet's caps on disrupted nodes, counted once and kept current while a batch of nodes changes state."""
+
+    def __init__(self, fleet: Fleet):
+        self.fleet = fleet
+        counts = Node.objects.filter(cluster__fleet=fleet).aggregate(
+            total=Count("pk"), disrupted=Count("pk", filter=Q(state__in=DISRUPTED)),
+            draining=Count("pk", filter=Q(state=NodeState.DRAINING)))
+        self.total, self.disrupted, self.draining = counts["total"], counts["disrupted"], counts["draining"]
+
+    def refusal(self, node: Node, new_state: str) -> str:
+        """Why moving ``node`` to ``new_state`` would break a cap ('' when it would not); counts the others."""
+        fleet = self.fleet
+        others = self.disrupted - (node.state in DISRUPTED)
+        if new_state in DISRUPTED and node.state not in DISRUPTED:
+            allowed = share_allowance(fleet, self.total)
+            if others + 1 > allowed:
+                return (f"circuit breaker: fleet {fleet.name} already has {others} of {self.total} nodes cordoned "
+                        f"or draining ({fleet.max_disrupted_percent} % allows {allowed})")
+        if new_state == NodeState.CORDONED and others >= fleet.max_cordoned_nodes:
+            return f"fleet {fleet.name} already has {others} nodes cordoned or draining (cap {fleet.max_cordoned_nodes})"
+        draining = self.draining - (node.state == NodeState.DRAINING)
+        if new_state == NodeState.DRAINING and draining >= fleet.max_draining_nodes:
+            return f"fleet {fleet.name} already has {draining} nodes draining (cap {fleet.max_draining_nodes})"
+        return ""
+
+    def moved(self, old: str, new: str) -> None:
+        self.disrupted += (new in DISRUPTED) - (old in DISRUPTED)
+        self.draining += (new == NodeState.DRAINING) - (old == NodeState.DRAINING)
+
+
+def _set_states(*, actor, nodes: list[Node], state: str, reasons: dict[int, str], action: str, call
+                ) -> tuple[list[Node], dict[int, ServiceError]]:
+    """Move these nodes to ``state`` together, one at a time within the fleet's caps and through the driver (a
+    node already there is left as it is); returns the nodes as they now are, and why each node refused was refused.
+    One lock, one count per fleet, one write, one audit statement, whatever the number of nodes."""
+    # The nodes' own rows only: FOR UPDATE on their cluster too would wait on (and deadlock with) a fault report
+    # holding the cluster's key-share lock while it waits for one of these nodes.
+    locked = list(Node.objects.select_for_update(of=("self",)).select_related("cluster__fleet")
+                  .filter(pk__in={node.pk for node in nodes}).order_by("pk"))
+    if len(locked) != len({node.pk for node in nodes}):
+        raise Node.DoesNotExist("a node to change is gone")
+    caps: dict[int, _Caps] = {}
+    if state in DISRUPTED:
+        # The fleet's caps count the fleet's disrupted nodes: one cordon or drain of the fleet at a time.
+        fleet_ids = sorted({node.cluster.fleet_id for node in locked if node.state != state})
+        list(Fleet.objects.select_for_update(no_key=True).filter(pk__in=fleet_ids).order_by("pk")
+             .values_list("pk", flat=True))
+    refused: dict[int, ServiceError] = {}
+    changed, entries, now = [], [], timezone.now()
+    for node in locked:
+        if node.state == state:
+            continue
+        fleet = node.cluster.fleet
+        cap = caps.get(fleet.pk)
+        if cap is None:
+            cap = caps[fleet.pk] = _Caps(fleet)
+        why = cap.refusal(node, state)
+        if why:
+            refused[node.pk] = ServiceError(why, status=409)
+            continue
+        try:
+            call(driver_for(node.cluster), node)
+        except DriverError as error:
+            refused[node.pk] = ServiceError(f"the cluster refused: {error}", status=409 if not error.transient else 503)
+            continue
+        old, reason = node.state, reasons[node.pk]
+        cap.moved(old, state)
+        node.state, node.state_reason, node.state_changed_at = state, reason[:300], now
+        changed.append((node, old, reason))
+        entries.append(audit_entry(actor=actor, action=action, target=node, tenant_id=node.cluster.dedicated_tenant_id,
+                                   changes={"state": [old, state], "reason": reason}))
+    update_rows([node for node, _, _ in changed], ["state", "state_reason", "state_changed_at"])
+    audit_record_many(entries)
+    for node, old, reason in changed:
+        _publish(node, f"node.{state}", previous=old, reason=reason)
+    return locked, refused
 
 
 def _set_state(*, actor, node: Node, state: str, reason: str, action: str, call) -> Node:
-    # The node's own row only: FOR UPDATE on its cluster too would wait on (and deadlock with) a fault report
-    # holding the cluster's key-share lock while it waits for this node.
-    node = Node.objects.select_for_update(of=("self",)).select_related("cluster__fleet").get(pk=node.pk)
-    if node.state == state:
-        return node
-    if state in (NodeState.CORDONED, NodeState.DRAINING):
-        # The fleet's caps count the fleet's disrupted nodes: one cordon or drain of the fleet at a time.
-        list(Fleet.objects.select_for_update(no_key=True).filter(pk=node.cluster.fleet_id).values_list("pk", flat=True))
-    _check_cap(node, state)
-    try:
-        call(driver_for(node.cluster), node)
-    except DriverError as error:
-        raise ServiceError(f"the cluster refused: {error}", status=409 if not error.transient else 503) from error
-    old = node.state
-    node.state = state
-    node.state_reason = reason[:300]
-    node.state_changed_at = timezone.now()
-    node.save(update_fields=["state", "state_reason", "state_changed_at"])
-    audit_record(actor=actor, action=action, target=node, tenant_id=node.cluster.dedicated_tenant_id,
-                 changes={"state": [old, state], "reason": reason})
-    _publish(node, f"node.{state}", previous=old, reason=reason)
+    (node,), refused = _set_states(actor=actor, nodes=[node], state=state, reasons={node.pk: reason}, action=action,
+                                   call=call)
+    if node.pk in refused:
+        raise refused[node.pk]
     return node
+
+
+@transaction.atomic
+def nodes_cordon(*, actor, nodes: list[Node], reasons: dict[int, str]) -> tuple[list[Node], dict[int, ServiceError]]:
+    """Cordon many nodes at once (a decision quarantining a leaf's nodes), each within the fleet's cordon cap as
+    ``node_cordon`` would; returns the nodes as they now are, and why each node refused was refused."""
+    return _set_states(actor=actor, nodes=nodes, state=NodeState.CORDONED, action="node.cordon",
+                       reasons={node.pk: reasons.get(node.pk) or "cordoned" for node in nodes},
+                       call=lambda driver, n: driver.cordon(n))
+
+
+@transaction.atomic
+def nodes_drain(*, actor, nodes: list[Node], reasons: dict[int, str]) -> tuple[list[Node], dict[int, ServiceError]]:
+    """Drain many nodes at once, each within the fleet's drain cap as ``node_drain`` would."""
+    return _set_states(actor=actor, nodes=nodes, state=NodeState.DRAINING, action="node.drain",
+                       reasons={node.pk: reasons.get(node.pk) or "draining" for node in nodes},
+                       call=lambda driver, n: driver.drain(n))
 
 
 @transaction.atomic

@@ -27,7 +27,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane import events
-from controlplane.audit import audit_record
+from controlplane.audit import audit_entry, audit_record, audit_record_many
+from controlplane.bulk import update_rows
 from controlplane.errors import ServiceError
 from fleet.choices import AutomationMode, GPUHealth, LinkState, NodeState
 from fleet.drivers import DriverError, driver_for
@@ -68,19 +69,29 @@ def _publish(escalation: NodeEscalation, kind: str) -> None:
 def _node_step(escalation: NodeEscalation, kind: str, *, handle: str = "", done_at=None) -> RecoveryAction:
     """Record a node-level step of the ladder as a RecoveryAction with no job (one per fault and kind). One moment
     stamps it: planned, started and (when it needs no waiting) ended at once, never out of order."""
+    return _node_steps([escalation], kind, handle=handle, done_at=done_at)[0]
+
+
+def _node_steps(escalations: list[NodeEscalation], kind: str, *, handle: str = "", done_at=None
+                ) -> list[RecoveryAction]:
+    """``_node_step`` for many ladders at once, in their order: a step already recorded for a ladder's fault is
+    kept, the rest are created in one statement; each is published."""
+    if not escalations:
+        return []
     now = timezone.now()
-    action, _ = RecoveryAction.objects.get_or_create(
-        fault=escalation.fault, job=None, kind=kind, node=escalation.node,
-        defaults={"cluster_id": escalation.node.cluster_id, "detected_at": min(escalation.fault.detected_at, now)
-                  if escalation.fault else now, "state": ActionState.SUCCEEDED if not handle else ActionState.RUNNING,
-                  "planned_at": now, "started_at": now, "ended_at": None if handle else now, "handle": handle,
-                  "done_at": done_at, "reason": escalation.reason},
-    ) if escalation.fault else (RecoveryAction.objects.create(
-        fault=None, job=None, kind=kind, node=escalation.node, cluster_id=escalation.node.cluster_id,
-        detected_at=now, state=ActionState.SUCCEEDED, planned_at=now, started_at=now, ended_at=now,
-        reason=escalation.reason), True)
-    publish_action(action, f"action.{action.state}")
-    return action
+    found = {(a.fault_id, a.node_id): a for a in RecoveryAction.objects.filter(
+        fault_id__in={e.fault_id for e in escalations if e.fault_id}, job=None, kind=kind).select_related("cluster")}
+    missing = {e.pk: RecoveryAction(
+        fault=e.fault, job=None, kind=kind, node=e.node, cluster=e.node.cluster,
+        detected_at=min(e.fault.detected_at, now) if e.fault else now,
+        state=ActionState.SUCCEEDED if not handle else ActionState.RUNNING, planned_at=now, started_at=now,
+        ended_at=None if handle else now, handle=handle, done_at=done_at, reason=e.reason)
+        for e in escalations if not e.fault_id or (e.fault_id, e.node_id) not in found}
+    RecoveryAction.objects.bulk_create(list(missing.values()))
+    steps = [missing.get(e.pk) or found[(e.fault_id, e.node_id)] for e in escalations]
+    for action in steps:
+        publish_action(action, f"action.{action.state}")
+    return steps
 
 
 def ladders_for(node_ids) -> dict[int, NodeEscalation]:
@@ -106,12 +117,15 @@ STRIKE_FIELDS = ["stage", "strikes", "needs_human", "updated_at"]
 
 def on_fault(*, fault: FaultEvent, verdict: FaultVerdict, cluster, dry_run: bool,
              ladders: dict[int, NodeEscalation] | None = None,
-             strikes: list[NodeEscalation] | None = None) -> "LadderStep":
+             strikes: list[NodeEscalation] | None = None,
+             quarantines: list[NodeEscalation] | None = None) -> "LadderStep":
     """Record the fault on its node's ladder; quarantine (cordon) the node when the fault is fatal to a
     device or the node, or when strikes add up. Returns what happened (``LadderStep``).
 
     With ``strikes``, a ladder that only counted a strike is appended there for the caller to write (its
-    ``STRIKE_FIELDS``, with the rest of a batch) instead of being saved here."""
+    ``STRIKE_FIELDS``, with the rest of a batch) instead of being saved here. With ``quarantines``, a ladder that
+    quarantines its node is appended there, its node not yet cordoned: the caller's ``quarantine_many`` cordons
+    the batch's nodes together and says, per ladder, how it went."""
     if not (verdict.out_of_service or verdict.escalates):
         return LadderStep()
     now = timezone.now()
@@ -144,20 +158,59 @@ def on_fault(*, fault: FaultEvent, verdict: FaultVerdict, cluster, dry_run: bool
     escalation.stage = EscalationStage.QUARANTINED
     escalation.strikes = []
     escalation.blocked = ""
-    try:
-        node_services.node_cordon(actor=None, node=fault.node, reason=f"quarantine: {escalation.reason}")
-        _node_step(escalation, ActionKind.CORDON)
-    except ServiceError as error:
-        escalation.blocked = f"cordon waits: {error.detail}"[:300]
-    escalation.save()
-    _publish(escalation, "node.escalation")
-    return LadderStep(quarantined=True, text="quarantined" + (f" ({escalation.blocked})" if escalation.blocked else ""))
+    if quarantines is not None:
+        quarantines.append(escalation)
+        return LadderStep(quarantined=True, text="quarantined")
+    return LadderStep(quarantined=True, text=quarantine_many([escalation])[escalation.node_id])
+
+
+QUARANTINE_FIELDS = ["stage", "strikes", "needs_human", "fault", "gpu_index", "remediation", "reason", "blocked",
+                     "updated_at"]
+
+
+def quarantine_many(escalations: list[NodeEscalation]) -> dict[int, str]:
+    """Cordon the nodes of these ladders (set to quarantined by ``on_fault``) together, within the fleet's caps;
+    record each cordon as the ladder's step, write the ladders and publish them. Returns, per node, what happened
+    in words ("quarantined", or why its cordon waits)."""
+    if not escalations:
+        return {}
+    _, refused = node_services.nodes_cordon(actor=None, nodes=[e.node for e in escalations],
+                                            reasons={e.node_id: f"quarantine: {e.reason}" for e in escalations})
+    for escalation in escalations:
+        error = refused.get(escalation.node_id)
+        escalation.blocked = f"cordon waits: {error.detail}"[:300] if error else ""
+    _node_steps([e for e in escalations if e.node_id not in refused], ActionKind.CORDON)
+    now = timezone.now()
+    for escalation in escalations:
+        escalation.updated_at = now
+        _publish(escalation, "node.escalation")
+    update_rows(escalations, QUARANTINE_FIELDS)
+    return {e.node_id: "quarantined" + (f" ({e.blocked})" if e.blocked else "") for e in escalations}
+
+
+@dataclass
+class Presence:
+    """What runs on some nodes, read once for a batch of ladders: per node, the running or recovering jobs with an
+    allocation there, and whether one of them is being moved off it (an active recovery action from that node)."""
+
+    jobs: dict[int, list[int]]
+    moving: set[int]
+
+    @classmethod
+    def of(cls, node_ids) -> "Presence":
+        jobs: dict[int, list[int]] = {}
+        for node_id, job_id in (JobAllocation.objects.filter(node_id__in=node_ids, released_at__isnull=True,
+                                                             job__state__in=(JobState.RUNNING, JobState.RECOVERING))
+                                .values_list("node_id", "job_id").distinct().order_by("node_id", "job_id")):
+            jobs.setdefault(node_id, []).append(job_id)
+        moving = {node_id for node_id, job_id in RecoveryAction.objects.filter(
+            node_id__in=list(jobs), job__isnull=False, state__in=ACTIVE_ACTION_STATES).values_list("node_id", "job_id")
+            if job_id in jobs[node_id]} if jobs else set()
+        return cls(jobs, moving)
 
 
 def _jobs_still_on(node: Node) -> list[int]:
-    return list(JobAllocation.objects.filter(node=node, released_at__isnull=True,
-                                             job__state__in=(JobState.RUNNING, JobState.RECOVERING))
-                .values_list("job_id", flat=True).distinct())
+    return Presence.of([node.pk]).jobs.get(node.pk, [])
 
 
 def _evidence(escalation: NodeEscalation, step: str, result: str, detail: str, *, at=None) -> None:
@@ -243,32 +296,55 @@ def _clean_telemetry(escalation: NodeEscalation, node: Node) -> str:
     return "waiting"
 
 
-def _step(escalation: NodeEscalation) -> str:
-    node = Node.objects.select_related("cluster__fleet").get(pk=escalation.node_id)
+OUT_OF_SERVICE = (NodeState.CORDONED, NodeState.DRAINING, NodeState.FAILED)
+
+
+def _quarantined_steps(ladders: list[NodeEscalation], nodes: dict[int, Node]) -> dict[int, str]:
+    """The quarantined ladders' step, taken for all of them together: a node not yet out of service is cordoned
+    (the fleet's cordon cap may make it wait); a cordoned node none of whose jobs is still being moved off is
+    drained (within the drain cap). Each node service is called once for the lot. Returns, per ladder, what
+    happened ("blocked" or "draining")."""
+    outcome: dict[int, str] = {}
+    reasons = {ladder.node_id: f"quarantine: {ladder.reason}" for ladder in ladders}
+    uncordoned = [ladder for ladder in ladders if nodes[ladder.node_id].state not in OUT_OF_SERVICE]
+    if uncordoned:
+        now_nodes, refused = node_services.nodes_cordon(actor=None, nodes=[nodes[lad.node_id] for lad in uncordoned],
+                                                        reasons=reasons)
+        nodes = nodes | {node.pk: node for node in now_nodes}
+        for ladder in uncordoned:
+            if ladder.node_id in refused:
+                ladder.blocked = f"cordon waits: {refused[ladder.node_id].detail}"[:300]
+                outcome[ladder.pk] = "blocked"
+        _node_steps([ladder for ladder in uncordoned if ladder.node_id not in refused], ActionKind.CORDON)
+    ready = [ladder for ladder in ladders if ladder.pk not in outcome]
+    presence = Presence.of([ladder.node_id for ladder in ready])
+    for ladder in ready:
+        if ladder.node_id in presence.moving:
+            jobs = presence.jobs.get(ladder.node_id, [])
+            ladder.blocked = f"waits for job(s) {', '.join(map(str, jobs))} to leave the node"[:300]
+            outcome[ladder.pk] = "blocked"
+    ready = [ladder for ladder in ready if ladder.pk not in outcome]
+    if ready:
+        _, refused = node_services.nodes_drain(actor=None, nodes=[nodes[ladder.node_id] for ladder in ready],
+                                               reasons={pk: f"drain: {reason.removeprefix('quarantine: ')}"
+                                                        for pk, reason in reasons.items()})
+        for ladder in ready:
+            if ladder.node_id in refused:
+                ladder.blocked = f"drain waits: {refused[ladder.node_id].detail}"[:300]
+                outcome[ladder.pk] = "blocked"
+        drained = [ladder for ladder in ready if ladder.node_id not in refused]
+        for ladder, step in zip(drained, _node_steps(drained, ActionKind.DRAIN), strict=True):
+            ladder.stage, ladder.blocked, ladder.done_at = EscalationStage.DRAINING, "", step.done_at
+            outcome[ladder.pk] = "draining"
+    return outcome
+
+
+def _step(escalation: NodeEscalation, node: Node | None = None) -> str:
+    node = node or Node.objects.select_related("cluster__fleet").get(pk=escalation.node_id)
     escalation.node = node
     stage = escalation.stage
     if stage == EscalationStage.QUARANTINED:
-        if node.state not in (NodeState.CORDONED, NodeState.DRAINING, NodeState.FAILED):
-            try:
-                node_services.node_cordon(actor=None, node=node, reason=f"quarantine: {escalation.reason}")
-                _node_step(escalation, ActionKind.CORDON)
-            except ServiceError as error:
-                escalation.blocked = f"cordon waits: {error.detail}"[:300]
-                return "blocked"
-        jobs = _jobs_still_on(node)
-        moving = RecoveryAction.objects.filter(job_id__in=jobs, node=node,
-                                               state__in=ACTIVE_ACTION_STATES).exists()
-        if moving:
-            escalation.blocked = f"waits for job(s) {', '.join(map(str, jobs))} to leave the node"[:300]
-            return "blocked"
-        try:
-            node_services.node_drain(actor=None, node=node, reason=f"drain: {escalation.reason}")
-        except ServiceError as error:
-            escalation.blocked = f"drain waits: {error.detail}"[:300]
-            return "blocked"
-        step = _node_step(escalation, ActionKind.DRAIN)
-        escalation.stage, escalation.blocked, escalation.done_at = EscalationStage.DRAINING, "", step.done_at
-        return "draining"
+        return _quarantined_steps([escalation], {node.pk: node})[escalation.pk]
     if stage == EscalationStage.DRAINING:
         if escalation.remediation == "gpu_reset" and escalation.gpu_index is not None:
             try:
@@ -324,10 +400,11 @@ def _step(escalation: NodeEscalation) -> str:
     return "idle"
 
 
+LADDERS_PER_TRANSACTION = 50
+
+
 def escalation_advance(*, cluster_ids: list[int] | None = None) -> int:
     """Move every open ladder one step (beat). Returns how many moved."""
-    from jobs.placement import lock_cluster
-
     if provider_automation() == AutomationMode.PAUSED:
         return 0
     rows = (NodeEscalation.objects.filter(stage__in=OPEN_STAGES)
@@ -335,23 +412,51 @@ def escalation_advance(*, cluster_ids: list[int] | None = None) -> int:
             .exclude(node__cluster__fleet__automation=AutomationMode.PAUSED))
     if cluster_ids is not None:
         rows = rows.filter(node__cluster_id__in=cluster_ids)
+    found = list(rows.order_by("node__cluster_id", "pk").values_list("pk", "node__cluster_id")[:500])
     moved = 0
-    for escalation_id, cluster_id in rows.values_list("pk", "node__cluster_id")[:500]:
-        with transaction.atomic():
-            lock_cluster(cluster_id)
-            escalation = NodeEscalation.objects.select_for_update(skip_locked=True, no_key=True).filter(pk=escalation_id).first()
-            if escalation is None or escalation.stage not in OPEN_STAGES:
-                continue
-            before = escalation.stage
-            _step(escalation)
-            escalation.save()
-            if escalation.stage != before:
-                moved += 1
-                audit_record(actor=None, action="node.escalation", target=escalation.node,
-                             tenant_id=escalation.node.cluster.dedicated_tenant_id,
-                             changes={"stage": [before, escalation.stage]})
-                _publish(escalation, "node.escalation")
+    for cluster_id in sorted({cluster for _, cluster in found}):
+        ids = [pk for pk, cluster in found if cluster == cluster_id]
+        for start in range(0, len(ids), LADDERS_PER_TRANSACTION):
+            moved += _advance_ladders(cluster_id, ids[start:start + LADDERS_PER_TRANSACTION])
     return moved
+
+
+LADDER_FIELDS = [field.name for field in NodeEscalation._meta.concrete_fields if not field.primary_key]
+
+
+@transaction.atomic
+def _advance_ladders(cluster_id: int, ids: list[int]) -> int:
+    """One step for each of these ladders of one cluster, in one transaction: the cluster, then the ladders and
+    their nodes (in id order, before any fleet row: as a decision locks them), each ladder stepped in turn; the
+    ladders written, audited and published together (one statement each). A ladder another transaction holds is
+    left for the next beat."""
+    from jobs.placement import lock_cluster, lock_nodes
+
+    lock_cluster(cluster_id)
+    ladders = [ladder for ladder in NodeEscalation.objects.select_for_update(skip_locked=True, no_key=True, of=("self",))
+               .select_related("fault").filter(pk__in=ids).order_by("pk") if ladder.stage in OPEN_STAGES]
+    lock_nodes([ladder.node_id for ladder in ladders])
+    nodes = Node.objects.select_related("cluster__fleet").in_bulk([ladder.node_id for ladder in ladders])
+    before = {ladder.pk: ladder.stage for ladder in ladders}
+    entries, now = [], timezone.now()
+    with events.gathered():
+        for ladder in ladders:
+            ladder.node = nodes[ladder.node_id]
+        # the quarantined ladders together (their cordons and drains: one call of each node service), then the rest
+        _quarantined_steps([ladder for ladder in ladders if ladder.stage == EscalationStage.QUARANTINED], nodes)
+        for escalation in ladders:
+            if before[escalation.pk] != EscalationStage.QUARANTINED:
+                _step(escalation, nodes[escalation.node_id])
+            escalation.updated_at = now
+            before_stage = before[escalation.pk]
+            if escalation.stage != before_stage:
+                entries.append(audit_entry(actor=None, action="node.escalation", target=escalation.node,
+                                           tenant_id=escalation.node.cluster.dedicated_tenant_id,
+                                           changes={"stage": [before_stage, escalation.stage]}))
+                _publish(escalation, "node.escalation")
+        update_rows(ladders, LADDER_FIELDS)
+        audit_record_many(entries)
+    return len(entries)
 
 
 @transaction.atomic

@@ -274,6 +274,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     nodes = placement.lock_nodes({fault.node_id for fault in faults})
     for fault in faults:
         fault.node = nodes[fault.node_id]
+        fault.node.cluster = cluster
     verdicts = {fault.pk: FaultVerdict(**fault.triage) if fault.triage else FaultVerdict("none", False, True, True, "")
                 for fault in faults}
     ladders = escalation.ladders_for([f.node_id for f in faults if verdicts[f.pk].escalates or verdicts[f.pk].out_of_service])
@@ -286,11 +287,12 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     pairs: list[Affected] = []
     outcome: dict[int, list[str]] = {}
     strikes: list = []
+    quarantines: list = []
     for fault in faults:
         verdict = verdicts[fault.pk]
         impact = Impact(verdict.job_impact)
         step = escalation.on_fault(fault=fault, verdict=verdict, cluster=cluster, dry_run=dry_run, ladders=ladders,
-                                   strikes=strikes)
+                                   strikes=strikes, quarantines=quarantines)
         outcome[fault.pk] = [step.text] if step.text else []
         if impact == Impact.NONE and step.quarantined:
             impact = Impact.RISK    # repeated non-fatal faults: move protected jobs off before the node fails
@@ -298,6 +300,10 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
             continue
         pairs.extend(Affected(fault, impact, allocation) for allocation in _affected(fault, impact, on_nodes))
     update_rows(strikes, escalation.STRIKE_FIELDS)
+    # the quarantined nodes are cordoned together, before anything is planned (a spare is never a cordoned node)
+    texts = escalation.quarantine_many(quarantines)
+    for ladder in quarantines:
+        outcome[ladder.fault.pk][0] = texts[ladder.node_id]
     jobs = _jobs_locked([p.allocation.job_id for p in pairs], {p.fault.incident_id for p in pairs if p.fault.incident_id})
     hits = group_hits(pairs, jobs, outcome)
     # A job already recovering: the new fault folds into that recovery, or replaces it (superseded).

@@ -99,3 +99,31 @@ def test_fleet_share_setting_is_validated_through_the_api(users):
     answer = client.patch(f"/api/v1/fleets/{fleet.pk}/", {"max_disrupted_percent": 15}, format="json")
     assert answer.status_code == 200 and answer.json()["max_disrupted_percent"] == 15
     assert AuditEntry.objects.filter(action="fleet.update", changes__max_disrupted_percent=[100, 15]).exists()
+
+
+def test_many_nodes_change_together_within_the_same_caps_as_one_at_a_time(users):
+    """A batch (a decision quarantining a leaf, a beat draining the ladders) counts the fleet once and keeps the
+    count as it goes: the caps admit exactly as many as one call per node would, in node order, and say why the
+    rest wait; one audit statement and one event per node changed."""
+    from fleet.services.nodes import nodes_cordon, nodes_drain
+
+    fleet = make_fleet(max_cordoned_nodes=3, max_draining_nodes=1)
+    cluster = make_cluster(fleet)
+    nodes = [make_node(cluster) for _ in range(5)]
+    now, refused = nodes_cordon(actor=None, nodes=nodes, reasons={nodes[0].pk: "leaf down"})
+    assert [n.state for n in now] == [NodeState.CORDONED] * 3 + [NodeState.READY] * 2
+    assert set(refused) == {nodes[3].pk, nodes[4].pk}
+    assert all(e.status == 409 and "already has 3 nodes cordoned or draining (cap 3)" in e.detail
+               for e in refused.values())
+    assert node_states(cluster) == {NodeState.CORDONED: 3, NodeState.READY: 2}
+    assert cluster.nodes.get(pk=nodes[0].pk).state_reason == "leaf down"
+    assert AuditEntry.objects.filter(action="node.cordon").count() == 3
+    assert Event.objects.filter(kind="node.cordoned", topic="fleet").count() == 3
+    # the cordoned three: one may drain (the drain cap); cordoned → draining takes nothing more out of the fleet
+    _, refused = nodes_drain(actor=None, nodes=nodes[:3], reasons={})
+    assert set(refused) == {nodes[1].pk, nodes[2].pk}
+    assert "already has 1 nodes draining (cap 1)" in refused[nodes[1].pk].detail
+    assert node_states(cluster) == {NodeState.DRAINING: 1, NodeState.CORDONED: 2, NodeState.READY: 2}
+    # a node already in the state is left as it is, and counts as itself, not as another
+    _, refused = nodes_cordon(actor=None, nodes=nodes[1:3], reasons={})
+    assert refused == {} and AuditEntry.objects.filter(action="node.cordon").count() == 3

@@ -551,7 +551,7 @@ TOKEN_CREATE_RATE = env("TOKEN_CREATE_RATE")
 SILENCED_SYSTEM_CHECKS = ["django_ratelimit.W001"]
 CACHES = {
     "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "BACKEND": "controlplane.cache.RedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": "lockstep",
         "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load import NodeAgent  # noqa: E402
 from querycount import KEY as QUERY_KEY  # noqa: E402
+from querycount import SHAPES as QUERY_SHAPES  # noqa: E402
 
 DB_NAME = os.environ.get("BENCH_DATABASE_NAME", "lockstep_bench_storm")
 ADMIN_URL = os.environ.get("BENCH_ADMIN_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
@@ -238,6 +239,16 @@ def queries() -> int:
     return int(redis.Redis.from_url(REDIS_URL).get(QUERY_KEY) or 0)
 
 
+def query_shapes(top: int = 30) -> list[tuple[int, str]]:
+    """The statements' shapes counted since the last call, most frequent first (``BENCH_QUERY_SHAPES=1``)."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    counts = sorted(((int(n), shape.decode()) for shape, n in client.hgetall(QUERY_SHAPES).items()), reverse=True)
+    client.delete(QUERY_SHAPES)
+    return counts[:top]
+
+
 def storm(name: str, url: str, listener: Listener, cluster, sends, started_at) -> dict:
     """Send one storm and wait for its decisions; returns what it measured."""
     from django.db.models import Count, Q
@@ -250,6 +261,7 @@ def storm(name: str, url: str, listener: Listener, cluster, sends, started_at) -
         return TopicSequence.objects.filter(topic="fleet").values_list("last_seq", flat=True).first() or 0
 
     before, seq_before = queries(), fleet_seq()
+    query_shapes()
     first, last_sent, last, errors = post_all(url, sends)
     faults = list(FaultEvent.objects.filter(cluster=cluster, received_at__gte=started_at).values_list("pk", flat=True))
     deadline = time.perf_counter() + WAIT_SECONDS
@@ -259,6 +271,7 @@ def storm(name: str, url: str, listener: Listener, cluster, sends, started_at) -
     done = max(arrived) if arrived else float("nan")
     time.sleep(0.5)   # the last counts reach Redis (querycount flushes every 0.1 s)
     statements = queries() - before
+    shapes = query_shapes() if os.environ.get("BENCH_QUERY_SHAPES") else []
     # Every event on ``fleet`` up to the last one received (the decisions' and everything published meanwhile).
     received = {seq for seq in listener.seqs if seq > seq_before}
     gaps = (max(received) - seq_before - len(received)) if received else fleet_seq() - seq_before
@@ -283,7 +296,7 @@ def storm(name: str, url: str, listener: Listener, cluster, sends, started_at) -
             "answered": last - last_sent, "events": len(received), "gaps": gaps,
             "decisions": decisions, "actions": sum(kinds.values()), "kinds": dict(kinds), "queries": statements,
             "spare_twice": twice + whole_and_gpu, "budget_exceeded": over, "errors": errors,
-            "running_migrations": running.count(), "per_leaf": dict(per_leaf)}
+            "running_migrations": running.count(), "per_leaf": dict(per_leaf), "shapes": shapes}
 
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
@@ -309,6 +322,8 @@ def report(result: dict) -> None:
         print(f"  {result['undecided']} faults still new, {result['unseen']} decisions not received")
     if result["errors"]:
         print(f"  {len(result['errors'])} reports failed, e.g. {result['errors'][0]}")
+    for n, shape in result["shapes"]:
+        print(f"  {n:6d}  {shape}")
 
 
 def main() -> int:

@@ -187,13 +187,27 @@ class SparePool:
 
 def spare_gpus_on_node(node: Node) -> list[int]:
     """Healthy GPUs of a node that no job holds and no action has booked."""
-    held = set()
-    for indices in JobAllocation.objects.filter(node=node, released_at__isnull=True).values_list("gpu_indices", flat=True):
-        held.update(indices)
-    booked = set(SpareBooking.objects.filter(node=node, released_at__isnull=True, whole_node=False)
-                 .values_list("gpu_index", flat=True))
-    healthy = GPU.objects.filter(node=node, health=GPUHealth.HEALTHY).values_list("index", flat=True)
-    return [index for index in healthy if index not in held and index not in booked]
+    return spare_gpus_on_nodes([node.pk]).get(node.pk, [])
+
+
+def spare_gpus_on_nodes(node_ids) -> dict[int, list[int]]:
+    """``spare_gpus_on_node`` for many nodes at once (three statements whatever their number), by node id."""
+    ids = set(node_ids)
+    if not ids:
+        return {}
+    taken: dict[int, set[int]] = {pk: set() for pk in ids}
+    for node_id, indices in (JobAllocation.objects.filter(node_id__in=ids, released_at__isnull=True)
+                             .values_list("node_id", "gpu_indices")):
+        taken[node_id].update(indices)
+    for node_id, index in (SpareBooking.objects.filter(node_id__in=ids, released_at__isnull=True, whole_node=False)
+                           .values_list("node_id", "gpu_index")):
+        taken[node_id].add(index)
+    spare: dict[int, list[int]] = {pk: [] for pk in ids}
+    for node_id, index in (GPU.objects.filter(node_id__in=ids, health=GPUHealth.HEALTHY)
+                           .order_by("node_id", "index").values_list("node_id", "index")):
+        if index not in taken[node_id]:
+            spare[node_id].append(index)
+    return spare
 
 
 def book_many(bookings: list[tuple[RecoveryAction, Node, int | None]]) -> list[SpareBooking]:

@@ -51,14 +51,20 @@ def fail_and_fall_back(cluster, failures: list[tuple[RecoveryAction, str]]) -> l
     with_next = [action for action, _ in failures if action.job_id and not action.dry_run]
     fail_many([a for a, _ in failures if a not in with_next], {a.pk: e for a, e in failures})
     fail_many(with_next, {a.pk: e for a, e in failures}, baseline_moves=True)
-    return [nxt for nxt in (recovery_fall_back(action=action, cluster=cluster) for action in with_next) if nxt]
+    if not with_next:
+        return []
+    # One context for the lot, read after they failed: the next attempts share its spare pool as a decision's
+    # recoveries do (a spare handed to one is not handed to another), and the cluster is read once, not per job.
+    ctx = Context.of(cluster, dry_run=False)
+    return [nxt for nxt in (recovery_fall_back(action=action, cluster=cluster, ctx=ctx) for action in with_next)
+            if nxt]
 
 
-def recovery_fall_back(*, action: RecoveryAction, cluster) -> RecoveryAction | None:
+def recovery_fall_back(*, action: RecoveryAction, cluster, ctx: Context | None = None) -> RecoveryAction | None:
     """Plan (and start, back-off permitting) the attempt after ``action``, which has just failed, or end the
     recovery: the job Failed after its restarts, or running on when nothing is left to try. The failed attempt's
     baseline (set aside by ``fail_many(baseline_moves=True)``) goes to the next attempt, or back to it when there
-    is none."""
+    is none. ``ctx``: the context shared by the attempts that fail together (else one of its own)."""
     from jobs.services.jobs import job_fail
 
     job = Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant").get(pk=action.job_id)
@@ -87,7 +93,7 @@ def recovery_fall_back(*, action: RecoveryAction, cluster) -> RecoveryAction | N
         _keep_baseline(action, baseline)
         return None
     impact = Impact(action.impact or Impact.RESTART)
-    ctx = Context.of(cluster, dry_run=False)
+    ctx = ctx or Context.of(cluster, dry_run=False)
     others = RecoveryAction.objects.filter(job=job, dry_run=False, state__in=ACTIVE_ACTION_STATES).exclude(pk=action.pk)
     retry = Retry(previous=action, baseline=baseline, excluded=frozenset(excluded), retry_at=retry_at,
                   spare_exclude=frozenset(a.to_node_id for a in chain if a.to_node_id))

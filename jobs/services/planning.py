@@ -147,19 +147,22 @@ def facts_of(job: Job, allocation: JobAllocation, impact: Impact, fault: FaultEv
                     protected=protected, restart_overhead_seconds=overhead, seconds_since_snapshot=since_snapshot), snapshot
 
 
-def plan_hit(ctx: Context, hit: Hit, *, snapshots: list[JobSnapshot],
-             healthy_nics: list[str]) -> tuple[RecoveryAction | None, str]:
+def plan_hit(ctx: Context, hit: Hit, *, snapshots: list[JobSnapshot], healthy_nics: list[str],
+             spare_gpus: list[int] | None = None) -> tuple[RecoveryAction | None, str]:
     """Plan and place the one recovery for a hit (not yet written): the cheapest feasible option, its spare, GPU,
     NIC or restore point. With ``hit.retry`` it is the next attempt of a recovery: the kinds that failed are out,
     and it keeps the recovery's clock and baseline; with ``hit.booked_by`` another action of the incident booked
     the baseline for this job, so this one books none. Returns the action (None when nothing needs doing) and a
-    note."""
+    note. ``spare_gpus``: the node's spare GPUs, when the caller read them for many hits at once."""
     job, fault, allocation, retry = hit.job, hit.fault, hit.allocation, hit.retry
     node, now = allocation.node, ctx.now
     facts, snapshot = facts_of(job, allocation, hit.impact, fault, ctx.protected_for(job, fault.detected_at),
                                ctx.overhead, snapshots, now)
     stake = gpu_hours_at_stake(facts)
-    spare_gpus = placement.spare_gpus_on_node(node) if hit.impact == Impact.DEVICE and facts.protected else []
+    if hit.impact != Impact.DEVICE or not facts.protected:
+        spare_gpus = []
+    elif spare_gpus is None:
+        spare_gpus = placement.spare_gpus_on_node(node)
     spare_nic = next((n for n in healthy_nics if n != fault.nic_name), None)
     situation = Situation(impact=hit.impact, healthy_nic=spare_nic is not None, spare_gpus_on_node=len(spare_gpus),
                           gpu_reset=(fault.triage or {}).get("remediation") == "gpu_reset",

@@ -321,6 +321,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     # most GPU-hours at stake, shared between tenants by tier.
     snapshots = snapshots_of(jobs.values())
     nics = healthy_nics_of({h.allocation.node_id for h in hits if h.impact in LINK_IMPACTS})
+    local_gpus = placement.spare_gpus_on_nodes({h.allocation.node_id for h in hits if h.impact == Impact.DEVICE})
     stakes = [gpu_hours_at_stake(facts_of(h.job, h.allocation, h.impact, h.fault,
                                         ctx.protected_for(h.job, h.fault.detected_at), ctx.overhead,
                                         snapshots.get(h.job.pk, []), now)[0]) for h in hits]
@@ -333,7 +334,8 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
         hit = hits[index]
         hit.only_link = hit.only_link or hit.job.pk in job_level
         action, note = plan_hit(ctx, hit, snapshots=snapshots.get(hit.job.pk, []),
-                                healthy_nics=nics.get(hit.allocation.node_id, []))
+                                healthy_nics=nics.get(hit.allocation.node_id, []),
+                                spare_gpus=local_gpus.get(hit.allocation.node_id, []))
         outcome[hit.fault.pk].append(note + (f" (replaces action {hit.retry.previous.pk})" if action and hit.retry
                                              else ""))
         if action is None:

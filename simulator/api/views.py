@@ -1,20 +1,13 @@
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, serializers, status
+from rest_framework import mixins, status
 from rest_framework.response import Response
 
 from controlplane.api import ScopedViewSet
 from simulator import selectors
-from simulator.models import WhatIfRun
+from simulator.api.serializers import WhatIfRunSerializer
 from simulator.services import whatif_start
 from tenancy.permissions import IsProvider
-
-
-class WhatIfRunSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = WhatIfRun
-        fields = ["id", "state", "progress", "config", "report", "error", "created_at", "started_at", "finished_at"]
-        read_only_fields = fields
 
 
 class WhatIfViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):

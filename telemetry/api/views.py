@@ -11,8 +11,13 @@ from controlplane.errors import ServiceError
 from controlplane.security_ratelimit import TokenCreateThrottle
 from fleet.selectors import cluster_list
 from telemetry import selectors
-from telemetry.models import NotificationChannel
-from telemetry.notifications import RULES
+from telemetry.api.serializers import (
+    AgentTokenCreatedSerializer,
+    AgentTokenSerializer,
+    NotificationChannelSerializer,
+    NotificationDeliverySerializer,
+    PredictionSerializer,
+)
 from telemetry.services.ingest import telemetry_ingest
 from telemetry.tokens import (
     AgentPrincipal,
@@ -76,20 +81,6 @@ class TelemetryIngestView(APIView):
             return Response({"detail": f"batch is over the {limit}-byte limit"}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
         result = telemetry_ingest(cluster=request.auth.cluster, body=body)
         return Response(result.as_dict())
-
-
-class AgentTokenSerializer(serializers.Serializer):
-    id = serializers.IntegerField(read_only=True)
-    cluster = serializers.IntegerField(source="cluster_id")
-    name = serializers.CharField(max_length=100)
-    prefix = serializers.CharField(read_only=True)
-    created_at = serializers.DateTimeField(read_only=True)
-    last_used_at = serializers.DateTimeField(read_only=True, allow_null=True)
-    revoked_at = serializers.DateTimeField(read_only=True, allow_null=True)
-
-
-class AgentTokenCreatedSerializer(AgentTokenSerializer):
-    token = serializers.CharField(read_only=True, help_text="shown once; only its digest is stored")
 
 
 TOO_MANY_TOKENS = OpenApiResponse(description="Too many tokens issued: wait the Retry-After header's seconds.")
@@ -176,15 +167,6 @@ class MetricsView(APIView):
         return Response(exposition(), content_type=CONTENT_TYPE_LATEST)
 
 
-class NotificationChannelSerializer(serializers.ModelSerializer):
-    rules = serializers.ListField(child=serializers.ChoiceField(choices=sorted(RULES)), required=False)
-
-    class Meta:
-        model = NotificationChannel
-        fields = ["id", "name", "kind", "url", "rules", "enabled", "created_at"]
-        read_only_fields = ["id", "created_at"]
-
-
 class NotificationChannelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
                                  mixins.UpdateModelMixin, mixins.DestroyModelMixin, ScopedViewSet):
     """Webhooks for what a human must see: failed recoveries, nodes that need support, rollouts that stopped
@@ -214,20 +196,6 @@ class NotificationChannelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixi
         channel_delete(actor=self.request.user, channel=instance)
 
 
-class NotificationDeliverySerializer(serializers.Serializer):
-    id = serializers.IntegerField()
-    channel = serializers.CharField(source="channel.name")
-    rule = serializers.CharField()
-    summary = serializers.CharField()
-    state = serializers.CharField()
-    attempts = serializers.IntegerField()
-    last_status = serializers.IntegerField(allow_null=True)
-    last_error = serializers.CharField()
-    created_at = serializers.DateTimeField()
-    delivered_at = serializers.DateTimeField(allow_null=True)
-    next_attempt_at = serializers.DateTimeField()
-
-
 class NotificationDeliveryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
     """The delivery log (provider roles)."""
 
@@ -237,26 +205,6 @@ class NotificationDeliveryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMix
 
     def selector(self, *, user):
         return selectors.notification_delivery_list(user=user)
-
-
-class PredictionSerializer(serializers.Serializer):
-    id = serializers.IntegerField()
-    node = serializers.IntegerField(source="node_id")
-    hostname = serializers.CharField(source="node.hostname")
-    cluster = serializers.IntegerField(source="cluster_id")
-    score = serializers.FloatField()
-    threshold = serializers.FloatField()
-    horizon_hours = serializers.FloatField()
-    predicted_at = serializers.DateTimeField()
-    cause = serializers.CharField()
-    cause_kind = serializers.CharField()
-    evidence = serializers.JSONField()
-    fault = serializers.IntegerField(source="fault_id", allow_null=True)
-    action_taken = serializers.CharField()
-    outcome = serializers.CharField()
-    outcome_at = serializers.DateTimeField(allow_null=True)
-    failure = serializers.IntegerField(source="failure_id", allow_null=True)
-    lead_seconds = serializers.FloatField(allow_null=True)
 
 
 class PredictionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):

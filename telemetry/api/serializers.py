@@ -1,0 +1,63 @@
+"""The telemetry API's serializers: agent tokens, notification channels and deliveries, predictions."""
+
+from rest_framework import serializers
+
+from telemetry.models import NotificationChannel
+from telemetry.notifications import RULES
+
+
+class AgentTokenSerializer(serializers.Serializer):
+    id = serializers.IntegerField(read_only=True)
+    cluster = serializers.IntegerField(source="cluster_id")
+    name = serializers.CharField(max_length=100)
+    prefix = serializers.CharField(read_only=True)
+    created_at = serializers.DateTimeField(read_only=True)
+    last_used_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    revoked_at = serializers.DateTimeField(read_only=True, allow_null=True)
+
+
+class AgentTokenCreatedSerializer(AgentTokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="shown once; only its digest is stored")
+
+
+class NotificationChannelSerializer(serializers.ModelSerializer):
+    rules = serializers.ListField(child=serializers.ChoiceField(choices=sorted(RULES)), required=False)
+
+    class Meta:
+        model = NotificationChannel
+        fields = ["id", "name", "kind", "url", "rules", "enabled", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+
+class NotificationDeliverySerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    channel = serializers.CharField(source="channel.name")
+    rule = serializers.CharField()
+    summary = serializers.CharField()
+    state = serializers.CharField()
+    attempts = serializers.IntegerField()
+    last_status = serializers.IntegerField(allow_null=True)
+    last_error = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    delivered_at = serializers.DateTimeField(allow_null=True)
+    next_attempt_at = serializers.DateTimeField()
+
+
+class PredictionSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    node = serializers.IntegerField(source="node_id")
+    hostname = serializers.CharField(source="node.hostname")
+    cluster = serializers.IntegerField(source="cluster_id")
+    score = serializers.FloatField()
+    threshold = serializers.FloatField()
+    horizon_hours = serializers.FloatField()
+    predicted_at = serializers.DateTimeField()
+    cause = serializers.CharField()
+    cause_kind = serializers.CharField()
+    evidence = serializers.JSONField()
+    fault = serializers.IntegerField(source="fault_id", allow_null=True)
+    action_taken = serializers.CharField()
+    outcome = serializers.CharField()
+    outcome_at = serializers.DateTimeField(allow_null=True)
+    failure = serializers.IntegerField(source="failure_id", allow_null=True)
+    lead_seconds = serializers.FloatField(allow_null=True)

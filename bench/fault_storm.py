@@ -76,7 +76,7 @@ def build_cluster(fleet, tenant, version, *, name: str, jobs: int, nodes_per_job
     from fleet.choices import HealthStatus, NodeState, SyncStatus
     from fleet.models import GPU, NIC, Cluster, Node, ObservedAddon
     from jobs.models import Job, JobAllocation
-    from telemetry.tokens import agent_token_create
+    from telemetry.services.tokens import agent_token_create
 
     now = timezone.now()
     cluster = Cluster.objects.create(fleet=fleet, name=name, blueprint=version.blueprint, blueprint_version=version,

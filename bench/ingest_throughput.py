@@ -93,7 +93,7 @@ def setup(nodes: int, database: str = DB_NAME, **environment: str) -> str:
     """A scratch database with one cluster of ``nodes`` nodes (8 GPUs, 8 NICs each); returns an agent token."""
     scratch_database(database, **environment)
     from fleet.models import GPU, NIC, Cluster, Fleet, Node
-    from telemetry.tokens import agent_token_create
+    from telemetry.services.tokens import agent_token_create
 
     fleet = Fleet.objects.create(name="bench")
     cluster = Cluster.objects.create(fleet=fleet, name="bench-cluster")

@@ -74,7 +74,7 @@ def build_world(nodes: int, clients: int, job_topics: int, seed: int) -> dict:
     from fleet.choices import HealthStatus, NodeState, SyncStatus
     from fleet.models import GPU, NIC, Blueprint, BlueprintVersion, Cluster, Fleet, Node, ObservedAddon
     from jobs.models import Job, JobAllocation
-    from telemetry.tokens import agent_token_create
+    from telemetry.services.tokens import agent_token_create
     from tenancy.models import Membership, Tenant
     from tenancy.services import token_create
 

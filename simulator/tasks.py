@@ -1,6 +1,6 @@
 from celery import shared_task
 
-from simulator.services import whatif_execute, whatif_sweep
+from simulator.services.whatifs import whatif_execute, whatif_sweep
 
 
 @shared_task(name="simulator.whatif", ignore_result=True, time_limit=600, soft_time_limit=570)
@@ -15,6 +15,6 @@ def whatif_sweep_task() -> int:
 
 @shared_task(name="simulator.scenarios", ignore_result=True, time_limit=60, soft_time_limit=50)
 def scenarios_task() -> int:
-    from simulator.scenarios import scenarios_advance
+    from simulator.services.scenarios import scenarios_advance
 
     return scenarios_advance()

@@ -8,7 +8,7 @@ from controlplane.selectors import topic_seq
 from controlplane.timerange import time_range
 from simulator import selectors
 from simulator.profiles import PROFILES
-from simulator.services import whatif_start
+from simulator.services.whatifs import whatif_start
 
 
 def _provider(request):
@@ -55,7 +55,7 @@ def whatif_detail(request, pk: int):
 def scenario_list(request):
     """Start the ab-nic scenario; see past ones."""
     from simulator.models import Scenario
-    from simulator.scenarios import abnic_start
+    from simulator.services.scenarios import abnic_start
 
     _provider(request)
     error = None

@@ -24,7 +24,7 @@ from fleet.services.drift import drift_sweep
 from fleet.services.rollouts import rollout_start
 from jobs.services.jobs import job_submit
 from simulator.models import SimWorld
-from telemetry.tokens import agent_token_create
+from telemetry.services.tokens import agent_token_create
 from tenancy.models import Membership, Tenant
 from tenancy.services import tenant_create, token_create, user_create
 

@@ -210,7 +210,7 @@ class NotificationChannel(models.Model):
     name = models.CharField(max_length=100, unique=True)
     kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.GENERIC)
     url = models.URLField(max_length=500)
-    # Which notices (telemetry.notifications.RULES); empty means all of them.
+    # Which notices (telemetry.services.notifications.RULES); empty means all of them.
     rules = models.JSONField(default=list, blank=True)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)

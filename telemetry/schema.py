@@ -2,7 +2,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
 
 class AgentTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "telemetry.tokens.AgentTokenAuthentication"
+    target_class = "telemetry.authentication.AgentTokenAuthentication"
     name = "agentToken"
 
     def get_security_definition(self, auto_schema):

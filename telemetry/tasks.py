@@ -11,7 +11,7 @@ def telemetry_prune_task() -> dict:
 @shared_task(name="telemetry.notifications", ignore_result=True, time_limit=300, soft_time_limit=280)
 def notifications_task() -> dict:
     """Dispatch new notices and post what is due (beat, every few seconds; safe to run twice)."""
-    from telemetry.notifications import notifications_deliver, notifications_dispatch
+    from telemetry.services.notifications import notifications_deliver, notifications_dispatch
 
     return {"dispatched": notifications_dispatch(), **notifications_deliver()}
 

@@ -24,7 +24,7 @@ from fleet.models import Rollout
 from jobs.models import FaultEvent, Job
 from jobs.services.jobs import job_submit
 from telemetry.models import AlertRecord, IngestBatch, NotificationChannel
-from telemetry.tokens import agent_token_create
+from telemetry.services.tokens import agent_token_create
 from tenancy.models import ApiToken
 from tests.fleet_factories import make_cluster, make_node
 from tests.telemetry.helpers import batch, reading
@@ -451,7 +451,7 @@ def test_a_public_target_is_fine_and_the_setting_allows_a_lab_hook(api, users, s
 
 def test_a_delivery_to_a_target_that_turned_private_is_not_sent(users, settings):
     from telemetry.models import NotificationDelivery
-    from telemetry.notifications import notifications_deliver
+    from telemetry.services.notifications import notifications_deliver
 
     channel = NotificationChannel.objects.create(
         name="rebound", url="http://127.0.0.1:9/hook"

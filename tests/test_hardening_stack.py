@@ -16,7 +16,7 @@ from jobs.choices import FaultState
 from jobs.models import FaultEvent, JobAllocation
 from jobs.services.faults import fault_ingest
 from simulator.models import WhatIfRun
-from simulator.services import whatif_start
+from simulator.services.whatifs import whatif_start
 from tests.jobs.helpers import protected_cluster, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -36,8 +36,8 @@ from controlplane.testing.processes import (
 from jobs.choices import ActionKind, ActionState, FaultState
 from jobs.models import FaultEvent, JobAllocation, RecoveryAction
 from telemetry.models import GPUSample, IngestBatch, NodeMinute
+from telemetry.services.tokens import agent_token_create
 from telemetry.tasks import telemetry_prune_task
-from telemetry.tokens import agent_token_create
 from tests.conftest import make_user, token_header
 from tests.fleet_factories import make_cluster, make_node
 from tests.jobs.helpers import protected_cluster, submit

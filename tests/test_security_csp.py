@@ -35,8 +35,8 @@ def shape(path: str) -> str:
 @pytest.fixture
 def world():
     """The demo world, with a finished what-if run and an ab-nic scenario, so their pages exist too."""
-    from simulator.scenarios import abnic_start
-    from simulator.services import whatif_execute, whatif_start
+    from simulator.services.scenarios import abnic_start
+    from simulator.services.whatifs import whatif_execute, whatif_start
 
     world_build(seed=13, nodes_per_cluster=8, spares=2)
     admin = User.objects.get(username="lockstep-simulator")

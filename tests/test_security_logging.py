@@ -16,7 +16,7 @@ from websockets.sync.client import connect
 from controlplane.security_logging import RedactSecretsFilter, redact
 from controlplane.testing.browser import usable_password
 from controlplane.testing.processes import BASE_DIR, VENV_BIN, _stop, child_env, free_port, wait_for
-from telemetry.tokens import agent_token_create
+from telemetry.services.tokens import agent_token_create
 from tests.conftest import token_header
 from tests.fleet_factories import make_cluster, make_fleet, make_node
 from tests.telemetry.helpers import batch, reading

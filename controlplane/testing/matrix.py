@@ -494,7 +494,7 @@ def matrix_world_build() -> MatrixWorld:
     from jobs.services.jobs import job_submit
     from jobs.services.snapshots import snapshot_take
     from simulator.models import Scenario
-    from simulator.services import whatif_execute, whatif_start
+    from simulator.services.whatifs import whatif_execute, whatif_start
     from simulator.world import world_build
     from telemetry.models import AgentToken, NotificationDelivery, Prediction
     from telemetry.services.channels import channel_create

@@ -10,9 +10,9 @@ from fleet.choices import VersionState
 from fleet.desired import compare, desired_state, load_versions
 from fleet.drivers import DriverError
 from fleet.models import Blueprint, Cluster, Fleet, RolloutCluster
-from fleet.observation import observe, record
 from fleet.services.applying import apply_version, converge
 from fleet.services.blueprints import latest_active
+from fleet.services.observation import observe, record
 from fleet.services.publishing import publish
 
 FLEET_FIELDS = ("name", "description", "automation", "max_cordoned_nodes", "max_draining_nodes", "max_disrupted_percent")

@@ -20,8 +20,8 @@ from fleet.choices import AutomationMode, DriftMode
 from fleet.desired import compare, desired_state, is_node_software, load_versions
 from fleet.models import Cluster, DriftFinding
 from fleet.models.hardware import provider_automation
-from fleet.observation import observe, record
 from fleet.services.applying import converge
+from fleet.services.observation import observe, record
 from fleet.services.publishing import batched, publish
 
 SWEEP_LOCK = 0x4C53_4446  # "LSDF": one sweep at a time across workers

@@ -23,8 +23,8 @@ from fleet.gate import fault_gate
 from fleet.models import Cluster, Node, Rollout, RolloutBatch, RolloutCluster
 from fleet.models.hardware import provider_automation
 from fleet.models.rollouts import DONE_CLUSTER_STATES, FAILED_CLUSTER_STATES
-from fleet.observation import observe, record
 from fleet.services.applying import apply_version, supports_addons
+from fleet.services.observation import observe, record
 from fleet.services.publishing import batched, publish
 from fleet.services.rollouts import (
     _move,

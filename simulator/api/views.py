@@ -6,7 +6,7 @@ from rest_framework.response import Response
 from controlplane.api import ScopedViewSet
 from simulator import selectors
 from simulator.api.serializers import WhatIfRunSerializer
-from simulator.services import whatif_start
+from simulator.services.whatifs import whatif_start
 from tenancy.permissions import IsProvider
 
 

@@ -3,7 +3,7 @@
 from rest_framework import serializers
 
 from telemetry.models import NotificationChannel
-from telemetry.notifications import RULES
+from telemetry.services.notifications import RULES
 
 
 class AgentTokenSerializer(serializers.Serializer):

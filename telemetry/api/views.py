@@ -18,14 +18,9 @@ from telemetry.api.serializers import (
     NotificationDeliverySerializer,
     PredictionSerializer,
 )
+from telemetry.authentication import AgentPrincipal, AgentTokenAuthentication
 from telemetry.services.ingest import telemetry_ingest
-from telemetry.tokens import (
-    AgentPrincipal,
-    AgentTokenAuthentication,
-    agent_token_create,
-    agent_token_revoke,
-    agent_token_rotate,
-)
+from telemetry.services.tokens import agent_token_create, agent_token_revoke, agent_token_rotate
 from tenancy.permissions import IsProvider, ProviderReadAdminWrite
 
 

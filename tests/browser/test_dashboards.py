@@ -70,7 +70,7 @@ def test_screenshots_of_the_main_pages(page, server, world):
     page.get_by_role("button", name="Run what-if").click()
     page.wait_for_url("**/whatif/*/")
     run_url = page.url
-    from simulator.services import whatif_execute
+    from simulator.services.whatifs import whatif_execute
 
     whatif_execute(run_id=int(run_url.rstrip("/").split("/")[-1]))   # no worker in this test: run it here
     page.goto(run_url)

@@ -176,8 +176,8 @@ def test_the_provider_switch_through_the_api(users):
 
 def test_pausing_provider_wide_notifies(users):
     from telemetry.models import NotificationDelivery
-    from telemetry.notifications import notifications_dispatch
     from telemetry.services.channels import channel_create
+    from telemetry.services.notifications import notifications_dispatch
 
     channel_create(actor=users["provider-admin"], name="pager", url="https://pager.example/hook")
     automation_switch_set(actor=users["provider-admin"], mode=AutomationMode.PAUSED, reason="maintenance")

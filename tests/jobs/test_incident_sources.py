@@ -15,7 +15,7 @@ from controlplane.testing.processes import celery_worker, wait_for
 from fleet.choices import NodeState
 from jobs.choices import ActionState, JobState
 from jobs.models import FaultEvent, Incident, JobAllocation, RecoveryAction
-from telemetry.tokens import agent_token_create
+from telemetry.services.tokens import agent_token_create
 from tests.conftest import make_user, token_header
 from tests.jobs.helpers import beat_in_a_thread, protected_cluster, submit
 from tests.telemetry.helpers import batch

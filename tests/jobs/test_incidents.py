@@ -375,8 +375,8 @@ def test_a_refused_migration_falls_back_in_the_same_decision(tenant_a):
 
 def test_a_failing_restart_is_retried_with_back_off_then_the_job_is_failed_and_announced(tenant_a, settings, users):
     from telemetry.models import NotificationDelivery
-    from telemetry.notifications import notifications_dispatch
     from telemetry.services.channels import channel_create
+    from telemetry.services.notifications import notifications_dispatch
 
     settings.RECOVERY_RESTART_RETRIES = 2
     settings.RECOVERY_RETRY_BACKOFF_SECONDS = 30

@@ -20,8 +20,8 @@ from jobs.services.faults import fault_handle, fault_ingest
 from jobs.services.links import links_fail_back
 from jobs.services.silence import hang_threshold, silence_sweep
 from telemetry.models import NotificationChannel, NotificationDelivery
-from telemetry.notifications import notifications_dispatch
-from telemetry.tokens import agent_token_create
+from telemetry.services.notifications import notifications_dispatch
+from telemetry.services.tokens import agent_token_create
 from tests.jobs.helpers import protected_cluster, submit
 from tests.telemetry.helpers import batch, nic
 

@@ -19,7 +19,7 @@ from jobs.models import NodeEscalation
 from jobs.services.advance import recovery_advance
 from jobs.services.escalation import escalation_advance, escalation_repaired
 from jobs.services.faults import fault_handle, fault_ingest
-from telemetry.tokens import agent_token_create
+from telemetry.services.tokens import agent_token_create
 from tests.fleet_factories import make_cluster, make_node
 from tests.jobs.helpers import protected_cluster
 from tests.telemetry.helpers import batch, nic, reading

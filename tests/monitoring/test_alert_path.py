@@ -25,7 +25,7 @@ from controlplane.testing.processes import celery_worker, free_port, stop_group,
 from jobs.choices import ActionState, JobState
 from jobs.models import FaultEvent, Incident, JobAllocation, RecoveryAction
 from telemetry.models import AlertRecord
-from telemetry.tokens import agent_token_create
+from telemetry.services.tokens import agent_token_create
 from tenancy import services
 from tests.conftest import make_user
 from tests.jobs.helpers import beat_in_a_thread, protected_cluster, submit

@@ -7,7 +7,7 @@ import pytest
 from jobs.models import FaultEvent, Job, RecoveryAction
 from jobs.services.faults import fault_handle
 from simulator.models import Scenario
-from simulator.scenarios import abnic_start, scenarios_advance
+from simulator.services.scenarios import abnic_start, scenarios_advance
 from simulator.world import SERVICE_USER, world_build
 
 pytestmark = pytest.mark.django_db

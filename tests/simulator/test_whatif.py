@@ -77,7 +77,7 @@ def test_replay_started_through_the_api_runs_on_a_real_worker(api, users, client
 
 @pytest.mark.django_db
 def test_executing_twice_is_harmless(users):
-    from simulator.services import whatif_execute, whatif_start
+    from simulator.services.whatifs import whatif_execute, whatif_start
 
     run = whatif_start(actor=users["operator"], config={"gpus": 1024, "days": 5})
     assert whatif_execute(run_id=run.pk) == "done"
@@ -89,7 +89,7 @@ def test_executing_twice_is_harmless(users):
 
 @pytest.mark.django_db
 def test_whatif_page_shows_progress_assumptions_sensitivity_and_checkpoint_advice(client, users):
-    from simulator.services import whatif_execute, whatif_start
+    from simulator.services.whatifs import whatif_execute, whatif_start
 
     run = whatif_start(actor=users["operator"], config={"gpus": 1024, "days": 5})
     assert whatif_execute(run_id=run.pk) == "done"

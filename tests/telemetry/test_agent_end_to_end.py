@@ -6,7 +6,7 @@ import pytest
 from controlplane.testing.processes import uvicorn_server
 from jobs.models import FaultEvent
 from telemetry.models import GPUState, IngestBatch
-from telemetry.tokens import agent_token_create
+from telemetry.services.tokens import agent_token_create
 from tests.agent.conftest import run_agent
 from tests.fleet_factories import make_cluster, make_node
 

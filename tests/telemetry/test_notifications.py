@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from controlplane import events
 from telemetry.models import NotificationChannel, NotificationDelivery
-from telemetry.notifications import MAX_ATTEMPTS, notifications_deliver, notifications_dispatch
 from telemetry.services.channels import channel_create
+from telemetry.services.notifications import MAX_ATTEMPTS, notifications_deliver, notifications_dispatch
 
 pytestmark = pytest.mark.django_db
 

@@ -32,7 +32,7 @@ from telemetry.services.prediction import (
     predictions_resolve,
     risk_sweep,
 )
-from telemetry.tokens import agent_token_create
+from telemetry.services.tokens import agent_token_create
 from tests.conftest import make_user
 from tests.jobs.helpers import beat_in_a_thread, protected_cluster, submit
 

@@ -207,8 +207,8 @@ def _one_of_each_kind(admin, tenant):
     from jobs.authentication import JobTokenAuthentication
     from jobs.launchers import LauncherAuthentication
     from jobs.models import Job, JobToken, LauncherCredential
+    from telemetry.authentication import AgentTokenAuthentication
     from telemetry.models import AgentToken
-    from telemetry.tokens import AgentTokenAuthentication
     from tenancy.authentication import BearerTokenAuthentication
     from tests.fleet_factories import make_cluster
 

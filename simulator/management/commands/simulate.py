@@ -153,7 +153,7 @@ def _whatif(command, options):
     import json
 
     from controlplane.errors import ServiceError
-    from simulator.services import clean_config
+    from simulator.services.whatifs import clean_config
     from simulator.whatif import whatif_run
     from simulator.whatif_text import format_report
 
@@ -184,7 +184,7 @@ def _abnic_arguments(parser):
 
 def _abnic(command, options):
     from controlplane.errors import ServiceError
-    from simulator.scenarios import abnic_start
+    from simulator.services.scenarios import abnic_start
     from simulator.world import SERVICE_USER
     from tenancy.models import Membership
 

@@ -2,7 +2,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from controlplane import context
 from fleet.models import Cluster
-from telemetry.tokens import agent_token_create
+from telemetry.services.tokens import agent_token_create
 
 
 class Command(BaseCommand):

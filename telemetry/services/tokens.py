@@ -1,12 +1,11 @@
-"""Agent tokens (``lsa_<prefix>_<secret>``): bound to one cluster; made, hashed and checked as every token is
-(tenancy.tokens, tenancy.authentication)."""
+"""Agent tokens (``lsa_<prefix>_<secret>``), bound to one cluster: issued, revoked and rotated, as every token is
+made (tenancy.tokens, tenancy.services); checked in telemetry.authentication."""
 
 from django.db import transaction
 
 from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
 from telemetry.models import AgentToken
-from tenancy.authentication import TokenAuthentication, TokenPrincipal
 from tenancy.services import token_issue, token_mark_revoked
 
 
@@ -35,21 +34,3 @@ def agent_token_rotate(*, actor, token: AgentToken) -> tuple[AgentToken, str]:
         raise ServiceError("a revoked token cannot be rotated", status=409)
     agent_token_revoke(actor=actor, token=token)
     return agent_token_create(actor=actor, cluster=token.cluster, name=token.name)
-
-
-class AgentPrincipal(TokenPrincipal):
-    """request.user for an agent: authenticated, no role; request.auth is the AgentToken."""
-
-    name_template = "agent:{token.prefix}"
-
-
-class AgentTokenAuthentication(TokenAuthentication):
-    """``Authorization: Bearer lsa_…``: answers 401 naming what is wrong."""
-
-    model = AgentToken
-    realm = "ingest"
-    related = ("cluster",)
-    malformed = "Malformed agent token: agent tokens look like lsa_xxxxxxxx_…."
-    unknown = "Unknown agent token."
-    revoked = "Agent token has been revoked."
-    principal = AgentPrincipal

@@ -25,6 +25,7 @@ from jobs.launchers import (
 )
 from jobs.models import LauncherCredential, SlurmJob
 from jobs.selectors import slurm_job_list
+from tenancy.api.serializers import ClusterTokenSerializer
 from tenancy.permissions import IsProvider
 
 
@@ -96,14 +97,8 @@ class LauncherRegisterView(APIView):
         )
 
 
-class LauncherCredentialSerializer(serializers.Serializer):
-    id = serializers.IntegerField(read_only=True)
-    cluster = serializers.IntegerField(source="cluster_id")
-    name = serializers.CharField(max_length=100)
-    prefix = serializers.CharField(read_only=True)
-    created_at = serializers.DateTimeField(read_only=True)
-    last_used_at = serializers.DateTimeField(read_only=True, allow_null=True)
-    revoked_at = serializers.DateTimeField(read_only=True, allow_null=True)
+class LauncherCredentialSerializer(ClusterTokenSerializer):
+    pass
 
 
 class LauncherCredentialCreatedSerializer(LauncherCredentialSerializer):

@@ -4,16 +4,11 @@ from rest_framework import serializers
 
 from telemetry.models import NotificationChannel
 from telemetry.services.notifications import RULES
+from tenancy.api.serializers import ClusterTokenSerializer
 
 
-class AgentTokenSerializer(serializers.Serializer):
-    id = serializers.IntegerField(read_only=True)
-    cluster = serializers.IntegerField(source="cluster_id")
-    name = serializers.CharField(max_length=100)
-    prefix = serializers.CharField(read_only=True)
-    created_at = serializers.DateTimeField(read_only=True)
-    last_used_at = serializers.DateTimeField(read_only=True, allow_null=True)
-    revoked_at = serializers.DateTimeField(read_only=True, allow_null=True)
+class AgentTokenSerializer(ClusterTokenSerializer):
+    pass
 
 
 class AgentTokenCreatedSerializer(AgentTokenSerializer):

@@ -73,3 +73,16 @@ class UserCreatedSerializer(UserSerializer):
     class Meta(UserSerializer.Meta):
         fields = [*UserSerializer.Meta.fields, "password"]
         read_only_fields = fields
+
+
+# A token bound to one cluster (an agent's, a launcher's) as it is listed: its prefix, never the token. Each kind
+# subclasses it, so each keeps its own name in the API's schema (a comment, not a docstring: the schema would
+# carry a docstring as every subclass's description).
+class ClusterTokenSerializer(serializers.Serializer):
+    id = serializers.IntegerField(read_only=True)
+    cluster = serializers.IntegerField(source="cluster_id")
+    name = serializers.CharField(max_length=100)
+    prefix = serializers.CharField(read_only=True)
+    created_at = serializers.DateTimeField(read_only=True)
+    last_used_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    revoked_at = serializers.DateTimeField(read_only=True, allow_null=True)

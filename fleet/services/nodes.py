@@ -92,21 +92,24 @@ def _set_states(*, actor, nodes: list[Node], state: str, reasons: dict[int, str]
     for node in locked:
         if node.state == state:
             continue
-        fleet = node.cluster.fleet
-        cap = caps.get(fleet.pk)
-        if cap is None:
-            cap = caps[fleet.pk] = _Caps(fleet)
-        why = cap.refusal(node, state)
-        if why:
-            refused[node.pk] = ServiceError(why, status=409)
-            continue
+        cap = None
+        if state in DISRUPTED:     # only cordoning and draining are capped: nothing to count for the rest
+            fleet = node.cluster.fleet
+            cap = caps.get(fleet.pk)
+            if cap is None:
+                cap = caps[fleet.pk] = _Caps(fleet)
+            why = cap.refusal(node, state)
+            if why:
+                refused[node.pk] = ServiceError(why, status=409)
+                continue
         try:
             call(driver_for(node.cluster), node)
         except DriverError as error:
             refused[node.pk] = ServiceError(f"the cluster refused: {error}", status=409 if not error.transient else 503)
             continue
         old, reason = node.state, reasons[node.pk]
-        cap.moved(old, state)
+        if cap is not None:
+            cap.moved(old, state)
         node.state, node.state_reason, node.state_changed_at = state, reason[:300], now
         changed.append((node, old, reason))
         entries.append(audit_entry(actor=actor, action=action, target=node, tenant_id=node.cluster.dedicated_tenant_id,

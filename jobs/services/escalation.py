@@ -174,12 +174,7 @@ def quarantine_many(escalations: list[NodeEscalation]) -> dict[int, str]:
     in words ("quarantined", or why its cordon waits)."""
     if not escalations:
         return {}
-    _, refused = node_services.nodes_cordon(actor=None, nodes=[e.node for e in escalations],
-                                            reasons={e.node_id: f"quarantine: {e.reason}" for e in escalations})
-    for escalation in escalations:
-        error = refused.get(escalation.node_id)
-        escalation.blocked = f"cordon waits: {error.detail}"[:300] if error else ""
-    _node_steps([e for e in escalations if e.node_id not in refused], ActionKind.CORDON)
+    _cordon_ladders(escalations)
     now = timezone.now()
     for escalation in escalations:
         escalation.updated_at = now
@@ -299,23 +294,31 @@ def _clean_telemetry(escalation: NodeEscalation, node: Node) -> str:
 OUT_OF_SERVICE = (NodeState.CORDONED, NodeState.DRAINING, NodeState.FAILED)
 
 
+def _cordon_ladders(ladders: list[NodeEscalation]) -> tuple[list[Node], dict[int, ServiceError]]:
+    """Cordon the quarantined ladders' nodes (``ladder.node``) in one call, within the fleet's caps: a ladder
+    whose cordon is refused says why it waits, the others record the cordon as their step. Returns the nodes as
+    they now are and the refusals by node id."""
+    now_nodes, refused = node_services.nodes_cordon(actor=None, nodes=[ladder.node for ladder in ladders],
+                                                    reasons={ladder.node_id: f"quarantine: {ladder.reason}"
+                                                             for ladder in ladders})
+    for ladder in ladders:
+        error = refused.get(ladder.node_id)
+        ladder.blocked = f"cordon waits: {error.detail}"[:300] if error else ""
+    _node_steps([ladder for ladder in ladders if ladder.node_id not in refused], ActionKind.CORDON)
+    return now_nodes, refused
+
+
 def _quarantined_steps(ladders: list[NodeEscalation], nodes: dict[int, Node]) -> dict[int, str]:
     """The quarantined ladders' step, taken for all of them together: a node not yet out of service is cordoned
     (the fleet's cordon cap may make it wait); a cordoned node none of whose jobs is still being moved off is
     drained (within the drain cap). Each node service is called once for the lot. Returns, per ladder, what
     happened ("blocked" or "draining")."""
     outcome: dict[int, str] = {}
-    reasons = {ladder.node_id: f"quarantine: {ladder.reason}" for ladder in ladders}
     uncordoned = [ladder for ladder in ladders if nodes[ladder.node_id].state not in OUT_OF_SERVICE]
     if uncordoned:
-        now_nodes, refused = node_services.nodes_cordon(actor=None, nodes=[nodes[lad.node_id] for lad in uncordoned],
-                                                        reasons=reasons)
+        now_nodes, refused = _cordon_ladders(uncordoned)
         nodes = nodes | {node.pk: node for node in now_nodes}
-        for ladder in uncordoned:
-            if ladder.node_id in refused:
-                ladder.blocked = f"cordon waits: {refused[ladder.node_id].detail}"[:300]
-                outcome[ladder.pk] = "blocked"
-        _node_steps([ladder for ladder in uncordoned if ladder.node_id not in refused], ActionKind.CORDON)
+        outcome |= {ladder.pk: "blocked" for ladder in uncordoned if ladder.node_id in refused}
     ready = [ladder for ladder in ladders if ladder.pk not in outcome]
     presence = Presence.of([ladder.node_id for ladder in ready])
     for ladder in ready:
@@ -326,8 +329,7 @@ def _quarantined_steps(ladders: list[NodeEscalation], nodes: dict[int, Node]) ->
     ready = [ladder for ladder in ready if ladder.pk not in outcome]
     if ready:
         _, refused = node_services.nodes_drain(actor=None, nodes=[nodes[ladder.node_id] for ladder in ready],
-                                               reasons={pk: f"drain: {reason.removeprefix('quarantine: ')}"
-                                                        for pk, reason in reasons.items()})
+                                               reasons={ladder.node_id: f"drain: {ladder.reason}" for ladder in ready})
         for ladder in ready:
             if ladder.node_id in refused:
                 ladder.blocked = f"drain waits: {refused[ladder.node_id].detail}"[:300]

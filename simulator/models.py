@@ -2,6 +2,8 @@
 
 from django.db import models
 
+from simulator.choices import ScenarioState, WhatIfState
+
 
 class SimWorld(models.Model):
     """One demo world. Its tokens are the simulated agents' and operator's credentials (in a real fleet they
@@ -19,11 +21,7 @@ class SimWorld(models.Model):
 class WhatIfRun(models.Model):
     """A what-if replay started from the page or the API; its report when done."""
 
-    class State(models.TextChoices):
-        QUEUED = "queued", "Queued"
-        RUNNING = "running", "Running"
-        DONE = "done", "Done"
-        FAILED = "failed", "Failed"
+    State = WhatIfState   # the model's name for its choices (simulator.choices)
 
     created_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     config = models.JSONField()
@@ -45,9 +43,7 @@ class WhatIfRun(models.Model):
 class Scenario(models.Model):
     """A scripted scenario (``ab-nic``): its jobs and the deadline at which its fault strikes, checked by beat."""
 
-    class State(models.TextChoices):
-        ARMED = "armed", "Armed"
-        FIRED = "fired", "Fired"
+    State = ScenarioState
 
     kind = models.CharField(max_length=20)
     jobs = models.JSONField(default=dict, help_text='{"protected": job id, "unprotected": job id}')

@@ -4,6 +4,7 @@ short retention, a per-node per-minute history for charts, and facility series p
 from django.conf import settings
 from django.db import models
 
+from telemetry.choices import DeliveryState, NotificationChannelKind, PredictionOutcome
 from tenancy.models import Token
 
 
@@ -203,9 +204,7 @@ class AlertRecord(models.Model):
 class NotificationChannel(models.Model):
     """Where Lockstep tells humans what they must see: a generic JSON webhook or a Slack-compatible one."""
 
-    class Kind(models.TextChoices):
-        GENERIC = "generic", "Generic JSON webhook"
-        SLACK = "slack", "Slack-compatible webhook"
+    Kind = NotificationChannelKind   # the model's name for its choices (telemetry.choices)
 
     name = models.CharField(max_length=100, unique=True)
     kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.GENERIC)
@@ -235,10 +234,7 @@ class NotificationCursor(models.Model):
 class NotificationDelivery(models.Model):
     """One notice to one channel: the delivery log, with retries on deadlines kept in the row."""
 
-    class State(models.TextChoices):
-        PENDING = "pending", "Pending"
-        DELIVERED = "delivered", "Delivered"
-        FAILED = "failed", "Failed"
+    State = DeliveryState
 
     channel = models.ForeignKey(NotificationChannel, on_delete=models.CASCADE, related_name="deliveries")
     event_id = models.BigIntegerField()
@@ -279,10 +275,7 @@ class RiskSample(models.Model):
 class Prediction(models.Model):
     """A prediction that a node will fail within a horizon: auditable, with what was done and what happened."""
 
-    class Outcome(models.TextChoices):
-        OPEN = "open", "Open"
-        FAILED = "failed", "Failed within the horizon"
-        HELD = "held", "Did not fail within the horizon"
+    Outcome = PredictionOutcome
 
     node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="predictions")
     cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="predictions")

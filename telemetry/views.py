@@ -5,14 +5,7 @@ from django.shortcuts import render
 from controlplane.access import principal
 from telemetry import selectors
 from telemetry.services.prediction import emptied_before_failure, prediction_metrics
-
-
-def sparkline(values: list[float], width: int = 120, height: int = 24) -> str:
-    """SVG polyline points for a score history in [0, 1] (drawn server-side: no script per row)."""
-    if not values:
-        return ""
-    step = width / max(1, len(values) - 1)
-    return " ".join(f"{i * step:.1f},{height - v * height:.1f}" for i, v in enumerate(values))
+from telemetry.tables import fabric_cells, sparkline
 
 
 @login_required
@@ -53,6 +46,5 @@ def fabric_view(request, cluster_id: int):
     cluster = get_object_or_404(cluster_list(user=request.user), pk=cluster_id)
     health = fabric_health(cluster.pk)
     for leaf in health["leaves"]:
-        leaf["cells"] = [{"z": z, "level": "bad" if z >= health["threshold"] else ("warn" if z >= health["threshold"] / 2 else "ok")}
-                         for z in leaf["cells"]]
+        leaf["cells"] = fabric_cells(leaf["cells"], health["threshold"])
     return render(request, "telemetry/fabric.html", {"cluster": cluster, "health": health})

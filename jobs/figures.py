@@ -8,7 +8,7 @@ from django.utils import timezone
 from controlplane.snapshot import one_moment
 from jobs.choices import ActionState, JobState, SavingState
 from jobs.models import FaultEvent, Job, JobPhase, JobProgress, JobSnapshot, RecoveryAction
-from jobs.services.common import action_payload, fault_payload
+from jobs.services.publishing import action_payload, fault_payload
 
 
 def _iso(value):

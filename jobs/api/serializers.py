@@ -54,7 +54,7 @@ class JobSerializer(serializers.ModelSerializer):
 
     def _protection(self, job):
         from jobs.protection import job_protection, runtime_policy_on
-        from jobs.services.common import protection_of
+        from jobs.services.capabilities import protection_of
 
         cache = self.context.setdefault("protection", {})
         if job.simulated:

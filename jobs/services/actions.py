@@ -19,11 +19,8 @@ from jobs import placement
 from jobs.choices import BUDGETED_KINDS, ActionKind, ActionState, JobPhaseKind, JobState
 from jobs.models import JobAllocation, RecoveryAction
 from jobs.planner import WHOLE_JOB_KINDS
-from jobs.services.common import (
-    phase_start,
-    publish_action,
-    record_progress,
-)
+from jobs.services.phases import phase_start, record_progress
+from jobs.services.publishing import publish_action
 
 log = logging.getLogger(__name__)
 

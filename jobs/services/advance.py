@@ -35,18 +35,10 @@ from jobs.services.actions import (
     fail_action,
     start_through_driver,
 )
-from jobs.services.common import (
-    action_lists,
-    action_payload,
-    phase_end,
-    phase_family,
-    phases_switch,
-    publish_action,
-    publish_job,
-    record_progress,
-)
 from jobs.services.estimates import MEASURES, estimates_record
 from jobs.services.fallback import fail_and_fall_back
+from jobs.services.phases import phase_end, phase_family, phases_switch, record_progress
+from jobs.services.publishing import action_lists, action_payload, publish_action, publish_job
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from jobs.choices import (
     JobState,
 )
 from jobs.models import FaultEvent, JobAllocation, NodeEscalation, RecoveryAction
-from jobs.services.common import cluster_topics, publish_action
+from jobs.services.publishing import cluster_topics, publish_action
 from jobs.triage import FaultVerdict
 
 OPEN_STAGES = (EscalationStage.QUARANTINED, EscalationStage.DRAINING, EscalationStage.REMEDIATING,

@@ -16,7 +16,7 @@ from jobs.choices import ACTIVE_ACTION_STATES, BUDGETED_KINDS, ActionKind, Actio
 from jobs.models import Job, JobAllocation, RecoveryAction
 from jobs.planner import Impact
 from jobs.services.actions import after_start, fail_many, start_through_driver
-from jobs.services.common import phase_start, publish_action, publish_job, record_progress
+from jobs.services.phases import phase_start, record_progress
 from jobs.services.planning import (
     LINK_KINDS,
     Context,
@@ -28,6 +28,7 @@ from jobs.services.planning import (
     retry_backoff,
     snapshots_of,
 )
+from jobs.services.publishing import publish_action, publish_job
 
 # How many spares a live or proactive migration is tried on before the recovery moves on to the next kind.
 SPARES_TRIED = 2

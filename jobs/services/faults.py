@@ -21,8 +21,8 @@ from fleet.models import GPU, NIC
 from jobs.choices import JOB_FAULT_KINDS, FaultKind, FaultSource, FaultState, Severity
 from jobs.models import FaultEvent, JobAllocation
 from jobs.placement import immediate_constraints
-from jobs.services.common import cluster_topics, fault_payload, job_topics_of
 from jobs.services.incidents import incident_join, incident_join_many, incident_report
+from jobs.services.publishing import cluster_topics, fault_payload, job_topics_of
 from jobs.triage import FaultVerdict, classify_fault
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,8 @@ from fleet.models import Cluster, Node
 from jobs.choices import ACTIVE_ACTION_STATES, ACTIVE_JOB_STATES, JobPhaseKind, JobState
 from jobs.models import Job, JobAllocation, JobToken, RecoveryAction
 from jobs.placement import busy_node_ids, immediate_constraints, lock_cluster, lock_nodes
-from jobs.services.common import job_payload, phase_end, phase_start, publish_job, record_progress
+from jobs.services.phases import phase_end, phase_start, record_progress
+from jobs.services.publishing import job_payload, publish_job
 from tenancy.services import token_issue
 
 

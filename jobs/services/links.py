@@ -21,8 +21,9 @@ from jobs import hooks
 from jobs.choices import ActionKind, ActionState, JobPhaseKind
 from jobs.ledger import actual_gpu_hours
 from jobs.models import Job, JobPhase, RecoveryAction
-from jobs.services.common import action_payload, job_topics, phase_end
 from jobs.services.estimates import DEGRADED_MEASURES, estimates_record
+from jobs.services.phases import phase_end
+from jobs.services.publishing import action_payload, job_topics
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from fleet.drivers.base import Operation, OperationResult
 from jobs import placement
 from jobs.choices import ActionKind, ActionState
 from jobs.models import Job, JobAllocation, JobSnapshot, RecoveryAction
-from jobs.services.common import publish_action
+from jobs.services.publishing import publish_action
 
 WRITE_THROUGH = "write-through"
 

@@ -28,7 +28,7 @@ from jobs.planner import (
 )
 from jobs.protection import job_protection
 from jobs.services.actions import deadline_after
-from jobs.services.common import protection_of, supported_operations
+from jobs.services.capabilities import protection_of, supported_operations
 from jobs.services.estimates import chosen_with, estimates_for
 
 # One NIC's recovery: the job keeps running on its other rails, so a failover is not the job's recovery and may run

@@ -44,14 +44,8 @@ from jobs.planner import (
 )
 from jobs.services import escalation
 from jobs.services.actions import after_start, fail_many, start_through_driver
-from jobs.services.common import (
-    cluster_topics,
-    decision_lists,
-    fault_payload,
-    phase_family,
-    phases_switch,
-)
 from jobs.services.fallback import fail_and_fall_back
+from jobs.services.phases import phase_family, phases_switch
 from jobs.services.planning import (
     LINK_IMPACTS,
     LINK_KINDS,
@@ -64,6 +58,7 @@ from jobs.services.planning import (
     plan_hit,
     snapshots_of,
 )
+from jobs.services.publishing import cluster_topics, decision_lists, fault_payload
 from jobs.triage import FaultVerdict
 
 STOPS_JOB = {ActionKind.INTRA_NODE_MIGRATION, ActionKind.LIVE_MIGRATION, ActionKind.GPU_RESET,

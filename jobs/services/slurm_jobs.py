@@ -51,9 +51,10 @@ from jobs.choices import (
 from jobs.launchers import hostnames_of, slurm_job_adopt, slurm_job_unmapped
 from jobs.models import Incident, Job, JobAllocation, RecoveryAction, SlurmJob
 from jobs.placement import allocations_move
-from jobs.services.common import phase_start, publish_job, record_progress
 from jobs.services.faults import fault_ingest
 from jobs.services.jobs import _stop, job_fail
+from jobs.services.phases import phase_start, record_progress
+from jobs.services.publishing import publish_job
 
 log = logging.getLogger(__name__)
 

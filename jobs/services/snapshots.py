@@ -27,7 +27,8 @@ from jobs.choices import (
 from jobs.ledger import actual_gpu_hours, expected_saving
 from jobs.models import Job, JobAllocation, JobProgress, JobSnapshot, RecoveryAction
 from jobs.placement import immediate_constraints
-from jobs.services.common import job_topics, protection_of, publish_action
+from jobs.services.capabilities import protection_of
+from jobs.services.publishing import job_topics, publish_action
 
 
 def _summary(snapshot: JobSnapshot) -> str:

@@ -13,7 +13,7 @@ from controlplane import events
 from controlplane.testing.browser import log_in, usable_password
 from fleet.models import Node
 from jobs.models import FaultEvent, Incident
-from jobs.services.common import fault_payload
+from jobs.services.publishing import fault_payload
 from simulator.world import world_build
 
 pytestmark = pytest.mark.django_db(transaction=True)

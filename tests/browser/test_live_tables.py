@@ -13,7 +13,7 @@ from controlplane import events
 from controlplane.testing.browser import log_in, usable_password
 from jobs.choices import ActionState
 from jobs.models import RecoveryAction
-from jobs.services.common import action_payload
+from jobs.services.publishing import action_payload
 from tests.jobs.helpers import protected_cluster, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -254,7 +254,7 @@ def test_incidents_table_lists_an_incident_once_the_job_acts_on_it(page, server,
 def test_tenant_home_job_counts_follow_job_states_live(page, server, users, tenant_a):
     """The tenant home's "Jobs running" and "recovering" figures move with each job's change of state, and what
     they show live is what a fresh load shows."""
-    from jobs.services.common import publish_job
+    from jobs.services.publishing import publish_job
 
     cluster = protected_cluster(nodes=4, spares=1)
     first = submit(cluster, tenant_a, gpus=8, name="one")

@@ -329,7 +329,7 @@ def test_phases_switch_ends_opens_and_records_in_one_go(tenant_a):
 
     from jobs.choices import JobPhaseKind
     from jobs.models import JobPhase, JobProgress
-    from jobs.services.common import phases_switch
+    from jobs.services.phases import phases_switch
 
     cluster = protected_cluster(nodes=2, spares=0, connection=INSTANT)
     job, other = submit(cluster, tenant_a, gpus=8), submit(cluster, tenant_a, gpus=8)

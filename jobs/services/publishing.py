@@ -1,17 +1,10 @@
-"""What the jobs services share: topics, event payloads, phases, protection and driver estimates."""
+"""The events the jobs services publish: each event's topics, the payloads of jobs, faults and actions, and
+the publishing of them (one event per change, or one list per batch of actions)."""
 
-import functools
-import operator
-
-from django.db import connection
-from django.db.models import Q
 from django.utils import timezone
 
 from controlplane import events
-from fleet.drivers import driver_for
-from fleet.selectors import cluster_protection
-from jobs.choices import JobPhaseKind
-from jobs.models import FaultEvent, Job, JobPhase, JobProgress, RecoveryAction
+from jobs.models import FaultEvent, Job, RecoveryAction
 
 
 def job_topics(job: Job) -> list[str]:
@@ -86,97 +79,6 @@ def publish_job(job: Job, kind: str, **extra) -> None:
     events.publish(job_topics(job), kind, job_payload(job, **extra), url=f"/api/v1/jobs/{job.pk}/")
 
 
-def phase_family(kind: str) -> list[str]:
-    """The phases a new phase of this kind ends: a job has one open phase at a time (running or recovering),
-    plus at most one open degraded phase."""
-    return [kind] if kind == JobPhaseKind.DEGRADED else [JobPhaseKind.RUNNING, JobPhaseKind.RECOVERING]
-
-
-def phase_start(job: Job, kind: str, reason: str = "", at=None) -> None:
-    """End the open phase of this kind family and open a new one."""
-    at = at or timezone.now()
-    phases_switch(at=at, ended=[(job.pk, phase_family(kind))],
-                  started=[JobPhase(job=job, kind=kind, started_at=at, reason=reason[:200])], progress=[])
-
-
-def phase_end(job: Job, kinds=None, at=None) -> None:
-    rows = JobPhase.objects.filter(job=job, ended_at__isnull=True)
-    if kinds:
-        rows = rows.filter(kind__in=kinds)
-    rows.update(ended_at=at or timezone.now())
-
-
-def phases_switch(*, at, ended: list[tuple[int, list[str]]], started: list[JobPhase],
-                  progress: list[JobProgress]) -> None:
-    """For a batch of jobs at once: end their open phases of the given kinds (``(job id, kinds)``), open the
-    ``started`` phases and record ``progress``. A decision and a batch of completions do all three for every
-    job they touch; on PostgreSQL it is one statement (two data-modifying CTEs and an INSERT)."""
-    pairs = [(job_id, kind) for job_id, kinds in ended for kind in kinds]
-    if connection.vendor != "postgresql":
-        if pairs:
-            JobPhase.objects.filter(functools.reduce(operator.or_, [Q(job_id=j, kind=k) for j, k in pairs]),
-                                    ended_at__isnull=True).update(ended_at=at)
-        JobPhase.objects.bulk_create(started)
-        JobProgress.objects.bulk_create(progress)
-        return
-    phase, points = JobPhase._meta.db_table, JobProgress._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH ended AS (UPDATE {phase} AS p SET ended_at = %s FROM unnest(%s::bigint[], %s::text[]) AS e(job_id, kind) "
-            f"WHERE p.job_id = e.job_id AND p.kind = e.kind AND p.ended_at IS NULL), "
-            f"opened AS (INSERT INTO {phase} (job_id, kind, started_at, ended_at, reason, node_id, nic_name) "
-            f"SELECT * FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[], %s::timestamptz[], %s::text[], "
-            f"%s::bigint[], %s::text[])) "
-            f"INSERT INTO {points} (job_id, at, iteration, step_seconds, checkpoint) "
-            f"SELECT * FROM unnest(%s::bigint[], %s::timestamptz[], %s::bigint[], %s::float8[], %s::bool[])",
-            [at, [j for j, _ in pairs], [k for _, k in pairs],
-             [p.job_id for p in started], [p.kind for p in started], [p.started_at for p in started],
-             [p.ended_at for p in started], [p.reason for p in started], [p.node_id for p in started],
-             [p.nic_name for p in started],
-             [p.job_id for p in progress], [p.at for p in progress], [p.iteration for p in progress],
-             [p.step_seconds for p in progress], [p.checkpoint for p in progress]])
-
-
-def record_progress(job: Job, *, at=None, iteration: int | None = None, step_seconds=None, checkpoint=False) -> None:
-    JobProgress.objects.create(job=job, at=at or timezone.now(),
-                               iteration=job.iteration_now(at) if iteration is None else iteration,
-                               step_seconds=step_seconds, checkpoint=checkpoint)
-
-
-_protection_cache: dict[int, tuple[float, object]] = {}
-
-
-def protection_of(cluster, *, max_age: float = 0.0):
-    """cluster_protection for a cluster (fleet.selectors), optionally cached for ``max_age`` seconds."""
-    import time
-
-    if max_age:
-        hit = _protection_cache.get(cluster.pk)
-        if hit and time.monotonic() - hit[0] < max_age:
-            return hit[1]
-    found = cluster_protection(cluster=cluster)
-    _protection_cache[cluster.pk] = (time.monotonic(), found)
-    return found
-
-
-def supported_operations(cluster) -> frozenset[str]:
-    """Action kinds the cluster's driver can carry out."""
-    from fleet.drivers.base import Operation
-
-    ops = driver_for(cluster).supports
-    # Restart from checkpoint is always possible: without driver support the job's own launcher restarts it.
-    kinds = {"restart_from_checkpoint"}
-    if Operation.NIC_FAILOVER in ops:
-        kinds.add("nic_failover")
-    if Operation.MIGRATE_WORKER in ops:
-        kinds |= {"live_migration", "intra_node_migration", "proactive_migration"}
-    if Operation.GPU_RESET in ops:
-        kinds.add("gpu_reset")
-    if Operation.RESTORE_FROM_SNAPSHOT in ops:
-        kinds.add("restore_from_snapshot")
-    if Operation.RELAUNCH_WITHOUT_NODE in ops:
-        kinds.add("proactive_migration")   # written through, then relaunched without the node (jobs.services.moves)
-    return frozenset(kinds)
 def decision_lists(cluster, created: list[RecoveryAction], started: set[int]) -> list[events.Item]:
     """A decision's actions as ``actions.decided`` lists (see ``action_lists``)."""
     if not created:
@@ -211,5 +113,3 @@ def action_lists(cluster_id: int, payloads: list, kind: str, verb: str) -> list[
                       {"actions": mine, "summary": f"{len(mine)} recovery action(s) {verb}"},
                       f"/api/v1/actions/?job={job_id}"))
     return items
-
-

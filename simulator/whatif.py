@@ -169,9 +169,21 @@ def _draws(seed: int, count: int) -> list[_Draws]:
     return [_Draws(*(rng.random() for _ in range(5))) for _ in range(count)]
 
 
-def _replay(
-    config: WhatIfConfig, strikes: list[Strike], draws: list[_Draws], *, protected: bool, progress=None
-) -> RunResult:
+@dataclass
+class _Run:
+    """One replay as it goes: the job's nodes by position, the spares (joined by nodes back from repair),
+    which positions hold a lemon, and the job's clock in seconds."""
+
+    slots: list[_Node]
+    pool: list[_Node]
+    lemon_slots: set[int]
+    resume_at: float = 0.0  # when the job runs again after the last interruption
+    last_checkpoint: float = 0.0  # wall time from which the job's progress since its last checkpoint runs
+    checkpoints: int = 0
+
+
+def _job_nodes(config: WhatIfConfig) -> _Run:
+    """The job's nodes and the spares, each a lemon by a draw fixed for the seed."""
     nodes = config.gpus // 8
     lemon_keys = random.Random(f"lemons-{config.seed}")
 
@@ -183,121 +195,135 @@ def _replay(
             lemon=lemon_keys.random() < config.lemon_node_share,
         )
 
-    slots = [node(i) for i in range(nodes)]  # the job's nodes, by position
-    # the spares, joined by nodes back from repair
+    slots = [node(i) for i in range(nodes)]
     pool = [node(nodes + i) for i in range(max(1, int(nodes * config.spare_fraction)))]
-    lemon_slots = {i for i, n in enumerate(slots) if n.lemon}
-    restart_overhead = config.restart_overhead_minutes * 60
+    return _Run(slots, pool, {i for i, n in enumerate(slots) if n.lemon})
+
+
+def _replay(
+    config: WhatIfConfig, strikes: list[Strike], draws: list[_Draws], *, protected: bool, progress=None
+) -> RunResult:
+    run = _job_nodes(config)
     checkpoint = config.checkpoint_minutes * 60
     wall = config.days * 86400
     result = RunResult(protected=protected)
     estimates = Estimates(migration_pause=config.migration_pause_seconds)
-    resume_at = 0.0  # seconds: when the job runs again after the last interruption
-    last_checkpoint = 0.0  # seconds: wall time from which the job's progress since its last checkpoint runs
-    checkpoints = 0
     for index, strike in enumerate(strikes):
         if progress and index % 50 == 0:
             progress(index / max(1, len(strikes)))
         at = strike.at_hours * 3600
         if at >= wall:
             break
-        if at < resume_at:
+        if at < run.resume_at:
             # the job is not running (restarting, or waiting for spares): nothing of it to interrupt
             result.struck_while_down += 1
             continue
-        if at > last_checkpoint:  # a checkpoint every `checkpoint` seconds of progress
-            written = (at - last_checkpoint) // checkpoint
-            checkpoints += int(written)
-            last_checkpoint += written * checkpoint
-        draw = draws[index]
-        seen = manifestation(strike.component)
-        verdict = classify_fault(strike.kind, xid=strike.xid)
-        result.interruptions += 1
-        result.root_causes[strike.component] += 1
-        slot = strike.gpu // 8
-        hardware = strike.component not in SOFTWARE_COMPONENTS
-        if hardware:
-            result.hardware_faults += 1
-            if lemon_slots and draw.lemon < config.lemon_fault_share:
-                ordered = sorted(lemon_slots)
-                slot = ordered[min(len(ordered) - 1, int(draw.slot * len(ordered)))]
-            result.lemon_faults += slots[slot].lemon
-        impact, hit, healthy_nic = verdict.job_impact, [slot], strike.kind in ("nic_down", "link_flap")
-        if strike.component in RACK_COMPONENTS and draw.scope < config.rack_failure_share:
-            first = slot - slot % 8
-            # several nodes at once: a whole-job restart for the planner
-            hit, impact = list(range(first, min(nodes, first + 8))), "restart"
-            result.correlated["rack"] += 1
-        elif strike.component in LEAF_COMPONENTS and draw.scope < config.leaf_failure_share:
-            # one rail NIC on each node under the leaf: still a NIC fault on each, the nodes live on
-            result.correlated["leaf"] += 1
-        dead = hit if impact in ("device", "node") or len(hit) > 1 else []
-        near = slots[slot]
-        free = sorted((s for s in pool if s.available_at <= at), key=lambda s: spare_order_key(s, near))
-        since_checkpoint = at - last_checkpoint
-        facts = JobFacts(
-            gpus=config.gpus,
-            gpus_affected=8 * len(hit) if len(hit) > 1 else _affected(strike),
-            seconds_since_checkpoint=since_checkpoint,
-            protected=protected,
-            restart_overhead_seconds=restart_overhead,
-        )
-        situation = Situation(
-            impact=impact,
-            healthy_nic=healthy_nic,
-            spare_node=len(free) >= max(1, len(dead)),
-            gpu_reset=verdict.remediation == "gpu_reset",
-            supports=ALL_OPERATIONS,
-        )
-        decision = plan(facts, situation, estimates)
-        chosen = decision.chosen
-        if chosen is None:
-            continue
-        spent = 0.0  # seconds lost to a recovery attempt that failed
-        if (
-            protected
-            and chosen.kind != "restart_from_checkpoint"
-            and draw.fail < config.failed_recovery_share
-        ):
-            result.failed_recoveries += 1
-            spent = chosen.pause_seconds  # downtime; the job made no progress during the attempt
-            decision = plan(facts, replace(situation, excluded=frozenset({chosen.kind})), estimates)
-            chosen = decision.chosen
-        work = chosen.work_lost_seconds
-        if chosen.kind in SPARE_KINDS and seen.state_lost:
-            # the dead node's workers come back from the last snapshot, or the checkpoint if that is newer
-            work = min(config.migration_work_lost_minutes * 60, facts.seconds_since_checkpoint)
-        wait = 0.0
-        if dead and chosen.kind in REPLACING_KINDS:
-            wait = _replace_nodes(config, slots, pool, lemon_slots, dead, near, at, draw, result)
-        # what falls past the end of the run is not lost within it
-        pause = min(spent + chosen.pause_seconds + wait, wall - at)
-        wait = min(wait, pause)
-        work = min(work, wall - at - pause)
-        result.actions[chosen.kind] += 1
-        result.gpu_hours_lost += actual_gpu_hours(
-            gpus=config.gpus,
-            pause_seconds=pause,
-            work_lost_seconds=work,
-            degraded_seconds=chosen.degraded_seconds,
-            slowdown=chosen.slowdown,
-        )
-        result.gpu_hours_baseline += decision.baseline
-        result.downtime_hours += pause / 3600
-        result.spare_wait_hours += wait / 3600
-        result.work_lost_hours += work / 3600
-        result.degraded_hours += chosen.degraded_seconds * chosen.slowdown / 3600
-        if work == 0:
-            result.no_progress_lost += 1
-        resume_at = at + pause
-        # the job resumes with the progress it kept since its last checkpoint
-        last_checkpoint = resume_at - (facts.seconds_since_checkpoint - work)
-    if resume_at < wall and wall > last_checkpoint:
-        checkpoints += int((wall - last_checkpoint) // checkpoint)
-    result.checkpoint_write_hours = checkpoints * config.checkpoint_write_seconds / 3600
+        if at > run.last_checkpoint:  # a checkpoint every `checkpoint` seconds of progress
+            written = (at - run.last_checkpoint) // checkpoint
+            run.checkpoints += int(written)
+            run.last_checkpoint += written * checkpoint
+        _interruption(config, run, strike, draws[index], at, estimates, result)
+    if run.resume_at < wall and wall > run.last_checkpoint:
+        run.checkpoints += int((wall - run.last_checkpoint) // checkpoint)
+    result.checkpoint_write_hours = run.checkpoints * config.checkpoint_write_seconds / 3600
     if progress:
         progress(1.0)
     return result
+
+
+def _interruption(config, run: _Run, strike: Strike, draw: _Draws, at: float, estimates, result) -> None:
+    """One strike on the running job: the planner's choice for it (and the fallback when that fails), booked
+    into ``result``, and the job's clock moved past it."""
+    protected = result.protected
+    verdict = classify_fault(strike.kind, xid=strike.xid)
+    result.interruptions += 1
+    result.root_causes[strike.component] += 1
+    slot, hit, impact = _struck(config, run, strike, verdict, draw, result)
+    dead = hit if impact in ("device", "node") or len(hit) > 1 else []
+    near = run.slots[slot]
+    free = sorted((s for s in run.pool if s.available_at <= at), key=lambda s: spare_order_key(s, near))
+    facts = JobFacts(
+        gpus=config.gpus,
+        gpus_affected=8 * len(hit) if len(hit) > 1 else _affected(strike),
+        seconds_since_checkpoint=at - run.last_checkpoint,
+        protected=protected,
+        restart_overhead_seconds=config.restart_overhead_minutes * 60,
+    )
+    situation = Situation(
+        impact=impact,
+        healthy_nic=strike.kind in ("nic_down", "link_flap"),
+        spare_node=len(free) >= max(1, len(dead)),
+        gpu_reset=verdict.remediation == "gpu_reset",
+        supports=ALL_OPERATIONS,
+    )
+    decision = plan(facts, situation, estimates)
+    chosen = decision.chosen
+    if chosen is None:
+        return
+    spent = 0.0  # seconds lost to a recovery attempt that failed
+    if protected and chosen.kind != "restart_from_checkpoint" and draw.fail < config.failed_recovery_share:
+        result.failed_recoveries += 1
+        spent = chosen.pause_seconds  # downtime; the job made no progress during the attempt
+        decision = plan(facts, replace(situation, excluded=frozenset({chosen.kind})), estimates)
+        chosen = decision.chosen
+    work = chosen.work_lost_seconds
+    if chosen.kind in SPARE_KINDS and manifestation(strike.component).state_lost:
+        # the dead node's workers come back from the last snapshot, or the checkpoint if that is newer
+        work = min(config.migration_work_lost_minutes * 60, facts.seconds_since_checkpoint)
+    wait = 0.0
+    if dead and chosen.kind in REPLACING_KINDS:
+        wait = _replace_nodes(config, run.slots, run.pool, run.lemon_slots, dead, near, at, draw, result)
+    _book(config, run, decision, at, spent=spent, work=work, wait=wait, result=result)
+
+
+def _struck(config, run: _Run, strike: Strike, verdict, draw: _Draws, result) -> tuple[int, list[int], str]:
+    """Where a strike lands: the position it hits (a lemon's more often, for hardware), the positions it takes
+    down (a whole rack's at times) and the job impact the planner sees."""
+    slot = strike.gpu // 8
+    if strike.component not in SOFTWARE_COMPONENTS:
+        result.hardware_faults += 1
+        if run.lemon_slots and draw.lemon < config.lemon_fault_share:
+            ordered = sorted(run.lemon_slots)
+            slot = ordered[min(len(ordered) - 1, int(draw.slot * len(ordered)))]
+        result.lemon_faults += run.slots[slot].lemon
+    impact, hit = verdict.job_impact, [slot]
+    if strike.component in RACK_COMPONENTS and draw.scope < config.rack_failure_share:
+        first = slot - slot % 8
+        # several nodes at once: a whole-job restart for the planner
+        hit, impact = list(range(first, min(config.gpus // 8, first + 8))), "restart"
+        result.correlated["rack"] += 1
+    elif strike.component in LEAF_COMPONENTS and draw.scope < config.leaf_failure_share:
+        # one rail NIC on each node under the leaf: still a NIC fault on each, the nodes live on
+        result.correlated["leaf"] += 1
+    return slot, hit, impact
+
+
+def _book(config, run: _Run, decision, at: float, *, spent: float, work: float, wait: float, result) -> None:
+    """Book a recovery's cost (what falls past the end of the run is not lost within it); resume the job."""
+    chosen = decision.chosen
+    wall = config.days * 86400
+    since_checkpoint = at - run.last_checkpoint
+    pause = min(spent + chosen.pause_seconds + wait, wall - at)
+    wait = min(wait, pause)
+    work = min(work, wall - at - pause)
+    result.actions[chosen.kind] += 1
+    result.gpu_hours_lost += actual_gpu_hours(
+        gpus=config.gpus,
+        pause_seconds=pause,
+        work_lost_seconds=work,
+        degraded_seconds=chosen.degraded_seconds,
+        slowdown=chosen.slowdown,
+    )
+    result.gpu_hours_baseline += decision.baseline
+    result.downtime_hours += pause / 3600
+    result.spare_wait_hours += wait / 3600
+    result.work_lost_hours += work / 3600
+    result.degraded_hours += chosen.degraded_seconds * chosen.slowdown / 3600
+    if work == 0:
+        result.no_progress_lost += 1
+    run.resume_at = at + pause
+    # the job resumes with the progress it kept since its last checkpoint
+    run.last_checkpoint = run.resume_at - (since_checkpoint - work)
 
 
 def _replace_nodes(config, slots, pool, lemon_slots, dead, near, at, draw, result) -> float:

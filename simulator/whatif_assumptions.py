@@ -112,30 +112,41 @@ def value_of(config, field: str) -> float:
     return value
 
 
+def _item(name, value, unit, source) -> dict:
+    return {"name": name, "value": value, "unit": unit, "source": source}
+
+
 def assumptions(config) -> list[dict]:
     """Every assumption of a replay of ``config``: name, value, unit, source."""
+    return [
+        *_fault_model(config),
+        *_recovery_costs(config),
+        *_checkpoint_costs(config),
+        *_spares_and_repair(config),
+        *_correlated_and_lemons(config),
+    ]
+
+
+def _fault_model(config) -> list[dict]:
+    """The fault model: how often the job is interrupted, by what, and for which seed."""
     profile = PROFILES[config.profile]
     sw = value_of(config, "software_crash_share")
     table5 = config.software_crash_share is None
-
-    def item(name, value, unit, source):
-        return {"name": name, "value": value, "unit": unit, "source": source}
-
     return [
-        item(
+        _item(
             "interruption rate",
             f"{profile.rate_per_gpu_hour:.3g}",
             "per GPU-hour",
             f"{profile.source} ({profile.name})",
         ),
-        item(
+        _item(
             "root-cause mix",
             "Table 5 counts (Faulty GPU 148 of 419)",
             "",
             f"{LLAMA3} Table 5; the counts, not the printed 30.1 %: they add up to the 419 of the text and every "
             "other row's count/419 equals its percentage, while the printed percentages add up to 94.9",
         ),
-        item(
+        _item(
             "software-crash share",
             sw,
             "share of interruptions",
@@ -143,99 +154,123 @@ def assumptions(config) -> list[dict]:
             if table5
             else "assumed (sensitivity)",
         ),
-        item(
+        _item(
             "software crashes restart from the checkpoint even with protection",
             "yes",
             "",
             "assumed: a snapshot taken before a bug or a silent data corruption may carry it",
         ),
-        item("seed", config.seed, "", "the seed: same seed, same fault trace"),
-        item(
+        _item("seed", config.seed, "", "the seed: same seed, same fault trace"),
+    ]
+
+
+def _recovery_costs(config) -> list[dict]:
+    """What Lockstep's recoveries cost: migrations and NIC failovers."""
+    return [
+        _item(
             "migration pause",
             config.migration_pause_seconds,
             "s",
             "assumed (the planner's default estimate; Clockwork reports TorchPass recoveries under two minutes)",
         ),
-        item(
+        _item(
             "work lost per migration off a dead node",
             config.migration_work_lost_minutes,
             "min",
             "assumed: one snapshot interval of the protection runtime (the stated default; never more than the "
             "time since the checkpoint)",
         ),
-        item(
+        _item(
             "work lost per migration off a live node (NIC down, hot GPU)",
             0,
             "min",
             "assumed: the node still answers, its workers' state is copied",
         ),
-        item(
+        _item(
             "NIC failover",
             "1 s pause, then 1 % slower for 30 min",
             "",
             "assumed (the planner's default estimates)",
         ),
-        item("checkpoint interval", config.checkpoint_minutes, "min", "config"),
-        item(
+    ]
+
+
+def _checkpoint_costs(config) -> list[dict]:
+    """What checkpoints and whole-job restarts cost."""
+    return [
+        _item("checkpoint interval", config.checkpoint_minutes, "min", "config"),
+        _item(
             "checkpoint write cost",
             config.checkpoint_write_seconds,
             "s",
             f"derived from {LLAMA3} s3.3: up to 4 GB a GPU written to Tectonic at 2 TB/s sustained, "
             "16,384 x 4 GB / 2 TB/s = 33 s; snapshots are in memory and assumed free",
         ),
-        item(
+        _item(
             "restart overhead",
             config.restart_overhead_minutes,
             "min",
             f"the cluster setting's default (docs/gpu-hours.md); {KOKOLIS} use 5-20 min",
         ),
-        item("spare share", config.spare_fraction, "share of the job's nodes", "assumed"),
-        item(
+    ]
+
+
+def _spares_and_repair(config) -> list[dict]:
+    """The spares, the repair of failed nodes, and recoveries that fail."""
+    return [
+        _item("spare share", config.spare_fraction, "share of the job's nodes", "assumed"),
+        _item(
             "repair time",
             config.repair_hours,
             "h, mean of an exponential",
             "assumed: no repair times are published in shared/data/failures",
         ),
-        item(
+        _item(
             "failed recoveries",
             config.failed_recovery_share,
             "share of Lockstep recoveries",
             "assumed (the demo world fails 5 % of recovery operations); a failed one costs its pause, then "
             "the planner's next option",
         ),
-        item(
+    ]
+
+
+def _correlated_and_lemons(config) -> list[dict]:
+    """Failures that take several nodes at once, lemon nodes, and how spares are ranked."""
+    return [
+        _item(
             "rack failures",
             config.rack_failure_share,
             "share of node-level faults",
             "assumed: a rack's power or cooling takes its 8 nodes at once; several nodes at once is a "
             "whole-job restart for the planner",
         ),
-        item(
+        _item(
             "leaf switch failures",
             config.leaf_failure_share,
             "share of switch/cable faults",
             f"assumed: a leaf switch takes one rail NIC of each of its {config.nodes_per_leaf} nodes (rail-optimised "
             "fabric); with protection their traffic fails over to the other rails",
         ),
-        item(
+        _item(
             "lemon nodes",
             config.lemon_node_share,
             "share of nodes",
             f"{KOKOLIS}: 24 lemon nodes, 1.2 % of RSC-1",
         ),
-        item(
+        _item(
             "hardware faults on lemon nodes",
             config.lemon_fault_share,
             "share",
             f"derived from {KOKOLIS}: removing lemons cut 512+ GPU jobs' failure rate from 14 % to 4 %, (14-4)/14",
         ),
-        item(
+        _item(
             "a lemon is retired after",
             config.lemon_retire_after,
             "failures",
             "assumed (Meta's lemon detection, >85 % accurate, takes the node out for good)",
         ),
-        item(
+        _item(
             "one job owns the cluster; spares are ranked by Lockstep's placement",
             "yes",
             "",

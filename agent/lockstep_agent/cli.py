@@ -11,6 +11,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 from lockstep_agent import __version__
 from lockstep_agent.batch import make_batch
@@ -103,6 +104,26 @@ def _facility_collector(args):
     return FacilityCollector(sources) if sources else None
 
 
+class _Refused(Exception):
+    """A setup step that cannot go on: ``main`` prints the message and exits with the code."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class _Sources:
+    """What a batch is collected from, and the /metrics collector each GPU reading also goes to."""
+
+    gpus: GPUCollector | None
+    gpu_status: str
+    gpu_reason: str | None
+    nics: NICCollector
+    facility: object | None
+    exported: object | None = None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="lockstep-agent %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -110,109 +131,18 @@ def main(argv: list[str] | None = None) -> int:
         print("lockstep-agent: --url (or LOCKSTEP_URL) is required unless --dry-run", file=sys.stderr)
         return EXIT_USAGE
     count = 1 if args.once else max(0, args.count)
-
-    gpus: GPUCollector | None = None
-    gpu_status, gpu_reason = ("disabled", "started with --no-gpus") if args.no_gpus else ("ok", None)
-    if not args.no_gpus:
-        gpus = GPUCollector()
-        try:
-            gpus.open()
-        except GPUUnavailable as error:
-            gpus, gpu_status, gpu_reason = None, error.status, error.reason
-            # Said once, here; batches carry gpu_status so the server knows why readings[] is empty.
-            if args.require_gpus:
-                print(f"lockstep-agent: no GPU to read: {error.reason}; exiting (--require-gpus)", file=sys.stderr)
-                return EXIT_NO_GPU
-            print(f"lockstep-agent: no GPU to read: {error.reason}; collecting NICs only", file=sys.stderr)
-    elif args.require_gpus:
-        print("lockstep-agent: --require-gpus with --no-gpus: nothing to require", file=sys.stderr)
-        return EXIT_USAGE
-
-    exported = None
-    if args.metrics_port:
-        try:
-            from lockstep_agent.metrics import DCGMCollector, serve
-        except ImportError as error:
-            print(f"lockstep-agent: --metrics-port needs prometheus_client (pip install lockstep-agent[metrics]): {error}", file=sys.stderr)
-            return EXIT_USAGE
-        exported = DCGMCollector(hostname=args.node, gpus=gpus)
-        try:
-            metrics_server, _ = serve(exported, port=args.metrics_port, address=args.metrics_address)
-        except OSError as error:
-            print(f"lockstep-agent: cannot serve /metrics on {args.metrics_address}:{args.metrics_port}: {error}", file=sys.stderr)
-            return EXIT_USAGE
-        log.info("serving /metrics on %s:%d", args.metrics_address, args.metrics_port)
-
-    nics = NICCollector(args.sysfs_root, include_virtual=args.include_virtual_nics)
-    facility = _facility_collector(args)
-    sender = None
-    if not args.dry_run:
-        from lockstep_agent.sender import Sender
-        from lockstep_agent.spool import Spool
-
-        try:
-            spool = Spool(args.spool_dir)
-        except OSError as error:
-            print(f"lockstep-agent: cannot use the spool directory {args.spool_dir}: {error} (see --spool-dir)", file=sys.stderr)
-            return EXIT_USAGE
-        sender = Sender(
-            url=args.url,
-            token=args.token,
-            spool=spool,
-            timeout=args.timeout,
-            attempts=args.retries,
-            backoff=args.backoff,
-            max_backoff=args.max_backoff,
-        )
-        if not args.token:
-            log.warning("no token (--token / LOCKSTEP_TOKEN): the control plane will refuse the batches")
-
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        try:
-            signal.signal(signum, lambda *_: stop.set())
-        except ValueError:  # not the main thread (tests calling main() from a thread)
-            pass
-
-    sent = 0
-    next_facility = 0.0
     try:
-        while not stop.is_set():
-            started = time.monotonic()
-            facility_points = []
-            if facility is not None and started >= next_facility:
-                facility_points = facility.collect()
-                next_facility = started + args.facility_interval
-            readings = gpus.collect() if gpus else []
-            if exported is not None:
-                exported.update(readings)
-            batch = make_batch(
-                node=args.node,
-                gpu_status=gpu_status,
-                gpu_status_reason=gpu_reason,
-                driver_version=gpus.driver_version if gpus else None,
-                readings=readings,
-                events=gpus.take_events() if gpus else [],
-                nics=nics.collect(),
-                facility=facility_points,
-            )
-            if sender is None:
-                sys.stdout.write(json.dumps(batch, indent=2, sort_keys=True) + "\n")
-                sys.stdout.flush()
-            else:
-                outcome = sender.ship(batch)
-                log.debug("batch %s: %s", batch["batch_id"], outcome.value)
-            sent += 1
-            if count and sent >= count:
-                break
-            remaining = args.interval - (time.monotonic() - started)
-            while remaining > 0 and not stop.is_set():
-                step = min(remaining, 1.0)
-                if gpus is not None:
-                    gpus.wait_for_events(step)  # Xids arrive while we wait
-                else:
-                    stop.wait(step)
-                remaining = args.interval - (time.monotonic() - started)
+        gpus, gpu_status, gpu_reason = _open_gpus(args)
+        exported, metrics_server = _serve_metrics(args, gpus)
+        nics = NICCollector(args.sysfs_root, include_virtual=args.include_virtual_nics)
+        sources = _Sources(gpus, gpu_status, gpu_reason, nics, _facility_collector(args), exported)
+        sender = None if args.dry_run else _sender(args)
+    except _Refused as refused:
+        print(f"lockstep-agent: {refused}", file=sys.stderr)
+        return refused.code
+    stop = _stop_on_signals()
+    try:
+        _send_batches(args, sources, sender, stop, count)
     finally:
         if exported is not None:
             metrics_server.shutdown()
@@ -220,6 +150,130 @@ def main(argv: list[str] | None = None) -> int:
         if gpus is not None:
             gpus.close()
     return 0
+
+
+def _open_gpus(args) -> tuple[GPUCollector | None, str, str | None]:
+    """The GPU collector (None without GPUs), with the status and reason every batch carries."""
+    if args.no_gpus:
+        if args.require_gpus:
+            raise _Refused(EXIT_USAGE, "--require-gpus with --no-gpus: nothing to require")
+        return None, "disabled", "started with --no-gpus"
+    gpus = GPUCollector()
+    try:
+        gpus.open()
+    except GPUUnavailable as error:
+        # Said once, here; batches carry gpu_status so the server knows why readings[] is empty.
+        if args.require_gpus:
+            raise _Refused(EXIT_NO_GPU, f"no GPU to read: {error.reason}; exiting (--require-gpus)") from None
+        print(f"lockstep-agent: no GPU to read: {error.reason}; collecting NICs only", file=sys.stderr)
+        return None, error.status, error.reason
+    return gpus, "ok", None
+
+
+def _serve_metrics(args, gpus):
+    """With --metrics-port, the dcgm-exporter-style collector and the /metrics server; else (None, None)."""
+    if not args.metrics_port:
+        return None, None
+    try:
+        from lockstep_agent.metrics import DCGMCollector, serve
+    except ImportError as error:
+        raise _Refused(
+            EXIT_USAGE,
+            f"--metrics-port needs prometheus_client (pip install lockstep-agent[metrics]): {error}",
+        ) from None
+    exported = DCGMCollector(hostname=args.node, gpus=gpus)
+    try:
+        metrics_server, _ = serve(exported, port=args.metrics_port, address=args.metrics_address)
+    except OSError as error:
+        raise _Refused(
+            EXIT_USAGE, f"cannot serve /metrics on {args.metrics_address}:{args.metrics_port}: {error}"
+        ) from None
+    log.info("serving /metrics on %s:%d", args.metrics_address, args.metrics_port)
+    return exported, metrics_server
+
+
+def _sender(args):
+    """What ships batches to the control plane, spooling those it cannot deliver."""
+    from lockstep_agent.sender import Sender
+    from lockstep_agent.spool import Spool
+
+    try:
+        spool = Spool(args.spool_dir)
+    except OSError as error:
+        raise _Refused(
+            EXIT_USAGE, f"cannot use the spool directory {args.spool_dir}: {error} (see --spool-dir)"
+        ) from None
+    sender = Sender(
+        url=args.url,
+        token=args.token,
+        spool=spool,
+        timeout=args.timeout,
+        attempts=args.retries,
+        backoff=args.backoff,
+        max_backoff=args.max_backoff,
+    )
+    if not args.token:
+        log.warning("no token (--token / LOCKSTEP_TOKEN): the control plane will refuse the batches")
+    return sender
+
+
+def _stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT."""
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        try:
+            signal.signal(signum, lambda *_: stop.set())
+        except ValueError:  # not the main thread (tests calling main() from a thread)
+            pass
+    return stop
+
+
+def _send_batches(args, sources: _Sources, sender, stop: threading.Event, count: int) -> None:
+    """Collect and send (or print) one batch every interval until stopped or ``count`` batches are out."""
+    sent = 0
+    next_facility = 0.0
+    while not stop.is_set():
+        started = time.monotonic()
+        facility_points = []
+        if sources.facility is not None and started >= next_facility:
+            facility_points = sources.facility.collect()
+            next_facility = started + args.facility_interval
+        batch = _collect(args, sources, facility_points)
+        if sender is None:
+            sys.stdout.write(json.dumps(batch, indent=2, sort_keys=True) + "\n")
+            sys.stdout.flush()
+        else:
+            outcome = sender.ship(batch)
+            log.debug("batch %s: %s", batch["batch_id"], outcome.value)
+        sent += 1
+        if count and sent >= count:
+            break
+        remaining = args.interval - (time.monotonic() - started)
+        while remaining > 0 and not stop.is_set():
+            step = min(remaining, 1.0)
+            if sources.gpus is not None:
+                sources.gpus.wait_for_events(step)  # Xids arrive while we wait
+            else:
+                stop.wait(step)
+            remaining = args.interval - (time.monotonic() - started)
+
+
+def _collect(args, sources: _Sources, facility_points: list) -> dict:
+    """One batch: the GPU readings and events, the NICs and the facility points collected this time."""
+    gpus = sources.gpus
+    readings = gpus.collect() if gpus else []
+    if sources.exported is not None:
+        sources.exported.update(readings)
+    return make_batch(
+        node=args.node,
+        gpu_status=sources.gpu_status,
+        gpu_status_reason=sources.gpu_reason,
+        driver_version=gpus.driver_version if gpus else None,
+        readings=readings,
+        events=gpus.take_events() if gpus else [],
+        nics=sources.nics.collect(),
+        facility=facility_points,
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -82,12 +82,35 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     import torch
     import torch.distributed as dist
-    from torch import nn
 
     torch.set_num_threads(1)
     rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     node = os.environ.get("SLURMD_NODENAME", "")
+    ranks = _announce(args, rank, node, restart)
+    reporter, snapshot_reporter = _reporters(args, rank)
+    master = f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ['MASTER_PORT']}"
+    dist.init_process_group(
+        "gloo", init_method=master, rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
+    model, optimizer = _model(args)
+    protect = None
+    if args.protect_holder:
+        protect = _protection(args, model, optimizer, rank, node, snapshot_reporter)
+    step = _resume(args, model, optimizer, protect, reporter, rank, ranks)
+    if _train(args, model, optimizer, protect, reporter, rank, world, ranks, step):
+        return 3  # written through and not moved: Slurm requeues the job or it ends
+    if reporter is not None:
+        reporter.flush()
+    if protect is not None:
+        protect.close()
+    dist.destroy_process_group()
+    return 0
+
+
+def _announce(args: argparse.Namespace, rank: int, node: str, restart: int) -> Path:
+    """Write (and print) this rank's pid and node for this restart, so a test can end one node's ranks;
+    returns the restart's folder of such files."""
     args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     ranks = args.checkpoint_dir / "ranks" / str(restart)
     ranks.mkdir(parents=True, exist_ok=True)
@@ -100,7 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     (ranks / f"{rank}.json").write_text(json.dumps(me))
     print(f"rank {rank} pid {me['pid']} node {node} restart {restart}", flush=True)
+    return ranks
 
+
+def _reporters(args: argparse.Namespace, rank: int):
+    """Rank 0's progress reporter and restore-point reporter, once it has registered the job with Lockstep
+    (None each elsewhere, or without LOCKSTEP_URL and LOCKSTEP_LAUNCHER_TOKEN)."""
     reporter = snapshot_reporter = None
     if rank == 0 and os.environ.get("LOCKSTEP_URL") and os.environ.get("LOCKSTEP_LAUNCHER_TOKEN"):
         from lockstep_agent.launcher import register_slurm_job
@@ -117,11 +145,14 @@ def main(argv: list[str] | None = None) -> int:
             snapshot_reporter = SnapshotReporter(
                 os.environ["LOCKSTEP_URL"], job_id, job_token, min_interval=args.snapshot_report_interval
             )
+    return reporter, snapshot_reporter
 
-    master = f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ['MASTER_PORT']}"
-    dist.init_process_group(
-        "gloo", init_method=master, rank=rank, world_size=world, timeout=timedelta(seconds=60)
-    )
+
+def _model(args: argparse.Namespace):
+    """The four-layer MLP (the same initial weights on every rank) under DistributedDataParallel, and SGD."""
+    import torch
+    from torch import nn
+
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Linear(64, args.hidden),
@@ -134,27 +165,38 @@ def main(argv: list[str] | None = None) -> int:
     )
     model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    step, resumed_from = 0, "fresh"
-    protect = None
-    if args.protect_holder:
-        from lockstep_agent.protect import Protection
+    return model, optimizer
 
-        protect = Protection(
-            model,
-            optimizer,
-            every=args.snapshot_every,
-            holder=args.protect_holder.replace("{node}", node),
-            node=node,
-            job=f"slurm-{os.environ.get('SLURM_JOB_ID', 'job')}",
-            checkpoint_dir=str(args.checkpoint_dir / "protect"),
-            reporter=snapshot_reporter if rank == 0 else None,
-        )
-        restored = protect.restored
-        print(
-            f"rank {rank} protection: {restored.kind} at step {restored.iteration} "
-            f"({restored.sources.get(rank, restored.reason)}) in {restored.seconds:.3f}s",
-            flush=True,
-        )
+
+def _protection(args: argparse.Namespace, model, optimizer, rank: int, node: str, snapshot_reporter):
+    """The protection runtime around the loop, restored from memory where it can be (said on stdout)."""
+    from lockstep_agent.protect import Protection
+
+    protect = Protection(
+        model,
+        optimizer,
+        every=args.snapshot_every,
+        holder=args.protect_holder.replace("{node}", node),
+        node=node,
+        job=f"slurm-{os.environ.get('SLURM_JOB_ID', 'job')}",
+        checkpoint_dir=str(args.checkpoint_dir / "protect"),
+        reporter=snapshot_reporter if rank == 0 else None,
+    )
+    restored = protect.restored
+    print(
+        f"rank {rank} protection: {restored.kind} at step {restored.iteration} "
+        f"({restored.sources.get(rank, restored.reason)}) in {restored.seconds:.3f}s",
+        flush=True,
+    )
+    return protect
+
+
+def _resume(args: argparse.Namespace, model, optimizer, protect, reporter, rank: int, ranks: Path) -> int:
+    """The step to go on from: the protection runtime's restore from memory where it is no older than the
+    newest checkpoint, else that checkpoint, else 0. Reported to Lockstep, and written down by rank 0."""
+    import torch
+
+    step, resumed_from = 0, "fresh"
     latest = newest_checkpoint(args.checkpoint_dir)
     if (
         protect is not None
@@ -176,13 +218,26 @@ def main(argv: list[str] | None = None) -> int:
         (ranks / "resumed.json").write_text(
             json.dumps({"step": step, "from": resumed_from, "at": time.time()})
         )
+    return step
 
-    def moving(reporter) -> bool:
-        """Every rank at once: has Lockstep asked (in its answer to rank 0's last progress report) to write
-        through? One small broadcast a step."""
-        flag = torch.tensor([1 if reporter is not None and reporter.answer.get("write_through") else 0])
-        dist.broadcast(flag, src=0)
-        return bool(flag.item())
+
+def _moving(reporter) -> bool:
+    """Every rank at once: has Lockstep asked (in its answer to rank 0's last progress report) to write
+    through? One small broadcast a step."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if reporter is not None and reporter.answer.get("write_through") else 0])
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
+def _train(args: argparse.Namespace, model, optimizer, protect, reporter, rank: int, world: int, ranks: Path,
+           step: int) -> bool:
+    """Train from ``step`` to ``--steps``, checkpointing and reporting as it goes. True when Lockstep asked
+    for a write-through and the job was held for it (the loop ends there)."""
+    import torch
+    from torch import nn
 
     target = torch.randn(64, 1, generator=torch.Generator().manual_seed(1))
     first_step = True
@@ -195,32 +250,14 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()  # DDP all-reduces the gradients over gloo
         optimizer.step()
         step += 1
-        if protect is not None and moving(reporter):
-            # Lockstep moves the job off a node predicted to fail: snapshot this step, write it through, hold
-            # until the relaunch (which restores this step from memory: nothing is lost).
-            protect.request_write_through()
-            protect.step(step)
-            protect.write_through()
-            if reporter is not None:
-                reporter.report(step, step_seconds=time.monotonic() - started, force=True)
-                reporter.flush()
-            protect.close()
-            print(f"rank {rank} wrote through at step {step}; held for Lockstep to move the job", flush=True)
-            time.sleep(args.hold_seconds)
-            return 3  # not moved: Slurm requeues the job or it ends
+        if protect is not None and _moving(reporter):
+            _write_through_and_hold(args, protect, reporter, rank, step, started)
+            return True
         if protect is not None:
             protect.step(step)
         saved = False
         if step % args.checkpoint_every == 0:
-            if rank == 0:
-                path = args.checkpoint_dir / f"ckpt-{step}.pt"
-                partial = path.with_suffix(".tmp")
-                torch.save(
-                    {"step": step, "model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
-                    partial,
-                )
-                os.replace(partial, path)
-            dist.barrier()
+            _checkpoint(args, model, optimizer, rank, step)
             saved = True
         spent = time.monotonic() - started
         if spent < args.min_step_seconds:
@@ -231,12 +268,38 @@ def main(argv: list[str] | None = None) -> int:
             # When this run trained its first step (a restart's end, as the job itself sees it).
             (ranks / "first_step.json").write_text(json.dumps({"step": step, "at": time.time()}))
         first_step = False
+    return False
+
+
+def _write_through_and_hold(args: argparse.Namespace, protect, reporter, rank: int, step: int,
+                            started: float) -> None:
+    """Lockstep moves the job off a node predicted to fail: snapshot this step, write it through, hold until
+    the relaunch (which restores this step from memory: nothing is lost)."""
+    protect.request_write_through()
+    protect.step(step)
+    protect.write_through()
     if reporter is not None:
+        reporter.report(step, step_seconds=time.monotonic() - started, force=True)
         reporter.flush()
-    if protect is not None:
-        protect.close()
-    dist.destroy_process_group()
-    return 0
+    protect.close()
+    print(f"rank {rank} wrote through at step {step}; held for Lockstep to move the job", flush=True)
+    time.sleep(args.hold_seconds)
+
+
+def _checkpoint(args: argparse.Namespace, model, optimizer, rank: int, step: int) -> None:
+    """Rank 0 writes the checkpoint (to a temporary file, then renamed); every rank waits for it."""
+    import torch
+    import torch.distributed as dist
+
+    if rank == 0:
+        path = args.checkpoint_dir / f"ckpt-{step}.pt"
+        partial = path.with_suffix(".tmp")
+        torch.save(
+            {"step": step, "model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
+            partial,
+        )
+        os.replace(partial, path)
+    dist.barrier()
 
 
 if __name__ == "__main__":

@@ -127,7 +127,20 @@ class Protection:
             )
         self.holder = HolderClient(path)
         self.reporter = reporter if reporter is not None else SnapshotReporter.from_environment()
-        # figures
+        self._zero_figures()
+        self._join_peers()
+        self.restored = self._restore() if restore else RestoreResult("fresh", reason="restore turned off")
+        self.start_iteration = self.restored.iteration
+        self._adopt_slots()
+        self._start_replicator()
+        self._start_watchdog(model)
+        if write_through_signal is not None:
+            signal.signal(write_through_signal, lambda *_: self._write_through.set())
+        if self.restored.kind != "fresh":
+            self._protect_restore_point()
+
+    def _zero_figures(self) -> None:
+        """The figures the runtime keeps (snapshots, overhead, hangs), from zero."""
         self.snapshots_taken = 0
         self.snapshots_skipped = 0
         self.blocked_seconds = 0.0
@@ -141,7 +154,9 @@ class Protection:
         self.last_disk_checkpoint = -1
         self.hangs: list[HangReport] = []
         self.error: BaseException | None = None
-        # who holds whose replica
+
+    def _join_peers(self) -> None:
+        """Who holds whose replica: this job's gloo group, every rank's node, this rank's peers and slots."""
         self.group = dist.new_group(backend="gloo") if self.distributed and self.world > 1 else None
         self.nodes = self._gather([self.node]) if self.distributed else [[self.node]]
         self.node_of = [entry[0] for entry in self.nodes]
@@ -149,10 +164,9 @@ class Protection:
         self._own: list[_Slot | None] = [None] * self.slot_count
         self._replica: list[_Slot | None] = [None] * self.slot_count
         self._write_through = threading.Event()
-        self.restored = self._restore() if restore else RestoreResult("fresh", reason="restore turned off")
-        self.start_iteration = self.restored.iteration
-        self._adopt_slots()
-        # the background replication round and the watchdog
+
+    def _start_replicator(self) -> None:
+        """The background thread that replicates each round's snapshot to the peer."""
         self._rounds: queue.Queue = queue.Queue()
         self._round_done = threading.Event()
         self._round_done.set()
@@ -161,6 +175,9 @@ class Protection:
             target=self._replicate_loop, name="lockstep-protect-replicate", daemon=True
         )
         self._replicator.start()
+
+    def _start_watchdog(self, model: torch.nn.Module) -> None:
+        """The heartbeats (through the job's TCP store, where it has one) and the thread that watches them."""
         self._last_step_at = time.monotonic()
         self._last_iteration = self.start_iteration
         self._intervals: deque[float] = deque(maxlen=50)
@@ -176,16 +193,15 @@ class Protection:
             target=self._watch_loop, name="lockstep-protect-watchdog", daemon=True
         )
         self._watchdog.start()
-        if write_through_signal is not None:
-            signal.signal(write_through_signal, lambda *_: self._write_through.set())
-        if self.restored.kind != "fresh":
-            # Protect the restore point again at once: a replaced node's holder starts empty, so the state it
-            # should keep (its rank's own copy, its predecessor's replica) exists nowhere else until re-sent.
-            self._round_done.clear()
-            started = time.perf_counter()
-            slot = self._capture(self.start_iteration)
-            self.overhead_seconds += time.perf_counter() - started
-            self._rounds.put((self.start_iteration, slot, False, time.perf_counter() - started))
+
+    def _protect_restore_point(self) -> None:
+        """Protect the restore point again at once: a replaced node's holder starts empty, so the state it
+        should keep (its rank's own copy, its predecessor's replica) exists nowhere else until re-sent."""
+        self._round_done.clear()
+        started = time.perf_counter()
+        slot = self._capture(self.start_iteration)
+        self.overhead_seconds += time.perf_counter() - started
+        self._rounds.put((self.start_iteration, slot, False, time.perf_counter() - started))
 
     # --- the training loop's side --------------------------------------------------------------------------
     def step(self, iteration: int) -> None:
@@ -491,7 +507,33 @@ class Protection:
         return out
 
     def _restore(self) -> RestoreResult:
+        """Every rank's state from the newest iteration whose copies all survive in memory, else from the
+        newest disk checkpoint every rank has, else nothing (``fresh``). Collective: every rank calls it."""
         started = time.perf_counter()
+        by_iteration = self._snapshots_in_memory()
+        chosen = next(
+            (i for i in sorted(by_iteration, reverse=True) if len(by_iteration[i]) == self.world), None
+        )
+        if chosen is not None:
+            return self._restore_snapshot(chosen, by_iteration[chosen], started)
+        # No iteration every rank still has in memory.
+        newest = max(by_iteration, default=None)
+        reason = self._no_snapshot_reason(by_iteration, newest)
+        self.holder.drop(f"{self.namespace}/")
+        restored = self._restore_disk(reason, started)
+        if restored is not None:
+            return restored
+        if newest is not None:
+            log.warning("rank %d: %s and no disk checkpoint; starting afresh", self.rank, reason)
+        return RestoreResult(
+            "fresh",
+            0,
+            time.perf_counter() - started,
+            reason=reason + ("" if newest is None else "; no disk checkpoint either"),
+        )
+
+    def _snapshots_in_memory(self) -> dict[int, dict[int, list[dict]]]:
+        """Every rank's holder's copies of this world's snapshots: iteration -> owner rank -> copies."""
         mine = [
             dict(entry, holder=self.rank)
             for entry in self.holder.list(f"{self.namespace}/")
@@ -502,47 +544,48 @@ class Protection:
         for entry in everything:
             meta = entry["meta"]
             by_iteration.setdefault(meta["iteration"], {}).setdefault(meta["owner"], []).append(entry)
-        chosen = next(
-            (i for i in sorted(by_iteration, reverse=True) if len(by_iteration[i]) == self.world), None
+        return by_iteration
+
+    def _restore_snapshot(self, chosen: int, copies: dict[int, list[dict]], started: float) -> RestoreResult:
+        """Restore iteration ``chosen`` from memory, each rank from its own copy where it survives."""
+        sources = {
+            owner: min(entries, key=lambda e: (e["holder"] != owner, e["holder"]))
+            for owner, entries in copies.items()
+        }
+        state = self._fetch(sources)
+        self.load_state_dict(state)
+        self.holder.drop(f"{self.namespace}/", above=chosen)  # copies of a future that did not happen
+        result = RestoreResult(
+            "snapshot",
+            chosen,
+            time.perf_counter() - started,
+            sum(s["meta"]["nbytes"] for s in sources.values()),
+            {
+                o: f"{'own copy' if s['holder'] == o else 'replica'} on {self.node_of[s['holder']]}"
+                for o, s in sorted(sources.items())
+            },
         )
-        if chosen is not None:
-            sources = {
-                owner: min(entries, key=lambda e: (e["holder"] != owner, e["holder"]))
-                for owner, entries in by_iteration[chosen].items()
-            }
-            state = self._fetch(sources)
-            self.load_state_dict(state)
-            self.holder.drop(f"{self.namespace}/", above=chosen)  # copies of a future that did not happen
-            result = RestoreResult(
-                "snapshot",
-                chosen,
-                time.perf_counter() - started,
-                sum(s["meta"]["nbytes"] for s in sources.values()),
-                {
-                    o: f"{'own copy' if s['holder'] == o else 'replica'} on {self.node_of[s['holder']]}"
-                    for o, s in sorted(sources.items())
-                },
-            )
-            log.info(
-                "rank %d restored iteration %d from %s in %.3fs",
-                self.rank,
-                chosen,
-                result.sources[self.rank],
-                result.seconds,
-            )
-            self._report(
-                {
-                    "kind": "restore",
-                    "iteration": chosen,
-                    "seconds": round(result.seconds, 6),
-                    "bytes": result.bytes,
-                    "locations": [{"rank": o, "source": s} for o, s in sorted(result.sources.items())][:64],
-                },
-                rank0=True,
-            )
-            return result
-        # No iteration every rank still has in memory.
-        newest = max(by_iteration, default=None)
+        log.info(
+            "rank %d restored iteration %d from %s in %.3fs",
+            self.rank,
+            chosen,
+            result.sources[self.rank],
+            result.seconds,
+        )
+        self._report(
+            {
+                "kind": "restore",
+                "iteration": chosen,
+                "seconds": round(result.seconds, 6),
+                "bytes": result.bytes,
+                "locations": [{"rank": o, "source": s} for o, s in sorted(result.sources.items())][:64],
+            },
+            rank0=True,
+        )
+        return result
+
+    def _no_snapshot_reason(self, by_iteration: dict[int, dict[int, list[dict]]], newest: int | None) -> str:
+        """Why no iteration can be restored from memory."""
         reason = "no snapshot in memory"
         if newest is not None:
             survivors = {owner for owners in by_iteration.values() for owner in owners}
@@ -554,49 +597,45 @@ class Protection:
                 )
             else:
                 reason = "no iteration has a surviving copy on every rank"
-        self.holder.drop(f"{self.namespace}/")
+        return reason
+
+    def _restore_disk(self, reason: str, started: float) -> RestoreResult | None:
+        """Restore the newest disk checkpoint every rank has; None where there is none."""
         disk = self._gather(sorted(self._disk_iterations(self.rank)))
         common = set(disk[0]).intersection(*map(set, disk[1:])) if disk else set()
-        if common:
-            iteration = max(common)
-            path = os.path.join(self._disk_folder(self.rank), f"iter{iteration:012d}.snap")
-            with open(path, "rb") as handle:
-                data = bytearray(handle.read())
-            _, state = packing.unpack(data)
-            self.load_state_dict(state)
-            result = RestoreResult(
-                "disk_fallback",
-                iteration,
-                time.perf_counter() - started,
-                len(data),
-                {r: "disk checkpoint" for r in range(self.world)},
-                reason,
-            )
-            log.warning(
-                "rank %d: %s; fell back to the disk checkpoint at iteration %d", self.rank, reason, iteration
-            )
-            self._report(
-                {
-                    "kind": "disk_fallback",
-                    "iteration": iteration,
-                    "seconds": round(result.seconds, 6),
-                    "bytes": len(data),
-                    "note": reason,
-                    "locations": [
-                        {"rank": r, "source": "disk checkpoint"} for r in range(min(self.world, 64))
-                    ],
-                },
-                rank0=True,
-            )
-            return result
-        if newest is not None:
-            log.warning("rank %d: %s and no disk checkpoint; starting afresh", self.rank, reason)
-        return RestoreResult(
-            "fresh",
-            0,
+        if not common:
+            return None
+        iteration = max(common)
+        path = os.path.join(self._disk_folder(self.rank), f"iter{iteration:012d}.snap")
+        with open(path, "rb") as handle:
+            data = bytearray(handle.read())
+        _, state = packing.unpack(data)
+        self.load_state_dict(state)
+        result = RestoreResult(
+            "disk_fallback",
+            iteration,
             time.perf_counter() - started,
-            reason=reason + ("" if newest is None else "; no disk checkpoint either"),
+            len(data),
+            {r: "disk checkpoint" for r in range(self.world)},
+            reason,
         )
+        log.warning(
+            "rank %d: %s; fell back to the disk checkpoint at iteration %d", self.rank, reason, iteration
+        )
+        self._report(
+            {
+                "kind": "disk_fallback",
+                "iteration": iteration,
+                "seconds": round(result.seconds, 6),
+                "bytes": len(data),
+                "note": reason,
+                "locations": [
+                    {"rank": r, "source": "disk checkpoint"} for r in range(min(self.world, 64))
+                ],
+            },
+            rank0=True,
+        )
+        return result
 
     def _fetch(self, sources: dict[int, dict]) -> dict[str, Any]:
         """My state from its chosen copy: my own slot, or a replica that its holder rank sends me."""

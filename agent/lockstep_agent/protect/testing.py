@@ -77,11 +77,7 @@ def parameter_bytes(model: nn.Module) -> int:
 # --- the worker: one rank ---------------------------------------------------------------------------------------
 def worker(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
-    log = open(args.log, "a", buffering=1)
-
-    def emit(event: str, **values):
-        log.write(json.dumps({"event": event, "rank": args.rank, "t": time.time(), **values}) + "\n")
-
+    emit = _event_log(args)
     dist.init_process_group(
         "gloo",
         rank=args.rank,
@@ -98,36 +94,69 @@ def worker(args: argparse.Namespace) -> int:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     data = SyntheticData(args.rank, args.batch, args.seed)
     torch.manual_seed(args.seed + 1 + args.rank)  # dropout differs per rank
-    protect = None
-    if not args.unprotected:
-        protect = Protection(
-            ddp,
-            optimizer,
-            every=args.every,
-            stateful={"data": data},
-            holder=args.holder,
-            node=args.node,
-            checkpoint_dir=args.checkpoint_dir,
-            disk_every=args.disk_every,
-            job=args.job,
-            hang_factor=args.hang_factor,
-            hang_min_seconds=args.hang_min_seconds,
-            on_hang=lambda report: emit("hang", **report.__dict__),
-        )
-        restored = protect.restored
-        emit(
-            "start",
-            kind=restored.kind,
-            iteration=restored.iteration,
-            seconds=restored.seconds,
-            sources={str(k): v for k, v in restored.sources.items()},
-            reason=restored.reason,
-            digest=packing.digest(protect.state_dict(restored.iteration)) if args.digests else None,
-        )
-        start = protect.start_iteration
-    else:
-        start = 0
+    protect, start = _protect(args, ddp, optimizer, data, emit)
+    step_times = _train(args, ddp, parameters, optimizer, data, protect, start, emit)
+    final = {"iteration": args.iterations, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    figures = {}
+    if protect is not None:
+        protect.close()
+        figures = {
+            "capture": protect.capture_seconds,
+            "replication": protect.replication_seconds,
+            "blocked": protect.blocked_seconds,
+            "skipped": protect.snapshots_skipped,
+        }
+    emit("done", digest=packing.digest(final), step_seconds=step_times, **figures)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _event_log(args: argparse.Namespace):
+    """``emit(event, **values)``: one JSON line of this rank's in the log the tests read."""
+    log = open(args.log, "a", buffering=1)
+
+    def emit(event: str, **values):
+        log.write(json.dumps({"event": event, "rank": args.rank, "t": time.time(), **values}) + "\n")
+
+    return emit
+
+
+def _protect(args: argparse.Namespace, ddp, optimizer, data, emit) -> tuple[Protection | None, int]:
+    """The runtime (None with --unprotected), restored, and the iteration training resumes after."""
+    if args.unprotected:
         emit("start", kind="unprotected", iteration=0)
+        return None, 0
+    protect = Protection(
+        ddp,
+        optimizer,
+        every=args.every,
+        stateful={"data": data},
+        holder=args.holder,
+        node=args.node,
+        checkpoint_dir=args.checkpoint_dir,
+        disk_every=args.disk_every,
+        job=args.job,
+        hang_factor=args.hang_factor,
+        hang_min_seconds=args.hang_min_seconds,
+        on_hang=lambda report: emit("hang", **report.__dict__),
+    )
+    restored = protect.restored
+    emit(
+        "start",
+        kind=restored.kind,
+        iteration=restored.iteration,
+        seconds=restored.seconds,
+        sources={str(k): v for k, v in restored.sources.items()},
+        reason=restored.reason,
+        digest=packing.digest(protect.state_dict(restored.iteration)) if args.digests else None,
+    )
+    return protect, protect.start_iteration
+
+
+def _train(args: argparse.Namespace, ddp, parameters, optimizer, data, protect, start: int,
+           emit) -> list[float]:
+    """Train from ``start + 1`` to ``--iterations``, stalling where told; returns each step's seconds."""
     loss_fn = nn.MSELoss()
     step_times = []
     for iteration in range(start + 1, args.iterations + 1):
@@ -157,20 +186,7 @@ def worker(args: argparse.Namespace) -> int:
         ):  # before "step": see the tests
             emit("digest", iteration=iteration, digest=packing.digest(protect.state_dict(iteration)))
         emit("step", iteration=iteration, loss=float(loss.detach()), seconds=step_times[-1])
-    final = {"iteration": args.iterations, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
-    figures = {}
-    if protect is not None:
-        protect.close()
-        figures = {
-            "capture": protect.capture_seconds,
-            "replication": protect.replication_seconds,
-            "blocked": protect.blocked_seconds,
-            "skipped": protect.snapshots_skipped,
-        }
-    emit("done", digest=packing.digest(final), step_seconds=step_times, **figures)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return step_times
 
 
 def worker_arguments(argv: list[str] | None = None) -> argparse.Namespace:

@@ -166,6 +166,7 @@ INSTALLED_APPS = [
     "jobs",
     "telemetry",
     "simulator",
+    "home",
 ]
 
 MIDDLEWARE = [

@@ -14,7 +14,7 @@ handler404 = "controlplane.api.json_not_found"
 handler500 = "controlplane.api.json_server_error"
 
 urlpatterns = [
-    path("", include("jobs.home_urls")),
+    path("", include("home.urls")),
     path("audit/", views.AuditEntryListView.as_view(), name="audit-list"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", health.healthz, name="healthz"),

@@ -145,3 +145,65 @@ def drift_resolution_labels(findings) -> dict[int, str]:
 def _provider_only(user, what: str) -> None:
     if not principal(user).is_provider:
         raise PermissionDenied(f"{what} are for provider roles")
+
+
+# The landing pages' reads (home/views.py): the provider's fleet dashboard and a tenant's clusters.
+
+def dashboard_clusters(*, user) -> list[Cluster]:
+    """Every cluster the user sees in full, by fleet and name, with what the dashboard's rows name."""
+    return list(restrict(Cluster.objects.select_related("fleet", "blueprint_version__blueprint", "dedicated_tenant"),
+                         user).order_by("fleet__name", "name"))
+
+
+def fleet_capacity(*, user) -> dict[str, int]:
+    """GPUs (all, and healthy on nodes that have not failed) and nodes (all, spare, out of service or failed)."""
+    from django.db.models import Count
+
+    from fleet.choices import GPUHealth, NodeState
+    from fleet.models import GPU
+
+    # A GPU of a failed node serves nothing, whatever its own last health was.
+    gpus = restrict(GPU.objects.all(), user).aggregate(
+        total=Count("id"), healthy=Count("id", filter=Q(health=GPUHealth.HEALTHY) & ~Q(node__state=NodeState.FAILED)))
+    nodes = restrict(Node.objects.all(), user).aggregate(
+        total=Count("id"), spare=Count("id", filter=Q(state=NodeState.SPARE)),
+        out=Count("id", filter=Q(state__in=[NodeState.CORDONED, NodeState.DRAINING, NodeState.FAILED])))
+    return {"gpus": gpus["total"], "gpus_healthy": gpus["healthy"], "nodes": nodes["total"],
+            "spare_nodes": nodes["spare"], "nodes_out": nodes["out"]}
+
+
+def node_heatmaps(*, user, cluster_ids: list[int]) -> dict[int, dict]:
+    """Per cluster, its nodes in hostname order with their ids, GPU counts, count of GPUs that are not healthy
+    (-1 for a failed node) and their state: one aggregate query for the whole fleet. The page keys its cells by
+    node id, so the node events of the fleet topic turn them."""
+    from django.db.models import Count
+
+    from fleet.choices import GPUHealth, NodeState
+
+    rows = (restrict(Node.objects.filter(cluster_id__in=cluster_ids), user)
+            .annotate(unhealthy=Count("gpus", filter=~Q(gpus__health=GPUHealth.HEALTHY)), gpu_count=Count("gpus"))
+            .values_list("cluster_id", "pk", "hostname", "rack", "state", "unhealthy", "gpu_count")
+            .order_by("cluster_id", "hostname"))
+    maps: dict[int, dict] = {cid: {"ids": [], "hosts": [], "racks": [], "states": [], "unhealthy": [], "gpus": []}
+                             for cid in cluster_ids}
+    for cluster_id, pk, hostname, rack, state, unhealthy, gpu_count in rows:
+        entry = maps[cluster_id]
+        entry["ids"].append(pk)
+        entry["gpus"].append(gpu_count)
+        entry["hosts"].append(hostname)
+        entry["racks"].append(rack)
+        entry["states"].append(state)
+        entry["unhealthy"].append(-1 if state == NodeState.FAILED else unhealthy)
+    return maps
+
+
+def dedicated_clusters(*, user, tenant_id: int) -> QuerySet[Cluster]:
+    """The clusters dedicated to a tenant, as the user sees them."""
+    return restrict(Cluster.objects.filter(dedicated_tenant_id=tenant_id).select_related("blueprint_version__blueprint"),
+                    user)
+
+
+def submit_clusters(*, user, tenant_id: int) -> list[Cluster]:
+    """The simulated clusters a tenant's job may be submitted to from its home: its own and the shared ones."""
+    return list(cluster_catalog(user=user).filter(Q(dedicated_tenant_id=tenant_id) | Q(dedicated_tenant__isnull=True),
+                                                  driver="simulated").order_by("name"))

@@ -175,9 +175,10 @@ def node_ladder(*, user, node, limit: int = 100) -> dict:
     """A node's escalation ladder: where it stands (``escalation``, or None), its steps as the cluster's event
     log recorded them (``history``, newest first; only for a reader of the cluster's topic) and the node-level
     recovery actions of the ladder the user may see (``steps``)."""
+    from controlplane import events
     from controlplane.selectors import event_list
 
-    history = (event_list(user=user, topic=f"cluster-{node.cluster_id}")
+    history = (event_list(user=user, topic=events.topic("cluster", node.cluster_id))
                .filter(kind="node.escalation", payload__node=node.pk).order_by("-seq")[:limit])
     return {
         "escalation": restrict(NodeEscalation.objects.filter(node=node), user).first(),
@@ -260,3 +261,104 @@ def hardware_fault_count(cluster_ids: list[int], since, until) -> int:
             .exclude(kind="gpu_xid", xid__in=_application_xids()))
     counts = rows.aggregate(incidents=Count("incident", distinct=True), loose=Count("pk", filter=Q(incident__isnull=True)))
     return counts["incidents"] + counts["loose"]
+
+
+# The landing pages' reads (home/views.py): faults and recoveries on the provider's dashboard, a tenant's jobs.
+
+def _saved_since(actions: QuerySet[RecoveryAction], since) -> float:
+    from django.db.models import Sum
+
+    from jobs.choices import ActionState
+
+    value = actions.filter(state=ActionState.SUCCEEDED, dry_run=False, ended_at__gte=since).aggregate(s=Sum("gpu_hours_saved"))["s"]
+    return round(value or 0.0, 2)
+
+
+def expected_saving(actions: QuerySet[RecoveryAction]) -> float:
+    """What unsettled proactive moves expect to save (kept apart from the realized figure; docs/gpu-hours.md)."""
+    from django.db.models import Sum
+
+    from jobs.choices import ActionState, SavingState
+
+    value = (actions.filter(state=ActionState.SUCCEEDED, dry_run=False, saving=SavingState.EXPECTED)
+             .aggregate(s=Sum("gpu_hours_expected"))["s"])
+    return round(value or 0.0, 2)
+
+
+def recovery_dashboard(*, user, now, since, truncate) -> dict:
+    """The dashboard's fault and GPU-hours figures, and its two series over [since, now]: faults per bucket
+    (``truncate`` is the Trunc function of the bucket) and GPU-hours saved, cumulated."""
+    from datetime import timedelta
+
+    from django.db.models import Count, Sum
+
+    from jobs.choices import ActionState
+
+    faults = restrict(FaultEvent.objects.all(), user)
+    actions = restrict(RecoveryAction.objects.all(), user)
+    today = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    per_bucket = (faults.filter(received_at__gte=since).annotate(hour=truncate("received_at"))
+                  .values("hour").annotate(n=Count("id")).order_by("hour"))
+    saved_buckets = (actions.filter(state=ActionState.SUCCEEDED, dry_run=False, ended_at__gte=since)
+                     .annotate(hour=truncate("ended_at")).values("hour").annotate(saved=Sum("gpu_hours_saved"))
+                     .order_by("hour"))
+    cumulative, saved_series = 0.0, []
+    for row in saved_buckets:
+        cumulative += row["saved"] or 0.0
+        saved_series.append({"t": row["hour"].isoformat(), "v": round(cumulative, 3)})
+    return {
+        "figures": {"faults_24h": faults.filter(received_at__gte=now - timedelta(hours=24)).count(),
+                    "faults_open": faults.filter(state="new").count(),
+                    "saved_today": _saved_since(actions, today), "saved_30d": _saved_since(actions, now - timedelta(days=30)),
+                    "expected": expected_saving(actions)},
+        "faults": [{"t": r["hour"].isoformat(), "v": r["n"]} for r in per_bucket],
+        "saved": saved_series,
+    }
+
+
+def tenant_recent_jobs(*, user, tenant_id: int, limit: int = 100) -> list[Job]:
+    """A tenant's newest jobs, each with the GPU-hours its recoveries saved (``saved``)."""
+    from django.db.models import Sum
+
+    from jobs.choices import ActionState
+
+    return list(restrict(Job.objects.filter(tenant_id=tenant_id), user)
+                .select_related("cluster__blueprint_version__blueprint")
+                .annotate(saved=Sum("actions__gpu_hours_saved", filter=Q(actions__state=ActionState.SUCCEEDED,
+                                                                          actions__dry_run=False)))
+                .order_by("-created_at")[:limit])
+
+
+def tenant_phase_seconds(*, user, tenant_id: int, since, now) -> dict[str, float]:
+    """Seconds the tenant's jobs spent in each phase kind between ``since`` and ``now``: phases still open count
+    up to now, and one that began before ``since`` counts from ``since``. Closed phases inside the window are one
+    aggregate; the few that are open or straddle its start (about one per job) are added here."""
+    from django.db.models import Sum
+
+    from jobs.models import JobPhase
+
+    phases = restrict(JobPhase.objects.filter(job__tenant_id=tenant_id), user)
+    inside = (phases.filter(started_at__gte=since, ended_at__isnull=False)
+              .values("kind").annotate(seconds=Sum(F("ended_at") - F("started_at"))).order_by())
+    totals = {row["kind"]: (row["seconds"].total_seconds() if row["seconds"] else 0.0) for row in inside}
+    edges = (phases.filter(Q(ended_at__isnull=True) | Q(started_at__lt=since, ended_at__gt=since))
+             .values_list("kind", "started_at", "ended_at"))
+    for kind, started_at, ended_at in edges:
+        seconds = (min(ended_at or now, now) - max(started_at, since)).total_seconds()
+        if seconds > 0:
+            totals[kind] = totals.get(kind, 0.0) + seconds
+    return totals
+
+
+def tenant_recovery_figures(*, user, tenant_id: int) -> dict:
+    """A tenant's jobs recovering now, and the GPU-hours its recoveries saved and expect to save."""
+    from django.db.models import Sum
+
+    from jobs.choices import ActionState, JobPhaseKind
+    from jobs.models import JobPhase
+
+    actions = restrict(RecoveryAction.objects.filter(job__tenant_id=tenant_id), user)
+    saved = actions.filter(state=ActionState.SUCCEEDED, dry_run=False).aggregate(s=Sum("gpu_hours_saved"))["s"] or 0.0
+    recovering = restrict(JobPhase.objects.filter(job__tenant_id=tenant_id, kind=JobPhaseKind.RECOVERING,
+                                                  ended_at__isnull=True), user).count()
+    return {"saved": round(saved, 2), "expected": expected_saving(actions), "recovering_now": recovering}

@@ -45,3 +45,13 @@ def user_list(*, user) -> QuerySet:
     if who.is_tenant_admin:
         return rows.filter(membership__tenant_id=who.tenant_id)
     return rows.filter(pk=user.pk) if who.is_authenticated else rows.none()
+
+
+def tenant_members(*, user, tenant_id: int) -> QuerySet[Membership]:
+    """A tenant's members by user name: for provider roles and that tenant's own users."""
+    return restrict(Membership.objects.filter(tenant_id=tenant_id), user).select_related("user").order_by("user__username")
+
+
+def tenant_of(*, user, tenant_id: int) -> Tenant:
+    """The tenant, where the user may see it (Tenant.DoesNotExist otherwise)."""
+    return tenant_list(user=user).get(pk=tenant_id)

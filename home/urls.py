@@ -1,5 +1,5 @@
 from django.urls import path
 
-from jobs.home import home
+from home.views import home
 
 urlpatterns = [path("", home, name="home")]

@@ -13,6 +13,7 @@ from django.views.decorators.http import require_POST
 from django_filters.views import FilterView
 from django_tables2 import RequestConfig, SingleTableMixin
 
+from controlplane import events
 from controlplane.access import principal
 from controlplane.confirm import carry_out, confirm_page, confirmed
 from controlplane.pagination import OneMomentPaginator
@@ -77,7 +78,7 @@ class FleetOverviewView(LoginRequiredMixin, SingleTableMixin, FilterView):
                                                              "blueprint_version__state")
                                      .annotate(n=Count("id")).order_by("blueprint__name", "blueprint_version__number"))
             context["fleets"] = selectors.fleet_list(user=self.request.user).annotate(n=Count("clusters"))
-            context.update(_live(self.request.user, "fleet"))
+            context.update(_live(self.request.user, events.topic("fleet")))
             switch = automation_switch()
             context["automation"] = switch
             context["automation_modes"] = automation_modes_for(self.request.user)
@@ -136,7 +137,7 @@ def cluster_detail(request, pk: int):
         # what its validation saw (the health check through the driver, clean telemetry after it).
         "ladders": cluster.nodes.filter(escalation__isnull=False).exclude(escalation__stage="watching")
         .select_related("escalation").order_by("-escalation__updated_at")[:50],
-        **_live(request.user, f"cluster-{cluster.pk}"),
+        **_live(request.user, events.topic("cluster", cluster.pk)),
     }
     return render(request, "fleet/cluster_detail.html", context)
 
@@ -236,7 +237,7 @@ def rollout_detail(request, pk: int):
         "rollout": rollout, "batches": batches, "rows": rows, "who": principal(request.user),
         "progress": rollout_progress(rollout, rows),
         "actions": [a for a in ("pause", "resume", "cancel", "rollback") if _may(rollout, a)],
-        **_live(request.user, f"rollout-{rollout.pk}"),
+        **_live(request.user, events.topic("rollout", rollout.pk)),
     })
 
 

@@ -13,6 +13,7 @@ from django.views.decorators.http import require_POST
 from django_filters.views import FilterView
 from django_tables2 import SingleTableMixin
 
+from controlplane import events
 from controlplane.access import principal
 from controlplane.confirm import carry_out, confirm_page, confirmed
 from controlplane.events import may_subscribe
@@ -46,15 +47,17 @@ class JobListView(LoginRequiredMixin, SingleTableMixin, FilterView):
     def get_table(self, **kwargs):
         table = super().get_table(**kwargs)
         who = principal(self.request.user)
-        topic = "fleet" if who.is_provider else (f"tenant-{who.tenant_id}" if who.tenant_id else "")
-        table.attrs = {"class": "table", "id": "job-table", "data-topic": topic, "data-after": topic_seq(topic)}
+        topic = events.topic("fleet") if who.is_provider else (events.topic("tenant", who.tenant_id) if who.tenant_id else "")
+        after = topic_seq(topic)
+        table.attrs = {"class": "table", "id": "job-table", "data-topic": topic, "data-after": after,
+                       "data-live-topics": topic, "data-live-after": after}
         return table
 
 
 @login_required
 def job_detail(request, pk: int):
     job = get_object_or_404(selectors.job_list(user=request.user), pk=pk)
-    topic = f"job-{job.pk}"
+    topic = events.topic("job", job.pk)
     after = topic_seq(topic)   # read before the snapshot: events after it are applied on top, duplicates dropped
     window = time_range(request, default="30d")
     timeline = figures.job_timeline(job, since=window.since)
@@ -98,7 +101,7 @@ def fault_overview(request):
     """Live fault feed (an incident a row, its reports folded under it) and GPU-hours saved over time: the
     fleet's for provider roles, the tenant's own otherwise."""
     who = principal(request.user)
-    topic = "fleet" if who.is_provider else (f"tenant-{who.tenant_id}" if who.tenant_id else "")
+    topic = events.topic("fleet") if who.is_provider else (events.topic("tenant", who.tenant_id) if who.tenant_id else "")
     faults = selectors.fault_list(user=request.user)
     actions = selectors.action_list(user=request.user)
     if not who.is_provider:
@@ -107,9 +110,9 @@ def fault_overview(request):
     if request.GET.get("cluster", "").isdigit():
         # One cluster's feed (for the cluster page to link to): only where the reader may follow its topic.
         cluster = get_object_or_404(Cluster, pk=int(request.GET["cluster"]))
-        if not may_subscribe(request.user, f"cluster-{cluster.pk}"):
+        if not may_subscribe(request.user, events.topic("cluster", cluster.pk)):
             raise Http404
-        topic = f"cluster-{cluster.pk}"
+        topic = events.topic("cluster", cluster.pk)
         faults, actions = faults.filter(cluster=cluster), actions.filter(cluster=cluster)
     after = topic_seq(topic)
     page = request.GET.get("page", "1")

@@ -2,6 +2,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
 
+from controlplane import events
 from controlplane.access import principal
 from controlplane.errors import ServiceError
 from controlplane.selectors import topic_seq
@@ -48,7 +49,8 @@ def whatif_list(request):
 def whatif_detail(request, pk: int):
     _provider(request)
     run = get_object_or_404(selectors.whatif_list(user=request.user), pk=pk)
-    return render(request, "simulator/whatif_detail.html", {"run": run, "after": topic_seq("fleet")})
+    topic = events.topic("fleet")
+    return render(request, "simulator/whatif_detail.html", {"run": run, "topic": topic, "after": topic_seq(topic)})
 
 
 @login_required
@@ -79,8 +81,8 @@ def scenario_detail(request, pk: int):
     scenario = get_object_or_404(Scenario, pk=pk)
     jobs = {label: Job.objects.select_related("cluster").get(pk=job_id) for label, job_id in scenario.jobs.items()}
     window = time_range(request, default="6h")
-    data = {label: {"job": job.pk, "name": job.name, "cluster": job.cluster.name, "topic": f"job-{job.pk}",
-                    "after": topic_seq(f"job-{job.pk}"), "timeline": job_timeline(job, since=window.since),
+    data = {label: {"job": job.pk, "name": job.name, "cluster": job.cluster.name, "topic": events.topic("job", job.pk),
+                    "after": topic_seq(events.topic("job", job.pk)), "timeline": job_timeline(job, since=window.since),
                     "range": window.key}
             for label, job in jobs.items()}
     summary = "; ".join(f"{label} job {row['name']}: {timeline_summary(row['timeline'])['iterations']}"

@@ -32,9 +32,9 @@
       });
   }
   labels.forEach(show);
-  var live = window.LockstepLive.connect();
-  labels.forEach(function (label) {
-    live.subscribe(data[label].topic, data[label].after, function () { reload(label); });
+  // The page is live on both jobs' topics (#abnic-live, static/js/live.js): an event re-reads its job's timeline.
+  window.LockstepLive.on(function (event) {
+    labels.forEach(function (label) { if (data[label].topic === event.topic) { reload(label); } });
   });
   setInterval(function () {   // animation only: extend running jobs along their own speed
     var now = new Date();

@@ -1,7 +1,8 @@
-/* The fault overview: a live fault feed and GPU-hours saved over time (grown with Plotly.extendTraces).
-   The page renders an incident a row with its reports folded under it; a new report of an incident already in
-   the feed (its payload names the incident) is folded under that row, which moves to the top; any other event
-   is a new line at the top, as before. */
+/* The fault overview's hook on its live page (static/js/live.js): the figures and the feed are live regions the
+   page re-fetches, so they end as the server renders them; this hook shows each event at once and grows the
+   GPU-hours saved chart with Plotly.extendTraces. The page renders an incident a row with its reports folded
+   under it; a new report of an incident already in the feed (its payload names the incident) is folded under
+   that row, which moves to the top; any other event is a new line at the top, until the re-fetch lands. */
 (function () {
   "use strict";
   var feed = document.getElementById("fault-feed");
@@ -116,5 +117,5 @@
       });
     }
   }
-  window.LockstepLive.connect().subscribe(feed.dataset.topic, feed.dataset.after, onEvent);
+  window.LockstepLive.on(onEvent);   // the page is live on #fault-feed's topic (static/js/live.js)
 })();

@@ -105,7 +105,7 @@
     Plotly.restyle(el, { z: [el._z], text: [el._text] }, [0]);
     summarize(cell.cluster);
   }
-  // The heat map's text alternative (#heatmap-summary-<cluster>), as jobs/home.py heatmap_summary writes it.
+  // The heat map's text alternative (#heatmap-summary-<cluster>), as home/views.py heatmap_summary writes it.
   function summarize(clusterId) {
     var el = document.getElementById("heatmap-summary-" + clusterId);
     if (!el) { return; }
@@ -129,8 +129,8 @@
   }
 
   var feed = document.getElementById("event-feed");
-  var live = L.connect();
-  live.subscribe(liveEl.dataset.topic, liveEl.dataset.after, function (event) {
+  // The page is live on #dashboard-live's topic (static/js/live.js).
+  L.on(function (event) {
     L.appendToFeed(feed, event);
     var p = event.payload || {};
     if (event.kind === "fault.reported") {

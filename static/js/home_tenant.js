@@ -4,8 +4,8 @@
   var liveEl = document.getElementById("dashboard-live");
   if (!liveEl || !liveEl.dataset.topic) { return; }
   var feed = document.getElementById("event-feed");
-  var live = window.LockstepLive.connect();
-  live.subscribe(liveEl.dataset.topic, liveEl.dataset.after, function (event) {
+  // The page is live on #dashboard-live's topic (static/js/live.js).
+  window.LockstepLive.on(function (event) {
     window.LockstepLive.appendToFeed(feed, event);
     var p = event.payload || {};
     function rowOf(jobId) { return jobId ? document.querySelector("#tenant-jobs tr[data-job='" + jobId + "']") : null; }

@@ -1,7 +1,17 @@
-/* Lockstep live events: one websocket per page, ordered per topic, with catch-up after a reconnect.
+/* Lockstep live pages: the one way a page goes live, over one websocket per page, ordered per topic, with
+ * catch-up after a reconnect.
  *
- *   const live = LockstepLive.connect();
- *   live.subscribe("job-17", lastSeqRenderedByServer, (event) => { ... });
+ * A page names its topics and the sequence numbers it was rendered at in its markup (one element with
+ * data-live-topics="job-17" data-live-after="42", comma-separated for several; data-live-kinds="whatif." to
+ * re-fetch only for events of those kinds). On each event the page re-fetches itself and swaps every
+ * [data-live-region] (by id) for the fresh render's, so what it shows is what the server renders from the
+ * database: snapshot + events == a fresh snapshot, by construction. A burst of events costs one re-fetch.
+ * A page with an effect of its own per event (a Plotly chart grown with extendTraces, a figure that follows an
+ * event's payload) adds a hook before the page has loaded:
+ *
+ *   LockstepLive.on((event) => { ... });   // each event, in order, once, before the re-fetch
+ *
+ * (Underneath: LockstepLive.connect().subscribe(topic, lastSeq, handler), which live pages do not call.)
  *
  * Events are applied in sequence order and duplicates dropped. A topic is caught up from
  * /api/v1/events/?topic=…&after=<last seq applied> when it is (re)subscribed, when an event's seq jumps, and
@@ -228,15 +238,66 @@
     prependToFeed(feed, event.created, event.kind, line, limit).dataset.seq = event.seq;
   }
 
+  // The page's live regions, re-rendered by the server: one fetch at a time, and one more if events came while
+  // it was in flight (so the last swap is never older than the last event).
+  var hooks = [];
+  var refreshTimer = null, refreshing = false, refreshAgain = false;
+  function refreshRegions() {
+    refreshTimer = null;
+    if (refreshing) { refreshAgain = true; return; }
+    refreshing = true;
+    refreshAgain = false;
+    fetch(window.location.href, { credentials: "same-origin", headers: { Accept: "text/html" } })
+      .then(function (response) { if (!response.ok) { throw new Error(response.status); } return response.text(); })
+      .then(function (html) {
+        var fresh = new DOMParser().parseFromString(html, "text/html");
+        document.querySelectorAll("[data-live-region]").forEach(function (region) {
+          var next = fresh.getElementById(region.id);
+          if (next) { region.innerHTML = next.innerHTML; }
+        });
+        localTimes(document);
+      })
+      .catch(function () { /* the next event tries again */ })
+      .then(function () {
+        refreshing = false;
+        if (refreshAgain) { scheduleRefresh(); }
+      });
+  }
+  function scheduleRefresh() {
+    if (!refreshTimer) { refreshTimer = setTimeout(refreshRegions, 400); }
+  }
+
+  function startPage() {
+    var root = document.querySelector("[data-live-topics]");
+    if (!root || !root.dataset.liveTopics) { return; }
+    var topics = root.dataset.liveTopics.split(",");
+    var after = (root.dataset.liveAfter || "").split(",");
+    var kinds = root.dataset.liveKinds ? root.dataset.liveKinds.split(",") : null;
+    var hasRegions = document.querySelector("[data-live-region]") !== null;
+    var live = window.LockstepLive.connect();
+    function onEvent(event) {
+      hooks.forEach(function (hook) {
+        try { hook(event); } catch (error) { setTimeout(function () { throw error; }); }
+      });
+      var wanted = !kinds || kinds.some(function (prefix) { return (event.kind || "").indexOf(prefix) === 0; });
+      if (hasRegions && wanted) { scheduleRefresh(); }
+    }
+    topics.forEach(function (topic, i) {
+      if (topic) { live.subscribe(topic, after[i] || 0, onEvent); }
+    });
+  }
+
   window.LockstepLive = {
     appendToFeed: appendToFeed,
     prependToFeed: prependToFeed,
     connect: function () {
+      if (window.LockstepLive.current) { return window.LockstepLive.current; }   // one socket per page
       var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
       var live = new Live(scheme + window.location.host + "/ws/events/");
       window.LockstepLive.current = live;
       return live;
     },
+    on: function (hook) { hooks.push(hook); },
     localTimes: localTimes,
     formatTime: formatTime,
     formatNumber: formatNumber,
@@ -245,5 +306,5 @@
     bumpFigure: bumpFigure,
   };
 
-  document.addEventListener("DOMContentLoaded", function () { localTimes(document); });
+  document.addEventListener("DOMContentLoaded", function () { localTimes(document); startPage(); });
 })();

@@ -14,6 +14,7 @@ import requests
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.events import topic
 from controlplane.models import Event
 from telemetry.models import NotificationChannel, NotificationCursor, NotificationDelivery
 from telemetry.services.channels import target_problem
@@ -62,7 +63,7 @@ def notifications_dispatch() -> int:
     written = 0
     with transaction.atomic():
         cursor, _ = NotificationCursor.objects.select_for_update().get_or_create(name="fleet")
-        events = list(Event.objects.filter(topic="fleet", seq__gt=cursor.last_seq).order_by("seq")[:BATCH])
+        events = list(Event.objects.filter(topic=topic("fleet"), seq__gt=cursor.last_seq).order_by("seq")[:BATCH])
         if not events:
             return 0
         channels = list(NotificationChannel.objects.filter(enabled=True))

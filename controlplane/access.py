@@ -1,13 +1,22 @@
-"""Who is asking: the role and tenant of a user, as every page, endpoint and topic check sees them.
+"""Who is asking and what they may do: the one place a role is decided.
 
-Roles are DESIGN's permission table. The resolver that maps a user to a Principal is registered by the
-tenancy app (controlplane imports no app); until it is, only superusers are known (as provider admins).
+A user's Principal (role and tenant) answers DESIGN's permission table, one predicate per row; pages, API
+views, services and selectors ask those predicates and compare no roles themselves. A refusal is raised
+through ``require``: one exception (``Refused``) that every layer answers 403 with its message, a page as
+Django's PermissionDenied, the API and a service's caller as a ServiceError. What of a table a user may see
+is ``tenancy.scoping``'s.
+
+The resolver that maps a user to a Principal is registered by the tenancy app (controlplane imports no app);
+until it is, only superusers are known (as provider admins).
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from django.core.exceptions import PermissionDenied
 from django.db import models
+
+from controlplane.errors import ServiceError
 
 
 class Role(models.TextChoices):
@@ -65,6 +74,31 @@ class Principal:
 
     def may_manage_users(self, tenant_id: int | None) -> bool:
         return self.is_provider_admin or (self.role == Role.TENANT_ADMIN and self.tenant_id == tenant_id)
+
+    @property
+    def manages_users(self) -> bool:
+        """The users pages: the provider admin every tenant's users, a tenant admin its own tenant's."""
+        return self.is_provider_admin or self.is_tenant_admin
+
+    def may_manage_user_of(self, tenant_id: int | None) -> bool:
+        """A user's account or tokens: a user of ``tenant_id`` (None: a provider user) by the provider admin
+        or that tenant's admin."""
+        return self.is_provider_admin or (tenant_id is not None and self.may_manage_users(tenant_id))
+
+
+class Refused(PermissionDenied, ServiceError):
+    """A refusal for want of a role: 403 with its message in pages, the API and services alike."""
+
+    def __init__(self, detail: str = "", *, field: str | None = None):
+        ServiceError.__init__(self, detail, field=field, status=403)
+
+
+def require(allowed: bool, message: str = "", *, field: str | None = None) -> None:
+    """Refuse (``Refused``, 403) unless ``allowed``: the one way a page, API view or service turns a
+    predicate of the Principal into a refusal. ``field`` names the input the refusal is about (an API
+    answer keys it so)."""
+    if not allowed:
+        raise Refused(message, field=field)
 
 
 ANONYMOUS = Principal(user_id=None, role=None, tenant_id=None)

@@ -10,7 +10,7 @@ from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from controlplane.access import principal
+from controlplane.access import Refused, principal
 from controlplane.errors import ServiceError
 
 log = logging.getLogger(__name__)
@@ -18,7 +18,9 @@ log = logging.getLogger(__name__)
 
 def exception_handler(exc, context):
     """DRF's handler, plus the errors services and the ORM raise: always JSON, always 4xx for bad input."""
-    if isinstance(exc, ServiceError):
+    if isinstance(exc, Refused) and not exc.detail:
+        exc = exceptions.PermissionDenied()   # a refusal without words: DRF's own
+    elif isinstance(exc, ServiceError):
         return Response(exc.as_response_data(), status=exc.status)
     if isinstance(exc, DjangoValidationError):
         data = exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}

@@ -5,6 +5,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, mixins, serializers
 
 from controlplane import events, selectors
+from controlplane.access import require
 from controlplane.api import EventSerializer, ScopedViewSet
 from controlplane.filtersets import AuditEntryFilterSet
 from controlplane.models import AuditEntry, Event
@@ -30,8 +31,7 @@ class EventViewSet(mixins.ListModelMixin, ScopedViewSet):
                 events.parse_topic(topic)
             except events.UnknownTopic as error:
                 raise exceptions.ValidationError({"topic": [str(error)]}) from error
-            if not events.may_subscribe(user, topic):
-                raise exceptions.PermissionDenied(f"you may not read topic {topic!r}")
+            require(events.may_subscribe(user, topic), f"you may not read topic {topic!r}")
         elif not self.principal.is_provider:
             raise exceptions.ValidationError({"topic": ["this field is required"]})
         if after is not None:
@@ -61,6 +61,5 @@ class AuditEntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Scoped
     queryset = AuditEntry.objects.none()   # the schema's model; requests read through the selector
 
     def selector(self, *, user):
-        if not self.principal.may_read_audit:
-            raise exceptions.PermissionDenied("the audit trail is for provider roles")
+        require(self.principal.may_read_audit, "the audit trail is for provider roles")
         return selectors.audit_list(user=user)

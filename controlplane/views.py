@@ -1,10 +1,9 @@
 from django.contrib.auth.mixins import LoginRequiredMixin
-from django.core.exceptions import PermissionDenied
 from django_filters.views import FilterView
 from django_tables2 import SingleTableMixin
 
 from controlplane import selectors
-from controlplane.access import principal
+from controlplane.access import principal, require
 from controlplane.filtersets import AuditEntryFilterSet
 from controlplane.pagination import OneMomentPaginator
 from controlplane.tables import AuditEntryTable
@@ -20,8 +19,7 @@ class AuditEntryListView(LoginRequiredMixin, SingleTableMixin, FilterView):
     filterset_class = AuditEntryFilterSet
 
     def get_queryset(self):
-        if not principal(self.request.user).may_read_audit:
-            raise PermissionDenied
+        require(principal(self.request.user).may_read_audit)
         return selectors.audit_list(user=self.request.user)
 
     def get_context_data(self, **kwargs):

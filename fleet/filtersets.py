@@ -6,6 +6,7 @@ from django.db.models import Q
 from fleet.choices import DriftKind, RolloutState, VersionState
 from fleet.labels import with_labels
 from fleet.models import Blueprint, Cluster, DriftFinding, Fleet, Node, Rollout
+from tenancy.scoping import restrict, scope_condition
 
 # The choices of a filter that names another object are what the reader may see: a filter form must not list
 # the other tenant's clusters or the tenants' names (the isolation matrix holds it).
@@ -57,25 +58,16 @@ class ClusterFilterSet(django_filters.FilterSet):
     # other field would tell whether a shared cluster matches, so for tenant users it matches their own clusters only.
     OUTLINE_FILTERS = frozenset({"q", "blueprint", "version", "tier"})
 
-    def _outline_only(self) -> int | None:
-        """The tenant whose clusters alone non-outline filters match, or None for provider roles."""
-        from controlplane.access import principal
-
-        who = principal(_user(self.request))
-        return None if who.is_provider else (who.tenant_id or -1)
-
     def filter_queryset(self, queryset):
-        tenant_id = self._outline_only()
-        if tenant_id is not None:
-            hidden = [name for name, value in self.form.cleaned_data.items()
-                      if name not in self.OUTLINE_FILTERS and value not in (None, "", [])]
-            if hidden:
-                queryset = queryset.filter(dedicated_tenant_id=tenant_id)
+        hidden = [name for name, value in self.form.cleaned_data.items()
+                  if name not in self.OUTLINE_FILTERS and value not in (None, "", [])]
+        if hidden:
+            queryset = restrict(queryset, _user(self.request))
         return super().filter_queryset(queryset)
 
     def search(self, queryset, name, value):
-        tenant_id = self._outline_only()
-        region = Q(region__icontains=value) if tenant_id is None else Q(region__icontains=value, dedicated_tenant_id=tenant_id)
+        own = scope_condition(Cluster, _user(self.request))
+        region = Q(region__icontains=value) if own is None else Q(region__icontains=value) & own
         return queryset.filter(Q(name__icontains=value) | region)
 
     def by_label(self, queryset, name, value):

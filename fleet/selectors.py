@@ -2,14 +2,25 @@
 
 from dataclasses import dataclass
 
-from django.core.exceptions import PermissionDenied
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 
-from controlplane.access import principal
-from fleet.choices import HealthStatus, SyncStatus
-from fleet.models import Cluster, Node, ObservedAddon
+from controlplane.access import principal, require
+from fleet.choices import GPUHealth, HealthStatus, NodeState, SyncStatus
+from fleet.models import (
+    GPU,
+    NIC,
+    Blueprint,
+    BlueprintVersion,
+    Cluster,
+    DriftFinding,
+    Fleet,
+    Node,
+    ObservedAddon,
+    Rollout,
+    RolloutCluster,
+)
 from fleet.models.blueprints import PROTECTION_ADDONS
-from tenancy.scoping import restrict
+from tenancy.scoping import may_see, restrict, sees
 
 
 @dataclass(frozen=True)
@@ -42,9 +53,7 @@ def cluster_protection(*, cluster: Cluster, observed: list[ObservedAddon] | None
 
 def may_see_cluster_topic(who, cluster_id: int) -> bool:
     """Provider roles see every cluster topic; a tenant sees the topics of its dedicated clusters only."""
-    if who.is_provider:
-        return True
-    return who.tenant_id is not None and Cluster.objects.filter(pk=cluster_id, dedicated_tenant_id=who.tenant_id).exists()
+    return may_see(who, Cluster, cluster_id)
 
 
 def cluster_list(*, user) -> QuerySet[Cluster]:
@@ -58,60 +67,97 @@ def node_list(*, user) -> QuerySet[Node]:
 
 def node_hardware(*, user, node: Node) -> dict[str, list]:
     """A node's GPUs (by index) and NICs (by rail), as the user may see them."""
-    from fleet.models import GPU, NIC
-
     return {"gpus": list(restrict(GPU.objects.filter(node=node), user).order_by("index")),
             "nics": list(restrict(NIC.objects.filter(node=node), user).order_by("rail", "name"))}
 
 
 def fleet_list(*, user) -> QuerySet:
     """All fleets for provider roles; for tenant users, the fleets that hold one of their dedicated clusters."""
-    from fleet.models import Fleet
-
-    who = principal(user)
-    if who.is_provider:
-        return Fleet.objects.all()
-    if not who.is_authenticated or who.tenant_id is None:
-        return Fleet.objects.none()
-    return Fleet.objects.filter(pk__in=Cluster.objects.filter(dedicated_tenant_id=who.tenant_id).values("fleet_id"))
+    return restrict(Fleet.objects.all(), user, also=Q(pk__in=restrict(Cluster.objects.all(), user).values("fleet_id")))
 
 
 def cluster_catalog(*, user) -> QuerySet[Cluster]:
     """Clusters the user may know of: ``cluster_list`` plus, for tenant users, shared clusters (of which they
     are shown only name, tier and blueprint version)."""
-    who = principal(user)
-    base = Cluster.objects.select_related("fleet", "blueprint_version__blueprint")
-    if who.is_provider:
-        return base
-    if not who.is_authenticated or who.tenant_id is None:
-        return base.none()
-    return base.filter(Q(dedicated_tenant_id=who.tenant_id) | Q(dedicated_tenant__isnull=True))
+    return restrict(Cluster.objects.select_related("fleet", "blueprint_version__blueprint"), user,
+                    also=Q(dedicated_tenant__isnull=True))
 
 
 def sees_in_full(user, cluster: Cluster) -> bool:
-    who = principal(user)
-    return who.is_provider or (who.tenant_id is not None and cluster.dedicated_tenant_id == who.tenant_id)
+    return sees(user, cluster)
 
 
 def blueprint_list(*, user) -> QuerySet:
     """Blueprints and versions are for provider roles (DESIGN); PermissionDenied for anyone else."""
-    from fleet.models import Blueprint
-
     _provider_only(user, "blueprints")
     return Blueprint.objects.all()
 
 
 def rollout_list(*, user) -> QuerySet:
-    from fleet.models import Rollout
 
     _provider_only(user, "rollouts")
     return Rollout.objects.select_related("version__blueprint")
 
 
+def rollout_detail(*, user, pk: int):
+    """One rollout with its batches and clusters loaded (what its API body shows)."""
+    return rollout_list(user=user).prefetch_related("batches", "clusters__cluster", "clusters__previous_version").get(pk=pk)
+
+
+def blueprint_rollouts(*, user, blueprint) -> QuerySet:
+    """A blueprint's rollouts (provider roles, as ``rollout_list``)."""
+    return rollout_list(user=user).filter(version__blueprint=blueprint)
+
+
+def blueprint_versions(*, user, ids) -> QuerySet:
+    """These blueprint versions, each with its blueprint (provider roles, as ``blueprint_list``)."""
+    _provider_only(user, "blueprints")
+    return BlueprintVersion.objects.filter(pk__in=ids).select_related("blueprint")
+
+
+def blueprint_version(*, user, blueprint_id: int, number: int):
+    """One version of a blueprint by its number, or None (provider roles, as ``blueprint_list``)."""
+    _provider_only(user, "blueprints")
+    return BlueprintVersion.objects.filter(blueprint_id=blueprint_id, number=number).first()
+
+
+def tracking_clusters(*, user, blueprint) -> QuerySet[Cluster]:
+    """The clusters the user sees that track a blueprint's latest version."""
+    return restrict(Cluster.objects.filter(blueprint=blueprint, track_latest=True), user)
+
+
+def observed_addons(*, user, cluster: Cluster) -> QuerySet[ObservedAddon]:
+    """The add-ons observed on a cluster."""
+    return restrict(ObservedAddon.objects.filter(cluster=cluster), user)
+
+
+def cluster_drift(*, user, cluster: Cluster) -> list:
+    """A cluster's open drift findings and its last ten resolved ones, open first, newest detected first."""
+    findings = restrict(cluster.drift_findings.all(), user)
+    return list(findings.filter(Q(resolved_at__isnull=True) | Q(pk__in=findings.filter(
+        resolved_at__isnull=False).order_by("-resolved_at").values("pk")[:10])).order_by("resolved_at", "-detected_at"))
+
+
+def cluster_rollouts(*, user, cluster: Cluster) -> QuerySet:
+    """The rollouts that took a cluster in (its ``RolloutCluster`` rows), newest first."""
+    return restrict(cluster.rollout_entries.select_related("rollout__version__blueprint"), user).order_by("-rollout_id")
+
+
+def cluster_ladders(*, user, cluster: Cluster) -> QuerySet[Node]:
+    """A cluster's nodes on the escalation ladder (the jobs app's row, reached through the relation): where
+    each stands and what its validation saw (the health check through the driver, clean telemetry after it)."""
+    return (restrict(cluster.nodes.filter(escalation__isnull=False), user).exclude(escalation__stage="watching")
+            .select_related("escalation").order_by("-escalation__updated_at"))
+
+
+def open_drift_counts(*, user, cluster_ids) -> dict[int, int]:
+    """The open drift findings of each of these clusters (those with none left out)."""
+    return dict(restrict(DriftFinding.objects.filter(cluster_id__in=cluster_ids, resolved_at__isnull=True), user)
+                .values_list("cluster_id").annotate(n=Count("id")).order_by())
+
+
 def drift_list(*, user) -> QuerySet:
     """Drift findings of the clusters the user sees in full."""
-    from fleet.models import DriftFinding
-
     return restrict(DriftFinding.objects.select_related("cluster"), user)
 
 
@@ -120,8 +166,6 @@ def drift_resolution_labels(findings) -> dict[int, str]:
     that a rollout resolved — the cluster got a version applied between the finding's detection and its
     resolution — reads "Fixed by rollout #N", not "Went away by itself". One query for the findings given, which
     the caller has already scoped to the reader."""
-    from fleet.models import DriftFinding, RolloutCluster
-
     findings = [f for f in findings if f.resolved_at is not None]
     labels = {f.pk: f.get_resolution_display() for f in findings}
     converged = [f for f in findings if f.resolution == DriftFinding.Resolution.CONVERGED]
@@ -143,8 +187,7 @@ def drift_resolution_labels(findings) -> dict[int, str]:
 
 
 def _provider_only(user, what: str) -> None:
-    if not principal(user).is_provider:
-        raise PermissionDenied(f"{what} are for provider roles")
+    require(principal(user).is_provider, f"{what} are for provider roles")
 
 
 # The landing pages' reads (home/views.py): the provider's fleet dashboard and a tenant's clusters.
@@ -157,11 +200,6 @@ def dashboard_clusters(*, user) -> list[Cluster]:
 
 def fleet_capacity(*, user) -> dict[str, int]:
     """GPUs (all, and healthy on nodes that have not failed) and nodes (all, spare, out of service or failed)."""
-    from django.db.models import Count
-
-    from fleet.choices import GPUHealth, NodeState
-    from fleet.models import GPU
-
     # A GPU of a failed node serves nothing, whatever its own last health was.
     gpus = restrict(GPU.objects.all(), user).aggregate(
         total=Count("id"), healthy=Count("id", filter=Q(health=GPUHealth.HEALTHY) & ~Q(node__state=NodeState.FAILED)))
@@ -176,10 +214,6 @@ def node_heatmaps(*, user, cluster_ids: list[int]) -> dict[int, dict]:
     """Per cluster, its nodes in hostname order with their ids, GPU counts, count of GPUs that are not healthy
     (-1 for a failed node) and their state: one aggregate query for the whole fleet. The page keys its cells by
     node id, so the node events of the fleet topic turn them."""
-    from django.db.models import Count
-
-    from fleet.choices import GPUHealth, NodeState
-
     rows = (restrict(Node.objects.filter(cluster_id__in=cluster_ids), user)
             .annotate(unhealthy=Count("gpus", filter=~Q(gpus__health=GPUHealth.HEALTHY)), gpu_count=Count("gpus"))
             .values_list("cluster_id", "pk", "hostname", "rack", "state", "unhealthy", "gpu_count")

@@ -4,8 +4,7 @@ from collections import Counter
 
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.mixins import LoginRequiredMixin
-from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Q
+from django.db.models import Count
 from django.http import Http404
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -14,7 +13,7 @@ from django_filters.views import FilterView
 from django_tables2 import RequestConfig, SingleTableMixin
 
 from controlplane import events
-from controlplane.access import principal
+from controlplane.access import principal, require
 from controlplane.confirm import carry_out, confirm_page, confirmed
 from controlplane.pagination import OneMomentPaginator
 from controlplane.selectors import event_history, topic_seq
@@ -25,7 +24,7 @@ from fleet.diffing import version_diff
 from fleet.drivers import driver_for
 from fleet.filtersets import ClusterFilterSet, DriftFindingFilterSet, RolloutFilterSet
 from fleet.forms import AssignmentForm, AutomationForm
-from fleet.models import DriftFinding, ObservedAddon, Rollout
+from fleet.models import Rollout
 from fleet.services import rollouts as rollout_services
 from fleet.services.automation import automation_modes_for, automation_switch
 from fleet.services.clusters import cluster_reconcile
@@ -62,8 +61,7 @@ class FleetOverviewView(LoginRequiredMixin, SingleTableMixin, FilterView):
     def get_table_kwargs(self):
         ids = list(self.object_list.values_list("pk", flat=True)[:5000])
         self._statuses = cluster_status(ids)
-        drift = dict(DriftFinding.objects.filter(cluster_id__in=ids, resolved_at__isnull=True).values_list(
-            "cluster_id").annotate(n=Count("id")).order_by())
+        drift = selectors.open_drift_counts(user=self.request.user, cluster_ids=ids)
         self._drift = drift
         return {"statuses": self._statuses, "drift": drift}
 
@@ -102,8 +100,7 @@ class ClusterListView(LoginRequiredMixin, SingleTableMixin, FilterView):
 
     def get_table_kwargs(self):
         ids = list(self.object_list.values_list("pk", flat=True)[:5000])
-        drift = dict(DriftFinding.objects.filter(cluster_id__in=ids, resolved_at__isnull=True).values_list(
-            "cluster_id").annotate(n=Count("id")).order_by())
+        drift = selectors.open_drift_counts(user=self.request.user, cluster_ids=ids)
         return {"statuses": cluster_status(ids), "drift": drift}
 
 
@@ -113,14 +110,13 @@ def cluster_detail(request, pk: int):
     cluster = get_object_or_404(selectors.cluster_list(user=request.user).select_related("fleet", "blueprint"), pk=pk)
     version = load_versions([cluster.blueprint_version_id]).get(cluster.blueprint_version_id)
     desired = desired_state(version)
-    observed = {row.name: row for row in ObservedAddon.objects.filter(cluster=cluster)}
+    observed = {row.name: row for row in selectors.observed_addons(user=request.user, cluster=cluster)}
     addons = [{"name": name, "desired": desired.get(name), "observed": observed.get(name)}
               for name in sorted(set(desired) | set(observed))]
     nodes = NodeTable(cluster.nodes.annotate(gpu_count=Count("gpus")), prefix="nodes-")
     RequestConfig(request, paginate={"per_page": 100, "paginator_class": OneMomentPaginator}).configure(nodes)
     who = principal(request.user)
-    findings = list(cluster.drift_findings.filter(Q(resolved_at__isnull=True) | Q(pk__in=cluster.drift_findings.filter(
-        resolved_at__isnull=False).order_by("-resolved_at").values("pk")[:10])).order_by("resolved_at", "-detected_at"))
+    findings = selectors.cluster_drift(user=request.user, cluster=cluster)
     labels = selectors.drift_resolution_labels(findings)
     for finding in findings:
         finding.resolution_label = labels.get(finding.pk, "")
@@ -128,15 +124,12 @@ def cluster_detail(request, pk: int):
         "cluster": cluster, "version": version, "addons": addons, "nodes": nodes, "who": who,
         "status": cluster_status([cluster.pk])[cluster.pk],
         "findings": findings,
-        "rollouts": cluster.rollout_entries.select_related("rollout__version__blueprint").order_by("-rollout_id")[:10],
+        "rollouts": selectors.cluster_rollouts(user=request.user, cluster=cluster)[:10],
         "supports": sorted(op.value for op in driver_for(cluster).supports),
         "assign_form": AssignmentForm(cluster=cluster, initial={"assignment": (
             f"track:{cluster.blueprint_id}" if cluster.track_latest else
             f"pin:{cluster.blueprint_id}:{version.number}" if version else None)}) if who.may_operate else None,
-        # Nodes on the escalation ladder (the jobs app's row, reached through the relation): where each stands and
-        # what its validation saw (the health check through the driver, clean telemetry after it).
-        "ladders": cluster.nodes.filter(escalation__isnull=False).exclude(escalation__stage="watching")
-        .select_related("escalation").order_by("-escalation__updated_at")[:50],
+        "ladders": selectors.cluster_ladders(user=request.user, cluster=cluster)[:50],
         **_live(request.user, events.topic("cluster", cluster.pk)),
     }
     return render(request, "fleet/cluster_detail.html", context)
@@ -145,8 +138,7 @@ def cluster_detail(request, pk: int):
 @login_required
 @require_POST
 def cluster_reconcile_view(request, pk: int):
-    if not principal(request.user).may_operate:
-        raise PermissionDenied
+    require(principal(request.user).may_operate)
     cluster = get_object_or_404(selectors.cluster_list(user=request.user), pk=pk)
     return carry_out(request, lambda: cluster_reconcile(actor=request.user, cluster=cluster), done=reconcile_message,
                      back=reverse("fleet-cluster", args=[pk]))
@@ -208,7 +200,7 @@ def blueprint_detail(request, pk: int):
     clusters = blueprint.clusters.select_related("blueprint_version").order_by("blueprint_version__number", "name")
     return render(request, "fleet/blueprint_detail.html", {
         "blueprint": blueprint, "versions": versions, "diff": diff, "chosen": chosen, "clusters": clusters[:500],
-        "rollouts": Rollout.objects.filter(version__blueprint=blueprint).select_related("version")[:20],
+        "rollouts": selectors.blueprint_rollouts(user=request.user, blueprint=blueprint)[:20],
         "who": principal(request.user),
     })
 
@@ -280,8 +272,7 @@ def _may(rollout, action: str) -> bool:
 @login_required
 @require_POST
 def rollout_action(request, pk: int, action: str):
-    if not principal(request.user).may_operate:
-        raise PermissionDenied("only provider roles may pause, resume, cancel or roll back a rollout")
+    require(principal(request.user).may_operate, "only provider roles may pause, resume, cancel or roll back a rollout")
     if action not in ROLLOUT_ACTIONS:
         raise Http404
     rollout = get_object_or_404(selectors.rollout_list(user=request.user), pk=pk)

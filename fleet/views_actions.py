@@ -6,13 +6,12 @@ puts a service's refusal back on its form with the service's 4xx status."""
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from controlplane.access import principal
+from controlplane.access import principal, require
 from controlplane.confirm import carry_out, confirm_page, confirmed
 from controlplane.errors import ServiceError
 from fleet import selectors
@@ -25,7 +24,6 @@ from fleet.forms import (
     ReasonForm,
     RolloutForm,
 )
-from fleet.models import Blueprint, BlueprintVersion
 from fleet.services.automation import automation_modes_for, automation_switch, automation_switch_set
 from fleet.services.clusters import cluster_assign
 from fleet.services.drift import drift_sweep_now
@@ -35,8 +33,7 @@ from fleet.services.rollouts import rollout_plan, rollout_start
 
 def require_operator(request):
     """Blueprints, rollouts, cordon and drain, sweeps: provider roles only (DESIGN), checked before the input."""
-    if not principal(request.user).may_operate:
-        raise PermissionDenied("only provider roles (provider-admin, operator) may do this")
+    require(principal(request.user).may_operate, "only provider roles (provider-admin, operator) may do this")
 
 
 def put_back_on_form(form, error: ServiceError, fallback: str | None = None) -> None:
@@ -115,7 +112,7 @@ def rollout_new(request):
         ids = {c["blueprint_version_id"] for batch in batches for c in batch}
         labels = {
             v.pk: f"{v.blueprint.name} v{v.number}"
-            for v in BlueprintVersion.objects.filter(pk__in=ids).select_related("blueprint")
+            for v in selectors.blueprint_versions(user=request.user, ids=ids)
         }
         for batch in batches:
             for cluster in batch:
@@ -146,7 +143,7 @@ def cluster_assign_view(request, pk: int):
         )
         return redirect(back)
     values = form.parsed()
-    blueprint = get_object_or_404(Blueprint, pk=values.pop("blueprint"))
+    blueprint = get_object_or_404(selectors.blueprint_list(user=request.user), pk=values.pop("blueprint"))
     label = dict(form.fields["assignment"].choices)[form.cleaned_data["assignment"]]
     if not confirmed(request):
         current = f"v{cluster.blueprint_version.number}" if cluster.blueprint_version_id else "no version"
@@ -277,10 +274,9 @@ def automation_view(request):
     """Throw the provider-wide automation switch (the provider admin any mode, an operator dry-run or paused, as the
     service and the API require), after a confirmation that says what the new mode stops."""
     modes = automation_modes_for(request.user)
-    if not modes:
-        raise PermissionDenied("only provider roles may throw the provider-wide automation switch")
-    if request.POST.get("mode") in AutomationMode.values and request.POST["mode"] not in modes:
-        raise PermissionDenied("an operator may dry-run or pause automation; the provider admin sets it active")
+    require(bool(modes), "only provider roles may throw the provider-wide automation switch")
+    require(request.POST.get("mode") not in AutomationMode.values or request.POST["mode"] in modes,
+            "an operator may dry-run or pause automation; the provider admin sets it active")
     form = AutomationForm(request.POST, modes=modes)
     back = reverse("fleet-overview")
     if not form.is_valid():

@@ -15,7 +15,7 @@ from fleet import selectors
 from fleet.choices import VersionState
 from fleet.diffing import version_diff
 from fleet.forms import BlueprintImportForm, VersionForm, content_yaml
-from fleet.models import Blueprint, BlueprintVersion, Cluster
+from fleet.models import Blueprint, BlueprintVersion
 from fleet.services import blueprints as blueprint_services
 from fleet.services.blueprint_documents import blueprint_apply
 from fleet.views_actions import put_back_on_form, require_operator
@@ -121,7 +121,7 @@ def version_activate(request, pk: int, number: int):
     back = reverse("fleet-blueprint", args=[blueprint.pk])
     if not confirmed(request):
         tracking = list(
-            Cluster.objects.filter(blueprint=blueprint, track_latest=True)
+            selectors.tracking_clusters(user=request.user, blueprint=blueprint)
             .exclude(blueprint_version=version)
             .order_by("name")
             .values_list("name", flat=True)
@@ -166,7 +166,7 @@ def blueprint_import(request):
             status = 400
         else:
             document = form.cleaned_data["document"]
-            existing = Blueprint.objects.filter(name=document["name"]).first()
+            existing = selectors.blueprint_list(user=request.user).filter(name=document["name"]).first()
             if "apply" in request.POST:
                 try:
                     blueprint, done = blueprint_apply(actor=request.user, document=document)

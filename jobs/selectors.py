@@ -1,29 +1,32 @@
 """Reads of the jobs app; each takes the user it reads for (DESIGN's permission table)."""
 
 import re
+from datetime import timedelta
 
 from django.core.paginator import Page
-from django.db.models import F, Prefetch, Q, QuerySet, Value
+from django.db.models import Count, F, Prefetch, Q, QuerySet, Sum, Value
 
-from controlplane.access import principal
+from controlplane import events
 from controlplane.pagination import OneMomentPaginator
+from controlplane.selectors import event_list
+from jobs.choices import NODE_HARDWARE_KINDS, ActionState, JobPhaseKind, SavingState
 from jobs.models import (
     FaultEvent,
     Incident,
     Job,
     JobAllocation,
+    JobPhase,
     JobSnapshot,
     NodeEscalation,
     RecoveryAction,
     SlurmJob,
 )
-from tenancy.scoping import restrict
+from jobs.triage import catalogue, classify_xid
+from tenancy.scoping import may_see, restrict, sees
 
 
 def may_see_job_topic(who, job_id: int) -> bool:
-    if who.is_provider:
-        return True
-    return who.tenant_id is not None and Job.objects.filter(pk=job_id, tenant_id=who.tenant_id).exists()
+    return may_see(who, Job, job_id)
 
 
 def job_list(*, user) -> QuerySet[Job]:
@@ -36,40 +39,37 @@ def slurm_job_list(*, user) -> QuerySet[SlurmJob]:
     return restrict(SlurmJob.objects.select_related("job", "cluster"), user).order_by("cluster_id", "-seen_at", "-id")
 
 
-def _hit_incidents(tenant_id: int) -> QuerySet:
-    """Ids of the incidents a recovery of one of the tenant's jobs answered."""
-    return RecoveryAction.objects.filter(job__tenant_id=tenant_id, incident__isnull=False).values("incident_id")
+def _hit_faults(user) -> Q:
+    """The faults an action of one of the user's jobs names."""
+    return Q(pk__in=action_list(user=user).filter(fault__isnull=False).values("fault_id"))
 
 
-def _dedicated_or_hit(rows: QuerySet, user, hit) -> QuerySet:
-    """What ``restrict`` lets the user see of ``rows`` (providers: all; tenant users: the rows on their dedicated
-    clusters) and, for tenant users, the rows ``hit(tenant_id)`` names: those that touched their jobs."""
-    who = principal(user)
-    if who.is_provider or not who.is_authenticated or who.tenant_id is None:
-        return restrict(rows, user)
-    return restrict(rows, user) | rows.filter(hit(who.tenant_id))
+def _hit_incidents(user) -> QuerySet:
+    """Ids of the incidents a recovery of one of the user's jobs answered."""
+    return action_list(user=user).filter(incident__isnull=False).values("incident_id")
 
 
 def fault_list(*, user) -> QuerySet[FaultEvent]:
     """Providers: every fault. Tenant users: faults on their dedicated clusters and faults that hit their jobs
     (an action of their job names the fault, or the fault is a report of an incident that hit their job)."""
-    return _dedicated_or_hit(FaultEvent.objects.select_related("node", "cluster"), user, lambda tenant_id: (
-        Q(pk__in=RecoveryAction.objects.filter(job__tenant_id=tenant_id, fault__isnull=False).values("fault_id"))
-        | Q(incident_id__in=_hit_incidents(tenant_id))))
+    return restrict(FaultEvent.objects.select_related("node", "cluster"), user,
+                    also=_hit_faults(user) | Q(incident_id__in=_hit_incidents(user)))
+
+
+def job_fault_list(*, user) -> QuerySet[FaultEvent]:
+    """The faults the GPU-hours figures count: every fault for provider roles; for tenant users those an
+    action of one of their jobs names."""
+    return restrict(fault_list(user=user), user, scope="actions__job__tenant_id", distinct=True)
 
 
 def action_list(*, user) -> QuerySet[RecoveryAction]:
     """Providers: every action. Tenant users: the actions on their jobs."""
-    rows = RecoveryAction.objects.select_related("job", "node", "to_node", "fault")
-    who = principal(user)
-    if who.is_authenticated and not who.is_provider and who.tenant_id is not None:
-        return rows.filter(job__tenant_id=who.tenant_id)
-    return restrict(rows, user)
+    return restrict(RecoveryAction.objects.select_related("job", "node", "to_node", "fault"), user,
+                    scope="job__tenant_id")
 
 
 def _incidents(user) -> QuerySet[Incident]:
-    return _dedicated_or_hit(Incident.objects.select_related("node", "cluster"), user,
-                             lambda tenant_id: Q(pk__in=_hit_incidents(tenant_id)))
+    return restrict(Incident.objects.select_related("node", "cluster"), user, also=Q(pk__in=_hit_incidents(user)))
 
 
 def incident_list(*, user, actions: QuerySet[RecoveryAction] | None = None) -> QuerySet[Incident]:
@@ -102,12 +102,8 @@ def job_incidents(*, user, job: Job, limit: int = 50) -> list[Incident]:
 def _feed_rows(user, cluster) -> tuple[QuerySet[FaultEvent], QuerySet[Incident]]:
     """What the fault feed holds: faults of no incident and incidents, the fleet's for provider roles, those that
     hit the tenant's jobs otherwise; one cluster's if ``cluster`` is given."""
-    who = principal(user)
-    faults, incidents = fault_list(user=user).filter(incident__isnull=True), incident_list(user=user)
-    if not who.is_provider:
-        faults = faults.filter(pk__in=RecoveryAction.objects.filter(job__tenant_id=who.tenant_id, fault__isnull=False)
-                               .values("fault_id"))
-        incidents = incidents.filter(pk__in=_hit_incidents(who.tenant_id))
+    faults = restrict(fault_list(user=user).filter(incident__isnull=True), user, scope=_hit_faults(user))
+    incidents = restrict(incident_list(user=user), user, scope=Q(pk__in=_hit_incidents(user)))
     if cluster is not None:
         faults, incidents = faults.filter(cluster=cluster), incidents.filter(cluster=cluster)
     return faults, incidents
@@ -175,9 +171,6 @@ def node_ladder(*, user, node, limit: int = 100) -> dict:
     """A node's escalation ladder: where it stands (``escalation``, or None), its steps as the cluster's event
     log recorded them (``history``, newest first; only for a reader of the cluster's topic) and the node-level
     recovery actions of the ladder the user may see (``steps``)."""
-    from controlplane import events
-    from controlplane.selectors import event_list
-
     history = (event_list(user=user, topic=events.topic("cluster", node.cluster_id))
                .filter(kind="node.escalation", payload__node=node.pk).order_by("-seq")[:limit])
     return {
@@ -231,8 +224,7 @@ def sees_decisions(*, user, incident: Incident) -> bool:
     """Whether the user may read the stay decisions recorded on an incident's faults: a decision weighs the jobs
     the fault hit, which on a shared cluster may be another tenant's, so tenant users read them on their own
     clusters only."""
-    who = principal(user)
-    return who.is_provider or (who.tenant_id is not None and incident.cluster.dedicated_tenant_id == who.tenant_id)
+    return sees(user, incident)
 
 
 def snapshot_list(*, user, job: Job) -> QuerySet[JobSnapshot]:
@@ -241,8 +233,6 @@ def snapshot_list(*, user, job: Job) -> QuerySet[JobSnapshot]:
 
 def _application_xids() -> list[int]:
     """Xid codes the catalogue calls application errors (the tenant's code, not the node): the gate skips them."""
-    from jobs.triage import catalogue, classify_xid
-
     rows = catalogue()
     verdicts = (classify_xid(code, rows) for code in rows)
     return sorted(v.xid for v in verdicts if v.application and not v.escalates)
@@ -252,10 +242,6 @@ def hardware_fault_count(cluster_ids: list[int], since, until) -> int:
     """fleet.hooks fault counter for the rollout gate: hardware faults a node-level change can cause
     (``NODE_HARDWARE_KINDS``, less application Xids) detected on these clusters' nodes in [since, until), one per
     incident (the agent's Xid 79 and Alertmanager's NodeDown of one failure count once)."""
-    from django.db.models import Count
-
-    from jobs.choices import NODE_HARDWARE_KINDS
-
     rows = (FaultEvent.objects.filter(cluster_id__in=cluster_ids, detected_at__gte=since, detected_at__lt=until,
                                       kind__in=NODE_HARDWARE_KINDS)
             .exclude(kind="gpu_xid", xid__in=_application_xids()))
@@ -266,9 +252,7 @@ def hardware_fault_count(cluster_ids: list[int], since, until) -> int:
 # The landing pages' reads (home/views.py): faults and recoveries on the provider's dashboard, a tenant's jobs.
 
 def _saved_since(actions: QuerySet[RecoveryAction], since) -> float:
-    from django.db.models import Sum
 
-    from jobs.choices import ActionState
 
     value = actions.filter(state=ActionState.SUCCEEDED, dry_run=False, ended_at__gte=since).aggregate(s=Sum("gpu_hours_saved"))["s"]
     return round(value or 0.0, 2)
@@ -276,9 +260,7 @@ def _saved_since(actions: QuerySet[RecoveryAction], since) -> float:
 
 def expected_saving(actions: QuerySet[RecoveryAction]) -> float:
     """What unsettled proactive moves expect to save (kept apart from the realized figure; docs/gpu-hours.md)."""
-    from django.db.models import Sum
 
-    from jobs.choices import ActionState, SavingState
 
     value = (actions.filter(state=ActionState.SUCCEEDED, dry_run=False, saving=SavingState.EXPECTED)
              .aggregate(s=Sum("gpu_hours_expected"))["s"])
@@ -288,12 +270,6 @@ def expected_saving(actions: QuerySet[RecoveryAction]) -> float:
 def recovery_dashboard(*, user, now, since, truncate) -> dict:
     """The dashboard's fault and GPU-hours figures, and its two series over [since, now]: faults per bucket
     (``truncate`` is the Trunc function of the bucket) and GPU-hours saved, cumulated."""
-    from datetime import timedelta
-
-    from django.db.models import Count, Sum
-
-    from jobs.choices import ActionState
-
     faults = restrict(FaultEvent.objects.all(), user)
     actions = restrict(RecoveryAction.objects.all(), user)
     today = now.replace(hour=0, minute=0, second=0, microsecond=0)
@@ -318,9 +294,7 @@ def recovery_dashboard(*, user, now, since, truncate) -> dict:
 
 def tenant_recent_jobs(*, user, tenant_id: int, limit: int = 100) -> list[Job]:
     """A tenant's newest jobs, each with the GPU-hours its recoveries saved (``saved``)."""
-    from django.db.models import Sum
 
-    from jobs.choices import ActionState
 
     return list(restrict(Job.objects.filter(tenant_id=tenant_id), user)
                 .select_related("cluster__blueprint_version__blueprint")
@@ -333,10 +307,6 @@ def tenant_phase_seconds(*, user, tenant_id: int, since, now) -> dict[str, float
     """Seconds the tenant's jobs spent in each phase kind between ``since`` and ``now``: phases still open count
     up to now, and one that began before ``since`` counts from ``since``. Closed phases inside the window are one
     aggregate; the few that are open or straddle its start (about one per job) are added here."""
-    from django.db.models import Sum
-
-    from jobs.models import JobPhase
-
     phases = restrict(JobPhase.objects.filter(job__tenant_id=tenant_id), user)
     inside = (phases.filter(started_at__gte=since, ended_at__isnull=False)
               .values("kind").annotate(seconds=Sum(F("ended_at") - F("started_at"))).order_by())
@@ -352,11 +322,6 @@ def tenant_phase_seconds(*, user, tenant_id: int, since, now) -> dict[str, float
 
 def tenant_recovery_figures(*, user, tenant_id: int) -> dict:
     """A tenant's jobs recovering now, and the GPU-hours its recoveries saved and expect to save."""
-    from django.db.models import Sum
-
-    from jobs.choices import ActionState, JobPhaseKind
-    from jobs.models import JobPhase
-
     actions = restrict(RecoveryAction.objects.filter(job__tenant_id=tenant_id), user)
     saved = actions.filter(state=ActionState.SUCCEEDED, dry_run=False).aggregate(s=Sum("gpu_hours_saved"))["s"] or 0.0
     recovering = restrict(JobPhase.objects.filter(job__tenant_id=tenant_id, kind=JobPhaseKind.RECOVERING,

@@ -3,7 +3,6 @@ feed of incidents and their reports, paged; GPU-hours saved), the incident page,
 
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.mixins import LoginRequiredMixin
-from django.core.exceptions import PermissionDenied
 from django.core.paginator import InvalidPage
 from django.db.models import Q, Sum
 from django.http import Http404, HttpResponseBadRequest
@@ -14,14 +13,12 @@ from django_filters.views import FilterView
 from django_tables2 import SingleTableMixin
 
 from controlplane import events
-from controlplane.access import principal
+from controlplane.access import principal, require
 from controlplane.confirm import carry_out, confirm_page, confirmed
-from controlplane.events import may_subscribe
 from controlplane.pagination import OneMomentPaginator
 from controlplane.selectors import topic_seq
 from controlplane.timerange import time_range
 from fleet import selectors as fleet_selectors
-from fleet.models import Cluster
 from fleet.views_actions import node_actions_for
 from jobs import figures, selectors
 from jobs.choices import ACTIVE_JOB_STATES
@@ -83,8 +80,7 @@ def job_cancel(request, pk: int):
     """Cancel a job (provider roles, or its own tenant's admin), after a confirmation: the service the API's
     POST /api/v1/jobs/{id}/cancel/ calls."""
     job = get_object_or_404(selectors.job_list(user=request.user), pk=pk)
-    if not principal(request.user).may_submit_jobs(job.tenant_id):
-        raise PermissionDenied("you may not cancel this job")
+    require(principal(request.user).may_submit_jobs(job.tenant_id), "you may not cancel this job")
     back = reverse("job-detail", args=[job.pk])
     if not confirmed(request):
         return confirm_page(request, title=f"Cancel {job.name}", question=f"Cancel {job.name} on {job.cluster.name}?",
@@ -102,16 +98,13 @@ def fault_overview(request):
     fleet's for provider roles, the tenant's own otherwise."""
     who = principal(request.user)
     topic = events.topic("fleet") if who.is_provider else (events.topic("tenant", who.tenant_id) if who.tenant_id else "")
-    faults = selectors.fault_list(user=request.user)
+    faults = selectors.job_fault_list(user=request.user)
     actions = selectors.action_list(user=request.user)
-    if not who.is_provider:
-        faults = faults.filter(actions__job__tenant_id=who.tenant_id).distinct()
     cluster = None
     if request.GET.get("cluster", "").isdigit():
-        # One cluster's feed (for the cluster page to link to): only where the reader may follow its topic.
-        cluster = get_object_or_404(Cluster, pk=int(request.GET["cluster"]))
-        if not may_subscribe(request.user, events.topic("cluster", cluster.pk)):
-            raise Http404
+        # One cluster's feed (for the cluster page to link to): only where the reader may follow its topic,
+        # which is where the reader sees the cluster in full (a 404 otherwise, like a missing one).
+        cluster = get_object_or_404(fleet_selectors.cluster_list(user=request.user), pk=int(request.GET["cluster"]))
         topic = events.topic("cluster", cluster.pk)
         faults, actions = faults.filter(cluster=cluster), actions.filter(cluster=cluster)
     after = topic_seq(topic)

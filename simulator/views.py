@@ -1,9 +1,8 @@
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
 
 from controlplane import events
-from controlplane.access import principal
+from controlplane.access import principal, require
 from controlplane.errors import ServiceError
 from controlplane.selectors import topic_seq
 from controlplane.timerange import time_range
@@ -13,8 +12,7 @@ from simulator.services.whatifs import whatif_start
 
 
 def _provider(request):
-    if not principal(request.user).is_provider:
-        raise PermissionDenied
+    require(principal(request.user).is_provider)
 
 
 @login_required
@@ -56,7 +54,6 @@ def whatif_detail(request, pk: int):
 @login_required
 def scenario_list(request):
     """Start the ab-nic scenario; see past ones."""
-    from simulator.models import Scenario
     from simulator.services.scenarios import abnic_start
 
     _provider(request)
@@ -68,18 +65,17 @@ def scenario_list(request):
             error = problem.detail
         else:
             return redirect("scenario-detail", pk=scenario.pk)
-    return render(request, "simulator/scenario_list.html", {"scenarios": Scenario.objects.all()[:20], "error": error})
+    return render(request, "simulator/scenario_list.html", {"scenarios": selectors.scenario_list(user=request.user)[:20],
+                                                            "error": error})
 
 
 @login_required
 def scenario_detail(request, pk: int):
     from jobs.figures import job_timeline, timeline_summary
-    from jobs.models import Job
-    from simulator.models import Scenario
 
     _provider(request)
-    scenario = get_object_or_404(Scenario, pk=pk)
-    jobs = {label: Job.objects.select_related("cluster").get(pk=job_id) for label, job_id in scenario.jobs.items()}
+    scenario = get_object_or_404(selectors.scenario_list(user=request.user), pk=pk)
+    jobs = selectors.scenario_jobs(user=request.user, scenario=scenario)
     window = time_range(request, default="6h")
     data = {label: {"job": job.pk, "name": job.name, "cluster": job.cluster.name, "topic": events.topic("job", job.pk),
                     "after": topic_seq(events.topic("job", job.pk)), "timeline": job_timeline(job, since=window.since),

@@ -2,35 +2,32 @@ from django.db.models import QuerySet
 
 from controlplane.access import principal
 from telemetry.models import AgentToken
+from tenancy.scoping import restrict
+
+# Every table here is the provider's (none has a ``tenant_scope``): ``restrict`` gives tenant users none.
 
 
 def agent_token_list(*, user) -> QuerySet[AgentToken]:
     """Agent tokens are cluster credentials: provider roles only."""
-    if not principal(user).is_provider:
-        return AgentToken.objects.none()
-    return AgentToken.objects.select_related("cluster")
+    return restrict(AgentToken.objects.select_related("cluster"), user)
 
 
 def notification_channel_list(*, user):
     from telemetry.models import NotificationChannel
 
-    return NotificationChannel.objects.all() if principal(user).is_provider else NotificationChannel.objects.none()
+    return restrict(NotificationChannel.objects.all(), user)
 
 
 def notification_delivery_list(*, user):
     from telemetry.models import NotificationDelivery
 
-    if not principal(user).is_provider:
-        return NotificationDelivery.objects.none()
-    return NotificationDelivery.objects.select_related("channel")
+    return restrict(NotificationDelivery.objects.select_related("channel"), user)
 
 
 def prediction_list(*, user):
     from telemetry.models import Prediction
 
-    if not principal(user).is_provider:
-        return Prediction.objects.none()
-    return Prediction.objects.select_related("node")
+    return restrict(Prediction.objects.select_related("node"), user)
 
 
 def risk_ranking(*, user, per_cluster: int = 15) -> list[dict]:

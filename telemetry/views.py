@@ -1,8 +1,7 @@
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.shortcuts import render
 
-from controlplane.access import principal
+from controlplane.access import principal, require
 from telemetry import selectors
 from telemetry.services.prediction import emptied_before_failure, prediction_metrics
 from telemetry.tables import fabric_cells, sparkline
@@ -12,8 +11,7 @@ from telemetry.tables import fabric_cells, sparkline
 def prediction_overview(request):
     """Nodes ranked by risk per cluster, with a sparkline each, and the live precision, recall and lead time
     beside what random predictions at the same rate would score."""
-    if not principal(request.user).is_provider:
-        raise PermissionDenied
+    require(principal(request.user).is_provider)
     ranking = selectors.risk_ranking(user=request.user)
     for block in ranking:
         for row in block["nodes"]:

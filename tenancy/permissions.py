@@ -1,4 +1,6 @@
-"""DRF permission classes for DESIGN's permission table."""
+"""DRF permission classes for DESIGN's permission table: a whole viewset's role check, refused before any
+input is read. Each asks a predicate of the Principal (``controlplane.access``), as ``access.require`` does
+for one action."""
 
 from rest_framework import permissions
 
@@ -35,3 +37,12 @@ class ProviderReadAdminWrite(permissions.BasePermission):
         if request.method in permissions.SAFE_METHODS:
             return who.is_provider
         return who.is_provider_admin
+
+
+class ProviderWrites(permissions.BasePermission):
+    """Anyone signed in reads (selectors scope what); only provider roles write (DESIGN's permission table)."""
+
+    message = "Only provider roles (provider-admin, operator) may change fleets, clusters, nodes and blueprints."
+
+    def has_permission(self, request, view):
+        return request.method in permissions.SAFE_METHODS or principal(request.user).may_operate

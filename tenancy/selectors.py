@@ -30,20 +30,18 @@ def token_list(*, user) -> QuerySet[ApiToken]:
     """Tokens the user may manage: their own; a tenant admin's tenant's; all for the provider admin."""
     who = principal(user)
     rows = ApiToken.objects.select_related("user")
-    if who.is_provider_admin:
-        return rows
-    if who.is_tenant_admin:
-        return rows.filter(user__membership__tenant_id=who.tenant_id)
+    if who.manages_users:
+        return restrict(rows, user)
     return rows.filter(user_id=user.pk) if who.is_authenticated else rows.none()
 
 
 def user_list(*, user) -> QuerySet:
+    """Users the user may manage (``manages_users``: the provider admin all, a tenant admin its tenant's);
+    anyone else signed in sees only themselves."""
     who = principal(user)
     rows = User.objects.select_related("membership", "membership__tenant").order_by("username")
-    if who.is_provider_admin:
-        return rows
-    if who.is_tenant_admin:
-        return rows.filter(membership__tenant_id=who.tenant_id)
+    if who.manages_users:
+        return restrict(rows, user, scope="membership__tenant_id")
     return rows.filter(pk=user.pk) if who.is_authenticated else rows.none()
 
 

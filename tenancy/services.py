@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane import events
-from controlplane.access import PROVIDER_ROLES, principal
+from controlplane.access import PROVIDER_ROLES, principal, require
 from controlplane.audit import audit_record, field_changes
 from controlplane.errors import ServiceError
 from controlplane.wsauth import credentials_revoked
@@ -23,14 +23,9 @@ from tenancy.tokens import generate
 User = get_user_model()
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ServiceError(message, status=403)
-
-
 @transaction.atomic
 def tenant_create(*, actor, name: str, slug: str, tier: str = TenantTier.STANDARD) -> Tenant:
-    _require(principal(actor).is_provider_admin, "Only the provider admin may create tenants.")
+    require(principal(actor).is_provider_admin, "Only the provider admin may create tenants.")
     if Tenant.objects.filter(name=name).exists():
         raise ServiceError("a tenant with this name exists", field="name")
     if Tenant.objects.filter(slug=slug).exists():
@@ -45,7 +40,7 @@ def tenant_create(*, actor, name: str, slug: str, tier: str = TenantTier.STANDAR
 
 @transaction.atomic
 def tenant_update(*, actor, tenant: Tenant, **fields) -> Tenant:
-    _require(principal(actor).is_provider_admin, "Only the provider admin may change tenants.")
+    require(principal(actor).is_provider_admin, "Only the provider admin may change tenants.")
     tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
     for unique in ("name", "slug"):
         if unique in fields and Tenant.objects.filter(**{unique: fields[unique]}).exclude(pk=tenant.pk).exists():
@@ -68,13 +63,13 @@ def user_create(
     """A user with a role. Returns the user and, when no password was given, a generated one to show once."""
     who = principal(actor)
     if role in PROVIDER_ROLES:
-        _require(who.is_provider_admin, "Only the provider admin may create provider users.")
+        require(who.is_provider_admin, "Only the provider admin may create provider users.")
         if tenant is not None:
             raise ServiceError("provider roles belong to no tenant", field="tenant")
     else:
         if tenant is None:
             raise ServiceError("tenant roles need a tenant", field="tenant")
-        _require(who.may_manage_users(tenant.pk), "You may not create users in this tenant.")
+        require(who.may_manage_users(tenant.pk), "You may not create users in this tenant.")
     if User.objects.filter(username=username).exists():
         raise ServiceError("a user with this name exists", field="username")
     generated = None
@@ -91,9 +86,7 @@ def user_create(
 def user_deactivate(*, actor, user) -> None:
     membership = Membership.objects.filter(user=user).first()
     tenant_id = membership.tenant_id if membership else None
-    who = principal(actor)
-    _require(who.is_provider_admin or (tenant_id is not None and who.may_manage_users(tenant_id)),
-             "You may not deactivate this user.")
+    require(principal(actor).may_manage_user_of(tenant_id), "You may not deactivate this user.")
     if user.pk == getattr(actor, "pk", None):
         raise ServiceError("you cannot deactivate yourself", status=409)
     User.objects.filter(pk=user.pk).update(is_active=False)
@@ -105,9 +98,8 @@ def user_deactivate(*, actor, user) -> None:
 def may_manage_tokens_of(actor, owner) -> bool:
     if getattr(actor, "pk", None) == owner.pk:
         return True
-    who = principal(actor)
     owner_tenant = Membership.objects.filter(user=owner).values_list("tenant_id", flat=True).first()
-    return who.is_provider_admin or (owner_tenant is not None and who.may_manage_users(owner_tenant))
+    return principal(actor).may_manage_user_of(owner_tenant)
 
 
 @transaction.atomic
@@ -144,7 +136,7 @@ def token_create(
     *, actor, owner, name: str, scope: str = TokenScope.READ, expires_at: datetime | None = None
 ) -> tuple[ApiToken, str]:
     """A new token for ``owner``. Returns the row and the token itself, which is never retrievable again."""
-    _require(may_manage_tokens_of(actor, owner), "You may not create tokens for this user.")
+    require(may_manage_tokens_of(actor, owner), "You may not create tokens for this user.")
     if expires_at is not None and expires_at <= timezone.now():
         raise ServiceError("the expiry must be in the future", field="expires_at")
     token, raw = token_issue(model=ApiToken, user=owner, name=name, scope=scope, expires_at=expires_at)
@@ -158,7 +150,7 @@ def token_create(
 @transaction.atomic
 def token_revoke(*, actor, token: ApiToken) -> ApiToken:
     token = ApiToken.objects.select_for_update().select_related("user").get(pk=token.pk)
-    _require(may_manage_tokens_of(actor, token.user), "You may not revoke this token.")
+    require(may_manage_tokens_of(actor, token.user), "You may not revoke this token.")
     if token_mark_revoked(token=token):
         tenant_id = Membership.objects.filter(user=token.user).values_list("tenant_id", flat=True).first()
         audit_record(actor=actor, action="token.revoke", target=token, tenant_id=tenant_id, changes={"revoked": True})

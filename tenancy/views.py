@@ -1,12 +1,11 @@
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from controlplane.access import principal
+from controlplane.access import principal, require
 from controlplane.confirm import carry_out, confirm_page, confirmed
 from controlplane.errors import ServiceError
 from controlplane.security_ratelimit import LOGIN, TOKEN_CREATE, refused, retry_after
@@ -69,8 +68,7 @@ def token_revoke(request, pk: int):
 def _user_admin(request):
     """The provider admin manages every tenant's users, a tenant admin its own tenant's (DESIGN); others 403."""
     who = principal(request.user)
-    if not (who.is_provider_admin or who.is_tenant_admin):
-        raise PermissionDenied("only the provider admin and tenant admins manage users")
+    require(who.manages_users, "only the provider admin and tenant admins manage users")
     return who
 
 

@@ -1,11 +1,11 @@
 """The provider-wide automation switch: ``GET /api/v1/automation/`` (provider roles), ``PUT`` (the provider admin any mode; an operator dry-run or paused)."""
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import exceptions, serializers
+from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.access import principal
+from controlplane.access import principal, require
 from controlplane.openapi import ErrorSerializer
 from fleet.choices import AutomationMode
 from fleet.services.automation import automation_switch, automation_switch_set
@@ -26,8 +26,7 @@ class AutomationSwitchView(APIView):
     rollout steps. Every cluster runs at the strictest of its own mode, its fleet's and this one."""
 
     def _provider(self, request):
-        if not principal(request.user).is_provider:
-            raise exceptions.PermissionDenied("only provider roles see the provider-wide automation switch")
+        require(principal(request.user).is_provider, "only provider roles see the provider-wide automation switch")
 
     @extend_schema(responses={200: AutomationSwitchSerializer, 403: ErrorSerializer})
     def get(self, request):

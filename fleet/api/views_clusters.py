@@ -9,7 +9,6 @@ from controlplane.api import ScopedViewSet
 from controlplane.errors import ServiceError
 from controlplane.openapi import ErrorSerializer
 from fleet import selectors
-from fleet.api.permissions import ProviderWrites
 from fleet.api.serializers import (
     AssignmentSerializer,
     ClusterOrOutlineSerializer,
@@ -22,11 +21,11 @@ from fleet.api.serializers import (
 from fleet.drivers import driver_for
 from fleet.drivers.base import Operation
 from fleet.filtersets import ClusterFilterSet, FleetFilterSet, NodeFilterSet
-from fleet.models import Blueprint
 from fleet.services import clusters as services
 from fleet.services.node_taints import node_set_taints
 from fleet.services.nodes import node_cordon, node_drain, node_uncordon
 from fleet.status import cluster_status, fleet_status
+from tenancy.permissions import ProviderWrites
 
 
 class FleetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
@@ -131,7 +130,7 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedVie
         data = AssignmentSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
-        blueprint = Blueprint.objects.filter(pk=values.pop("blueprint")).first()
+        blueprint = selectors.blueprint_list(user=request.user).filter(pk=values.pop("blueprint")).first()
         if blueprint is None:
             raise ServiceError("no such blueprint", field="blueprint")
         cluster = services.cluster_assign(actor=request.user, cluster=self._full(pk), blueprint=blueprint, **values)

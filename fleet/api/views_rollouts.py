@@ -5,9 +5,9 @@ from collections import Counter
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
+from controlplane.access import require
 from controlplane.api import ScopedViewSet
 from controlplane.errors import ServiceError
 from fleet import selectors
@@ -19,14 +19,13 @@ from fleet.api.serializers import (
     RolloutSerializer,
 )
 from fleet.filtersets import DriftFindingFilterSet, RolloutFilterSet
-from fleet.models import BlueprintVersion, Rollout
+from fleet.models import Rollout
 from fleet.services import rollouts as services
 from tenancy.permissions import IsProvider
 
 
-def rollout_body(rollout) -> dict:
-    rollout = type(rollout).objects.select_related("version__blueprint").prefetch_related(
-        "batches", "clusters__cluster", "clusters__previous_version").get(pk=rollout.pk)
+def rollout_body(rollout, *, user) -> dict:
+    rollout = selectors.rollout_detail(user=user, pk=rollout.pk)
     counts: dict[int, Counter] = {}
     for row in rollout.clusters.all():
         counts.setdefault(row.batch_index, Counter())[row.status] += 1
@@ -49,25 +48,25 @@ class RolloutViewSet(mixins.ListModelMixin, ScopedViewSet):
 
     @extend_schema(responses=RolloutDetailSerializer)
     def retrieve(self, request, pk=None):
-        return Response(rollout_body(self.get_object()))
+        return Response(rollout_body(self.get_object(), user=request.user))
 
     @extend_schema(request=RolloutCreateSerializer, responses={201: RolloutDetailSerializer})
     def create(self, request):
         data = RolloutCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
-        version = BlueprintVersion.objects.filter(blueprint_id=values["blueprint"], number=values["version"]).first()
+        version = selectors.blueprint_version(user=request.user, blueprint_id=values["blueprint"], number=values["version"])
         if version is None:
             raise ServiceError("no such version of that blueprint", field="version")
         rollout = services.rollout_start(actor=request.user, version=version, targets=values["targets"],
                                          strategy=values["strategy"])
-        return Response(rollout_body(rollout), status=status.HTTP_201_CREATED)
+        return Response(rollout_body(rollout, user=request.user), status=status.HTTP_201_CREATED)
 
     def _act(self, request, service, with_reason=True):
         data = RolloutActionSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         kwargs = {"reason": data.validated_data["reason"]} if with_reason else {}
-        return Response(rollout_body(service(actor=request.user, rollout=self.get_object(), **kwargs)))
+        return Response(rollout_body(service(actor=request.user, rollout=self.get_object(), **kwargs), user=request.user))
 
     @extend_schema(request=RolloutActionSerializer, responses=RolloutDetailSerializer)
     @action(detail=True, methods=["post"])
@@ -105,7 +104,6 @@ class DriftFindingViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Scop
         """Queue a drift sweep of every cluster now (provider roles); findings appear as it finishes."""
         from fleet.services.drift import drift_sweep_request
 
-        if not self.principal.may_operate:
-            raise PermissionDenied("drift sweeps are for provider roles")
+        require(self.principal.may_operate, "drift sweeps are for provider roles")
         drift_sweep_request(actor=request.user)
         return Response({"queued": True}, status=status.HTTP_202_ACCEPTED)

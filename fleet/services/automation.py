@@ -7,7 +7,7 @@ through the API, with the audit trail saying who and why, and every worker reads
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.access import principal
+from controlplane.access import principal, require
 from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
 from fleet.choices import AutomationMode
@@ -41,12 +41,9 @@ def automation_switch_set(*, actor, mode: str, reason: str = "") -> AutomationSw
     """Throw the provider switch (as ``automation_modes_for`` allows); audited, and published on the ``fleet``
     topic."""
     allowed = automation_modes_for(actor)
-    if not allowed:
-        raise ServiceError("only provider roles may throw the provider-wide automation switch", status=403)
-    if mode in AutomationMode.values and mode not in allowed:
-        raise ServiceError(
-            f"an operator may dry-run or pause automation; only the provider admin sets it {mode}", status=403
-        )
+    require(bool(allowed), "only provider roles may throw the provider-wide automation switch")
+    require(mode not in AutomationMode.values or mode in allowed,
+            f"an operator may dry-run or pause automation; only the provider admin sets it {mode}")
     if mode not in AutomationMode.values:
         raise ServiceError(f"one of {', '.join(AutomationMode.values)}", field="mode")
     switch, _ = AutomationSwitch.objects.select_for_update().get_or_create(pk=1)

@@ -2,7 +2,7 @@
 
 from django.db import IntegrityError, transaction
 
-from controlplane.access import principal
+from controlplane.access import principal, require
 from controlplane.audit import audit_record, field_changes
 from controlplane.errors import ServiceError
 from controlplane.queueing import queue
@@ -67,8 +67,10 @@ def fleet_delete(*, actor, fleet: Fleet) -> None:
 
 
 def _check_credentials(actor, fields: dict) -> None:
-    if "connection" in fields and not principal(actor).is_provider_admin and getattr(actor, "is_authenticated", False):
-        raise ServiceError("only the provider admin may set cluster credentials", field="connection", status=403)
+    # No actor (a command, a task) is the system itself.
+    require("connection" not in fields or principal(actor).is_provider_admin
+            or not getattr(actor, "is_authenticated", False),
+            "only the provider admin may set cluster credentials", field="connection")
     if "connection" in fields and not isinstance(fields["connection"], dict):
         raise ServiceError("must be a mapping", field="connection")
     if "labels" in fields and (not isinstance(fields["labels"], dict)

@@ -11,11 +11,12 @@ from rest_framework.authentication import SessionAuthentication
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from controlplane.access import require
 from controlplane.api import ScopedViewSet
 from controlplane.openapi import ErrorSerializer
 from controlplane.timerange import RANGES
 from fleet import selectors as fleet_selectors
-from fleet.models import Cluster, Node
+from fleet.models import Node
 from jobs import figures, selectors
 from jobs.api.serializers import (
     FaultReportSerializer,
@@ -31,13 +32,13 @@ from jobs.api.serializers import (
 )
 from jobs.authentication import JobTokenAuthentication
 from jobs.filtersets import FaultEventFilterSet, IncidentFilterSet, JobFilterSet, RecoveryActionFilterSet
-from jobs.models import Job, JobToken
+from jobs.models import JobToken
 from jobs.services import faults as fault_services
 from jobs.services import jobs as job_services
 from jobs.services.escalation import escalation_repaired
 from jobs.services.snapshots import snapshot_report, snapshot_take
 from tenancy.authentication import BearerTokenAuthentication
-from tenancy.models import Tenant
+from tenancy.selectors import tenant_list
 
 
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
@@ -61,41 +62,40 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
     @extend_schema(request=JobSubmitSerializer, responses=JobSerializer)
     def create(self, request):
         who = self.principal
-        if not who.is_provider and not who.may_submit_jobs(who.tenant_id):
-            raise exceptions.PermissionDenied("you may not submit jobs")   # before reading any input
+        require(who.may_submit_jobs(who.tenant_id), "you may not submit jobs")   # before reading any input
         data = JobSubmitSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
         if who.is_provider:
             if "tenant" not in values:
                 raise exceptions.ValidationError({"tenant": ["provider roles name the tenant the job runs for"]})
-            tenant = Tenant.objects.filter(pk=values["tenant"]).first()
+            tenant = tenant_list(user=request.user).filter(pk=values["tenant"]).first()
             if tenant is None:
                 raise exceptions.ValidationError({"tenant": ["no such tenant"]})
         else:
-            tenant = get_object_or_404(Tenant, pk=who.tenant_id) if who.tenant_id else None
-        if tenant is None or not who.may_submit_jobs(tenant.pk):
-            raise exceptions.PermissionDenied("you may not submit jobs for this tenant")
-        cluster = Cluster.objects.filter(pk=values["cluster"]).first()
+            tenant = get_object_or_404(tenant_list(user=request.user), pk=who.tenant_id) if who.tenant_id else None
+        require(tenant is not None and who.may_submit_jobs(tenant.pk), "you may not submit jobs for this tenant")
+        # Of the clusters the reader may know of (its own and the shared ones), one that may run the tenant's jobs.
+        cluster = fleet_selectors.cluster_catalog(user=request.user).filter(pk=values["cluster"]).first()
         if cluster is None or cluster.dedicated_tenant_id not in (None, tenant.pk):
             raise exceptions.ValidationError({"cluster": ["no such cluster for this tenant"]})
-        if values.get("hostnames") and not who.is_provider and cluster.dedicated_tenant_id != tenant.pk:
-            # Naming hosts claims them: on a shared cluster only provider roles (or the cluster's launcher) may.
-            raise exceptions.PermissionDenied("only provider roles register jobs on named hosts of a shared cluster")
+        # Naming hosts claims them: on a shared cluster only provider roles (or the cluster's launcher) may.
+        require(not values.get("hostnames") or who.is_provider or cluster.dedicated_tenant_id == tenant.pk,
+                "only provider roles register jobs on named hosts of a shared cluster")
         job, token = job_services.job_submit(
             actor=request.user, tenant=tenant, cluster=cluster, name=values["name"], gpus=values["gpus"],
             gpus_per_node=values["gpus_per_node"], seconds_per_iteration=values["seconds_per_iteration"],
             checkpoint_interval=values["checkpoint_interval"], total_iterations=values.get("total_iterations"),
             hostnames=values.get("hostnames"), gpu_model=values.get("gpu_model"))
-        body = JobSerializer(Job.objects.prefetch_related("allocations__node").get(pk=job.pk), context={}).data
+        body = JobSerializer(selectors.job_list(user=request.user).prefetch_related("allocations__node").get(pk=job.pk),
+                             context={}).data
         return Response({**body, "token": token}, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         job = self.get_object()
-        if not self.principal.may_submit_jobs(job.tenant_id):
-            raise exceptions.PermissionDenied("you may not cancel this job")
+        require(self.principal.may_submit_jobs(job.tenant_id), "you may not cancel this job")
         job = job_services.job_cancel(actor=request.user, job=job)
         return Response(JobSerializer(job, context={}).data)
 
@@ -106,13 +106,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
     def progress(self, request, pk=None):
         """The job reports its progress: with its job token, or as a user who may submit its tenant's jobs."""
         if isinstance(request.auth, JobToken):
-            if str(request.auth.job_id) != str(pk):
-                raise exceptions.PermissionDenied("this job token belongs to another job")
+            require(str(request.auth.job_id) == str(pk), "this job token belongs to another job")
             job = request.auth.job
         else:
             job = self.get_object()
-            if not self.principal.may_submit_jobs(job.tenant_id):
-                raise exceptions.PermissionDenied("you may not report progress for this job")
+            require(self.principal.may_submit_jobs(job.tenant_id), "you may not report progress for this job")
         data = ProgressSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         job = job_services.job_progress(job=job, actor=None, **data.validated_data)
@@ -144,10 +142,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
     @action(detail=True, methods=["get", "post"], pagination_class=None, filter_backends=[])
     def snapshots(self, request, pk=None):
         if isinstance(request.auth, JobToken):
-            if request.method != "POST":
-                raise exceptions.PermissionDenied("a job token reports; it reads nothing")
-            if str(request.auth.job_id) != str(pk):
-                raise exceptions.PermissionDenied("this job token belongs to another job")
+            require(request.method == "POST", "a job token reports; it reads nothing")
+            require(str(request.auth.job_id) == str(pk), "this job token belongs to another job")
             data = SnapshotReportSerializer(data=request.data)
             data.is_valid(raise_exception=True)
             values = dict(data.validated_data)
@@ -156,8 +152,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
             return Response(SnapshotSerializer(snapshot).data, status=status.HTTP_201_CREATED)
         job = self.get_object()
         if request.method == "POST":
-            if not self.principal.may_operate:
-                raise exceptions.PermissionDenied("only provider roles take snapshots")
+            require(self.principal.may_operate, "only provider roles take snapshots")
             snapshot = snapshot_take(actor=request.user, job=job)
             return Response(SnapshotSerializer(snapshot).data, status=status.HTTP_201_CREATED)
         return Response(SnapshotSerializer(selectors.snapshot_list(user=request.user, job=job)[:200], many=True).data)
@@ -195,8 +190,7 @@ class FaultViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewS
         201: OpenApiResponse(FaultSerializer, description="a new fault event"),
         200: OpenApiResponse(FaultSerializer, description="a report of a fault already recorded (merged into it)")})
     def create(self, request):
-        if not self.principal.may_operate:
-            raise exceptions.PermissionDenied("only provider roles report faults")
+        require(self.principal.may_operate, "only provider roles report faults")
         data = FaultReportSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
@@ -239,8 +233,7 @@ class FaultViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewS
         """An operator repaired the node this fault took out (rebooted it, replaced a part): its escalation
         ladder goes on to the health check and, if that passes, back to the spare pool (provider roles)."""
         fault = self.get_object()
-        if not self.principal.may_operate:
-            raise exceptions.PermissionDenied("only provider roles mark nodes repaired")
+        require(self.principal.may_operate, "only provider roles mark nodes repaired")
         reason = str(request.data.get("reason", ""))[:300] if hasattr(request.data, "get") else ""
         ladder = escalation_repaired(actor=request.user, node=fault.node, reason=reason)
         return Response({"node": fault.node_id, "stage": ladder.stage})
@@ -275,8 +268,8 @@ class StatsViewSet(ScopedViewSet):
             raise exceptions.ValidationError({"group": [f"one of {', '.join(figures.GROUPS)}"]})
         if bucket not in figures.BUCKETS:
             raise exceptions.ValidationError({"bucket": [f"one of {', '.join(figures.BUCKETS)}"]})
-        if group in ("fleet", "cluster") and not self.principal.is_provider:
-            raise exceptions.PermissionDenied("fleet and cluster figures are for provider roles")
+        require(group not in ("fleet", "cluster") or self.principal.is_provider,
+                "fleet and cluster figures are for provider roles")
         since = None
         if request.query_params.get("hours"):
             try:
@@ -286,10 +279,6 @@ class StatsViewSet(ScopedViewSet):
             except ValueError as error:
                 raise exceptions.ValidationError({"hours": ["a whole number of hours, 1 to 8784"]}) from error
             since = timezone.now() - timedelta(hours=hours)
-        return Response(figures.gpu_hours_stats(actions=self.get_queryset(), faults=self._faults(request.user),
+        return Response(figures.gpu_hours_stats(actions=self.get_queryset(),
+                                                faults=selectors.job_fault_list(user=request.user),
                                                 group=group, bucket=bucket, since=since))
-
-    def _faults(self, user):
-        if self.principal.is_provider:
-            return selectors.fault_list(user=user)
-        return selectors.fault_list(user=user).filter(actions__job__tenant_id=self.principal.tenant_id).distinct()

@@ -7,7 +7,7 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.access import principal
+from controlplane.access import principal, require
 from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
 from fleet.models import Cluster
@@ -35,8 +35,7 @@ def _pair() -> tuple[Cluster, Cluster]:
 def abnic_start(*, actor, gpus: int = 64, seconds_per_iteration: float = 2.0, checkpoint_interval: int = 300,
                 strike_after_seconds: float = 90.0) -> Scenario:
     """Submit the two jobs and arm the NIC failure ``strike_after_seconds`` from now (provider roles)."""
-    if not principal(actor).is_provider:
-        raise ServiceError("scenarios are for provider roles", status=403)
+    require(principal(actor).is_provider, "scenarios are for provider roles")
     protected, unprotected = _pair()
     tenant = Tenant.objects.order_by("name").first()
     if tenant is None:

@@ -6,7 +6,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane import events
-from controlplane.access import principal
+from controlplane.access import principal, require
 from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
 from controlplane.queueing import queue
@@ -63,8 +63,7 @@ def _publish(run: WhatIfRun, kind: str) -> None:
 @transaction.atomic
 def whatif_start(*, actor, config: dict) -> WhatIfRun:
     """Record a what-if run and queue it on commit (provider roles)."""
-    if not principal(actor).is_provider:
-        raise ServiceError("what-if replays are for provider roles", status=403)
+    require(principal(actor).is_provider, "what-if replays are for provider roles")
     cleaned = clean_config(config)
     _within_caps(actor)
     run = WhatIfRun.objects.create(created_by=actor, config=asdict(cleaned))

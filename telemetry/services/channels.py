@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.db import transaction
 
-from controlplane.access import principal
+from controlplane.access import principal, require
 from controlplane.audit import audit_record, field_changes
 from controlplane.errors import ServiceError
 from telemetry.models import NotificationChannel
@@ -50,8 +50,7 @@ def _require_target(url: str) -> None:
 
 
 def _require_admin(actor) -> None:
-    if not principal(actor).is_provider_admin:
-        raise ServiceError("Only the provider admin may change notification channels.", status=403)
+    require(principal(actor).is_provider_admin, "Only the provider admin may change notification channels.")
 
 
 @transaction.atomic

@@ -1,4 +1,3 @@
-from django.contrib.auth import get_user_model
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status
 from rest_framework.response import Response
@@ -18,8 +17,6 @@ from tenancy.api.serializers import (
     UserSerializer,
 )
 from tenancy.permissions import ProviderReadAdminWrite
-
-User = get_user_model()
 
 
 class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
@@ -106,7 +103,7 @@ class UserViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSe
             if tenant is None:
                 raise ServiceError("no such tenant", field="tenant")
         user, generated = services.user_create(actor=request.user, tenant=tenant, **values)
-        body = UserCreatedSerializer(User.objects.select_related("membership").get(pk=user.pk)).data
+        body = UserCreatedSerializer(selectors.user_list(user=request.user).get(pk=user.pk)).data
         body["password"] = generated
         return Response(body, status=status.HTTP_201_CREATED)
 

@@ -5,16 +5,14 @@ tenant, providers only)."""
 
 from django.urls import path
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import extend_schema, extend_schema_view, inline_serializer
 from rest_framework import mixins, permissions, serializers, status
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 from rest_framework.views import APIView
 
 from controlplane.api import ScopedViewSet
-from controlplane.errors import ServiceError
-from controlplane.security_ratelimit import TokenCreateThrottle
-from fleet.selectors import cluster_list
+from fleet.api.views_tokens import ClusterTokenViewSet
 from jobs.filtersets import SlurmJobFilterSet
 from jobs.launchers import (
     LauncherAuthentication,
@@ -24,9 +22,8 @@ from jobs.launchers import (
     launcher_register,
 )
 from jobs.models import LauncherCredential, SlurmJob
-from jobs.selectors import slurm_job_list
+from jobs.selectors import launcher_credential_list, slurm_job_list
 from tenancy.api.serializers import ClusterTokenSerializer
-from tenancy.permissions import IsProvider
 
 
 class LauncherCredentialScheme(OpenApiAuthenticationExtension):
@@ -105,36 +102,23 @@ class LauncherCredentialCreatedSerializer(LauncherCredentialSerializer):
     token = serializers.CharField(read_only=True, help_text="shown once; only its digest is stored")
 
 
-class LauncherCredentialViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+@extend_schema_view(
+    create=extend_schema(request=LauncherCredentialSerializer, responses={201: LauncherCredentialCreatedSerializer}),
+)
+class LauncherCredentialViewSet(ClusterTokenViewSet):
     """Launcher credentials, each bound to one cluster (provider roles). DELETE revokes."""
 
     serializer_class = LauncherCredentialSerializer
-    permission_classes = [*ScopedViewSet.permission_classes, IsProvider]
-    throttle_classes = [TokenCreateThrottle]
-    filterset_fields = ["cluster"]
-    http_method_names = ["get", "post", "delete", "head", "options"]
     queryset = LauncherCredential.objects.none()
 
     def selector(self, *, user):
-        return LauncherCredential.objects.select_related("cluster").order_by("-created_at", "-id")
+        return launcher_credential_list(user=user)
 
-    @extend_schema(request=LauncherCredentialSerializer, responses={201: LauncherCredentialCreatedSerializer})
-    def create(self, request):
-        data = LauncherCredentialSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        cluster = cluster_list(user=request.user).filter(pk=data.validated_data["cluster_id"]).first()
-        if cluster is None:
-            raise ServiceError("no such cluster", field="cluster")
-        credential, raw = launcher_credential_create(
-            actor=request.user, cluster=cluster, name=data.validated_data["name"]
-        )
-        body = LauncherCredentialSerializer(credential).data
-        body["token"] = raw
-        return Response(body, status=status.HTTP_201_CREATED)
+    def issue(self, *, actor, cluster, name):
+        return launcher_credential_create(actor=actor, cluster=cluster, name=name)
 
-    def destroy(self, request, pk=None):
-        launcher_credential_revoke(actor=request.user, credential=self.get_object())
-        return Response(status=status.HTTP_204_NO_CONTENT)
+    def revoke(self, *, actor, token):
+        launcher_credential_revoke(actor=actor, credential=token)
 
 
 class SlurmJobSerializer(serializers.ModelSerializer):

@@ -17,6 +17,7 @@ from jobs.models import (
     JobAllocation,
     JobPhase,
     JobSnapshot,
+    LauncherCredential,
     NodeEscalation,
     RecoveryAction,
     SlurmJob,
@@ -31,6 +32,11 @@ def may_see_job_topic(who, job_id: int) -> bool:
 
 def job_list(*, user) -> QuerySet[Job]:
     return restrict(Job.objects.select_related("tenant", "cluster"), user)
+
+
+def launcher_credential_list(*, user) -> QuerySet[LauncherCredential]:
+    """Launcher credentials are cluster credentials: provider roles only."""
+    return restrict(LauncherCredential.objects.select_related("cluster"), user).order_by("-created_at", "-id")
 
 
 def slurm_job_list(*, user) -> QuerySet[SlurmJob]:

@@ -1,15 +1,19 @@
 from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+    inline_serializer,
+)
 from rest_framework import exceptions, mixins, permissions, renderers, serializers, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.api import ScopedViewSet
-from controlplane.errors import ServiceError
-from controlplane.security_ratelimit import TokenCreateThrottle
-from fleet.selectors import cluster_list
+from fleet.api.views_tokens import ClusterTokenViewSet
 from telemetry import selectors
 from telemetry.api.serializers import (
     AgentTokenCreatedSerializer,
@@ -81,41 +85,27 @@ class TelemetryIngestView(APIView):
 TOO_MANY_TOKENS = OpenApiResponse(description="Too many tokens issued: wait the Retry-After header's seconds.")
 
 
-class AgentTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+@extend_schema_view(
+    create=extend_schema(request=AgentTokenSerializer, responses={201: AgentTokenCreatedSerializer, 429: TOO_MANY_TOKENS}),
+)
+class AgentTokenViewSet(ClusterTokenViewSet):
     """Agent tokens, each bound to one cluster (provider roles). DELETE revokes; ``rotate/`` revokes and reissues."""
 
     serializer_class = AgentTokenSerializer
-    permission_classes = [*ScopedViewSet.permission_classes, IsProvider]
-    throttle_classes = [TokenCreateThrottle]     # create and rotate issue tokens: TOKEN_CREATE_RATE per user
-    filterset_fields = ["cluster"]
-    http_method_names = ["get", "post", "delete", "head", "options"]
 
     def selector(self, *, user):
         return selectors.agent_token_list(user=user)
 
-    @extend_schema(request=AgentTokenSerializer, responses={201: AgentTokenCreatedSerializer, 429: TOO_MANY_TOKENS})
-    def create(self, request):
-        data = AgentTokenSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        cluster = cluster_list(user=request.user).filter(pk=data.validated_data["cluster_id"]).first()
-        if cluster is None:
-            raise ServiceError("no such cluster", field="cluster")
-        token, raw = agent_token_create(actor=request.user, cluster=cluster, name=data.validated_data["name"])
-        body = AgentTokenSerializer(token).data
-        body["token"] = raw
-        return Response(body, status=status.HTTP_201_CREATED)
+    def issue(self, *, actor, cluster, name):
+        return agent_token_create(actor=actor, cluster=cluster, name=name)
 
-    def destroy(self, request, pk=None):
-        agent_token_revoke(actor=request.user, token=self.get_object())
-        return Response(status=status.HTTP_204_NO_CONTENT)
+    def revoke(self, *, actor, token):
+        agent_token_revoke(actor=actor, token=token)
 
     @extend_schema(request=None, responses={201: AgentTokenCreatedSerializer, 429: TOO_MANY_TOKENS})
     @action(detail=True, methods=["post"])
     def rotate(self, request, pk=None):
-        token, raw = agent_token_rotate(actor=request.user, token=self.get_object())
-        body = AgentTokenSerializer(token).data
-        body["token"] = raw
-        return Response(body, status=status.HTTP_201_CREATED)
+        return self.issued(*agent_token_rotate(actor=request.user, token=self.get_object()))
 
 
 class AlertmanagerWebhookView(APIView):

@@ -1,6 +1,6 @@
 """Benchmark (not a timed test): from an Xid on a GPU to Lockstep's decision through Prometheus and Alertmanager.
 
-A real Prometheus and Alertmanager (Debian's packages, controlplane/testing/monitoring.py) run the shipped
+A real Prometheus and Alertmanager (Debian's packages, tests/support/monitoring.py) run the shipped
 configuration (deploy/), a real Lockstep (uvicorn and one Celery worker) takes the webhook. Each node's exporter is
 the agent's dcgm-exporter-named /metrics (lockstep_agent.metrics) over the fake NVML, in this process, so the Xid is
 raised at a known instant; the agent does not report it itself, so the alert is the only path. Each run raises
@@ -179,7 +179,7 @@ class Exporter:
         from lockstep_agent.gpu import GPUCollector
         from lockstep_agent.metrics import DCGMCollector, serve
 
-        from controlplane.testing.processes import free_port
+        from tests.support.processes import free_port
 
         self.nvml = fake_nvml()
         self.gpus = GPUCollector(nvml=self.nvml)
@@ -208,8 +208,8 @@ def _epoch(value) -> float:
 
 
 def one_run(stack, exporter: Exporter, node) -> dict:
-    from controlplane.testing.processes import wait_for
     from jobs.models import FaultEvent, RecoveryAction
+    from tests.support.processes import wait_for
 
     xid_at = exporter.raise_xid(79)
     fault = wait_for(
@@ -237,8 +237,8 @@ def one_run(stack, exporter: Exporter, node) -> dict:
 
 
 def run_timings(label: str, timings, runs: int, folder: Path) -> list[dict]:
-    from controlplane.testing.monitoring import MonitoringStack
-    from controlplane.testing.processes import celery_worker, uvicorn_server, wait_for
+    from tests.support.monitoring import MonitoringStack
+    from tests.support.processes import celery_worker, uvicorn_server, wait_for
 
     folder.mkdir(parents=True, exist_ok=True)
     read, write, nodes = build_world(runs, label)
@@ -286,7 +286,7 @@ def run_timings(label: str, timings, runs: int, folder: Path) -> list[dict]:
 
 
 def _interval(duration: str) -> float:
-    from controlplane.testing.monitoring import _seconds
+    from tests.support.monitoring import _seconds
 
     return _seconds(duration)
 
@@ -311,7 +311,7 @@ def main() -> int:
     args = parser.parse_args()
     scratch_database()
     setup_django()
-    from controlplane.testing.monitoring import Timings, available
+    from tests.support.monitoring import Timings, available
 
     why = available()
     if why:

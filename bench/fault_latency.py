@@ -356,7 +356,7 @@ def main() -> int:
     setup_django()
     token, targets = build_world()
     targets.reverse()
-    from controlplane.testing.processes import free_port, stop_group, wait_for
+    from tests.support.processes import free_port, stop_group, wait_for
 
     port = free_port()
     logs = Path(os.environ.get("BENCH_LOG_DIR", "/tmp"))

@@ -332,7 +332,7 @@ def main() -> int:
     scratch_database()
     setup_django()
     token, (leaf, leaf_token, leaf_hosts), (dead, dead_token, dead_hosts) = build_world()
-    from controlplane.testing.processes import free_port, stop_group, wait_for
+    from tests.support.processes import free_port, stop_group, wait_for
 
     port = free_port()
     logs = Path(os.environ.get("BENCH_LOG_DIR", "/tmp"))

@@ -225,7 +225,7 @@ def main() -> None:
     try:
         import requests
 
-        from controlplane.testing.processes import wait_for
+        from tests.support.processes import wait_for
 
         wait_for(lambda: requests.get(f"http://127.0.0.1:{args.port}/healthz", timeout=1).ok, 30, 0.2, what="uvicorn")
         url = f"http://127.0.0.1:{args.port}{URL_PATH}"
@@ -244,7 +244,7 @@ def main() -> None:
         Path(out).unlink()
         floor = request_floor(server.pid, args.port)
     finally:
-        from controlplane.testing.processes import stop_group
+        from tests.support.processes import stop_group
 
         stop_group(server)
         import psycopg

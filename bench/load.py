@@ -644,7 +644,7 @@ def main() -> int:
     started = time.time()
     db_url = scratch_database(args.db_connection_limit)
     world = build_world(args.nodes, args.clients, args.job_topics, args.seed)
-    from controlplane.testing.processes import free_port, stop_group, wait_for  # Django is set up now
+    from tests.support.processes import free_port, stop_group, wait_for  # Django is set up now
     needed = int(args.fault_rate * (args.warmup + args.seconds)) + 1
     if len(world["targets"]) < needed:
         print(f"only {len(world['targets'])} distinct (node, NIC) pairs for {needed} faults: fewer nodes or faults")

@@ -2,7 +2,7 @@
 killed under each at a random iteration (issue 18).
 
 Each run starts a fresh six-node Slurm (munged, slurmctld, six ``slurmd -N``, a snapshot holder per node;
-controlplane/testing/slurm.py: 4 training nodes + 2 hot spares, one CPU a node) on a Lockstep cluster whose policy
+jobs/local_slurm/cluster.py: 4 training nodes + 2 hot spares, one CPU a node) on a Lockstep cluster whose policy
 turns the protection runtime on, and a real uvicorn server the jobs register with and report to; beat's work
 (Slurm sync, fault handling, recovery advance) runs every 0.25 s. Both jobs run
 agent/lockstep_agent/examples/train_slurm.py on two nodes (gloo, a checkpoint every ``--checkpoint-every`` steps,
@@ -62,14 +62,14 @@ def setup_django() -> None:
 
 
 def one_run(index: int, args, kill_after: int) -> dict:
-    from controlplane.testing.processes import uvicorn_server
-    from controlplane.testing.slurm import SlurmCluster
-    from controlplane.testing.slurm_scenario import ab_run
     from fleet.choices import ClusterKind, DriverName
     from fleet.models import Blueprint, BlueprintVersion, Cluster, Fleet
     from jobs.launchers import launcher_credential_create
+    from jobs.local_slurm.cluster import SlurmCluster
     from jobs.services.slurm_jobs import slurm_sync
     from tenancy.models import Tenant
+    from tests.support.processes import uvicorn_server
+    from tests.support.slurm_scenario import ab_run
 
     folder = Path(tempfile.mkdtemp(prefix="lockstep-bench-protection-"))
     tenant = Tenant.objects.create(name=f"Bench {index}", slug=f"bench-{index}")

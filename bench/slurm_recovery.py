@@ -1,6 +1,6 @@
 """Benchmark (not a timed test): a node dies under a real PyTorch job on a real Slurm, with and without Lockstep.
 
-Each run starts a fresh Slurm (munged, slurmctld, three slurmd: controlplane/testing/slurm.py) and runs the
+Each run starts a fresh Slurm (munged, slurmctld, three slurmd: jobs/local_slurm/cluster.py) and runs the
 training job (agent/lockstep_agent/examples/train_slurm.py, two nodes, gloo, a checkpoint every 20 steps) until
 it has trained past its second checkpoint; then node n2 dies (its slurmd, step daemon and rank are killed).
 
@@ -57,14 +57,14 @@ def setup_django() -> None:
 
 
 def one_run(index: int, slurmd_timeout: int, cred_expire: int) -> tuple[dict, dict]:
-    from controlplane.testing.processes import uvicorn_server
-    from controlplane.testing.slurm import SlurmCluster
-    from controlplane.testing.slurm_scenario import with_lockstep, without_lockstep
     from fleet.choices import ClusterKind, DriverName
     from fleet.models import Cluster, Fleet
     from jobs.launchers import launcher_credential_create
+    from jobs.local_slurm.cluster import SlurmCluster
     from jobs.services.slurm_jobs import slurm_sync
     from tenancy.models import Tenant
+    from tests.support.processes import uvicorn_server
+    from tests.support.slurm_scenario import with_lockstep, without_lockstep
 
     folder = Path(tempfile.mkdtemp(prefix="lockstep-bench-slurm-"))
     tenant = Tenant.objects.create(name=f"Bench {index}", slug=f"bench-{index}")

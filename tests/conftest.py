@@ -1,4 +1,5 @@
-import itertools
+"""Fixtures for the whole suite. What they are built from (factories, processes, the browser) is in tests/support/."""
+
 import os
 
 import pytest
@@ -8,11 +9,8 @@ from django.conf import settings
 from rest_framework.test import APIClient
 
 from controlplane.access import Role
-from controlplane.testing.processes import PrivateRedis
-from tenancy import services
-from tenancy.models import Membership, Tenant
-
-_counter = itertools.count(1)
+from tests.support.factories import make_tenant, make_user, token_header
+from tests.support.processes import PrivateRedis
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -62,23 +60,18 @@ def _fresh_channel_layers():
     channel_layers.backends.clear()
 
 
-def make_tenant(name: str | None = None, **fields) -> Tenant:
-    n = next(_counter)
-    name = name or f"tenant-{n}"
-    return Tenant.objects.create(name=name, slug=fields.pop("slug", f"{name.lower().replace(' ', '-')}-{n}"), **fields)
+@pytest.fixture
+def keep_connection():
+    """The WSGI handler closes database connections around each request; inside a test's transaction it
+    must not (Django's own test client disconnects the same receivers)."""
+    from django.core.signals import request_finished, request_started
+    from django.db import close_old_connections
 
-
-def make_user(role: str, tenant: Tenant | None = None, username: str | None = None, password: str = "correct-horse-9"):
-    from django.contrib.auth import get_user_model
-
-    user = get_user_model().objects.create_user(username=username or f"{role}-{next(_counter)}", password=password)
-    Membership.objects.create(user=user, tenant=tenant, role=role)
-    return user
-
-
-def token_header(user, scope: str = "write", **kwargs) -> dict:
-    _, raw = services.token_create(actor=user, owner=user, name=f"t{next(_counter)}", scope=scope, **kwargs)
-    return {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    yield
+    request_started.connect(close_old_connections)
+    request_finished.connect(close_old_connections)
 
 
 @pytest.fixture
@@ -131,7 +124,7 @@ def chromium():
     """One browser per test module. Playwright's sync API keeps an event loop running in this thread while the
     browser is open, so Django's async-safety check must stand aside (the ORM calls here are plain sync code);
     the module scope closes the browser before tests of other modules start their own event loops."""
-    from controlplane.testing.browser import CHROMIUM, browser
+    from tests.support.browser import CHROMIUM, browser
 
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (apt-get install chromium); .ci/run does")
@@ -157,8 +150,8 @@ def page(chromium):
 
 @pytest.fixture
 def server(tmp_path):
-    from controlplane.testing.browser import SERVER_ENV
-    from controlplane.testing.processes import uvicorn_server
+    from tests.support.browser import SERVER_ENV
+    from tests.support.processes import uvicorn_server
 
     with uvicorn_server(tmp_path, **SERVER_ENV) as running:
         yield running

@@ -20,7 +20,7 @@ from django.test import Client
 from drf_spectacular.generators import SchemaGenerator
 
 from controlplane.models import AuditEntry
-from controlplane.testing.matrix import ROUTES, MatrixWorld, matrix_world_build
+from tests.support.matrix import ROUTES, MatrixWorld, matrix_world_build
 
 pytestmark = pytest.mark.django_db
 

@@ -11,13 +11,13 @@ import requests
 from django.db import connection
 
 from controlplane.access import Role
-from controlplane.testing.browser import usable_password
-from controlplane.testing.processes import BASE_DIR, VENV_BIN, child_env, database_url, uvicorn_server
 from jobs.models import JobAllocation
 from jobs.services.advance import recovery_advance
 from jobs.services.faults import fault_handle, fault_ingest
-from tests.conftest import make_user, token_header
-from tests.jobs.helpers import protected_cluster, submit
+from tests.support.browser import usable_password
+from tests.support.factories import make_user, token_header
+from tests.support.jobs import protected_cluster, submit
+from tests.support.processes import BASE_DIR, VENV_BIN, child_env, database_url, uvicorn_server
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

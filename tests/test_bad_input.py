@@ -11,8 +11,8 @@ from django.urls import reverse
 from fleet.models import Blueprint, Fleet
 from jobs.models import Job
 from tenancy.models import ApiToken, Tenant
-from tests.fleet_factories import make_blueprint, make_cluster, make_fleet, make_node
-from tests.jobs.helpers import submit
+from tests.support.factories import make_blueprint, make_cluster, make_fleet, make_node
+from tests.support.jobs import submit
 
 pytestmark = pytest.mark.django_db
 

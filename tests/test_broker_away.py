@@ -5,13 +5,12 @@ import pytest
 import requests
 
 from controlplane.access import Role
-from controlplane.testing.processes import free_port, uvicorn_server
 from fleet.models import Cluster, Rollout
 from fleet.services.blueprints import version_create
 from simulator.models import WhatIfRun
-from tests.conftest import make_user, token_header
-from tests.fleet.helpers import ADDONS, blueprint, bump, clusters_on
-from tests.fleet_factories import make_fleet
+from tests.support.blueprints import ADDONS, blueprint, bump, clusters_on
+from tests.support.factories import make_fleet, make_user, token_header
+from tests.support.processes import free_port, uvicorn_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,34 +19,12 @@ from django.core.wsgi import get_wsgi_application
 from django.db import transaction
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
-from schemathesis.checks import (
-    content_type_conformance,
-    not_a_server_error,
-    response_headers_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
 
 from simulator.world import world_build
 from tenancy.services import token_create
+from tests.support.schema_checks import CHECKS
 
 EXAMPLES = 5
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
-          response_headers_conformance]
-
-
-@pytest.fixture
-def keep_connection():
-    """The WSGI handler closes database connections around each request; inside a test's transaction it
-    must not (Django's own test client disconnects the same receivers)."""
-    from django.core.signals import request_finished, request_started
-    from django.db import close_old_connections
-
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    yield
-    request_started.connect(close_old_connections)
-    request_finished.connect(close_old_connections)
 
 
 def visible_ids(client, auth: dict, path: str) -> list[int]:

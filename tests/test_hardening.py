@@ -18,7 +18,6 @@ from django.utils import timezone
 
 from controlplane.errors import ServiceError
 from controlplane.heartbeat import beat_once, redis_client
-from controlplane.testing.processes import BASE_DIR
 from fleet import blueprint_yaml
 from fleet.models import Rollout
 from jobs.models import FaultEvent, Job
@@ -26,8 +25,9 @@ from jobs.services.jobs import job_submit
 from telemetry.models import AlertRecord, IngestBatch, NotificationChannel
 from telemetry.services.tokens import agent_token_create
 from tenancy.models import ApiToken
-from tests.fleet_factories import make_cluster, make_node
-from tests.telemetry.helpers import batch, reading
+from tests.support.factories import make_cluster, make_node
+from tests.support.processes import BASE_DIR
+from tests.support.telemetry import batch, reading
 
 pytestmark = pytest.mark.django_db
 
@@ -533,7 +533,7 @@ def test_readyz_names_workers_only_to_signed_in_callers(client, users):
         seen["name"] == "faults@secret-host-7" for seen in client.get("/readyz").json()["workers"]["seen"]
     )
     client.logout()
-    from tests.conftest import token_header
+    from tests.support.factories import token_header
 
     headers = token_header(users["operator"], "read")
     assert "secret-host-7" in client.get("/readyz", **headers).content.decode()
@@ -544,7 +544,7 @@ def test_readyz_names_workers_only_to_signed_in_callers(client, users):
 
 def test_what_if_runs_are_capped_per_user_and_in_all(api, users, settings):
     from tenancy.choices import Role
-    from tests.conftest import make_user
+    from tests.support.factories import make_user
 
     settings.WHATIF_MAX_PER_USER, settings.WHATIF_MAX_RUNNING = 1, 2
     config = {"gpus": 1024, "days": 1}

@@ -14,8 +14,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from controlplane.asgi import application
-from tests.conftest import token_header
-from tests.fleet_factories import make_cluster, make_node
+from tests.support.factories import make_cluster, make_node, token_header
 
 URL = "/api/v1/ingest/alertmanager/"
 OUTCOMES = {"opened", "merged", "duplicate", "resolved", "skipped"}

@@ -11,13 +11,13 @@ from django.db import close_old_connections
 
 from controlplane.celery import app
 from controlplane.tasks import ping_task
-from controlplane.testing.processes import BASE_DIR, celery_worker, uvicorn_server, wait_for
 from jobs.choices import FaultState
 from jobs.models import FaultEvent, JobAllocation
 from jobs.services.faults import fault_ingest
 from simulator.models import WhatIfRun
 from simulator.services.whatifs import whatif_start
-from tests.jobs.helpers import protected_cluster, submit
+from tests.support.jobs import protected_cluster, submit
+from tests.support.processes import BASE_DIR, celery_worker, uvicorn_server, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,7 +14,7 @@ from controlplane.asgi import application
 from tenancy import services
 from tenancy.choices import Role
 from tenancy.models import ApiToken, Membership
-from tests.conftest import make_user
+from tests.support.factories import make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LOGOUT_URL = "/accounts/logout/"

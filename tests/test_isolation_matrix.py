@@ -1,7 +1,7 @@
 """The isolation matrix: every page, API endpoint and websocket topic, as each role of two tenants and the
 provider, answers exactly what DESIGN's permission table says, and no answer carries what the role may not see.
 
-Generated from the root URLconf and the topic registry (declarations in controlplane/testing/matrix.py): a
+Generated from the root URLconf and the topic registry (declarations in tests/support/matrix.py): a
 pattern, an HTTP method of a viewset or a topic family that is not declared there fails its test, so a new
 endpoint cannot escape. Each pattern with an object id is walked with the ids of both tenants' objects and
 the provider's. Every request runs in a transaction that is rolled back, so writes (sent with an empty body)
@@ -23,7 +23,7 @@ from django.urls import Resolver404, resolve, reverse
 
 from controlplane import events
 from controlplane.asgi import application
-from controlplane.testing.matrix import (
+from tests.support.matrix import (
     ADMIN_VALUES,
     LOGIN,
     ROUTES,
@@ -218,7 +218,7 @@ def walk(pattern: Pattern, world, clients) -> list[str]:
 @pytest.mark.parametrize("pattern", PATTERNS, ids=[p.route for p in PATTERNS])
 def test_pattern_answers_each_role_as_the_table_says(pattern, world, clients):
     if not pattern.is_admin:
-        assert pattern.key in ROUTES, (f"{pattern.key} ({pattern.route}) is not in controlplane/testing/matrix.py "
+        assert pattern.key in ROUTES, (f"{pattern.key} ({pattern.route}) is not in tests/support/matrix.py "
                                        f"ROUTES: declare how to fill it and what each role gets")
         declared, served = set(ROUTES[pattern.key].methods), viewset_methods(pattern)
         if served is not None:
@@ -321,7 +321,7 @@ def test_each_list_holds_exactly_what_the_role_may_see(role, world, clients):
 
 def test_every_topic_family_is_declared():
     assert set(events.registered_topics()) == set(TOPICS), (
-        "declare each topic family of the registry in controlplane/testing/matrix.py TOPICS")
+        "declare each topic family of the registry in tests/support/matrix.py TOPICS")
 
 
 def topic_names(world) -> list[tuple[str, str | None]]:

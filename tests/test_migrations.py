@@ -14,19 +14,18 @@ from django.db import connection, transaction
 from django.db.migrations.loader import MigrationLoader
 
 from controlplane.access import Role
-from controlplane.testing.browser import usable_password
-from controlplane.testing.processes import BASE_DIR, VENV_BIN, child_env, uvicorn_server
 from fleet.services.blueprints import version_create
 from fleet.services.rollouts import rollout_start
 from jobs.models import JobAllocation
 from jobs.services.faults import fault_handle, fault_ingest
 from jobs.services.snapshots import snapshot_report
 from telemetry.services.ingest import telemetry_ingest
-from tests.conftest import make_user, token_header
-from tests.fleet.helpers import ADDONS, blueprint, bump, clusters_on
-from tests.fleet_factories import make_node
-from tests.jobs.helpers import protected_cluster, submit
-from tests.telemetry.helpers import batch, nic, reading
+from tests.support.blueprints import ADDONS, blueprint, bump, clusters_on
+from tests.support.browser import usable_password
+from tests.support.factories import make_node, make_user, token_header
+from tests.support.jobs import protected_cluster, submit
+from tests.support.processes import BASE_DIR, VENV_BIN, child_env, uvicorn_server
+from tests.support.telemetry import batch, nic, reading
 
 PROJECT_APPS = ("controlplane", "tenancy", "fleet", "jobs", "telemetry", "simulator")
 PASSWORD = "migrate-me-9"

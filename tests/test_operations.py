@@ -25,7 +25,14 @@ from controlplane.access import Role
 from controlplane.beat import LOCK_KEY
 from controlplane.models import AuditEntry, Event
 from controlplane.tasks import retention_prune_task
-from controlplane.testing.processes import (
+from jobs.choices import ActionKind, ActionState, FaultState
+from jobs.models import FaultEvent, JobAllocation, RecoveryAction
+from telemetry.models import GPUSample, IngestBatch, NodeMinute
+from telemetry.services.tokens import agent_token_create
+from telemetry.tasks import telemetry_prune_task
+from tests.support.factories import make_cluster, make_node, make_user, token_header
+from tests.support.jobs import protected_cluster, submit
+from tests.support.processes import (
     PrivateRedis,
     celery_beat,
     celery_worker,
@@ -33,15 +40,7 @@ from controlplane.testing.processes import (
     uvicorn_server,
     wait_for,
 )
-from jobs.choices import ActionKind, ActionState, FaultState
-from jobs.models import FaultEvent, JobAllocation, RecoveryAction
-from telemetry.models import GPUSample, IngestBatch, NodeMinute
-from telemetry.services.tokens import agent_token_create
-from telemetry.tasks import telemetry_prune_task
-from tests.conftest import make_user, token_header
-from tests.fleet_factories import make_cluster, make_node
-from tests.jobs.helpers import protected_cluster, submit
-from tests.telemetry.helpers import batch, reading
+from tests.support.telemetry import batch, reading
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -1,13 +1,13 @@
 import pytest
 from django.urls import reverse
 
-from controlplane.testing.matrix import API_LIST_MATRIX, ROLES, api_list_url_names
+from tests.support.matrix import API_LIST_MATRIX, ROLES, api_list_url_names
 
 pytestmark = pytest.mark.django_db
 
 
 def test_every_api_list_endpoint_is_declared():
-    assert api_list_url_names() == set(API_LIST_MATRIX), "declare new endpoints in controlplane/testing/matrix.py"
+    assert api_list_url_names() == set(API_LIST_MATRIX), "declare new endpoints in tests/support/matrix.py"
 
 
 @pytest.mark.parametrize("name", sorted(API_LIST_MATRIX))

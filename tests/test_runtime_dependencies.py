@@ -7,7 +7,7 @@ import sys
 import tomllib
 from importlib import metadata
 
-from controlplane.testing.processes import BASE_DIR
+from tests.support.processes import BASE_DIR
 
 APPS = ("controlplane", "tenancy", "fleet", "jobs", "telemetry", "simulator")
 # Code that runs only under the test suite or benchmarks, with the test extras installed.

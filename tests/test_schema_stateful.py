@@ -13,7 +13,7 @@ from hypothesis import settings as hypothesis_settings
 
 from simulator.world import world_build
 from tenancy.services import token_create
-from tests.test_fuzz import CHECKS, keep_connection  # noqa: F401 - a fixture this module uses
+from tests.support.schema_checks import CHECKS
 
 MAIN_RESOURCES = [
     "/api/v1/fleets/",

@@ -14,7 +14,7 @@ from controlplane.security_crypto import CredentialsUnreadable
 from fleet.drivers import driver_for
 from fleet.drivers.kubernetes import KubernetesDriver
 from fleet.models import Cluster
-from tests.fleet_factories import make_cluster, make_fleet
+from tests.support.factories import make_cluster, make_fleet
 
 pytestmark = pytest.mark.django_db
 

@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 import pytest
 from django.contrib.auth import get_user_model
 
-from controlplane.testing.browser import log_in, usable_password
 from simulator.world import world_build
+from tests.support.browser import log_in, usable_password
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PASSWORD = "correct-horse-9"

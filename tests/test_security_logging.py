@@ -14,12 +14,11 @@ from uvicorn.logging import AccessFormatter
 from websockets.sync.client import connect
 
 from controlplane.security_logging import RedactSecretsFilter, redact
-from controlplane.testing.browser import usable_password
-from controlplane.testing.processes import BASE_DIR, VENV_BIN, _stop, child_env, free_port, wait_for
 from telemetry.services.tokens import agent_token_create
-from tests.conftest import token_header
-from tests.fleet_factories import make_cluster, make_fleet, make_node
-from tests.telemetry.helpers import batch, reading
+from tests.support.browser import usable_password
+from tests.support.factories import make_cluster, make_fleet, make_node, token_header
+from tests.support.processes import BASE_DIR, VENV_BIN, _stop, child_env, free_port, wait_for
+from tests.support.telemetry import batch, reading
 
 API_TOKEN = "lsk_abcd1234_QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVphYmNkZWY"
 AGENT_TOKEN = "lsa_wxyz9876_YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXpBQkNERUY"

@@ -6,8 +6,8 @@ import itertools
 import pytest
 from django.test import Client, override_settings
 
-from controlplane.testing.processes import free_port
 from tenancy.models import ApiToken
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.django_db
 PASSWORD = "correct-horse-9"

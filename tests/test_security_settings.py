@@ -14,7 +14,7 @@ import requests
 from django.conf import settings
 from django.test import Client
 
-from controlplane.testing.processes import BASE_DIR, uvicorn_server
+from tests.support.processes import BASE_DIR, uvicorn_server
 
 PRODUCTION = {
     "PATH": os.environ["PATH"],

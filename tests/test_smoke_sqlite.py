@@ -6,7 +6,7 @@ import sys
 
 import requests
 
-from controlplane.testing.processes import BASE_DIR, free_port, wait_for
+from tests.support.processes import BASE_DIR, free_port, wait_for
 
 
 def test_sqlite_migrates_and_serves_login(tmp_path):

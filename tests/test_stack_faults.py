@@ -27,7 +27,16 @@ from websockets.sync.client import connect
 from controlplane.access import Role
 from controlplane.models import AuditEntry, Event
 from controlplane.selectors import topic_seq
-from controlplane.testing.processes import (
+from fleet.choices import RolloutClusterStatus, RolloutState
+from fleet.models import Rollout, RolloutBatch, SimulatedAddon, SimulatedOperation
+from fleet.services.blueprints import version_create
+from fleet.services.rollouts import rollout_start
+from jobs.choices import ActionState, FaultState
+from jobs.models import FaultEvent, RecoveryAction
+from tests.support.blueprints import ADDONS, blueprint, bump, clusters_on
+from tests.support.factories import make_tenant, make_user, token_header
+from tests.support.jobs import protected_cluster, submit
+from tests.support.processes import (
     PrivatePostgres,
     PrivatePostgresUnavailable,
     PrivateRedis,
@@ -39,15 +48,6 @@ from controlplane.testing.processes import (
     uvicorn_server,
     wait_for,
 )
-from fleet.choices import RolloutClusterStatus, RolloutState
-from fleet.models import Rollout, RolloutBatch, SimulatedAddon, SimulatedOperation
-from fleet.services.blueprints import version_create
-from fleet.services.rollouts import rollout_start
-from jobs.choices import ActionState, FaultState
-from jobs.models import FaultEvent, RecoveryAction
-from tests.conftest import make_tenant, make_user, token_header
-from tests.fleet.helpers import ADDONS, blueprint, bump, clusters_on
-from tests.jobs.helpers import protected_cluster, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -738,7 +738,7 @@ def test_the_api_answers_503_while_the_database_is_unreachable(tmp_path, transac
     """A web process whose database does not answer (nothing listens on its port): a fault report and a list are a
     clear 503 with Retry-After (controlplane/middleware.py), not a 500 with a traceback; /readyz says which check
     failed."""
-    from controlplane.testing.processes import free_port
+    from tests.support.processes import free_port
 
     down = f"postgres://postgres@127.0.0.1:{free_port()}/lockstep"
     headers = {"Authorization": "Bearer lsk_abcd1234_" + "s" * 43}    # well formed: only the database can tell

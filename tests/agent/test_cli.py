@@ -4,20 +4,9 @@ import json
 
 import pytest
 
-from tests.agent.conftest import run_agent
+from tests.support.agent import batches_in, run_agent
 
 GPU_MESSAGE = "no GPU to read"
-
-
-def batches_in(stdout: str) -> list[dict]:
-    decoder, position, found = json.JSONDecoder(), 0, []
-    text = stdout.strip()
-    while position < len(text):
-        batch, position = decoder.raw_decode(text, position)
-        found.append(batch)
-        while position < len(text) and text[position].isspace():
-            position += 1
-    return found
 
 
 def test_once_dry_run_prints_one_batch_that_the_schema_accepts(sysfs, batch_validator):
@@ -149,7 +138,7 @@ def test_sigterm_ends_the_loop_cleanly(sysfs, fake):
     import sys
     import time
 
-    from tests.agent.conftest import FAKE_NVML_DIR
+    from tests.support.agent import FAKE_NVML_DIR
 
     environment = dict(os.environ, PYTHONPATH=str(FAKE_NVML_DIR), FAKE_NVML_CONFIG=json.dumps(fake))
     process = subprocess.Popen(

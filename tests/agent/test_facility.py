@@ -8,8 +8,7 @@ import requests
 from lockstep_agent.batch import make_batch
 from lockstep_agent.facility import FacilityCollector, RedfishSource, load_sources
 
-from tests.agent.conftest import run_agent
-from tests.agent.test_cli import batches_in
+from tests.support.agent import batches_in, run_agent
 
 
 def points_by(points, metric):
@@ -129,7 +128,7 @@ def test_pdu_current_per_rack(redfish_mockup, tmp_path, batch_validator):
 
 
 def test_an_unreachable_source_is_skipped_and_the_rest_are_read(redfish_mockup, sushy_emulator, caplog):
-    from tests.agent.conftest import free_port
+    from tests.support.agent import free_port
 
     dead = RedfishSource(url=f"http://127.0.0.1:{free_port()}", target="gpu-009", timeout=1)
     points = FacilityCollector([dead, RedfishSource(url=sushy_emulator, target="gpu-001")]).collect()

@@ -3,9 +3,9 @@
 import pytest
 from lockstep_agent import progress
 
-from controlplane.testing.processes import uvicorn_server, wait_for
 from jobs.models import Job
-from tests.jobs.helpers import protected_cluster, submit
+from tests.support.jobs import protected_cluster, submit
+from tests.support.processes import uvicorn_server, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from lockstep_agent.protect.report import SnapshotReporter
 
-from controlplane.testing.processes import wait_for
+from tests.support.processes import wait_for
 
 
 class _Recorder(BaseHTTPRequestHandler):

@@ -6,9 +6,9 @@ from axe_playwright_python.sync_playwright import Axe
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from controlplane.testing.browser import log_in, usable_password
 from jobs.models import FaultEvent, Incident, Job, RecoveryAction
 from simulator.world import world_build
+from tests.support.browser import log_in, usable_password
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PASSWORD = "correct-horse-9"

@@ -7,10 +7,10 @@ import pytest
 import requests
 from django.contrib.auth import get_user_model
 
-from controlplane.testing.browser import log_in, screenshot, usable_password
 from jobs.models import Job
 from simulator.world import world_build
-from tests.conftest import token_header
+from tests.support.browser import log_in, screenshot, usable_password
+from tests.support.factories import token_header
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PASSWORD = "correct-horse-9"

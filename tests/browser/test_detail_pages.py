@@ -7,10 +7,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from controlplane.testing.browser import log_in, screenshot, usable_password
 from fleet.models import Cluster
 from jobs.models import FaultEvent, Incident, Job, RecoveryAction
 from simulator.world import world_build
+from tests.support.browser import log_in, screenshot, usable_password
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PASSWORD = "correct-horse-9"

@@ -1,7 +1,7 @@
 """Every page, as each role of DESIGN's permission table: axe-core (bundled with axe-playwright-python) finds no
 serious or critical violation at 1,440 px, and at 390 px (a phone) the page does not scroll sideways.
 
-The pages are the root URLconf's, as the isolation matrix declares them (controlplane/testing/matrix.py): every
+The pages are the root URLconf's, as the isolation matrix declares them (tests/support/matrix.py): every
 pattern that is not the API's or the admin's and answers a GET with a page the role may read, its object
 chosen from the matrix's world as one the role may see. A page added to the matrix is walked here too. The
 world is built once for the module and one server and one browser serve every role.
@@ -12,8 +12,8 @@ from axe_playwright_python.sync_playwright import Axe
 from django.core.management import call_command
 from django.urls import reverse
 
-from controlplane.testing.browser import log_in, screenshot, usable_password
-from controlplane.testing.matrix import ROUTES, Who, matrix_world_build, url_patterns
+from tests.support.browser import log_in, screenshot, usable_password
+from tests.support.matrix import ROUTES, Who, matrix_world_build, url_patterns
 
 # The world is committed once for the module (the server reads it); each test only reads it.
 pytestmark = pytest.mark.django_db
@@ -53,8 +53,8 @@ def world(django_db_setup, django_db_blocker):
 @pytest.fixture(scope="module")
 def live(world, tmp_path_factory):
     """One server for the module (the world is committed before it starts)."""
-    from controlplane.testing.browser import SERVER_ENV
-    from controlplane.testing.processes import uvicorn_server
+    from tests.support.browser import SERVER_ENV
+    from tests.support.processes import uvicorn_server
 
     with uvicorn_server(tmp_path_factory.mktemp("every-page"), **SERVER_ENV) as running:
         yield running

@@ -10,11 +10,11 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from controlplane import events
-from controlplane.testing.browser import log_in, usable_password
 from fleet.models import Node
 from jobs.models import FaultEvent, Incident
 from jobs.services.publishing import fault_payload
 from simulator.world import world_build
+from tests.support.browser import log_in, usable_password
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PASSWORD = "correct-horse-9"

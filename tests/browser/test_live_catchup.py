@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from controlplane import events
 from controlplane.models import Event
-from controlplane.testing.browser import log_in, usable_password
+from tests.support.browser import log_in, usable_password
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PASSWORD = "correct-horse-9"
@@ -21,8 +21,8 @@ HEADS_SECONDS, GRACE_SECONDS = 2.0, 1.0   # the server's heads period, shorter t
 
 @pytest.fixture
 def server(tmp_path):
-    from controlplane.testing.browser import SERVER_ENV
-    from controlplane.testing.processes import uvicorn_server
+    from tests.support.browser import SERVER_ENV
+    from tests.support.processes import uvicorn_server
 
     with uvicorn_server(tmp_path, **SERVER_ENV, LOCKSTEP_WS_HEADS_SECONDS=HEADS_SECONDS,
                         LOCKSTEP_WS_HEADS_GRACE_SECONDS=GRACE_SECONDS) as running:

@@ -9,9 +9,9 @@ import time
 import pytest
 from django.db import connection
 
-from controlplane.testing.browser import log_in, usable_password
 from jobs.models import RecoveryAction
-from tests.jobs.helpers import protected_cluster, submit
+from tests.support.browser import log_in, usable_password
+from tests.support.jobs import protected_cluster, submit
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 PASSWORD = "correct-horse-9"

@@ -10,11 +10,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from controlplane import events
-from controlplane.testing.browser import log_in, usable_password
 from jobs.choices import ActionState
 from jobs.models import RecoveryAction
 from jobs.services.publishing import action_payload
-from tests.jobs.helpers import protected_cluster, submit
+from tests.support.browser import log_in, usable_password
+from tests.support.jobs import protected_cluster, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PASSWORD = "correct-horse-9"

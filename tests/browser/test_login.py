@@ -5,8 +5,8 @@ import re
 import pytest
 import requests
 
-from controlplane.testing.browser import log_in, screenshot, usable_password
-from tests.conftest import token_header
+from tests.support.browser import log_in, screenshot, usable_password
+from tests.support.factories import token_header
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

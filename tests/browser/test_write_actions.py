@@ -12,13 +12,13 @@ from django.contrib.auth import get_user_model
 
 from controlplane.access import Role
 from controlplane.models import AuditEntry
-from controlplane.testing.browser import SERVER_ENV, log_in, screenshot, usable_password
 from fleet import blueprint_yaml
 from fleet.models import AutomationSwitch, Blueprint, BlueprintVersion, Cluster, Node, Rollout
 from jobs.models import Job
 from simulator.world import world_build
 from tenancy.models import ApiToken
-from tests.conftest import make_user
+from tests.support.browser import SERVER_ENV, log_in, screenshot, usable_password
+from tests.support.factories import make_user
 
 # Each test reads the module's world in a transaction of its own that is rolled back (it writes nothing itself);
 # at read committed it sees every change the server commits.
@@ -30,7 +30,7 @@ User = get_user_model()
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, django_db_setup):
     """One live server for the module (the database is the test database; each test's world is its own)."""
-    from controlplane.testing.processes import uvicorn_server
+    from tests.support.processes import uvicorn_server
 
     with uvicorn_server(tmp_path_factory.mktemp("write-actions"), **SERVER_ENV) as running:
         yield running

@@ -8,7 +8,7 @@ import pytest
 from controlplane.audit import audit_record
 from controlplane.models import AuditEntry
 from tenancy import services
-from tests.fleet_factories import make_cluster
+from tests.support.factories import make_cluster
 
 pytestmark = pytest.mark.django_db
 

@@ -10,8 +10,8 @@ from django.utils import timezone
 from controlplane.bulk import update_rows
 from jobs.models import FaultEvent, Job
 from tenancy.models import Tenant
-from tests.fleet_factories import make_cluster, make_node
-from tests.jobs.helpers import protected_cluster, submit
+from tests.support.factories import make_cluster, make_node
+from tests.support.jobs import protected_cluster, submit
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from controlplane import events
 from controlplane.celery import app
 from controlplane.models import Event
 from controlplane.tasks import ping_task
-from controlplane.testing.processes import VENV_BIN, celery_worker, child_env, wait_for
+from tests.support.processes import VENV_BIN, celery_worker, child_env, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,12 +8,11 @@ import sys
 import pytest
 from django.conf import settings
 
-from controlplane.testing.processes import BASE_DIR, database_url
 from fleet.choices import DriverName
 from tenancy.authentication import user_for_bearer
 from tenancy.choices import Role
-from tests.conftest import make_user
-from tests.fleet_factories import make_cluster, make_node
+from tests.support.factories import make_cluster, make_node, make_user
+from tests.support.processes import BASE_DIR, database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 from controlplane import consumers, events
 from controlplane.asgi import application
 from controlplane.models import Event
-from tests.conftest import token_header
+from tests.support.factories import token_header
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

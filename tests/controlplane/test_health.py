@@ -3,7 +3,7 @@ import time
 import pytest
 import requests
 
-from controlplane.testing.processes import free_port, uvicorn_server
+from tests.support.processes import free_port, uvicorn_server
 
 pytestmark = pytest.mark.django_db
 

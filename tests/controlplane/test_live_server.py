@@ -7,7 +7,7 @@ import requests
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from tests.conftest import token_header
+from tests.support.factories import token_header
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,7 +23,7 @@ def receive(ws, timeout=5.0):
 
 @pytest.fixture
 def server(tmp_path):
-    from controlplane.testing.processes import uvicorn_server
+    from tests.support.processes import uvicorn_server
 
     with uvicorn_server(tmp_path) as running:
         yield running

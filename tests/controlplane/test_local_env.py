@@ -9,7 +9,7 @@ import sys
 from django.conf import settings
 
 from controlplane.settings import local_env_file
-from controlplane.testing.processes import BASE_DIR
+from tests.support.processes import BASE_DIR
 
 SHOW = (
     "import json, django; from django.conf import settings; django.setup(); print(json.dumps({name: "

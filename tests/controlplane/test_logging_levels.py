@@ -9,7 +9,7 @@ from django.test import override_settings
 
 from controlplane.logging_filters import RoutineTasksAtDebug, routine_tasks
 from tenancy.choices import Role
-from tests.conftest import make_tenant, make_user
+from tests.support.factories import make_tenant, make_user
 
 
 def celery_records():

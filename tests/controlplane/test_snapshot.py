@@ -14,10 +14,8 @@ from jobs.choices import ActionState
 from jobs.models import RecoveryAction
 from jobs.services.advance import recovery_advance
 from jobs.services.faults import fault_handle
-from tests.conftest import make_user, token_header
-from tests.fleet_factories import make_fleet
-from tests.jobs.helpers import protected_cluster, submit
-from tests.jobs.test_recovery import INSTANT, node_of
+from tests.support.factories import make_fleet, make_user, token_header
+from tests.support.jobs import INSTANT, node_of, protected_cluster, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,7 +13,7 @@ from controlplane.timerange import RANGES, time_range
 from jobs.models import FaultEvent, JobProgress
 from jobs.services.faults import fault_ingest
 from jobs.services.jobs import job_submit
-from tests.fleet_factories import make_cluster, make_node
+from tests.support.factories import make_cluster, make_node
 
 pytestmark = pytest.mark.django_db
 

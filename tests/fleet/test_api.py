@@ -8,8 +8,8 @@ from controlplane.models import AuditEntry
 from fleet.choices import VersionState
 from fleet.models import Blueprint, BlueprintVersion, Cluster, Rollout
 from fleet.services.drift import drift_sweep
-from tests.fleet.helpers import ADDONS, blueprint, bump, clusters_on
-from tests.fleet_factories import make_cluster, make_fleet, make_node
+from tests.support.blueprints import ADDONS, blueprint, bump, clusters_on
+from tests.support.factories import make_cluster, make_fleet, make_node
 
 pytestmark = pytest.mark.django_db
 

@@ -3,8 +3,8 @@
 import pytest
 
 from fleet.services.blueprints import version_create
-from tests.fleet.helpers import ADDONS, blueprint, bump, clusters_on
-from tests.fleet_factories import make_fleet
+from tests.support.blueprints import ADDONS, blueprint, bump, clusters_on
+from tests.support.factories import make_fleet
 
 pytestmark = pytest.mark.django_db
 

@@ -16,10 +16,9 @@ from fleet.services.rollouts import rollout_start
 from jobs.choices import FaultState
 from jobs.models import FaultEvent, JobAllocation
 from jobs.services.faults import fault_handle, fault_ingest, fault_sweep
-from tests.conftest import token_header
-from tests.fleet.helpers import ADDONS, blueprint, bump, clusters_on
-from tests.fleet_factories import make_fleet
-from tests.jobs.helpers import protected_cluster, submit
+from tests.support.blueprints import ADDONS, blueprint, bump, clusters_on
+from tests.support.factories import make_fleet, token_header
+from tests.support.jobs import protected_cluster, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -190,9 +189,9 @@ def test_pausing_provider_wide_notifies(users):
 def test_a_real_worker_holds_rollouts_and_drift_correction_while_the_provider_switch_is_paused(
     tmp_path, users
 ):
-    from controlplane.testing.processes import celery_worker, wait_for
     from fleet.models import Rollout
     from fleet.tasks import drift_sweep_task, rollout_progress_task
+    from tests.support.processes import celery_worker, wait_for
 
     admin = users["provider-admin"]
     bp, v1 = blueprint(admin, auto_rollout=False, drift_mode="correct")

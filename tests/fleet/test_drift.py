@@ -10,7 +10,7 @@ from fleet.drivers.simulated import simulate_drift
 from fleet.models import DriftFinding, ObservedAddon
 from fleet.services.drift import drift_sweep
 from fleet.status import cluster_status, fleet_status
-from tests.fleet.helpers import blueprint, clusters_on
+from tests.support.blueprints import blueprint, clusters_on
 
 pytestmark = pytest.mark.django_db
 

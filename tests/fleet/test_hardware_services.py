@@ -17,8 +17,8 @@ from fleet.services.hardware import (
     nodes_mark_seen_sql,
     nodes_set_risk,
 )
-from tests.fleet_factories import make_cluster, make_fleet
-from tests.jobs.helpers import bulk_nodes
+from tests.support.factories import make_cluster, make_fleet
+from tests.support.jobs import bulk_nodes
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ from fleet.choices import HealthStatus
 from fleet.drivers import DriverError, driver_for
 from fleet.drivers.base import Operation
 from fleet.drivers.kubernetes import CommandResult, KubernetesDriver, split_chart
-from tests.fleet_factories import make_cluster, make_node
+from tests.support.factories import make_cluster, make_node
 
 pytestmark = pytest.mark.django_db
 

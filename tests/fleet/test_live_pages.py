@@ -3,13 +3,13 @@ appears live as steps are taken, the page after events equals a freshly loaded p
 
 import pytest
 
-from controlplane.testing.browser import log_in, screenshot, usable_password
 from fleet.choices import RolloutState
 from fleet.models import Rollout
 from fleet.services.blueprints import version_create
 from fleet.services.rollout_steps import rollout_step
 from fleet.services.rollouts import rollout_start
-from tests.fleet.helpers import ADDONS, blueprint, bump, clusters_on
+from tests.support.blueprints import ADDONS, blueprint, bump, clusters_on
+from tests.support.browser import log_in, screenshot, usable_password
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 PASSWORD = "correct-horse-9"
@@ -72,7 +72,7 @@ def test_rollout_progress_arrives_live_and_matches_a_fresh_page(page, server, us
 def test_fleet_pages_render_in_a_browser(page, server, users, tenant_a):
     from fleet.drivers.simulated import simulate_drift
     from fleet.services.drift import drift_sweep
-    from tests.fleet_factories import make_node
+    from tests.support.factories import make_node
 
     operator = users["operator"]
     bp, v1 = blueprint(operator, auto_rollout=False, node_software={"cuda": "12.4"})

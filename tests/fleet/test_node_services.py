@@ -4,7 +4,7 @@ from controlplane.errors import ServiceError
 from controlplane.models import AuditEntry, Event
 from fleet.choices import NodeState
 from fleet.services.nodes import node_cordon, node_drain, node_uncordon
-from tests.fleet_factories import make_cluster, make_fleet, make_node
+from tests.support.factories import make_cluster, make_fleet, make_node
 
 pytestmark = pytest.mark.django_db
 
@@ -88,7 +88,7 @@ def test_share_circuit_breaker_lets_one_node_out_of_a_small_fleet(users):
 def test_fleet_share_setting_is_validated_through_the_api(users):
     from rest_framework.test import APIClient
 
-    from tests.conftest import token_header
+    from tests.support.factories import token_header
 
     fleet = make_fleet()
     client = APIClient()

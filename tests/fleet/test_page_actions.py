@@ -6,8 +6,8 @@ import pytest
 
 from fleet.models import BlueprintVersion, Rollout
 from fleet.views_actions import sweep_message
-from tests.fleet.helpers import blueprint, clusters_on
-from tests.fleet_factories import make_fleet, make_node
+from tests.support.blueprints import blueprint, clusters_on
+from tests.support.factories import make_fleet, make_node
 
 pytestmark = pytest.mark.django_db
 

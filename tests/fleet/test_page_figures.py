@@ -12,8 +12,7 @@ from fleet.models import DriftFinding
 from fleet.services.blueprints import version_create
 from fleet.services.rollout_steps import rollout_step
 from fleet.services.rollouts import rollout_rollback
-from tests.fleet.helpers import ADDONS, bump
-from tests.fleet.test_pages import world  # noqa: F401  (the fixture)
+from tests.support.blueprints import ADDONS, bump
 
 pytestmark = pytest.mark.django_db
 

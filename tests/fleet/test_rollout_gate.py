@@ -14,8 +14,8 @@ from fleet.services.blueprints import version_create
 from fleet.services.rollout_steps import rollout_step
 from fleet.services.rollouts import rollout_start
 from jobs.models import FaultEvent, Incident
-from tests.fleet.helpers import ADDONS, blueprint, bump, clusters_on
-from tests.fleet_factories import make_node
+from tests.support.blueprints import ADDONS, blueprint, bump, clusters_on
+from tests.support.factories import make_node
 
 pytestmark = pytest.mark.django_db
 

@@ -19,7 +19,7 @@ from fleet.services.rollouts import (
     rollout_rollback,
     rollout_start,
 )
-from tests.fleet.helpers import ADDONS, blueprint, bump, clusters_on
+from tests.support.blueprints import ADDONS, blueprint, bump, clusters_on
 
 pytestmark = pytest.mark.django_db
 
@@ -150,7 +150,7 @@ def test_progress_deadline_times_clusters_out(users):
 
 def test_node_software_drains_within_budget_and_waits_for_protected_jobs(users):
     from fleet.choices import NodeState
-    from tests.fleet_factories import make_node
+    from tests.support.factories import make_node
 
     actor = users["operator"]
     bp, v1 = blueprint(actor, auto_rollout=False, node_software={"gpu_driver": "550.90.07"})
@@ -185,7 +185,7 @@ def test_node_software_drains_within_budget_and_waits_for_protected_jobs(users):
 
 
 def test_a_drain_is_awaited_and_released_when_the_cluster_times_out(users):
-    from tests.fleet_factories import make_node
+    from tests.support.factories import make_node
 
     actor = users["operator"]
     bp, v1 = blueprint(actor, auto_rollout=False, node_software={"gpu_driver": "550.90.07"})
@@ -312,7 +312,7 @@ def test_a_step_takes_topics_in_the_one_global_order(users):
     actor = users["operator"]
     bp, v1 = blueprint(actor, auto_rollout=False, node_software={"cuda": "12.4"})
     clusters = clusters_on(v1, 3)
-    from tests.fleet_factories import make_node
+    from tests.support.factories import make_node
     for cluster in clusters:
         cluster.connection = {"apply_seconds": 0, "migration_pause_seconds": 0}
         cluster.save()
@@ -329,7 +329,7 @@ def test_a_step_takes_topics_in_the_one_global_order(users):
 def test_rolling_back_node_software_drains_node_by_node_like_the_change(users):
     from fleet.choices import NodeState
     from fleet.tasks import rollout_sweep_task
-    from tests.fleet_factories import make_node
+    from tests.support.factories import make_node
 
     actor = users["operator"]
     bp, v1 = blueprint(actor, auto_rollout=False, node_software={"gpu_driver": "550.90.07"})   # budget 1

@@ -8,12 +8,12 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 
-from controlplane.testing.processes import lock_waiters, wait_for
 from fleet.drivers import DriverError, driver_for
 from fleet.drivers.simulated import fail_next_recovery, set_recovery_failure_probability
 from fleet.models import Cluster, SimulatedOperation
-from tests.fleet_factories import make_cluster
-from tests.jobs.helpers import bulk_nodes
+from tests.support.factories import make_cluster
+from tests.support.jobs import bulk_nodes
+from tests.support.processes import lock_waiters, wait_for
 
 pytestmark = pytest.mark.django_db
 

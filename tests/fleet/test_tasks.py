@@ -9,13 +9,13 @@ import time
 import pytest
 
 from controlplane.models import AuditEntry
-from controlplane.testing.processes import celery_worker, wait_for
 from fleet.choices import RolloutClusterStatus, RolloutState
 from fleet.models import DriftFinding, Rollout, SimulatedAddon
 from fleet.services.blueprints import version_create
 from fleet.services.rollouts import rollout_start
 from fleet.tasks import cluster_reconcile_task, drift_sweep_task, rollout_progress_task, rollout_sweep_task
-from tests.fleet.helpers import ADDONS, blueprint, bump, clusters_on
+from tests.support.blueprints import ADDONS, blueprint, bump, clusters_on
+from tests.support.processes import celery_worker, wait_for
 
 
 @pytest.mark.django_db

@@ -6,8 +6,7 @@ from django.urls import reverse
 from jobs.models import FaultEvent, Job, RecoveryAction
 from jobs.services.advance import recovery_advance
 from jobs.services.faults import fault_handle
-from tests.jobs.helpers import protected_cluster, submit
-from tests.jobs.test_recovery import INSTANT, node_of
+from tests.support.jobs import INSTANT, node_of, protected_cluster, submit
 
 pytestmark = pytest.mark.django_db
 

@@ -14,9 +14,8 @@ from django.utils import timezone
 from fleet.models import Node
 from jobs.models import FaultEvent, JobAllocation, NodeEscalation
 from jobs.services.escalation import escalation_repaired
-from tests.jobs.helpers import submit
-from tests.jobs.incident_helpers import incident_world, make_action, make_incident
-from tests.jobs.test_recovery import node_of
+from tests.support.incidents import incident_world, make_action, make_incident
+from tests.support.jobs import node_of, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -454,7 +453,7 @@ def test_search_and_detail_pages_query_counts_do_not_grow(client, users, world):
 
 
 def test_search_shows_at_most_twenty_of_a_kind_and_says_there_are_more(client, users, world):
-    from tests.jobs.helpers import bulk_nodes
+    from tests.support.jobs import bulk_nodes
 
     bulk_nodes(world.shared, 25, prefix="many")
     client.force_login(users["operator"])

@@ -3,7 +3,7 @@
 import pytest
 
 from jobs.models import FaultEvent
-from tests.fleet_factories import make_cluster, make_node
+from tests.support.factories import make_cluster, make_node
 
 pytestmark = pytest.mark.django_db
 

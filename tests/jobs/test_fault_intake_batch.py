@@ -11,8 +11,7 @@ from controlplane.models import AuditEntry, Event
 from jobs.choices import FaultState
 from jobs.models import FaultEvent, Incident
 from jobs.services.faults import FaultReport, fault_handle, fault_ingest, fault_ingest_many
-from tests.jobs.helpers import protected_cluster, submit
-from tests.jobs.test_recovery import INSTANT, node_of
+from tests.support.jobs import INSTANT, node_of, protected_cluster, submit
 
 INCIDENT_FIELDS = ("scope", "nic_name", "kind", "xid", "fatal", "rank", "state", "report_count")
 

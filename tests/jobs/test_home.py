@@ -10,7 +10,7 @@ from fleet.choices import GPUHealth, NodeState
 from jobs.models import Job
 from jobs.services.faults import fault_ingest
 from jobs.services.jobs import job_submit
-from tests.fleet_factories import make_cluster, make_node
+from tests.support.factories import make_cluster, make_node
 
 pytestmark = pytest.mark.django_db
 

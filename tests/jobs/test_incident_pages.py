@@ -8,9 +8,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from jobs.models import FaultEvent
-from tests.jobs.helpers import submit
-from tests.jobs.incident_helpers import incident_world, make_action, make_incident
-from tests.jobs.test_recovery import node_of
+from tests.support.incidents import incident_world, make_action, make_incident
+from tests.support.jobs import node_of, submit
 
 pytestmark = pytest.mark.django_db
 

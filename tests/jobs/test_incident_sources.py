@@ -11,14 +11,14 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from controlplane.access import Role
-from controlplane.testing.processes import celery_worker, wait_for
 from fleet.choices import NodeState
 from jobs.choices import ActionState, JobState
 from jobs.models import FaultEvent, Incident, JobAllocation, RecoveryAction
 from telemetry.services.tokens import agent_token_create
-from tests.conftest import make_user, token_header
-from tests.jobs.helpers import beat_in_a_thread, protected_cluster, submit
-from tests.telemetry.helpers import batch
+from tests.support.factories import make_user, token_header
+from tests.support.jobs import beat_in_a_thread, protected_cluster, submit
+from tests.support.processes import celery_worker, wait_for
+from tests.support.telemetry import batch
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -22,8 +22,8 @@ from jobs.models import FaultEvent, Incident, JobAllocation, JobSnapshot, Recove
 from jobs.services.advance import recovery_advance
 from jobs.services.faults import fault_handle, fault_ingest
 from jobs.services.incidents import incidents_sweep
-from tests.fleet_factories import make_cluster
-from tests.jobs.helpers import bulk_nodes, protected_cluster, submit
+from tests.support.factories import make_cluster
+from tests.support.jobs import bulk_nodes, protected_cluster, submit
 
 pytestmark = pytest.mark.django_db
 

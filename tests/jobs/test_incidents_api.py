@@ -3,8 +3,8 @@
 import pytest
 
 from jobs.models import RecoveryAction
-from tests.jobs.incident_helpers import incident_world, make_action, make_incident
-from tests.jobs.test_recovery import node_of
+from tests.support.incidents import incident_world, make_action, make_incident
+from tests.support.jobs import node_of
 
 pytestmark = pytest.mark.django_db
 

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from jobs.models import Job
-from tests.fleet_factories import make_cluster, make_node
+from tests.support.factories import make_cluster, make_node
 
 pytestmark = pytest.mark.django_db
 

@@ -8,9 +8,8 @@ from controlplane.asgi import application
 from controlplane.models import Event
 from jobs.services.advance import recovery_advance
 from jobs.services.faults import fault_handle, fault_ingest
-from tests.conftest import token_header
-from tests.jobs.helpers import protected_cluster, submit
-from tests.jobs.test_recovery import INSTANT, node_of
+from tests.support.factories import token_header
+from tests.support.jobs import INSTANT, node_of, protected_cluster, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

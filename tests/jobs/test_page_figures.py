@@ -14,8 +14,8 @@ from controlplane.templatetags.figures import number, ordinal_batch, percent, wh
 from fleet.choices import NodeState
 from jobs.choices import ActionState, JobPhaseKind
 from jobs.models import Job, JobPhase, RecoveryAction
-from tests.fleet_factories import make_cluster
-from tests.jobs.helpers import bulk_nodes, protected_cluster, submit
+from tests.support.factories import make_cluster
+from tests.support.jobs import bulk_nodes, protected_cluster, submit
 
 pytestmark = pytest.mark.django_db
 

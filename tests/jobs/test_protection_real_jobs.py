@@ -20,10 +20,8 @@ from jobs.protection import job_protection
 from jobs.services.advance import recovery_advance
 from jobs.services.estimates import estimates_record
 from jobs.services.faults import fault_handle, fault_ingest
-from tests.conftest import make_user
-from tests.fleet_factories import make_blueprint, make_cluster, make_fleet
-from tests.jobs.helpers import bulk_nodes, protect, submit
-from tests.jobs.test_recovery import INSTANT, node_of
+from tests.support.factories import make_blueprint, make_cluster, make_fleet, make_user
+from tests.support.jobs import INSTANT, bulk_nodes, node_of, protect, submit
 
 pytestmark = pytest.mark.django_db
 

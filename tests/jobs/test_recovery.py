@@ -12,18 +12,10 @@ from jobs.models import FaultEvent, JobAllocation, NodeEscalation, RecoveryActio
 from jobs.services.advance import recovery_advance
 from jobs.services.faults import fault_handle, fault_ingest
 from jobs.services.snapshots import snapshot_take
-from tests.fleet_factories import make_cluster
-from tests.jobs.helpers import bulk_nodes, protected_cluster, submit
+from tests.support.factories import make_cluster
+from tests.support.jobs import INSTANT, bulk_nodes, node_of, protected_cluster, submit
 
 pytestmark = pytest.mark.django_db
-
-INSTANT = {"migration_pause_seconds": 0, "nic_failover_seconds": 0, "restart_seconds": 0, "gpu_reset_seconds": 0,
-           "snapshot_base_seconds": 0, "snapshot_seconds_per_gpu": 0, "health_check_seconds": 0}
-
-
-def node_of(job, rank=0):
-    return JobAllocation.objects.get(job=job, released_at__isnull=True, rank_start__lte=rank, rank_end__gte=rank).node
-
 
 def report_and_decide(**report):
     """An agent reports a fault and it is decided: the fault and the one action it was answered with."""
@@ -221,7 +213,7 @@ def test_fatal_xid_climbs_the_ladder_back_to_the_spare_pool(tenant_a):
     assert NodeEscalation.objects.get(node=node).stage == EscalationStage.FAILED      # waits for a human
     from rest_framework.test import APIClient
 
-    from tests.conftest import make_user, token_header
+    from tests.support.factories import make_user, token_header
     client = APIClient()
     client.credentials(**token_header(make_user("tenant-admin", tenant_a)))
     assert client.post(f"/api/v1/faults/{fault.pk}/repaired/", {"reason": "x"}, format="json").status_code in (403, 404)

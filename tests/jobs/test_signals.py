@@ -9,7 +9,6 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from controlplane.testing.processes import celery_worker, wait_for
 from fleet.choices import LinkState, NodeState, Reachability
 from fleet.models import NIC, Cluster, Node
 from jobs.choices import ActionKind, ActionState, FaultKind, JobState
@@ -22,8 +21,9 @@ from jobs.services.silence import hang_threshold, silence_sweep
 from telemetry.models import NotificationChannel, NotificationDelivery
 from telemetry.services.notifications import notifications_dispatch
 from telemetry.services.tokens import agent_token_create
-from tests.jobs.helpers import protected_cluster, submit
-from tests.telemetry.helpers import batch, nic
+from tests.support.jobs import protected_cluster, submit
+from tests.support.processes import celery_worker, wait_for
+from tests.support.telemetry import batch, nic
 
 pytestmark = pytest.mark.django_db
 

@@ -8,8 +8,7 @@ from jobs.choices import JobState
 from jobs.models import FaultEvent, JobSnapshot, RecoveryEstimate
 from jobs.services.planning import snapshots_of
 from jobs.services.snapshots import runtime_restore_point
-from tests.jobs.helpers import protected_cluster, submit
-from tests.jobs.test_recovery import INSTANT
+from tests.support.jobs import INSTANT, protected_cluster, submit
 
 pytestmark = pytest.mark.django_db
 

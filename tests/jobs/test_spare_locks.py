@@ -13,7 +13,7 @@ from fleet.models import Node
 from jobs.choices import ActionKind
 from jobs.models import JobAllocation, RecoveryAction
 from jobs.services.faults import fault_handle, fault_ingest
-from tests.jobs.helpers import protected_cluster, submit
+from tests.support.jobs import protected_cluster, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

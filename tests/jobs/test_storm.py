@@ -11,14 +11,14 @@ from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 
-from controlplane.testing.processes import celery_worker, wait_for
 from fleet.choices import NodeState
 from fleet.drivers.simulated import fail_next_recovery
 from jobs.choices import ActionKind, ActionState, FaultState, JobState
 from jobs.models import FaultEvent, Job, JobAllocation, RecoveryAction, SpareBooking
 from jobs.services.faults import fault_ingest
-from tests.fleet_factories import make_cluster, make_fleet
-from tests.jobs.helpers import beat_in_a_thread, bulk_nodes, protect
+from tests.support.factories import make_cluster, make_fleet
+from tests.support.jobs import beat_in_a_thread, bulk_nodes, protect
+from tests.support.processes import celery_worker, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -11,8 +11,7 @@ from jobs.choices import ActionKind, FaultState
 from jobs.models import FaultEvent, JobSnapshot, RecoveryAction
 from jobs.services.faults import fault_ingest
 from jobs.tasks import fault_handle_task, fault_sweep_task, recovery_advance_task, snapshot_schedule_task
-from tests.jobs.helpers import protected_cluster, submit
-from tests.jobs.test_recovery import INSTANT, node_of
+from tests.support.jobs import INSTANT, node_of, protected_cluster, submit
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ import pytest
 
 from fleet.choices import GPUHealth, NodeState
 from jobs.services.faults import fault_ingest
-from tests.fleet_factories import make_cluster, make_node
+from tests.support.factories import make_cluster, make_node
 
 pytestmark = pytest.mark.django_db
 

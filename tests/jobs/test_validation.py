@@ -20,9 +20,9 @@ from jobs.services.advance import recovery_advance
 from jobs.services.escalation import escalation_advance, escalation_repaired
 from jobs.services.faults import fault_handle, fault_ingest
 from telemetry.services.tokens import agent_token_create
-from tests.fleet_factories import make_cluster, make_node
-from tests.jobs.helpers import protected_cluster
-from tests.telemetry.helpers import batch, nic, reading
+from tests.support.factories import make_cluster, make_node
+from tests.support.jobs import protected_cluster
+from tests.support.telemetry import batch, nic, reading
 
 pytestmark = pytest.mark.django_db
 
@@ -241,7 +241,7 @@ def test_every_action_of_the_ladder_has_its_timestamps_in_order(users):
     from rest_framework.test import APIClient
 
     from jobs.models import RecoveryAction
-    from tests.conftest import token_header
+    from tests.support.factories import token_header
 
     _, node, _ = failed_node()
     escalation_repaired(actor=users["operator"], node=node, reason="rebooted")

@@ -5,13 +5,13 @@ import threading
 import psycopg
 import pytest
 
-from controlplane.testing.processes import celery_worker, database_url, kill_group, lock_waiters, wait_for
 from fleet.models import SimulatedOperation
 from jobs.choices import ActionKind, ActionState, FaultState, JobState
 from jobs.models import FaultEvent, JobAllocation, RecoveryAction, SpareBooking
 from jobs.services.faults import fault_ingest
 from jobs.tasks import fault_sweep_task, recovery_advance_task
-from tests.jobs.helpers import protected_cluster, submit
+from tests.support.jobs import protected_cluster, submit
+from tests.support.processes import celery_worker, database_url, kill_group, lock_waiters, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

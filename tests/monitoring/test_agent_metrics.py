@@ -14,7 +14,7 @@ from lockstep_agent.metrics import DCGMCollector
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.agent.conftest import FAKE_NVML_DIR, free_port, load_fake_nvml
+from tests.support.agent import FAKE_NVML_DIR, free_port, load_fake_nvml
 
 LABELS = {"gpu", "UUID", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"}
 

@@ -20,15 +20,15 @@ import pytest
 from django.conf import settings
 
 from controlplane.access import Role
-from controlplane.testing import monitoring
-from controlplane.testing.processes import celery_worker, free_port, stop_group, wait_for
 from jobs.choices import ActionState, JobState
 from jobs.models import FaultEvent, Incident, JobAllocation, RecoveryAction
 from telemetry.models import AlertRecord
 from telemetry.services.tokens import agent_token_create
 from tenancy import services
-from tests.conftest import make_user
-from tests.jobs.helpers import beat_in_a_thread, protected_cluster, submit
+from tests.support import monitoring
+from tests.support.factories import make_user
+from tests.support.jobs import beat_in_a_thread, protected_cluster, submit
+from tests.support.processes import celery_worker, free_port, stop_group, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -114,9 +114,9 @@ def dashboard_queries() -> list[tuple[str, str]]:
 def test_an_xid_through_prometheus_and_alertmanager_joins_the_agents_report_and_is_decided_once(
     tmp_path, tenant_a, stack_available
 ):
-    from controlplane.testing.browser import SERVER_ENV
-    from controlplane.testing.processes import uvicorn_server
     from fleet.tasks import drift_sweep_task
+    from tests.support.browser import SERVER_ENV
+    from tests.support.processes import uvicorn_server
 
     cluster = protected_cluster(nodes=4, spares=2)
     job = submit(cluster, tenant_a, gpus=16, checkpoint_interval=10**9)

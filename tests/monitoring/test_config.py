@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controlplane.testing import monitoring
 from jobs.choices import FaultKind
 from telemetry.alertmanager import map_alert
+from tests.support import monitoring
 
 DEPLOY = monitoring.DEPLOY
 TOOLS = monitoring.binaries()

@@ -16,7 +16,7 @@ from controlplane.models import Event
 from controlplane.queueing import queue
 from jobs.models import FaultEvent
 from jobs.services.faults import fault_ingest
-from tests.fleet_factories import make_cluster, make_node
+from tests.support.factories import make_cluster, make_node
 
 pytestmark = pytest.mark.django_db
 
@@ -110,7 +110,7 @@ def test_sweep_timings_come_from_successful_runs_of_scheduled_tasks(api, users, 
 
 def test_redis_away_is_reported_and_the_scrape_still_answers(api, users, client_redis, settings):
     assert scrape(api, users)[("lockstep_redis_up", ())] == 1
-    from controlplane.testing.processes import free_port
+    from tests.support.processes import free_port
 
     away = f"redis://127.0.0.1:{free_port()}/0"
     settings.REDIS_URL, settings.CELERY_BROKER_URL, settings.READYZ_TIMEOUT = away, away, 0.5

@@ -5,7 +5,7 @@ import pytest
 from simulator.management.commands.demo import RESET, banner_text, demo_users
 from simulator.world import SERVICE_USER
 from tenancy.choices import Role
-from tests.conftest import make_tenant, make_user
+from tests.support.factories import make_tenant, make_user
 
 pytestmark = pytest.mark.django_db
 

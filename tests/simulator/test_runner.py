@@ -2,12 +2,12 @@
 
 import pytest
 
-from controlplane.testing.processes import uvicorn_server
 from jobs.models import FaultEvent
 from simulator.runner import Pending, Runner
 from simulator.sampling import Strike
 from simulator.world import world_build
 from telemetry.models import FacilityState, GPUState
+from tests.support.processes import uvicorn_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

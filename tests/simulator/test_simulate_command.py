@@ -7,7 +7,7 @@ from django.core.management import CommandError, call_command
 from fleet.models import Cluster, DriftFinding, SimulatedAddon
 from fleet.services.drift import drift_sweep
 from simulator.world import DEMO_RECOVERY_FAILURE_PROBABILITY
-from tests.fleet.helpers import blueprint, clusters_on
+from tests.support.blueprints import blueprint, clusters_on
 
 pytestmark = pytest.mark.django_db
 
@@ -50,7 +50,7 @@ def test_simulate_fail_health_check_queues_failing_checks_only_for_health_checks
     from fleet.drivers import driver_for
     from fleet.drivers.base import Operation
     from fleet.models import SimulatedOperation
-    from tests.fleet_factories import make_node
+    from tests.support.factories import make_node
 
     _, v1 = blueprint(users["operator"])
     (cluster,) = clusters_on(v1, 1)

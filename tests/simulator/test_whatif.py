@@ -1,8 +1,8 @@
 import pytest
 
-from controlplane.testing.processes import celery_worker, wait_for
 from simulator.models import WhatIfRun
 from simulator.whatif import WhatIfConfig, whatif_run
+from tests.support.processes import celery_worker, wait_for
 
 
 def test_same_seed_same_report_and_another_seed_differs():

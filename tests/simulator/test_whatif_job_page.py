@@ -5,7 +5,7 @@ import pytest
 from jobs.services.jobs import job_submit
 from simulator.checkpointing import daly_interval, job_checkpoint_advice
 from simulator.profiles import PROFILES
-from tests.fleet_factories import make_cluster, make_node
+from tests.support.factories import make_cluster, make_node
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""A real Slurm per test (controlplane/testing/slurm.py) and a Lockstep cluster on it.
+"""A real Slurm per test (jobs/local_slurm/cluster.py) and a Lockstep cluster on it.
 
 Tests here skip, with the reason, only when Slurm's binaries are missing (``.ci/run`` installs them); torch is
 imported only by the training job the tests submit."""
@@ -6,12 +6,12 @@ imported only by the training job the tests submit."""
 import pytest
 
 from fleet.choices import ClusterKind, DriverName
-from tests.fleet_factories import make_cluster, make_fleet
+from tests.support.factories import make_cluster, make_fleet
 
 
 @pytest.fixture
 def slurm(tmp_path):
-    from controlplane.testing.slurm import SlurmCluster, available
+    from jobs.local_slurm.cluster import SlurmCluster, available
 
     why = available()
     if why:
@@ -39,7 +39,7 @@ def _runtime_cluster(slurm, tenant):
     """A Lockstep cluster on ``slurm`` whose blueprint policy turns the protection runtime on."""
     from fleet.models import BlueprintVersion
     from jobs.services.slurm_jobs import slurm_sync
-    from tests.fleet_factories import make_blueprint
+    from tests.support.factories import make_blueprint
 
     _, version = make_blueprint()
     BlueprintVersion.objects.filter(pk=version.pk).update(policy={"protection": {"runtime": True}})
@@ -56,7 +56,7 @@ def _runtime_cluster(slurm, tenant):
 
 
 def _holders(tmp_path, **sizes):
-    from controlplane.testing.slurm import SlurmCluster, available
+    from jobs.local_slurm.cluster import SlurmCluster, available
 
     why = available()
     if why:

@@ -5,8 +5,7 @@ from rest_framework.test import APIClient
 
 from fleet.choices import DriverName
 from jobs.launchers import launcher_credential_create
-from tests.conftest import make_user, token_header
-from tests.fleet_factories import make_cluster, make_fleet
+from tests.support.factories import make_cluster, make_fleet, make_user, token_header
 
 
 def client_for(user) -> APIClient:

@@ -1,7 +1,6 @@
 """The Slurm driver and the Slurm sync against a real Slurm (munged, slurmctld, three slurmd): no fakes."""
 
 import json
-import time
 
 import pytest
 from rest_framework.test import APIClient
@@ -13,26 +12,12 @@ from jobs.choices import JobState
 from jobs.launchers import launcher_credential_create
 from jobs.models import Job, SlurmJob
 from jobs.services.slurm_jobs import slurm_sync
-from tests.conftest import make_user, token_header
-from tests.fleet_factories import make_cluster, make_fleet
+from tests.support.factories import make_cluster, make_fleet, make_user, token_header
+from tests.support.slurm import sbatch, wait
 
 
 def sinfo(slurm, hostname: str) -> dict:
     return next(n for n in json.loads(slurm.run("sinfo", "--json").stdout)["nodes"] if n["name"] == hostname)
-
-
-def wait(predicate, timeout: float = 30, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def sbatch(slurm, *args: str) -> str:
-    return slurm.run("sbatch", "--parsable", *args).stdout.strip().split(";")[0]
 
 
 def operator_client() -> APIClient:

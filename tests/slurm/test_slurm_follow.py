@@ -12,8 +12,8 @@ from jobs.models import Job, JobPhase, RecoveryAction, SlurmJob
 from jobs.services.advance import recovery_advance
 from jobs.services.faults import fault_handle, fault_ingest
 from jobs.services.slurm_jobs import slurm_sync
-from tests.conftest import make_user, token_header
-from tests.slurm.test_slurm_driver import sbatch, wait
+from tests.support.factories import make_user, token_header
+from tests.support.slurm import sbatch, wait
 
 
 def squeue(slurm, slurm_id: str) -> dict:

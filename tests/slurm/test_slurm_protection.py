@@ -13,7 +13,7 @@ from jobs.choices import ActionKind, FaultSource, IncidentState, JobState, Snaps
 from jobs.launchers import launcher_credential_create
 from jobs.models import Incident, JobSnapshot, RecoveryAction
 from jobs.protection import job_protection
-from tests.conftest import make_user, token_header
+from tests.support.factories import make_user, token_header
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,8 +23,8 @@ CHECKPOINT_EVERY = 40
 
 @pytest.fixture
 def live(tmp_path):
-    from controlplane.testing.browser import SERVER_ENV
-    from controlplane.testing.processes import uvicorn_server
+    from tests.support.browser import SERVER_ENV
+    from tests.support.processes import uvicorn_server
 
     with uvicorn_server(tmp_path, **SERVER_ENV) as running:
         yield running
@@ -34,7 +34,7 @@ def test_a_protected_job_loses_a_node_and_is_restored_from_its_peers_memory_on_t
     slurm_holders, protected_slurm_cluster, live, tmp_path
 ):
     pytest.importorskip("torch", reason="the training job needs torch (CPU wheel)")
-    from controlplane.testing.slurm_scenario import with_lockstep
+    from tests.support.slurm_scenario import with_lockstep
 
     slurm, cluster = slurm_holders, protected_slurm_cluster
     _, token = launcher_credential_create(actor=None, cluster=cluster, name="train")
@@ -110,7 +110,7 @@ def test_a_predicted_failure_moves_the_protected_job_off_the_node_in_time_with_n
     slurm_holders, protected_slurm_cluster, live, tmp_path
 ):
     pytest.importorskip("torch", reason="the training job needs torch (CPU wheel)")
-    from controlplane.testing.slurm_scenario import predicted_move
+    from tests.support.slurm_scenario import predicted_move
 
     slurm, cluster = slurm_holders, protected_slurm_cluster
     _, token = launcher_credential_create(actor=None, cluster=cluster, name="train")
@@ -165,7 +165,7 @@ def test_the_ab_two_real_jobs_one_protected_lose_a_node_each(ab_slurm, ab_cluste
     """``simulate ab-nic``'s story with real jobs: the protected one loses at most a snapshot interval, the
     unprotected one everything since its checkpoint, as their own progress reports measure."""
     pytest.importorskip("torch", reason="the training job needs torch (CPU wheel)")
-    from controlplane.testing.slurm_scenario import ab_run
+    from tests.support.slurm_scenario import ab_run
 
     _, token = launcher_credential_create(actor=None, cluster=ab_cluster, name="train")
     run = ab_run(

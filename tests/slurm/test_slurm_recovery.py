@@ -1,7 +1,7 @@
 """A node dies under a real PyTorch job on a real Slurm; Lockstep requeues it on the spare (no fakes).
 
 The control plane runs as a real server (uvicorn) that the job registers with and reports to; beat's steps run in
-the test's loop (controlplane/testing/slurm_scenario.py)."""
+the test's loop (tests/support/slurm_scenario.py)."""
 
 import json
 
@@ -9,7 +9,6 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from controlplane.testing.processes import wait_for
 from fleet.choices import NodeState
 from fleet.models import Node
 from jobs.choices import ActionKind, EscalationStage, FaultSource, IncidentState, JobState
@@ -17,15 +16,16 @@ from jobs.launchers import launcher_credential_create
 from jobs.models import FaultEvent, Incident, NodeEscalation, RecoveryAction
 from jobs.services.advance import recovery_advance
 from jobs.services.faults import fault_ingest
-from tests.conftest import make_user, token_header
+from tests.support.factories import make_user, token_header
+from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
 def live(tmp_path):
-    from controlplane.testing.browser import SERVER_ENV
-    from controlplane.testing.processes import uvicorn_server
+    from tests.support.browser import SERVER_ENV
+    from tests.support.processes import uvicorn_server
 
     with uvicorn_server(tmp_path, **SERVER_ENV) as running:
         yield running
@@ -35,7 +35,7 @@ def test_slurm_node_death_requeues_the_training_job_on_the_spare_from_its_checkp
     slurm, slurm_cluster, live, tmp_path
 ):
     pytest.importorskip("torch", reason="the training job needs torch (CPU wheel)")
-    from controlplane.testing.slurm_scenario import with_lockstep
+    from tests.support.slurm_scenario import with_lockstep
 
     _, token = launcher_credential_create(actor=None, cluster=slurm_cluster, name="train")
     run = with_lockstep(slurm, slurm_cluster, tmp_path / "run", launcher_token=token, url=live.url)

@@ -3,12 +3,12 @@ here) sending to a live uvicorn: what it reads lands as state, and an Xid become
 
 import pytest
 
-from controlplane.testing.processes import uvicorn_server
 from jobs.models import FaultEvent
 from telemetry.models import GPUState, IngestBatch
 from telemetry.services.tokens import agent_token_create
-from tests.agent.conftest import run_agent
-from tests.fleet_factories import make_cluster, make_node
+from tests.support.agent import run_agent
+from tests.support.factories import make_cluster, make_node
+from tests.support.processes import uvicorn_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

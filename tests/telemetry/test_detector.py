@@ -16,7 +16,7 @@ from telemetry.prediction.detector import CONFIG, StreamingDetector, Verdict, _c
 from telemetry.prediction.risk import NodeFeatures, node_risk
 from telemetry.prediction.scoring import Scores, lead_times, overlap_segment
 from telemetry.services.prediction import risk_sweep
-from tests.fleet_factories import make_cluster, make_node
+from tests.support.factories import make_cluster, make_node
 
 STEP = 300.0          # NAB's cadence: a reading every five minutes
 DAY = 86400.0

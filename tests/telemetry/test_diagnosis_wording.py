@@ -5,7 +5,6 @@ import pytest
 from jobs.services.jobs import job_progress
 from telemetry.diagnosis import diagnose
 from telemetry.models import NICState
-from tests.telemetry.test_diagnosis import job  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.django_db
 

@@ -21,9 +21,8 @@ from telemetry.models import (
 from telemetry.services import ingest
 from telemetry.services.ingest import telemetry_ingest
 from telemetry.services.tokens import agent_token_create, agent_token_revoke
-from tests.conftest import make_user
-from tests.fleet_factories import make_cluster, make_node
-from tests.telemetry.helpers import batch, nic, reading
+from tests.support.factories import make_cluster, make_node, make_user
+from tests.support.telemetry import batch, nic, reading
 
 pytestmark = pytest.mark.django_db
 

@@ -150,7 +150,7 @@ def test_channel_api_is_for_the_provider_admin(api, users, receiver):
 
 def test_pausing_automation_on_a_fleet_or_cluster_is_announced(users, receiver):
     from fleet.services.clusters import cluster_update, fleet_update
-    from tests.fleet_factories import make_cluster, make_fleet
+    from tests.support.factories import make_cluster, make_fleet
 
     admin = users["provider-admin"]
     channel_create(actor=admin, name="ops", url=receiver.url, rules=["automation_paused"])

@@ -17,7 +17,6 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from controlplane.access import Role
-from controlplane.testing.processes import celery_worker, wait_for
 from fleet.models import Node
 from jobs.choices import ActionState
 from jobs.models import FaultEvent, Job, JobAllocation, RecoveryAction
@@ -33,8 +32,9 @@ from telemetry.services.prediction import (
     risk_sweep,
 )
 from telemetry.services.tokens import agent_token_create
-from tests.conftest import make_user
-from tests.jobs.helpers import beat_in_a_thread, protected_cluster, submit
+from tests.support.factories import make_user
+from tests.support.jobs import beat_in_a_thread, protected_cluster, submit
+from tests.support.processes import celery_worker, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -10,7 +10,7 @@ from jobs.services.faults import fault_ingest
 from telemetry.models import FacilityState, GPUState, NICState, Prediction, RiskSample
 from telemetry.prediction.risk import NodeFeatures, RackFacility, node_risk
 from telemetry.services.prediction import prediction_metrics, predictions_resolve, risk_sweep
-from tests.fleet_factories import make_cluster, make_node
+from tests.support.factories import make_cluster, make_node
 
 
 def test_a_quiet_node_scores_zero_and_each_sign_raises_it():
@@ -118,7 +118,7 @@ def test_prediction_api_and_page_are_for_providers(api, client, users, cluster_w
 def test_a_prediction_becomes_a_proactive_migration_for_a_protected_job(tenant_a):
     from jobs.models import RecoveryAction
     from jobs.services.faults import fault_handle
-    from tests.jobs.helpers import protected_cluster, submit
+    from tests.support.jobs import protected_cluster, submit
 
     cluster = protected_cluster(nodes=4, spares=2)
     job = submit(cluster, tenant_a, gpus=16)

@@ -5,7 +5,7 @@ from django.utils import timezone
 
 from telemetry.models import GPUSample, IngestBatch, NodeMinute
 from telemetry.services.retention import telemetry_prune
-from tests.fleet_factories import make_cluster, make_node
+from tests.support.factories import make_cluster, make_node
 
 pytestmark = pytest.mark.django_db
 

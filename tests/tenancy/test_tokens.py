@@ -8,7 +8,7 @@ from controlplane.access import Role
 from tenancy import services
 from tenancy.models import ApiToken
 from tenancy.tokens import digest
-from tests.conftest import make_user
+from tests.support.factories import make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -210,7 +210,7 @@ def _one_of_each_kind(admin, tenant):
     from telemetry.authentication import AgentTokenAuthentication
     from telemetry.models import AgentToken
     from tenancy.authentication import BearerTokenAuthentication
-    from tests.fleet_factories import make_cluster
+    from tests.support.factories import make_cluster
 
     cluster = make_cluster()
     job = Job.objects.create(tenant=tenant, cluster=cluster, name="j", gpus=8)

@@ -1,6 +1,6 @@
 """``manage.py slurm_demo``: a local three-node Slurm with a real training job, added to the demo world.
 
-Starts munged, slurmctld and three slurmd under ``var/slurm-demo/`` (controlplane/testing/slurm.py; needs root,
+Starts munged, slurmctld and three slurmd under ``var/slurm-demo/`` (jobs/local_slurm/; needs root,
 slurm-wlm, munge and torch), registers it as cluster ``slurm-demo-N`` (driver slurm; account ``demo`` → the first
 tenant, or one it creates), submits agent/lockstep_agent/examples/train_slurm.sh on two nodes with a launcher
 credential, and after ``--fail-after`` seconds kills node n2 under the job. The running stack (``make run``:
@@ -27,11 +27,11 @@ class Command(BaseCommand):
         parser.add_argument("--folder", default=str(Path(settings.BASE_DIR) / "var" / "slurm-demo"))
 
     def handle(self, *args, **options):
-        from controlplane.testing.slurm import SlurmCluster, available
-        from controlplane.testing.slurm_scenario import kill_n2, submit_training
         from fleet.choices import ClusterKind, DriverName
         from fleet.models import Cluster, Fleet
         from jobs.launchers import launcher_credential_create
+        from jobs.local_slurm.cluster import SlurmCluster, available
+        from jobs.local_slurm.training import kill_n2, submit_training
         from jobs.services.slurm_jobs import slurm_sync
         from tenancy.models import Tenant
 

@@ -13,7 +13,7 @@ a dedicated cluster, jobs (on its own cluster and on a shared one), faults and t
 drift, a snapshot, users and tokens; and the provider's objects (shared clusters, blueprints, a rollout, agent tokens, a
 notification channel and delivery, predictions, a what-if run, a scenario, the audit trail).
 
-Controlplane imports no app at import time; the world builder imports what it uses when it runs.
+The world builder imports the apps it uses when it runs, not at import time.
 """
 
 from collections.abc import Callable

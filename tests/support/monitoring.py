@@ -22,7 +22,7 @@ from pathlib import Path
 import requests
 import yaml
 
-from controlplane.testing.processes import free_port, stop_group, wait_for
+from tests.support.processes import free_port, stop_group, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -9,8 +9,7 @@ from django.utils import timezone
 
 from fleet.models import Cluster, Node
 from jobs.models import FaultEvent, Incident, Job, RecoveryAction
-from tests.jobs.helpers import protected_cluster, submit
-from tests.jobs.test_recovery import INSTANT, node_of
+from tests.support.jobs import INSTANT, node_of, protected_cluster, submit
 
 _n = itertools.count(1)
 

@@ -1,3 +1,6 @@
+"""Telemetry batches in the shape the node agent posts them (GPU readings, NIC states, events), for the tests that
+ingest them."""
+
 import time
 import uuid
 

@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from fleet.models import Blueprint, Cluster, SimulatedAddon
 from fleet.services.blueprints import blueprint_create, version_create
-from tests.fleet_factories import make_cluster, make_fleet
+from tests.support.factories import make_cluster, make_fleet
 
 ADDONS = [
     {"name": "gpu-operator", "repo": "https://helm.ngc.nvidia.com/nvidia", "chart": "gpu-operator",
@@ -16,6 +16,9 @@ ADDONS = [
     {"name": "nic-failover", "repo": "oci://registry.example/lockstep", "chart": "nic-failover",
      "version": "1.2.0", "namespace": "lockstep", "values": {"mode": "active-backup"}},
 ]
+
+# A kubeconfig the fleet pages must never render: the clusters of tests/fleet/conftest.py's `world` carry it.
+KUBECONFIG_SECRET = "do-not-render-this-kubeconfig"
 
 
 def bump(addons, name, version):

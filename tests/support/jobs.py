@@ -11,10 +11,20 @@ from django.utils import timezone
 
 from fleet.choices import HealthStatus, NodeState, SyncStatus
 from fleet.models import GPU, NIC, Node, ObservedAddon
+from jobs.models import JobAllocation
 from jobs.services.jobs import job_submit
-from tests.fleet_factories import make_blueprint, make_cluster, make_fleet
+from tests.support.factories import make_blueprint, make_cluster, make_fleet
 
 _n = itertools.count(1)
+
+# A simulated cluster's `connection` whose every recovery step takes no time.
+INSTANT = {"migration_pause_seconds": 0, "nic_failover_seconds": 0, "restart_seconds": 0, "gpu_reset_seconds": 0,
+           "snapshot_base_seconds": 0, "snapshot_seconds_per_gpu": 0, "health_check_seconds": 0}
+
+
+def node_of(job, rank=0):
+    """The node that holds ``rank`` of ``job`` now."""
+    return JobAllocation.objects.get(job=job, released_at__isnull=True, rank_start__lte=rank, rank_end__gte=rank).node
 
 
 def protect(cluster):

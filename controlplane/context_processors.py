@@ -13,8 +13,8 @@ def _visible(item, who) -> bool:
         return who.tenant_id is not None
     if item.audience == "audit":
         return who.may_read_audit
-    if item.audience == "users":  # who manages users: the provider admin, a tenant admin (its own tenant's)
-        return who.is_provider_admin or who.is_tenant_admin
+    if item.audience == "users":
+        return who.manages_users
     return False
 
 

@@ -20,7 +20,7 @@ help:
 	@echo "make run       install-runtime, $(LOCAL_ENV), migrate, demo users and world, web + workers (faults, analytics) + beat (+ redis) on http://127.0.0.1:$(PORT)/"
 	@echo "make slurm-demo  (with make run going) a local 3-node Slurm with a real training job that loses a node"
 	@echo "make test      run the test suite (PostgreSQL and Redis; see DATABASE_URL / REDIS_URL); PYTEST_ARGS=... passes through"
-	@echo "make lint      ruff check"
+	@echo "make lint      ruff check and ruff format --check"
 	@echo "make clean     remove caches, collected static files and the beat schedule (keeps $(VENV) and the database)"
 
 # --- install: redone only when pyproject.toml is newer than the stamp --------------------------------------
@@ -74,6 +74,7 @@ test: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean:
 	rm -rf staticfiles .pytest_cache .ruff_cache test-artifacts build *.egg-info var/celerybeat-schedule*

@@ -38,8 +38,10 @@ DB_URL = ADMIN_URL.rsplit("/", 1)[0] + f"/{DB_NAME}"
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
 CLUSTERS, NODES_PER_CLUSTER, NICS = 4, 256, 8
 
-KUBERNETES_SECONDS = 350   # node-monitor-grace-period 50 s + default NoExecute toleration 300 s (shared/data/README)
-NCCL_SECONDS = 30          # NCCL_IB_TIMEOUT 20, 7 retries: about 30 s to report a dead InfiniBand link
+KUBERNETES_SECONDS = (
+    350  # node-monitor-grace-period 50 s + default NoExecute toleration 300 s (shared/data/README)
+)
+NCCL_SECONDS = 30  # NCCL_IB_TIMEOUT 20, 7 retries: about 30 s to report a dead InfiniBand link
 
 
 def scratch_database() -> None:
@@ -58,8 +60,12 @@ def drop_database() -> None:
 
 
 def setup_django():
-    os.environ.update(DATABASE_URL=DB_URL, REDIS_URL=REDIS_URL, DJANGO_SETTINGS_MODULE="controlplane.testing.settings",
-                      LOG_LEVEL="WARNING")
+    os.environ.update(
+        DATABASE_URL=DB_URL,
+        REDIS_URL=REDIS_URL,
+        DJANGO_SETTINGS_MODULE="controlplane.testing.settings",
+        LOG_LEVEL="WARNING",
+    )
     import django
 
     django.setup()
@@ -89,28 +95,80 @@ def build_world() -> tuple[str, list[tuple[int, str]]]:
     _, token = token_create(actor=user, owner=user, name="bench", scope="write")
     tenant = Tenant.objects.create(name="Bench", slug="bench")
     blueprint = Blueprint.objects.create(name="bench", auto_rollout=False)
-    version = BlueprintVersion.objects.create(blueprint=blueprint, number=1, state="active",
-                                              policy={"protection": {"nic_failover": True, "live_migration": True}})
+    version = BlueprintVersion.objects.create(
+        blueprint=blueprint,
+        number=1,
+        state="active",
+        policy={"protection": {"nic_failover": True, "live_migration": True}},
+    )
     fleet = Fleet.objects.create(name="bench", max_cordoned_nodes=10_000, max_draining_nodes=10_000)
     ordered, now = [], timezone.now()
     for c in range(CLUSTERS):
-        cluster = Cluster.objects.create(fleet=fleet, name=f"bench-{c}", blueprint=blueprint, blueprint_version=version,
-                                         connection={"nic_failover_seconds": 1, "migration_pause_seconds": 30})
+        cluster = Cluster.objects.create(
+            fleet=fleet,
+            name=f"bench-{c}",
+            blueprint=blueprint,
+            blueprint_version=version,
+            connection={"nic_failover_seconds": 1, "migration_pause_seconds": 30},
+        )
         for name in ("nic-failover", "live-migration"):
-            ObservedAddon.objects.create(cluster=cluster, name=name, sync=SyncStatus.IN_SYNC, health=HealthStatus.HEALTHY,
-                                         observed_at=now)
-        nodes = Node.objects.bulk_create([Node(cluster=cluster, hostname=f"b{c}-{i:04d}", gpu_model="H100",
-                                               leaf_switch=f"leaf-{i // 32}", rack=f"rack-{i // 32}", state=NodeState.READY)
-                                          for i in range(NODES_PER_CLUSTER)])
-        Node.objects.bulk_create([Node(cluster=cluster, hostname=f"b{c}-spare-{i}", gpu_model="H100",
-                                       leaf_switch=f"leaf-{i}", state=NodeState.SPARE) for i in range(8)])
-        GPU.objects.bulk_create([GPU(node=n, index=i, uuid=f"GPU-{uuid.uuid4()}", model="H100") for n in nodes for i in range(8)])
+            ObservedAddon.objects.create(
+                cluster=cluster,
+                name=name,
+                sync=SyncStatus.IN_SYNC,
+                health=HealthStatus.HEALTHY,
+                observed_at=now,
+            )
+        nodes = Node.objects.bulk_create(
+            [
+                Node(
+                    cluster=cluster,
+                    hostname=f"b{c}-{i:04d}",
+                    gpu_model="H100",
+                    leaf_switch=f"leaf-{i // 32}",
+                    rack=f"rack-{i // 32}",
+                    state=NodeState.READY,
+                )
+                for i in range(NODES_PER_CLUSTER)
+            ]
+        )
+        Node.objects.bulk_create(
+            [
+                Node(
+                    cluster=cluster,
+                    hostname=f"b{c}-spare-{i}",
+                    gpu_model="H100",
+                    leaf_switch=f"leaf-{i}",
+                    state=NodeState.SPARE,
+                )
+                for i in range(8)
+            ]
+        )
+        GPU.objects.bulk_create(
+            [GPU(node=n, index=i, uuid=f"GPU-{uuid.uuid4()}", model="H100") for n in nodes for i in range(8)]
+        )
         NIC.objects.bulk_create([NIC(node=n, name=f"mlx5_{i}", rail=i) for n in nodes for i in range(NICS)])
-        jobs = Job.objects.bulk_create([Job(tenant=tenant, cluster=cluster, name=f"job-{c}-{i}", gpus=8, state="Running",
-                                            checkpoint_interval=10**9, iteration_at=now, started_at=now)
-                                        for i in range(NODES_PER_CLUSTER)])
-        JobAllocation.objects.bulk_create([JobAllocation(job=j, node=n, gpu_indices=list(range(8)), rank_start=0,
-                                                         rank_end=7) for j, n in zip(jobs, nodes, strict=True)])
+        jobs = Job.objects.bulk_create(
+            [
+                Job(
+                    tenant=tenant,
+                    cluster=cluster,
+                    name=f"job-{c}-{i}",
+                    gpus=8,
+                    state="Running",
+                    checkpoint_interval=10**9,
+                    iteration_at=now,
+                    started_at=now,
+                )
+                for i in range(NODES_PER_CLUSTER)
+            ]
+        )
+        JobAllocation.objects.bulk_create(
+            [
+                JobAllocation(job=j, node=n, gpu_indices=list(range(8)), rank_start=0, rank_end=7)
+                for j, n in zip(jobs, nodes, strict=True)
+            ]
+        )
         ordered += [((k, i, c), (n.pk, f"mlx5_{k}")) for i, n in enumerate(nodes) for k in range(1, NICS)]
     # Interleave clusters and NICs so consecutive faults land on different nodes and clusters: NIC 1 of the
     # first node of each cluster in turn, then of the second node…
@@ -154,8 +212,12 @@ def backends_used_since(before: dict[int, float]) -> float:
 
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
-    env = dict(os.environ, DATABASE_URL=DB_URL, REDIS_URL=REDIS_URL, PYTHONUNBUFFERED="1", LOG_LEVEL="WARNING")
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    env = dict(
+        os.environ, DATABASE_URL=DB_URL, REDIS_URL=REDIS_URL, PYTHONUNBUFFERED="1", LOG_LEVEL="WARNING"
+    )
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 class Listener(threading.Thread):
@@ -166,7 +228,9 @@ class Listener(threading.Thread):
         super().__init__(daemon=True)
         self.port, self.token = port, token
         self.first: dict[int, float] = {}
-        self.first_wall: dict[int, float] = {}   # the same moment on the wall clock, to set beside database times
+        self.first_wall: dict[
+            int, float
+        ] = {}  # the same moment on the wall clock, to set beside database times
         self.last_seq = 0
         self.reconnects = 0
         self.stop = threading.Event()
@@ -175,8 +239,13 @@ class Listener(threading.Thread):
     def _connect(self):
         from websockets.sync.client import connect
 
-        ws = connect(f"ws://127.0.0.1:{self.port}/ws/events/", additional_headers={"Authorization": f"Bearer {self.token}"},
-                     open_timeout=10, max_size=None, ping_interval=None)
+        ws = connect(
+            f"ws://127.0.0.1:{self.port}/ws/events/",
+            additional_headers={"Authorization": f"Bearer {self.token}"},
+            open_timeout=10,
+            max_size=None,
+            ping_interval=None,
+        )
         json.loads(ws.recv(timeout=10))
         ws.send(json.dumps({"subscribe": ["fleet"]}))
         json.loads(ws.recv(timeout=10))
@@ -185,7 +254,9 @@ class Listener(threading.Thread):
     def _note(self, message: dict, now: float) -> None:
         self.last_seq = max(self.last_seq, message.get("seq", 0))
         for action in message["payload"].get("actions") or [message["payload"]]:
-            if (message["kind"] == "actions.decided" or message["kind"].startswith("action.")) and action.get("fault"):
+            if (message["kind"] == "actions.decided" or message["kind"].startswith("action.")) and action.get(
+                "fault"
+            ):
                 if action["fault"] not in self.first:
                     self.first[action["fault"]] = now
                     self.first_wall[action["fault"]] = time.time()
@@ -219,8 +290,15 @@ class Listener(threading.Thread):
                 self._note(message, time.perf_counter())
 
 
-def send_at_rate(url: str, token: str, targets: list, rate: float, seconds: float, senders: int = 8,
-                 walls: dict | None = None) -> tuple[dict, float]:
+def send_at_rate(
+    url: str,
+    token: str,
+    targets: list,
+    rate: float,
+    seconds: float,
+    senders: int = 8,
+    walls: dict | None = None,
+) -> tuple[dict, float]:
     """POST ``rate`` faults a second for ``seconds``; returns {fault id: send time} and the rate achieved. With
     ``walls``, also records each fault's (send, answer) times on the wall clock there."""
     import requests
@@ -246,8 +324,11 @@ def send_at_rate(url: str, token: str, targets: list, rate: float, seconds: floa
             if delay > 0:
                 time.sleep(delay)
             began, began_wall = time.perf_counter(), time.time()
-            response = session.post(f"{url}/api/v1/faults/", json={"node": node, "kind": "nic_down", "nic_name": nic,
-                                                                   "source": "agent"}, timeout=30)
+            response = session.post(
+                f"{url}/api/v1/faults/",
+                json={"node": node, "kind": "nic_down", "nic_name": nic, "source": "agent"},
+                timeout=30,
+            )
             if response.status_code != 201:
                 errors.append(response.text[:200])
                 continue
@@ -284,9 +365,19 @@ def measure(listener: Listener, sent: dict, wait: float = 15.0) -> dict:
     for f, t in sent.items():
         if f in listener.first:
             windows.setdefault(int((t - start) // 5), []).append((listener.first[f] - t) * 1000)
-    by_window = [(5 * w, statistics.median(v), sorted(v)[int(0.99 * (len(v) - 1))]) for w, v in sorted(windows.items())]
-    return {"n": len(latencies), "missing": missing, "p50": pct(50), "p90": pct(90), "p99": pct(99),
-            "max": latencies[-1], "mean": statistics.fmean(latencies), "windows": by_window}
+    by_window = [
+        (5 * w, statistics.median(v), sorted(v)[int(0.99 * (len(v) - 1))]) for w, v in sorted(windows.items())
+    ]
+    return {
+        "n": len(latencies),
+        "missing": missing,
+        "p50": pct(50),
+        "p90": pct(90),
+        "p99": pct(99),
+        "max": latencies[-1],
+        "mean": statistics.fmean(latencies),
+        "windows": by_window,
+    }
 
 
 def decision_breakdown(fault_ids) -> dict:
@@ -298,10 +389,15 @@ def decision_breakdown(fault_ids) -> dict:
     return {"p50": values[len(values) // 2], "p99": values[int(0.99 * (len(values) - 1))]} if values else {}
 
 
-PER_FAULT = ("web", "worker", "postgres", "beat")   # the process groups whose CPU a fault costs
+PER_FAULT = ("web", "worker", "postgres", "beat")  # the process groups whose CPU a fault costs
 
-PHASES = ("POST sent → stored (received_at)", "stored → POST answered", "stored → action planned",
-          "planned → its event relayed (sent_at)", "relayed → received by the websocket client")
+PHASES = (
+    "POST sent → stored (received_at)",
+    "stored → POST answered",
+    "stored → action planned",
+    "planned → its event relayed (sent_at)",
+    "relayed → received by the websocket client",
+)
 
 
 def phase_breakdown(walls: dict, listener: Listener) -> dict[str, tuple[float, float]]:
@@ -311,11 +407,19 @@ def phase_breakdown(walls: dict, listener: Listener) -> dict[str, tuple[float, f
 
     planned = {}
     for action in RecoveryAction.objects.filter(fault_id__in=list(walls)).select_related("fault"):
-        planned.setdefault(action.fault_id, (action.fault.received_at.timestamp(), action.planned_at.timestamp()))
+        planned.setdefault(
+            action.fault_id, (action.fault.received_at.timestamp(), action.planned_at.timestamp())
+        )
     relayed: dict[int, float] = {}
-    for event in Event.objects.filter(topic="fleet", sent_at__isnull=False,
-                                      kind__in=["actions.decided", "action.planned", "action.started"]).only(
-                                          "payload", "sent_at").iterator():
+    for event in (
+        Event.objects.filter(
+            topic="fleet",
+            sent_at__isnull=False,
+            kind__in=["actions.decided", "action.planned", "action.started"],
+        )
+        .only("payload", "sent_at")
+        .iterator()
+    ):
         for action in event.payload.get("actions") or [event.payload]:
             fault = action.get("fault")
             if fault in walls:
@@ -325,8 +429,17 @@ def phase_breakdown(walls: dict, listener: Listener) -> dict[str, tuple[float, f
         if fault not in planned or fault not in relayed or fault not in listener.first_wall:
             continue
         received, decided = planned[fault]
-        for name, value in zip(PHASES, (received - began, answered - received, decided - received, relayed[fault] - decided,
-                                         listener.first_wall[fault] - relayed[fault]), strict=True):
+        for name, value in zip(
+            PHASES,
+            (
+                received - began,
+                answered - received,
+                decided - received,
+                relayed[fault] - decided,
+                listener.first_wall[fault] - relayed[fault],
+            ),
+            strict=True,
+        ):
             spans[name].append(value * 1000)
     result = {}
     for name, values in spans.items():
@@ -343,13 +456,24 @@ def main() -> int:
     parser.add_argument("--ramp", default="75,100,150,200,300")
     parser.add_argument("--ramp-seconds", type=float, default=8)
     parser.add_argument("--worker-concurrency", type=int, default=2)
-    parser.add_argument("--web-workers", type=int, default=2,
-                        help="uvicorn worker processes (WEB_CONCURRENCY in production): one process runs Python on "
-                             "one core at a time, so a 2-core machine wants two")
-    parser.add_argument("--senders", type=int, default=8, help="client threads POSTing faults (each request holds a PostgreSQL connection)")
+    parser.add_argument(
+        "--web-workers",
+        type=int,
+        default=2,
+        help="uvicorn worker processes (WEB_CONCURRENCY in production): one process runs Python on "
+        "one core at a time, so a 2-core machine wants two",
+    )
+    parser.add_argument(
+        "--senders",
+        type=int,
+        default=8,
+        help="client threads POSTing faults (each request holds a PostgreSQL connection)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
     parser.add_argument("--windows", action="store_true", help="print p50/p99 by 5-second window of sending")
-    parser.add_argument("--phases", action="store_true", help="print where the time goes, phase by phase, at each rate")
+    parser.add_argument(
+        "--phases", action="store_true", help="print where the time goes, phase by phase, at each rate"
+    )
     args = parser.parse_args()
 
     scratch_database()
@@ -361,13 +485,49 @@ def main() -> int:
     port = free_port()
     logs = Path(os.environ.get("BENCH_LOG_DIR", "/tmp"))
     venv = Path(sys.executable).parent
-    web = start([str(venv / "uvicorn"), "controlplane.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-                 "--log-level", "warning", "--no-access-log", "--workers", str(args.web_workers)], logs / "bench-uvicorn.log")
-    worker = start([str(venv / "celery"), "-A", "controlplane", "worker", f"--loglevel={os.environ.get('BENCH_WORKER_LOGLEVEL', 'warning')}",
-                    f"--concurrency={args.worker_concurrency}", "-n", f"bench-{port}@%h", "--without-gossip",
-                    "--without-mingle"], logs / "bench-celery.log")
-    beat = start([str(venv / "celery"), "-A", "controlplane", "beat", "--loglevel=warning",
-                  "--schedule", str(logs / f"bench-beat-{port}.db")], logs / "bench-beat.log")
+    web = start(
+        [
+            str(venv / "uvicorn"),
+            "controlplane.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+            "--workers",
+            str(args.web_workers),
+        ],
+        logs / "bench-uvicorn.log",
+    )
+    worker = start(
+        [
+            str(venv / "celery"),
+            "-A",
+            "controlplane",
+            "worker",
+            f"--loglevel={os.environ.get('BENCH_WORKER_LOGLEVEL', 'warning')}",
+            f"--concurrency={args.worker_concurrency}",
+            "-n",
+            f"bench-{port}@%h",
+            "--without-gossip",
+            "--without-mingle",
+        ],
+        logs / "bench-celery.log",
+    )
+    beat = start(
+        [
+            str(venv / "celery"),
+            "-A",
+            "controlplane",
+            "beat",
+            "--loglevel=warning",
+            "--schedule",
+            str(logs / f"bench-beat-{port}.db"),
+        ],
+        logs / "bench-beat.log",
+    )
     results = []
     try:
         import requests
@@ -379,52 +539,82 @@ def main() -> int:
         # Warm up (first queries, first task, connections), not counted.
         warm, _ = send_at_rate(url, token, targets, 10, 1)
         measure(listener, warm, wait=30)
-        plan = [(args.rate, args.seconds)] + [(float(r), args.ramp_seconds) for r in args.ramp.split(",") if r]
+        plan = [(args.rate, args.seconds)] + [
+            (float(r), args.ramp_seconds) for r in args.ramp.split(",") if r
+        ]
         for rate, seconds in plan:
             if len(targets) < rate * seconds:
                 print(f"not enough distinct faults left for {rate}/s")
                 break
-            cpu_before = (group_cpu(web.pid), group_cpu(worker.pid), time.perf_counter(), cpu_by_pid(named("postgres")),
-                          time.process_time(), group_cpu(beat.pid), cpu_by_pid(own_backends()))
+            cpu_before = (
+                group_cpu(web.pid),
+                group_cpu(worker.pid),
+                time.perf_counter(),
+                cpu_by_pid(named("postgres")),
+                time.process_time(),
+                group_cpu(beat.pid),
+                cpu_by_pid(own_backends()),
+            )
             walls: dict[int, tuple[float, float]] = {}
-            sent, achieved = send_at_rate(url, token, targets, rate, seconds, senders=args.senders, walls=walls)
+            sent, achieved = send_at_rate(
+                url, token, targets, rate, seconds, senders=args.senders, walls=walls
+            )
             stats = measure(listener, sent)
             wall = time.perf_counter() - cpu_before[2]
-            stats["cpu"] = {"web": (group_cpu(web.pid) - cpu_before[0]) / wall,
-                            "worker": (group_cpu(worker.pid) - cpu_before[1]) / wall,
-                            "postgres": cpu_used_since(cpu_before[3], "postgres") / wall,
-                            "client": (time.process_time() - cpu_before[4]) / wall,
-                            "beat": (group_cpu(beat.pid) - cpu_before[5]) / wall,
-                            "own backends": backends_used_since(cpu_before[6]) / wall}
+            stats["cpu"] = {
+                "web": (group_cpu(web.pid) - cpu_before[0]) / wall,
+                "worker": (group_cpu(worker.pid) - cpu_before[1]) / wall,
+                "postgres": cpu_used_since(cpu_before[3], "postgres") / wall,
+                "client": (time.process_time() - cpu_before[4]) / wall,
+                "beat": (group_cpu(beat.pid) - cpu_before[5]) / wall,
+                "own backends": backends_used_since(cpu_before[6]) / wall,
+            }
             # CPU seconds per fault: what the sampled processes spent over the step (sending and draining), per fault.
-            stats["per_fault"] = {name: stats["cpu"][name] * wall / max(1, len(sent))
-                                  for name in ("web", "worker", "postgres", "beat", "own backends")}
+            stats["per_fault"] = {
+                name: stats["cpu"][name] * wall / max(1, len(sent))
+                for name in ("web", "worker", "postgres", "beat", "own backends")
+            }
             stats.update(rate=rate, achieved=achieved, decision=decision_breakdown(sent))
             results.append(stats)
-            ok = (stats["n"] and not stats["missing"] and stats["p50"] < 100 and stats["p99"] < 500
-                  and achieved >= 0.95 * rate)
+            ok = (
+                stats["n"]
+                and not stats["missing"]
+                and stats["p50"] < 100
+                and stats["p99"] < 500
+                and achieved >= 0.95 * rate
+            )
             if listener.reconnects:
-                print(f"  (the websocket client reconnected {listener.reconnects} times and caught up from /api/v1/events/)")
-            print(f"{rate:6.0f}/s offered {achieved:6.1f}/s achieved  n={stats['n']:5d} missing={stats['missing']:3d}  "
-                  f"p50={stats.get('p50', 0):7.1f} ms  p90={stats.get('p90', 0):7.1f} ms  p99={stats.get('p99', 0):7.1f} ms  "
-                  f"max={stats.get('max', 0):7.1f} ms  (received→planned p50 {stats['decision'].get('p50', 0):.1f} ms)"
-                  f"  {'sustained' if ok else 'NOT sustained'}  [cores busy: web {stats['cpu']['web']:.2f}, "
-                  f"worker {stats['cpu']['worker']:.2f}, postgres {stats['cpu']['postgres']:.2f}, "
-                  f"this client {stats['cpu']['client']:.2f}]", flush=True)
+                print(
+                    f"  (the websocket client reconnected {listener.reconnects} times and caught up from /api/v1/events/)"
+                )
+            print(
+                f"{rate:6.0f}/s offered {achieved:6.1f}/s achieved  n={stats['n']:5d} missing={stats['missing']:3d}  "
+                f"p50={stats.get('p50', 0):7.1f} ms  p90={stats.get('p90', 0):7.1f} ms  p99={stats.get('p99', 0):7.1f} ms  "
+                f"max={stats.get('max', 0):7.1f} ms  (received→planned p50 {stats['decision'].get('p50', 0):.1f} ms)"
+                f"  {'sustained' if ok else 'NOT sustained'}  [cores busy: web {stats['cpu']['web']:.2f}, "
+                f"worker {stats['cpu']['worker']:.2f}, postgres {stats['cpu']['postgres']:.2f}, "
+                f"this client {stats['cpu']['client']:.2f}]",
+                flush=True,
+            )
             per = stats["per_fault"]
-            print(f"        CPU per fault {1000 * sum(per[n] for n in PER_FAULT):6.1f} ms (web {1000 * per['web']:.1f}, "
-                  f"worker {1000 * per['worker']:.1f}, postgres {1000 * per['postgres']:.1f}, beat {1000 * per['beat']:.1f}; "
-                  f"of postgres this database's backends {1000 * per['own backends']:.1f})", flush=True)
+            print(
+                f"        CPU per fault {1000 * sum(per[n] for n in PER_FAULT):6.1f} ms (web {1000 * per['web']:.1f}, "
+                f"worker {1000 * per['worker']:.1f}, postgres {1000 * per['postgres']:.1f}, beat {1000 * per['beat']:.1f}; "
+                f"of postgres this database's backends {1000 * per['own backends']:.1f})",
+                flush=True,
+            )
             stats["sustained"] = bool(ok)
             if args.windows:
-                print("        by 5 s window of sending (p50/p99 ms): "
-                      + ", ".join(f"{t}s {p50:.0f}/{p99:.0f}" for t, p50, p99 in stats["windows"]))
+                print(
+                    "        by 5 s window of sending (p50/p99 ms): "
+                    + ", ".join(f"{t}s {p50:.0f}/{p99:.0f}" for t, p50, p99 in stats["windows"])
+                )
             if args.phases:
                 for name, (p50, p99) in phase_breakdown(walls, listener).items():
                     print(f"        {name:<45} p50 {p50:7.1f} ms   p99 {p99:7.1f} ms")
             if not ok and rate != args.rate:
                 break
-            time.sleep(8)   # let the stack drain before the next rate
+            time.sleep(8)  # let the stack drain before the next rate
         listener.stop.set()
     finally:
         for process in (beat, worker, web):
@@ -439,26 +629,38 @@ def main() -> int:
     best = max((r["rate"] for r in results if r.get("sustained")), default=0)
     reference, reference_cpu = cpu_reference_ms(), cpu_reference_cpu_ms()
     print()
-    print(f"load average during the run (1, 5, 15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())} on "
-          f"{os.cpu_count()} CPUs; CPU reference: sum(range(10**6)) in {reference:.1f} ms")
-    print(f"Fault-to-decision latency at {args.rate:.0f} faults/s (POST sent → action event received over the websocket):")
+    print(
+        f"load average during the run (1, 5, 15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())} on "
+        f"{os.cpu_count()} CPUs; CPU reference: sum(range(10**6)) in {reference:.1f} ms"
+    )
+    print(
+        f"Fault-to-decision latency at {args.rate:.0f} faults/s (POST sent → action event received over the websocket):"
+    )
     if base.get("n"):
         verdict = "PASS" if base["p50"] < 100 and base["p99"] < 500 else "FAIL"
-        print(f"  p50 {base['p50']:.1f} ms (target < 100)   p99 {base['p99']:.1f} ms (target < 500)   {verdict}")
+        print(
+            f"  p50 {base['p50']:.1f} ms (target < 100)   p99 {base['p99']:.1f} ms (target < 500)   {verdict}"
+        )
     if base.get("per_fault"):
         per = base["per_fault"]
         total = 1000 * sum(per[name] for name in PER_FAULT)
-        print(f"  CPU per fault {total:.1f} ms ({', '.join(f'{name} {1000 * per[name]:.1f}' for name in PER_FAULT)}) = "
-              f"{total / reference_cpu:.2f}× the CPU reference (target ≤ 1.00×; the reference as CPU time: "
-              f"{reference_cpu:.1f} ms)")
-    print(f"  highest rate meeting both targets: {best:.0f} faults/s (p50 < 100 ms, p99 < 500 ms, every event received, "
-          f"offered rate kept)")
+        print(
+            f"  CPU per fault {total:.1f} ms ({', '.join(f'{name} {1000 * per[name]:.1f}' for name in PER_FAULT)}) = "
+            f"{total / reference_cpu:.2f}× the CPU reference (target ≤ 1.00×; the reference as CPU time: "
+            f"{reference_cpu:.1f} ms)"
+        )
+    print(
+        f"  highest rate meeting both targets: {best:.0f} faults/s (p50 < 100 ms, p99 < 500 ms, every event received, "
+        f"offered rate kept)"
+    )
     print()
     print("Beside published reaction times:")
     print(f"  Lockstep, fault to recovery decision (p50)   {base.get('p50', float('nan')) / 1000:10.3f} s")
     print(f"  NCCL, dead InfiniBand link reported          {NCCL_SECONDS:10.0f} s")
     print(f"  Kubernetes, node death to pod eviction       {KUBERNETES_SECONDS:10.0f} s")
-    print("  Lockstep's clock starts when the fault is detected and reported to it (the POST); Kubernetes' 350 s")
+    print(
+        "  Lockstep's clock starts when the fault is detected and reported to it (the POST); Kubernetes' 350 s"
+    )
     print("  include detecting the dead node (the 50 s node-monitor grace period) and then merely evict.")
     return 0 if base.get("n") and base["p50"] < 100 and base["p99"] < 500 else 1
 

@@ -56,8 +56,12 @@ def scratch_database(drop_only: bool = False) -> None:
 
 
 def setup_django() -> None:
-    os.environ.update(DATABASE_URL=DB_URL, REDIS_URL=REDIS_URL, DJANGO_SETTINGS_MODULE="controlplane.testing.settings",
-                      LOG_LEVEL="WARNING")
+    os.environ.update(
+        DATABASE_URL=DB_URL,
+        REDIS_URL=REDIS_URL,
+        DJANGO_SETTINGS_MODULE="controlplane.testing.settings",
+        LOG_LEVEL="WARNING",
+    )
     import django
 
     django.setup()
@@ -79,27 +83,80 @@ def build_cluster(fleet, tenant, version, *, name: str, jobs: int, nodes_per_job
     from telemetry.services.tokens import agent_token_create
 
     now = timezone.now()
-    cluster = Cluster.objects.create(fleet=fleet, name=name, blueprint=version.blueprint, blueprint_version=version,
-                                     connection={"nic_failover_seconds": 1, "migration_pause_seconds": 30})
+    cluster = Cluster.objects.create(
+        fleet=fleet,
+        name=name,
+        blueprint=version.blueprint,
+        blueprint_version=version,
+        connection={"nic_failover_seconds": 1, "migration_pause_seconds": 30},
+    )
     for addon in ("nic-failover", "live-migration"):
-        ObservedAddon.objects.create(cluster=cluster, name=addon, sync=SyncStatus.IN_SYNC, health=HealthStatus.HEALTHY,
-                                     observed_at=now)
-    working = Node.objects.bulk_create([Node(cluster=cluster, hostname=f"{name}-{i:03d}", gpu_model="H100",
-                                             leaf_switch=leaf_of(i), rack=f"rack-{i // 32}", state=NodeState.READY)
-                                        for i in range(jobs * nodes_per_job)])
-    spare = Node.objects.bulk_create([Node(cluster=cluster, hostname=f"{name}-spare-{i}", gpu_model="H100",
-                                           leaf_switch=f"leaf-spare-{i % 4}", rack="rack-spare", state=NodeState.SPARE)
-                                      for i in range(spares)])
-    GPU.objects.bulk_create([GPU(node=n, index=g, uuid=f"GPU-{n.hostname}-{g}", model="H100")
-                             for n in working + spare for g in range(GPUS)])
-    NIC.objects.bulk_create([NIC(node=n, name=f"mlx5_{r}", rail=r) for n in working + spare for r in range(NICS)])
-    rows = Job.objects.bulk_create([Job(tenant=tenant, cluster=cluster, name=f"{name}-job-{j}", gpus=GPUS * nodes_per_job,
-                                        state="Running", checkpoint_interval=10**9, iteration_at=now, started_at=now)
-                                    for j in range(jobs)])
-    JobAllocation.objects.bulk_create([
-        JobAllocation(job=rows[i // nodes_per_job], node=n, gpu_indices=list(range(GPUS)),
-                      rank_start=(i % nodes_per_job) * GPUS, rank_end=(i % nodes_per_job) * GPUS + GPUS - 1)
-        for i, n in enumerate(working)])
+        ObservedAddon.objects.create(
+            cluster=cluster, name=addon, sync=SyncStatus.IN_SYNC, health=HealthStatus.HEALTHY, observed_at=now
+        )
+    working = Node.objects.bulk_create(
+        [
+            Node(
+                cluster=cluster,
+                hostname=f"{name}-{i:03d}",
+                gpu_model="H100",
+                leaf_switch=leaf_of(i),
+                rack=f"rack-{i // 32}",
+                state=NodeState.READY,
+            )
+            for i in range(jobs * nodes_per_job)
+        ]
+    )
+    spare = Node.objects.bulk_create(
+        [
+            Node(
+                cluster=cluster,
+                hostname=f"{name}-spare-{i}",
+                gpu_model="H100",
+                leaf_switch=f"leaf-spare-{i % 4}",
+                rack="rack-spare",
+                state=NodeState.SPARE,
+            )
+            for i in range(spares)
+        ]
+    )
+    GPU.objects.bulk_create(
+        [
+            GPU(node=n, index=g, uuid=f"GPU-{n.hostname}-{g}", model="H100")
+            for n in working + spare
+            for g in range(GPUS)
+        ]
+    )
+    NIC.objects.bulk_create(
+        [NIC(node=n, name=f"mlx5_{r}", rail=r) for n in working + spare for r in range(NICS)]
+    )
+    rows = Job.objects.bulk_create(
+        [
+            Job(
+                tenant=tenant,
+                cluster=cluster,
+                name=f"{name}-job-{j}",
+                gpus=GPUS * nodes_per_job,
+                state="Running",
+                checkpoint_interval=10**9,
+                iteration_at=now,
+                started_at=now,
+            )
+            for j in range(jobs)
+        ]
+    )
+    JobAllocation.objects.bulk_create(
+        [
+            JobAllocation(
+                job=rows[i // nodes_per_job],
+                node=n,
+                gpu_indices=list(range(GPUS)),
+                rank_start=(i % nodes_per_job) * GPUS,
+                rank_end=(i % nodes_per_job) * GPUS + GPUS - 1,
+            )
+            for i, n in enumerate(working)
+        ]
+    )
     _, token = agent_token_create(actor=None, cluster=cluster, name="storm")
     return cluster, token, [n.hostname for n in working]
 
@@ -117,13 +174,26 @@ def build_world():
     _, token = token_create(actor=user, owner=user, name="storm", scope="write")
     tenant = Tenant.objects.create(name="Storm", slug="storm")
     blueprint = Blueprint.objects.create(name="storm", auto_rollout=False)
-    version = BlueprintVersion.objects.create(blueprint=blueprint, number=1, state="active",
-                                              policy={"protection": {"nic_failover": True, "live_migration": True}})
+    version = BlueprintVersion.objects.create(
+        blueprint=blueprint,
+        number=1,
+        state="active",
+        policy={"protection": {"nic_failover": True, "live_migration": True}},
+    )
     fleet = Fleet.objects.create(name="storm", max_cordoned_nodes=10_000, max_draining_nodes=10_000)
-    leaf = build_cluster(fleet, tenant, version, name="leaf", jobs=16, nodes_per_job=4, spares=8,
-                         leaf_of=lambda i: "leaf-0")
-    dead = build_cluster(fleet, tenant, version, name="dead", jobs=64, nodes_per_job=1, spares=16,
-                         leaf_of=lambda i: f"leaf-{i // 16}")
+    leaf = build_cluster(
+        fleet, tenant, version, name="leaf", jobs=16, nodes_per_job=4, spares=8, leaf_of=lambda i: "leaf-0"
+    )
+    dead = build_cluster(
+        fleet,
+        tenant,
+        version,
+        name="dead",
+        jobs=64,
+        nodes_per_job=1,
+        spares=16,
+        leaf_of=lambda i: f"leaf-{i // 16}",
+    )
     return token, leaf, dead
 
 
@@ -138,8 +208,13 @@ class Listener(threading.Thread):
         self.decided: dict[int, float] = {}
         self.seqs: list[int] = []
         self.stop = threading.Event()
-        self.ws = connect(f"ws://127.0.0.1:{port}/ws/events/", additional_headers={"Authorization": f"Bearer {token}"},
-                          open_timeout=10, max_size=None, ping_interval=None)
+        self.ws = connect(
+            f"ws://127.0.0.1:{port}/ws/events/",
+            additional_headers={"Authorization": f"Bearer {token}"},
+            open_timeout=10,
+            max_size=None,
+            ping_interval=None,
+        )
         json.loads(self.ws.recv(timeout=10))
         self.ws.send(json.dumps({"subscribe": ["fleet"]}))
         json.loads(self.ws.recv(timeout=10))
@@ -168,8 +243,9 @@ class Listener(threading.Thread):
                     self.decided.setdefault(fault, now)
 
 
-def post_all(url: str, sends: list[tuple[float, str, str, bytes]], threads: int | None = None
-             ) -> tuple[float, float, float, list[str]]:
+def post_all(
+    url: str, sends: list[tuple[float, str, str, bytes]], threads: int | None = None
+) -> tuple[float, float, float, list[str]]:
     """POST each (due, path, token, body) at its due time (perf_counter), one thread per report unless ``threads``
     says fewer (so a slow answer delays no other report, as with real agents); returns the first send, the last
     send, the last answer, and the failures."""
@@ -194,10 +270,18 @@ def post_all(url: str, sends: list[tuple[float, str, str, bytes]], threads: int 
             if delay > 0:
                 time.sleep(delay)
             began = time.perf_counter()
-            response = session.post(f"{url}{path}", data=body, timeout=60,
-                                    headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+            response = session.post(
+                f"{url}{path}",
+                data=body,
+                timeout=60,
+                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            )
             with lock:
-                first[0], last_sent[0], last[0] = min(first[0], began), max(last_sent[0], began), max(last[0], time.perf_counter())
+                first[0], last_sent[0], last[0] = (
+                    min(first[0], began),
+                    max(last_sent[0], began),
+                    max(last[0], time.perf_counter()),
+                )
                 if response.status_code not in (200, 201):
                     errors.append(f"{path} {response.status_code} {response.text[:200]}")
 
@@ -209,14 +293,18 @@ def post_all(url: str, sends: list[tuple[float, str, str, bytes]], threads: int 
     return first[0], last_sent[0], last[0], errors
 
 
-def batch(agent: NodeAgent, *, nics_down: bool = False, xid: int | None = None, link_downed: int = 0) -> bytes:
+def batch(
+    agent: NodeAgent, *, nics_down: bool = False, xid: int | None = None, link_downed: int = 0
+) -> bytes:
     body = agent.batch()
     for nic in body["nics"]:
         nic["fields"]["link_downed"] = link_downed
         if nics_down:
             nic.update(link_state="down", ib_state="DOWN", ib_phys_state="Disabled")
     if xid is not None:
-        body["events"] = [{"ts": body["sent_at"], "type": "xid", "xid": xid, "gpu": 0, "uuid": f"GPU-{agent.hostname}-0"}]
+        body["events"] = [
+            {"ts": body["sent_at"], "type": "xid", "xid": xid, "gpu": 0, "uuid": f"GPU-{agent.hostname}-0"}
+        ]
     return json.dumps(body).encode()
 
 
@@ -224,13 +312,31 @@ def node_down_webhook(hostnames: list[str]) -> bytes:
     from datetime import UTC, datetime
 
     starts = datetime.now(UTC).isoformat()
-    alerts = [{"status": "firing", "labels": {"alertname": "NodeDown", "instance": f"{h}:9100", "severity": "critical"},
-               "annotations": {"summary": f"{h} is not answering"}, "startsAt": starts,
-               "endsAt": "0001-01-01T00:00:00Z", "fingerprint": f"nodedown-{h}"} for h in hostnames]
-    return json.dumps({"version": "4", "groupKey": "{}:{alertname=\"NodeDown\"}", "status": "firing",
-                       "receiver": "lockstep", "groupLabels": {"alertname": "NodeDown"}, "commonLabels": {},
-                       "commonAnnotations": {}, "externalURL": "http://alertmanager:9093", "truncatedAlerts": 0,
-                       "alerts": alerts}).encode()
+    alerts = [
+        {
+            "status": "firing",
+            "labels": {"alertname": "NodeDown", "instance": f"{h}:9100", "severity": "critical"},
+            "annotations": {"summary": f"{h} is not answering"},
+            "startsAt": starts,
+            "endsAt": "0001-01-01T00:00:00Z",
+            "fingerprint": f"nodedown-{h}",
+        }
+        for h in hostnames
+    ]
+    return json.dumps(
+        {
+            "version": "4",
+            "groupKey": '{}:{alertname="NodeDown"}',
+            "status": "firing",
+            "receiver": "lockstep",
+            "groupLabels": {"alertname": "NodeDown"},
+            "commonLabels": {},
+            "commonAnnotations": {},
+            "externalURL": "http://alertmanager:9093",
+            "truncatedAlerts": 0,
+            "alerts": alerts,
+        }
+    ).encode()
 
 
 def queries() -> int:
@@ -244,7 +350,9 @@ def query_shapes(top: int = 30) -> list[tuple[int, str]]:
     import redis
 
     client = redis.Redis.from_url(REDIS_URL)
-    counts = sorted(((int(n), shape.decode()) for shape, n in client.hgetall(QUERY_SHAPES).items()), reverse=True)
+    counts = sorted(
+        ((int(n), shape.decode()) for shape, n in client.hgetall(QUERY_SHAPES).items()), reverse=True
+    )
     client.delete(QUERY_SHAPES)
     return counts[:top]
 
@@ -263,13 +371,15 @@ def storm(name: str, url: str, listener: Listener, cluster, sends, started_at) -
     before, seq_before = queries(), fleet_seq()
     query_shapes()
     first, last_sent, last, errors = post_all(url, sends)
-    faults = list(FaultEvent.objects.filter(cluster=cluster, received_at__gte=started_at).values_list("pk", flat=True))
+    faults = list(
+        FaultEvent.objects.filter(cluster=cluster, received_at__gte=started_at).values_list("pk", flat=True)
+    )
     deadline = time.perf_counter() + WAIT_SECONDS
     while time.perf_counter() < deadline and not all(f in listener.decided for f in faults):
         time.sleep(0.05)
     arrived = [listener.decided[f] for f in faults if f in listener.decided]
     done = max(arrived) if arrived else float("nan")
-    time.sleep(0.5)   # the last counts reach Redis (querycount flushes every 0.1 s)
+    time.sleep(0.5)  # the last counts reach Redis (querycount flushes every 0.1 s)
     statements = queries() - before
     shapes = query_shapes() if os.environ.get("BENCH_QUERY_SHAPES") else []
     # Every event on ``fleet`` up to the last one received (the decisions' and everything published meanwhile).
@@ -280,44 +390,82 @@ def storm(name: str, url: str, listener: Listener, cluster, sends, started_at) -
     decisions = rows.exclude(handled_at=None).values("handled_at").distinct().count()
     actions = RecoveryAction.objects.filter(fault_id__in=faults)
     kinds = Counter(actions.values_list("kind", flat=True))
-    twice = (SpareBooking.objects.filter(released_at__isnull=True, action__cluster=cluster).values("node_id", "gpu_index")
-             .annotate(n=Count("id")).filter(n__gt=1).count())
-    whole_and_gpu = (SpareBooking.objects.filter(released_at__isnull=True, action__cluster=cluster).values("node_id")
-                     .annotate(whole=Count("id", filter=Q(whole_node=True)), n=Count("id"))
-                     .filter(whole__gte=1, n__gt=1).count())
-    running = RecoveryAction.objects.filter(cluster=cluster, kind__in=BUDGETED_KINDS, dry_run=False,
-                                            state=ActionState.RUNNING)
+    twice = (
+        SpareBooking.objects.filter(released_at__isnull=True, action__cluster=cluster)
+        .values("node_id", "gpu_index")
+        .annotate(n=Count("id"))
+        .filter(n__gt=1)
+        .count()
+    )
+    whole_and_gpu = (
+        SpareBooking.objects.filter(released_at__isnull=True, action__cluster=cluster)
+        .values("node_id")
+        .annotate(whole=Count("id", filter=Q(whole_node=True)), n=Count("id"))
+        .filter(whole__gte=1, n__gt=1)
+        .count()
+    )
+    running = RecoveryAction.objects.filter(
+        cluster=cluster, kind__in=BUDGETED_KINDS, dry_run=False, state=ActionState.RUNNING
+    )
     per_leaf = Counter(running.values_list("to_node__leaf_switch", flat=True))
-    over = (running.count() > cluster.max_concurrent_migrations
-            or any(n > cluster.max_migrations_per_leaf for n in per_leaf.values()))
+    over = running.count() > cluster.max_concurrent_migrations or any(
+        n > cluster.max_migrations_per_leaf for n in per_leaf.values()
+    )
     reports = len(sends)
-    return {"name": name, "reports": reports, "faults": len(faults), "undecided": undecided,
-            "unseen": len(faults) - len(arrived), "after_last": done - last_sent, "after_first": done - first,
-            "answered": last - last_sent, "events": len(received), "gaps": gaps,
-            "decisions": decisions, "actions": sum(kinds.values()), "kinds": dict(kinds), "queries": statements,
-            "spare_twice": twice + whole_and_gpu, "budget_exceeded": over, "errors": errors,
-            "running_migrations": running.count(), "per_leaf": dict(per_leaf), "shapes": shapes}
+    return {
+        "name": name,
+        "reports": reports,
+        "faults": len(faults),
+        "undecided": undecided,
+        "unseen": len(faults) - len(arrived),
+        "after_last": done - last_sent,
+        "after_first": done - first,
+        "answered": last - last_sent,
+        "events": len(received),
+        "gaps": gaps,
+        "decisions": decisions,
+        "actions": sum(kinds.values()),
+        "kinds": dict(kinds),
+        "queries": statements,
+        "spare_twice": twice + whole_and_gpu,
+        "budget_exceeded": over,
+        "errors": errors,
+        "running_migrations": running.count(),
+        "per_leaf": dict(per_leaf),
+        "shapes": shapes,
+    }
 
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
-    env = dict(os.environ, DATABASE_URL=DB_URL, REDIS_URL=REDIS_URL, PYTHONUNBUFFERED="1", LOG_LEVEL="WARNING",
-               BENCH_QUERYCOUNT_CELERY="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "bench"), str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    env = dict(
+        os.environ,
+        DATABASE_URL=DB_URL,
+        REDIS_URL=REDIS_URL,
+        PYTHONUNBUFFERED="1",
+        LOG_LEVEL="WARNING",
+        BENCH_QUERYCOUNT_CELERY="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT / "bench"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def report(result: dict) -> None:
     kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(result["kinds"].items()))
     missing = "none missing" if not result["gaps"] else f"{result['gaps']} MISSING"
-    print(f"{result['name']}: decided in {result['after_last']:.2f} s after the last report was sent "
-          f"({result['after_first']:.2f} s from the first; the last answered {result['answered']:.2f} s after it was "
-          f"sent); {result['reports']} reports, {result['faults']} faults, "
-          f"{result['decisions']} decisions, {result['actions']} actions ({kinds}), {result['queries']} queries; "
-          f"{'no spare booked twice' if not result['spare_twice'] else str(result['spare_twice']) + ' spares booked twice'}; "
-          f"{'no budget exceeded' if not result['budget_exceeded'] else 'BUDGET EXCEEDED'} "
-          f"({result['running_migrations']} migrations running); {result['events']} fleet events received, "
-          f"{missing}; "
-          f"{'within' if result['after_last'] <= GOAL_SECONDS else 'NOT within'} {GOAL_SECONDS:.0f} s", flush=True)
+    print(
+        f"{result['name']}: decided in {result['after_last']:.2f} s after the last report was sent "
+        f"({result['after_first']:.2f} s from the first; the last answered {result['answered']:.2f} s after it was "
+        f"sent); {result['reports']} reports, {result['faults']} faults, "
+        f"{result['decisions']} decisions, {result['actions']} actions ({kinds}), {result['queries']} queries; "
+        f"{'no spare booked twice' if not result['spare_twice'] else str(result['spare_twice']) + ' spares booked twice'}; "
+        f"{'no budget exceeded' if not result['budget_exceeded'] else 'BUDGET EXCEEDED'} "
+        f"({result['running_migrations']} migrations running); {result['events']} fleet events received, "
+        f"{missing}; "
+        f"{'within' if result['after_last'] <= GOAL_SECONDS else 'NOT within'} {GOAL_SECONDS:.0f} s",
+        flush=True,
+    )
     if result["undecided"] or result["unseen"]:
         print(f"  {result['undecided']} faults still new, {result['unseen']} decisions not received")
     if result["errors"]:
@@ -337,12 +485,50 @@ def main() -> int:
     port = free_port()
     logs = Path(os.environ.get("BENCH_LOG_DIR", "/tmp"))
     venv = Path(sys.executable).parent
-    web = start([str(venv / "uvicorn"), "--factory", "querycount:asgi", "--host", "127.0.0.1", "--port", str(port),
-                 "--log-level", "warning", "--no-access-log", "--workers", "2"], logs / "storm-uvicorn.log")
-    worker = start([str(venv / "celery"), "-A", "querycount:celery", "worker", "--loglevel=warning", "--concurrency=2",
-                    "-n", f"storm-{port}@%h", "--without-gossip", "--without-mingle"], logs / "storm-celery.log")
-    beat = start([str(venv / "celery"), "-A", "querycount:celery", "beat", "--loglevel=warning",
-                  "--schedule", str(logs / f"storm-beat-{port}.db")], logs / "storm-beat.log")
+    web = start(
+        [
+            str(venv / "uvicorn"),
+            "--factory",
+            "querycount:asgi",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+            "--workers",
+            "2",
+        ],
+        logs / "storm-uvicorn.log",
+    )
+    worker = start(
+        [
+            str(venv / "celery"),
+            "-A",
+            "querycount:celery",
+            "worker",
+            "--loglevel=warning",
+            "--concurrency=2",
+            "-n",
+            f"storm-{port}@%h",
+            "--without-gossip",
+            "--without-mingle",
+        ],
+        logs / "storm-celery.log",
+    )
+    beat = start(
+        [
+            str(venv / "celery"),
+            "-A",
+            "querycount:celery",
+            "beat",
+            "--loglevel=warning",
+            "--schedule",
+            str(logs / f"storm-beat-{port}.db"),
+        ],
+        logs / "storm-beat.log",
+    )
     results = []
     try:
         import requests
@@ -358,26 +544,49 @@ def main() -> int:
         # Every node's healthy batch first (the NICs' previous state), twice, not timed.
         for _ in range(2):
             now = time.perf_counter()
-            *_, errors = post_all(url, [(now + i / 100, path, tokens[h], batch(agents[h])) for i, h in enumerate(agents)],
-                                  threads=16)
+            *_, errors = post_all(
+                url,
+                [(now + i / 100, path, tokens[h], batch(agents[h])) for i, h in enumerate(agents)],
+                threads=16,
+            )
             if errors:
                 print(f"healthy batches failed: {errors[0]}")
                 return 0
         time.sleep(3)
 
         started_at, t0 = timezone.now(), time.perf_counter() + 0.2
-        sends = [(t0 + i / NODES, path, leaf_token, batch(agents[h], nics_down=True, link_downed=1))
-                 for i, h in enumerate(leaf_hosts)]
-        results.append(storm(f"leaf switch down ({NODES} nodes, {NODES * NICS} NIC reports)", url, listener, leaf,
-                             sends, started_at))
+        sends = [
+            (t0 + i / NODES, path, leaf_token, batch(agents[h], nics_down=True, link_downed=1))
+            for i, h in enumerate(leaf_hosts)
+        ]
+        results.append(
+            storm(
+                f"leaf switch down ({NODES} nodes, {NODES * NICS} NIC reports)",
+                url,
+                listener,
+                leaf,
+                sends,
+                started_at,
+            )
+        )
         report(results[-1])
         time.sleep(5)
 
         started_at, t0 = timezone.now(), time.perf_counter() + 0.2
-        sends = [(t0 + i / NODES, path, dead_token, batch(agents[h], xid=79)) for i, h in enumerate(dead_hosts)]
+        sends = [
+            (t0 + i / NODES, path, dead_token, batch(agents[h], xid=79)) for i, h in enumerate(dead_hosts)
+        ]
         sends.append((t0 + 0.5, "/api/v1/ingest/alertmanager/", token, node_down_webhook(dead_hosts)))
-        results.append(storm(f"{NODES} nodes dead (Xid 79 in {NODES} agent batches, one NodeDown webhook of {NODES})",
-                             url, listener, dead, sends, started_at))
+        results.append(
+            storm(
+                f"{NODES} nodes dead (Xid 79 in {NODES} agent batches, one NodeDown webhook of {NODES})",
+                url,
+                listener,
+                dead,
+                sends,
+                started_at,
+            )
+        )
         report(results[-1])
         listener.stop.set()
     finally:
@@ -391,8 +600,10 @@ def main() -> int:
     import timeit
 
     reference = min(timeit.repeat("sum(range(10**6))", number=1, repeat=5)) * 1000
-    print(f"load average (1, 5, 15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs; "
-          f"CPU reference: sum(range(10**6)) in {reference:.1f} ms")
+    print(
+        f"load average (1, 5, 15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs; "
+        f"CPU reference: sum(range(10**6)) in {reference:.1f} ms"
+    )
     return 0
 
 

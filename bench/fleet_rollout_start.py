@@ -20,23 +20,30 @@ def main():
     clusters = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
     fleet_common.reset()
     blueprint, v1, _ = fleet_common.make_fleet(clusters)
-    v2 = BlueprintVersion.objects.create(blueprint=blueprint, number=2, state="active",
-                                         addons=[{**a, "version": "1.1.0"} for a in v1.addons])
+    v2 = BlueprintVersion.objects.create(
+        blueprint=blueprint, number=2, state="active", addons=[{**a, "version": "1.1.0"} for a in v1.addons]
+    )
     timings = []
     for _ in range(3):
         with CaptureQueriesContext(connection) as queries:
             started = time.perf_counter()
-            rollout = rollout_start(actor=None, version=v2, targets={"tracking": True},
-                                    strategy={"canary": 5, "batch_size": "10%", "soak_seconds": 300})
+            rollout = rollout_start(
+                actor=None,
+                version=v2,
+                targets={"tracking": True},
+                strategy={"canary": 5, "batch_size": "10%", "soak_seconds": 300},
+            )
             timings.append(time.perf_counter() - started)
         rows, batches = RolloutCluster.objects.filter(rollout=rollout).count(), rollout.batches.count()
         assert rows == clusters, rows
         RolloutCluster.objects.filter(rollout=rollout).delete()
         RolloutBatch.objects.filter(rollout=rollout).delete()
         rollout.delete()
-    print(f"rollout start over {clusters} clusters: {rows} cluster rows and {batches} batches written in "
-          f"{min(timings):.3f} s (best of 3; runs {', '.join(f'{t:.3f}' for t in timings)} s), "
-          f"{len(queries)} SQL queries; one core")
+    print(
+        f"rollout start over {clusters} clusters: {rows} cluster rows and {batches} batches written in "
+        f"{min(timings):.3f} s (best of 3; runs {', '.join(f'{t:.3f}' for t in timings)} s), "
+        f"{len(queries)} SQL queries; one core"
+    )
 
 
 if __name__ == "__main__":

@@ -28,14 +28,38 @@ def build(nodes: int, start: int = 0) -> None:
     per_cluster = nodes // 10
     for c in range(10):
         cluster, _ = Cluster.objects.get_or_create(fleet=fleet, name=f"bench-{c}")
-        Node.objects.bulk_create([Node(cluster=cluster, hostname=f"c{c}-n{i:05d}", gpu_model="H100", rack=f"r{i // 8}",
-                                       leaf_switch=f"l{i // 16}", state="failed" if i % 97 == 0 else "ready")
-                                  for i in range(start, start + per_cluster)], batch_size=5000)
+        Node.objects.bulk_create(
+            [
+                Node(
+                    cluster=cluster,
+                    hostname=f"c{c}-n{i:05d}",
+                    gpu_model="H100",
+                    rack=f"r{i // 8}",
+                    leaf_switch=f"l{i // 16}",
+                    state="failed" if i % 97 == 0 else "ready",
+                )
+                for i in range(start, start + per_cluster)
+            ],
+            batch_size=5000,
+        )
     ids = list(Node.objects.filter(gpus__isnull=True).values_list("id", flat=True))
-    GPU.objects.bulk_create([GPU(node_id=n, index=g, uuid=f"GPU-{n}-{g}", model="H100",
-                                 health="failed" if (n * 8 + g) % 211 == 0 else "healthy")
-                             for n in ids for g in range(8)], batch_size=10000)
-    NIC.objects.bulk_create([NIC(node_id=n, name=f"mlx5_{r}", rail=r) for n in ids for r in range(8)], batch_size=10000)
+    GPU.objects.bulk_create(
+        [
+            GPU(
+                node_id=n,
+                index=g,
+                uuid=f"GPU-{n}-{g}",
+                model="H100",
+                health="failed" if (n * 8 + g) % 211 == 0 else "healthy",
+            )
+            for n in ids
+            for g in range(8)
+        ],
+        batch_size=10000,
+    )
+    NIC.objects.bulk_create(
+        [NIC(node_id=n, name=f"mlx5_{r}", rail=r) for n in ids for r in range(8)], batch_size=10000
+    )
 
 
 def measure(client, renders: int) -> tuple[list[float], int]:
@@ -55,7 +79,9 @@ def measure(client, renders: int) -> tuple[list[float], int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nodes", type=int, default=4000)
     parser.add_argument("--renders", type=int, default=20)
     args = parser.parse_args()
@@ -82,9 +108,13 @@ def main() -> None:
 
     times.sort()
     print(f"fleet: {Node.objects.count():,} nodes, {GPU.objects.count():,} GPUs")
-    print(f"provider home render: median {statistics.median(times):.0f} ms, p95 {times[int(len(times) * 0.95) - 1]:.0f} ms "
-          f"(target 150 ms: {150 / statistics.median(times):.1f}x under)")
-    print(f"SQL queries: {queries} at {Node.objects.count():,} nodes, {small_queries} at a tenth of the fleet")
+    print(
+        f"provider home render: median {statistics.median(times):.0f} ms, p95 {times[int(len(times) * 0.95) - 1]:.0f} ms "
+        f"(target 150 ms: {150 / statistics.median(times):.1f}x under)"
+    )
+    print(
+        f"SQL queries: {queries} at {Node.objects.count():,} nodes, {small_queries} at a tenth of the fleet"
+    )
 
 
 if __name__ == "__main__":

@@ -49,10 +49,18 @@ def node_batch(agent: NodeAgent, facility: int) -> bytes:
 
     body = agent.batch()
     now = body["sent_at"]
-    body["facility"] = [{"ts": now, "source": "redfish", "scope": "node", "target": agent.hostname, "sensor": f"sensor-{i}",
-                         "metric": "inlet_temperature_celsius" if i % 2 == 0 else "power_draw_watts",
-                         "value": round(random.uniform(20, 30) if i % 2 == 0 else random.uniform(5000, 7000), 1)}
-                        for i in range(facility)]
+    body["facility"] = [
+        {
+            "ts": now,
+            "source": "redfish",
+            "scope": "node",
+            "target": agent.hostname,
+            "sensor": f"sensor-{i}",
+            "metric": "inlet_temperature_celsius" if i % 2 == 0 else "power_draw_watts",
+            "value": round(random.uniform(20, 30) if i % 2 == 0 else random.uniform(5000, 7000), 1),
+        }
+        for i in range(facility)
+    ]
     return json.dumps(body).encode()
 
 
@@ -91,8 +99,16 @@ def client(url: str, token: str, nodes: int, seconds: float, clients: int, facil
         thread.start()
     for thread in threads:
         thread.join()
-    Path(out).write_text(json.dumps({"latencies": latencies, "errors": errors[:5], "error_count": len(errors),
-                                     "elapsed": time.monotonic() - started}))
+    Path(out).write_text(
+        json.dumps(
+            {
+                "latencies": latencies,
+                "errors": errors[:5],
+                "error_count": len(errors),
+                "elapsed": time.monotonic() - started,
+            }
+        )
+    )
 
 
 class StatementCounter:
@@ -148,7 +164,9 @@ def count_statements(token: str, nodes: int, facility: int, show: bool) -> dict:
     agents = [NodeAgent(f"node-{i:05d}", random.Random(1000 + i)) for i in range(min(nodes, 60))]
     headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
     for agent in agents[:10]:  # warm-up: inventory cache, compiled schema, first state rows
-        response = client.post(URL_PATH, node_batch(agent, facility), content_type="application/json", **headers)
+        response = client.post(
+            URL_PATH, node_batch(agent, facility), content_type="application/json", **headers
+        )
         assert response.status_code == 200, response.content
     counts, cpu = [], []
     shown = None
@@ -167,8 +185,12 @@ def count_statements(token: str, nodes: int, facility: int, show: bool) -> dict:
         print("statements of one request:")
         for statement in shown:
             print("   ", " ".join(statement.split())[:160])
-    return {"statements": statistics.median(counts), "min": min(counts), "max": max(counts),
-            "cpu_ms": statistics.median(cpu) * 1000}
+    return {
+        "statements": statistics.median(counts),
+        "min": min(counts),
+        "max": max(counts),
+        "cpu_ms": statistics.median(cpu) * 1000,
+    }
 
 
 def backend_cpu() -> dict[int, float]:
@@ -176,7 +198,9 @@ def backend_cpu() -> dict[int, float]:
     import psycopg
 
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-        pids = [row[0] for row in conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", [DB_NAME])]
+        pids = [
+            row[0] for row in conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", [DB_NAME])
+        ]
     return cpu_by_pid(pids)
 
 
@@ -197,7 +221,9 @@ def request_floor(pgid: int, port: int, seconds: float = 4.0) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=2, help="concurrent connections in the client process")
@@ -208,35 +234,74 @@ def main() -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
-        client(args.client[0], args.client[1], args.nodes, args.seconds, args.clients, args.facility, args.out)
+        client(
+            args.client[0], args.client[1], args.nodes, args.seconds, args.clients, args.facility, args.out
+        )
         return
 
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/4")
     os.environ.setdefault("PYTHONWARNINGS", "ignore:No directory at")  # whitenoise, before collectstatic
     warnings.filterwarnings("ignore", message="No directory at")
     print(f"setting up {args.nodes:,} nodes / {args.nodes * 8:,} GPUs in {DB_NAME} …", flush=True)
-    token = setup(args.nodes, DB_NAME, DATABASE_POOL_SIZE="4", LOG_LEVEL="WARNING")  # the web process's pool (asgi.py)
+    token = setup(
+        args.nodes, DB_NAME, DATABASE_POOL_SIZE="4", LOG_LEVEL="WARNING"
+    )  # the web process's pool (asgi.py)
     counted = count_statements(token, args.nodes, args.facility, args.show)
     env = dict(os.environ, LOG_LEVEL="WARNING")
     env.pop("DATABASE_POOL_SIZE")  # the web process picks its own (controlplane/asgi.py)
-    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--port", str(args.port),
-                               "--workers", "1", "--log-level", "warning", "--no-access-log"], cwd=BASE, env=env,
-                              start_new_session=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "controlplane.asgi:application",
+            "--port",
+            str(args.port),
+            "--workers",
+            "1",
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ],
+        cwd=BASE,
+        env=env,
+        start_new_session=True,
+    )
     try:
         import requests
 
         from tests.support.processes import wait_for
 
-        wait_for(lambda: requests.get(f"http://127.0.0.1:{args.port}/healthz", timeout=1).ok, 30, 0.2, what="uvicorn")
+        wait_for(
+            lambda: requests.get(f"http://127.0.0.1:{args.port}/healthz", timeout=1).ok,
+            30,
+            0.2,
+            what="uvicorn",
+        )
         url = f"http://127.0.0.1:{args.port}{URL_PATH}"
         out = f"/tmp/lockstep-ingest-small-{os.getpid()}.json"
-        common = ["--nodes", str(args.nodes), "--clients", str(args.clients), "--facility", str(args.facility),
-                  "--out", out]
-        subprocess.run([sys.executable, __file__, "--client", url, token, "--seconds", "4", *common], check=True, cwd=BASE)
+        common = [
+            "--nodes",
+            str(args.nodes),
+            "--clients",
+            str(args.clients),
+            "--facility",
+            str(args.facility),
+            "--out",
+            out,
+        ]
+        subprocess.run(
+            [sys.executable, __file__, "--client", url, token, "--seconds", "4", *common],
+            check=True,
+            cwd=BASE,
+        )
         load_before = os.getloadavg()[0]
         web_before, db_before = group_cpu(server.pid), backend_cpu()
-        subprocess.run([sys.executable, __file__, "--client", url, token, "--seconds", str(args.seconds), *common],
-                       check=True, cwd=BASE)
+        subprocess.run(
+            [sys.executable, __file__, "--client", url, token, "--seconds", str(args.seconds), *common],
+            check=True,
+            cwd=BASE,
+        )
         web_cpu = group_cpu(server.pid) - web_before
         db_cpu = sum(seconds - db_before.get(pid, 0.0) for pid, seconds in backend_cpu().items())
         load_after = os.getloadavg()[0]
@@ -255,14 +320,22 @@ def main() -> None:
     requests_ok = len(latencies)
     p50 = statistics.median(latencies) * 1000
     p99 = latencies[min(requests_ok - 1, int(requests_ok * 0.99))] * 1000
-    print(f"one-node batch: 8 GPU readings, 8 NICs, {args.facility} facility readings; {args.clients} connection(s), "
-          f"load average {load_before:.1f} → {load_after:.1f}")
-    print(f"statements per request (in process, median of 60): {counted['statements']:.0f} "
-          f"(min {counted['min']}, max {counted['max']}); in-process CPU per request {counted['cpu_ms']:.1f} ms")
-    print(f"requests: {requests_ok:,} ok in {result['elapsed']:.1f} s ({requests_ok / result['elapsed']:.0f}/s), "
-          f"{result['error_count']} failed {result['errors']}")
-    print(f"uvicorn CPU per request: {web_cpu / requests_ok * 1000:.2f} ms  "
-          f"(PostgreSQL backends: {db_cpu / requests_ok * 1000:.2f} ms); a GET /healthz there: {floor * 1000:.2f} ms")
+    print(
+        f"one-node batch: 8 GPU readings, 8 NICs, {args.facility} facility readings; {args.clients} connection(s), "
+        f"load average {load_before:.1f} → {load_after:.1f}"
+    )
+    print(
+        f"statements per request (in process, median of 60): {counted['statements']:.0f} "
+        f"(min {counted['min']}, max {counted['max']}); in-process CPU per request {counted['cpu_ms']:.1f} ms"
+    )
+    print(
+        f"requests: {requests_ok:,} ok in {result['elapsed']:.1f} s ({requests_ok / result['elapsed']:.0f}/s), "
+        f"{result['error_count']} failed {result['errors']}"
+    )
+    print(
+        f"uvicorn CPU per request: {web_cpu / requests_ok * 1000:.2f} ms  "
+        f"(PostgreSQL backends: {db_cpu / requests_ok * 1000:.2f} ms); a GET /healthz there: {floor * 1000:.2f} ms"
+    )
     print(f"per-request latency: p50 {p50:.1f} ms, p99 {p99:.1f} ms")
 
 

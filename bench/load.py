@@ -66,6 +66,7 @@ CLUSTERS, SPARES, NICS, GPUS = 4, 8, 8, 8
 
 # --- the world ---------------------------------------------------------------------------------------------
 
+
 def build_world(nodes: int, clients: int, job_topics: int, seed: int) -> dict:
     """Clusters, nodes, jobs, tenants, users and tokens; returns what the client processes need."""
     from django.contrib.auth import get_user_model
@@ -84,33 +85,79 @@ def build_world(nodes: int, clients: int, job_topics: int, seed: int) -> dict:
     _, admin_token = token_create(actor=admin, owner=admin, name="load", scope="write")
     tenants = [Tenant.objects.create(name=f"Load {name}", slug=f"load-{name}") for name in ("a", "b")]
     blueprint = Blueprint.objects.create(name="load", auto_rollout=False)
-    version = BlueprintVersion.objects.create(blueprint=blueprint, number=1, state="active",
-                                              policy={"protection": {"nic_failover": True, "live_migration": True}})
+    version = BlueprintVersion.objects.create(
+        blueprint=blueprint,
+        number=1,
+        state="active",
+        policy={"protection": {"nic_failover": True, "live_migration": True}},
+    )
     fleet = Fleet.objects.create(name="load", max_cordoned_nodes=10_000, max_draining_nodes=10_000)
     now = timezone.now()
     agents, targets, jobs_of = [], [], {t.pk: [] for t in tenants}
     for c in range(CLUSTERS):
         count = nodes // CLUSTERS + (1 if c < nodes % CLUSTERS else 0)
-        cluster = Cluster.objects.create(fleet=fleet, name=f"load-{c}", blueprint=blueprint, blueprint_version=version,
-                                         connection={"nic_failover_seconds": 1, "migration_pause_seconds": 30})
+        cluster = Cluster.objects.create(
+            fleet=fleet,
+            name=f"load-{c}",
+            blueprint=blueprint,
+            blueprint_version=version,
+            connection={"nic_failover_seconds": 1, "migration_pause_seconds": 30},
+        )
         for name in ("nic-failover", "live-migration"):
-            ObservedAddon.objects.create(cluster=cluster, name=name, sync=SyncStatus.IN_SYNC, health=HealthStatus.HEALTHY,
-                                         observed_at=now)
+            ObservedAddon.objects.create(
+                cluster=cluster,
+                name=name,
+                sync=SyncStatus.IN_SYNC,
+                health=HealthStatus.HEALTHY,
+                observed_at=now,
+            )
         spares = min(SPARES, count // 4)
-        rows = Node.objects.bulk_create([
-            Node(cluster=cluster, hostname=f"l{c}-{i:04d}", gpu_model="H100", leaf_switch=f"leaf-{i // 32}",
-                 rack=f"rack-{i // 32}", state=NodeState.SPARE if i >= count - spares else NodeState.READY)
-            for i in range(count)])
-        GPU.objects.bulk_create([GPU(node=n, index=i, uuid=f"GPU-{uuid.uuid4()}", model="H100") for n in rows
-                                 for i in range(GPUS)], batch_size=5000)
-        NIC.objects.bulk_create([NIC(node=n, name=f"mlx5_{i}", rail=i) for n in rows for i in range(NICS)],
-                                batch_size=5000)
-        busy = rows[:count - spares]
-        jobs = Job.objects.bulk_create([Job(tenant=tenants[i % 2], cluster=cluster, name=f"load-{c}-{i}", gpus=GPUS,
-                                            state="Running", checkpoint_interval=10**9, iteration_at=now, started_at=now)
-                                        for i in range(len(busy))])
-        JobAllocation.objects.bulk_create([JobAllocation(job=j, node=n, gpu_indices=list(range(GPUS)), rank_start=0,
-                                                         rank_end=GPUS - 1) for j, n in zip(jobs, busy, strict=True)])
+        rows = Node.objects.bulk_create(
+            [
+                Node(
+                    cluster=cluster,
+                    hostname=f"l{c}-{i:04d}",
+                    gpu_model="H100",
+                    leaf_switch=f"leaf-{i // 32}",
+                    rack=f"rack-{i // 32}",
+                    state=NodeState.SPARE if i >= count - spares else NodeState.READY,
+                )
+                for i in range(count)
+            ]
+        )
+        GPU.objects.bulk_create(
+            [
+                GPU(node=n, index=i, uuid=f"GPU-{uuid.uuid4()}", model="H100")
+                for n in rows
+                for i in range(GPUS)
+            ],
+            batch_size=5000,
+        )
+        NIC.objects.bulk_create(
+            [NIC(node=n, name=f"mlx5_{i}", rail=i) for n in rows for i in range(NICS)], batch_size=5000
+        )
+        busy = rows[: count - spares]
+        jobs = Job.objects.bulk_create(
+            [
+                Job(
+                    tenant=tenants[i % 2],
+                    cluster=cluster,
+                    name=f"load-{c}-{i}",
+                    gpus=GPUS,
+                    state="Running",
+                    checkpoint_interval=10**9,
+                    iteration_at=now,
+                    started_at=now,
+                )
+                for i in range(len(busy))
+            ]
+        )
+        JobAllocation.objects.bulk_create(
+            [
+                JobAllocation(job=j, node=n, gpu_indices=list(range(GPUS)), rank_start=0, rank_end=GPUS - 1)
+                for j, n in zip(jobs, busy, strict=True)
+            ]
+        )
         for job in jobs:
             jobs_of[job.tenant_id].append(job.pk)
         _, agent_token = agent_token_create(actor=None, cluster=cluster, name="load")
@@ -136,21 +183,39 @@ def build_world(nodes: int, clients: int, job_topics: int, seed: int) -> dict:
         pool = pools[tenant.pk]
         start = (i // 2) * job_topics
         topics = [f"job-{pool[(start + k) % len(pool)]}" for k in range(job_topics)]
-        plan_clients.append({"name": f"viewer-{tenant.slug}-{i}", "token": raw, "topics": topics, "fleet": False})
-    return {"admin_token": admin_token, "agents": agents, "targets": targets, "clients": plan_clients,
-            "jobs": sum(len(v) for v in jobs_of.values())}
+        plan_clients.append(
+            {"name": f"viewer-{tenant.slug}-{i}", "token": raw, "topics": topics, "fleet": False}
+        )
+    return {
+        "admin_token": admin_token,
+        "agents": agents,
+        "targets": targets,
+        "clients": plan_clients,
+        "jobs": sum(len(v) for v in jobs_of.values()),
+    }
 
 
 # --- the HTTP client process -------------------------------------------------------------------------------
 
 DCGM_STEADY = {
-    "DCGM_FI_DEV_MEMORY_TEMP": 62.0, "DCGM_FI_DEV_MEM_COPY_UTIL": 41.0, "DCGM_FI_DEV_FB_USED": 71_000_000_000,
-    "DCGM_FI_DEV_FB_FREE": 9_000_000_000, "DCGM_FI_DEV_FB_TOTAL": 80_000_000_000,
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": 0, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": 0, "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": 3,
-    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": 0, "DCGM_FI_DEV_RETIRED_SBE": 0, "DCGM_FI_DEV_RETIRED_DBE": 0,
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 0, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0,
-    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": 0, "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": 0,
-    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 0, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0, "DCGM_FI_DEV_XID_ERRORS": 0,
+    "DCGM_FI_DEV_MEMORY_TEMP": 62.0,
+    "DCGM_FI_DEV_MEM_COPY_UTIL": 41.0,
+    "DCGM_FI_DEV_FB_USED": 71_000_000_000,
+    "DCGM_FI_DEV_FB_FREE": 9_000_000_000,
+    "DCGM_FI_DEV_FB_TOTAL": 80_000_000_000,
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": 0,
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": 0,
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": 3,
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": 0,
+    "DCGM_FI_DEV_RETIRED_SBE": 0,
+    "DCGM_FI_DEV_RETIRED_DBE": 0,
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 0,
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0,
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": 0,
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": 0,
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 0,
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
+    "DCGM_FI_DEV_XID_ERRORS": 0,
 }
 
 
@@ -165,34 +230,77 @@ class NodeAgent:
 
     def batch(self) -> dict:
         now, rng = time.time(), self.rng
-        readings = [{"ts": now, "gpu": g, "uuid": f"GPU-{self.hostname}-{g}", "model": "NVIDIA H100 80GB HBM3",
-                     "fields": {"DCGM_FI_DEV_GPU_TEMP": round(self.base[g] + rng.gauss(0, 0.8), 1),
-                                "DCGM_FI_DEV_POWER_USAGE": round(rng.uniform(580, 690), 1),
-                                "DCGM_FI_DEV_GPU_UTIL": round(rng.uniform(88, 99), 1), **DCGM_STEADY}}
-                    for g in range(GPUS)]
+        readings = [
+            {
+                "ts": now,
+                "gpu": g,
+                "uuid": f"GPU-{self.hostname}-{g}",
+                "model": "NVIDIA H100 80GB HBM3",
+                "fields": {
+                    "DCGM_FI_DEV_GPU_TEMP": round(self.base[g] + rng.gauss(0, 0.8), 1),
+                    "DCGM_FI_DEV_POWER_USAGE": round(rng.uniform(580, 690), 1),
+                    "DCGM_FI_DEV_GPU_UTIL": round(rng.uniform(88, 99), 1),
+                    **DCGM_STEADY,
+                },
+            }
+            for g in range(GPUS)
+        ]
         nics = []
         for n in range(NICS):
             self.xmit_wait[n] += rng.randint(20, 200)
             self.bytes[n] += rng.randint(10**9, 2 * 10**9)
-            nics.append({"ts": now, "name": f"mlx5_{n}", "kind": "infiniband", "link_state": "up",
-                         "ib_device": f"mlx5_{n}", "ib_port": 1, "ib_state": "ACTIVE", "ib_phys_state": "LinkUp",
-                         "speed_bps": 400_000_000_000,
-                         "fields": {"symbol_error": 0, "link_downed": 0, "link_error_recovery": 0, "port_rcv_errors": 0,
-                                    "port_rcv_remote_physical_errors": 0, "port_xmit_discards": 0,
-                                    "local_link_integrity_errors": 0, "excessive_buffer_overrun_errors": 0,
-                                    "port_xmit_wait": self.xmit_wait[n], "rx_bytes": self.bytes[n],
-                                    "tx_bytes": self.bytes[n]}})
-        return {"schema_version": 1, "batch_id": str(uuid.uuid4()),
-                "agent": {"name": "lockstep-agent", "version": "0.1.0", "hostname": self.hostname, "gpu_status": "ok",
-                          "driver_version": "550.90.07"},
-                "created_at": now, "sent_at": now, "node": self.hostname, "readings": readings, "nics": nics,
-                "events": [], "facility": []}
+            nics.append(
+                {
+                    "ts": now,
+                    "name": f"mlx5_{n}",
+                    "kind": "infiniband",
+                    "link_state": "up",
+                    "ib_device": f"mlx5_{n}",
+                    "ib_port": 1,
+                    "ib_state": "ACTIVE",
+                    "ib_phys_state": "LinkUp",
+                    "speed_bps": 400_000_000_000,
+                    "fields": {
+                        "symbol_error": 0,
+                        "link_downed": 0,
+                        "link_error_recovery": 0,
+                        "port_rcv_errors": 0,
+                        "port_rcv_remote_physical_errors": 0,
+                        "port_xmit_discards": 0,
+                        "local_link_integrity_errors": 0,
+                        "excessive_buffer_overrun_errors": 0,
+                        "port_xmit_wait": self.xmit_wait[n],
+                        "rx_bytes": self.bytes[n],
+                        "tx_bytes": self.bytes[n],
+                    },
+                }
+            )
+        return {
+            "schema_version": 1,
+            "batch_id": str(uuid.uuid4()),
+            "agent": {
+                "name": "lockstep-agent",
+                "version": "0.1.0",
+                "hostname": self.hostname,
+                "gpu_status": "ok",
+                "driver_version": "550.90.07",
+            },
+            "created_at": now,
+            "sent_at": now,
+            "node": self.hostname,
+            "readings": readings,
+            "nics": nics,
+            "events": [],
+            "facility": [],
+        }
 
 
 def _schedule(plan: dict):
     """(due, kind, argument) in time order: every node's batch each interval (spread), and the faults."""
     t0, end, interval = plan["t0"], plan["end"], plan["interval"]
-    nodes = [(hostname, cluster) for cluster, agent in enumerate(plan["agents"]) for hostname in agent["nodes"]]
+    nodes = [
+        (hostname, cluster) for cluster, agent in enumerate(plan["agents"]) for hostname in agent["nodes"]
+    ]
     # Interleave clusters so each moment's batches come from every cluster.
     nodes.sort(key=lambda item: (int(item[0].split("-")[1]), item[1]))
 
@@ -241,8 +349,11 @@ async def http_client(plan: dict, out: Path) -> None:
         sent = time.time()
         status, fault_id = None, None
         try:
-            async with session.post(url + path, data=body, headers={"Authorization": f"Bearer {token}",
-                                                                     "Content-Type": "application/json"}) as response:
+            async with session.post(
+                url + path,
+                data=body,
+                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            ) as response:
                 text = await response.read()
                 status = response.status
                 if kind == "fault" and status in (200, 201):
@@ -275,6 +386,7 @@ async def http_client(plan: dict, out: Path) -> None:
 
 # --- the websocket client process --------------------------------------------------------------------------
 
+
 async def ws_clients(plan: dict, out: Path) -> None:
     import aiohttp
     import orjson
@@ -284,26 +396,43 @@ async def ws_clients(plan: dict, out: Path) -> None:
     url, ws_url = plan["url"], plan["url"].replace("http://", "ws://") + "/ws/events/"
     stop = asyncio.Event()
     first_action: dict[int, float] = {}
-    delays = {"fleet": [], "job": []}          # [created, delay] per event received live
-    state = [{"name": c["name"], "topics": c["topics"], "fleet": c["fleet"], "subscribed_at": None,
-              "live": collections.defaultdict(list), "caught_up": collections.defaultdict(list),
-              "last": {}, "reconnects": 0, "refused": [], "duplicates": 0} for c in plan["clients"]]
+    delays = {"fleet": [], "job": []}  # [created, delay] per event received live
+    state = [
+        {
+            "name": c["name"],
+            "topics": c["topics"],
+            "fleet": c["fleet"],
+            "subscribed_at": None,
+            "live": collections.defaultdict(list),
+            "caught_up": collections.defaultdict(list),
+            "last": {},
+            "reconnects": 0,
+            "refused": [],
+            "duplicates": 0,
+        }
+        for c in plan["clients"]
+    ]
     lag = []
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
 
     async def open_socket(client: dict, mine: dict):
-        ws = await connect(ws_url, additional_headers={"Authorization": f"Bearer {client['token']}"}, open_timeout=30,
-                           max_size=None, max_queue=None)
+        ws = await connect(
+            ws_url,
+            additional_headers={"Authorization": f"Bearer {client['token']}"},
+            open_timeout=30,
+            max_size=None,
+            max_queue=None,
+        )
         hello = orjson.loads(await asyncio.wait_for(ws.recv(), 30))
         if hello.get("type") != "hello":
             raise RuntimeError(f"{client['name']}: expected hello, got {hello}")
         await ws.send(json.dumps({"subscribe": client["topics"]}))
-        while True:   # events of earlier subscriptions cannot come yet: the first answer is the subscription's
+        while True:  # events of earlier subscriptions cannot come yet: the first answer is the subscription's
             answer = orjson.loads(await asyncio.wait_for(ws.recv(), 30))
             if answer.get("type") == "subscribed":
                 break
         mine["refused"] = answer["refused"]
-        for topic, head in (answer.get("heads") or {}).items():   # where each topic stood when we joined
+        for topic, head in (answer.get("heads") or {}).items():  # where each topic stood when we joined
             mine["last"].setdefault(topic, head)
         return ws
 
@@ -347,7 +476,7 @@ async def ws_clients(plan: dict, out: Path) -> None:
                         if event["topic"] in mine["last"] and event["seq"] > mine["last"][event["topic"]] + 1:
                             await catch_up(client, mine, [event["topic"]])
                         note(mine, event, now)
-                    elif event.get("type") == "heads":   # the consumer says a topic went further than we saw
+                    elif event.get("type") == "heads":  # the consumer says a topic went further than we saw
                         behind = [t for t, head in event["heads"].items() if head > mine["last"].get(t, 0)]
                         if behind:
                             await catch_up(client, mine, behind)
@@ -382,8 +511,10 @@ async def ws_clients(plan: dict, out: Path) -> None:
 
     sockets = await asyncio.gather(*(connect_one(c, m) for c, m in zip(plan["clients"], state, strict=True)))
     Path(plan["ready_file"]).write_text("ready")
-    runners = [asyncio.create_task(run_client(i, c, m)) for i, (c, m) in enumerate(zip(plan["clients"], state,
-                                                                                        strict=True))]
+    runners = [
+        asyncio.create_task(run_client(i, c, m))
+        for i, (c, m) in enumerate(zip(plan["clients"], state, strict=True))
+    ]
     meter = asyncio.create_task(lag_meter())
     stop_file = Path(plan["stop_file"])
     deadline = time.time() + plan["ws_deadline"]
@@ -398,14 +529,23 @@ async def ws_clients(plan: dict, out: Path) -> None:
     for mine in state:
         mine["live"], mine["caught_up"] = dict(mine["live"]), dict(mine["caught_up"])
     lag.sort()
-    out.write_text(json.dumps({"clients": state, "first_action": first_action, "delays": delays,
-                               "lag_p99_ms": lag[int(0.99 * (len(lag) - 1))] * 1000 if lag else 0,
-                               "lag_max_ms": lag[-1] * 1000 if lag else 0}))
+    out.write_text(
+        json.dumps(
+            {
+                "clients": state,
+                "first_action": first_action,
+                "delays": delays,
+                "lag_p99_ms": lag[int(0.99 * (len(lag) - 1))] * 1000 if lag else 0,
+                "lag_max_ms": lag[-1] * 1000 if lag else 0,
+            }
+        )
+    )
 
 
 def client_main(role: str, plan_path: str, out: str) -> None:
     try:
         import uvloop
+
         uvloop.install()
     except ImportError:
         pass
@@ -414,6 +554,7 @@ def client_main(role: str, plan_path: str, out: str) -> None:
 
 
 # --- processes, memory and CPU -----------------------------------------------------------------------------
+
 
 def memory(pid: int) -> dict | None:
     """RSS, PSS and USS (private clean + dirty) in bytes, from smaps_rollup."""
@@ -431,15 +572,20 @@ def memory(pid: int) -> dict | None:
         threads = int(re.search(r"^Threads:\s+(\d+)", Path(f"/proc/{pid}/status").read_text(), re.M)[1])
     except (OSError, TypeError):
         threads = 0
-    return {"rss": values.get("Rss", 0), "pss": values.get("Pss", 0), "threads": threads,
-            "uss": values.get("Private_Clean", 0) + values.get("Private_Dirty", 0)}
+    return {
+        "rss": values.get("Rss", 0),
+        "pss": values.get("Pss", 0),
+        "threads": threads,
+        "uss": values.get("Private_Clean", 0) + values.get("Private_Dirty", 0),
+    }
 
 
 def listening(port: int) -> list[int]:
     """The process listening on a TCP port."""
     try:
-        listing = subprocess.run(["ss", "-ltnpH", f"( sport = :{port} )"], capture_output=True, text=True,
-                                 timeout=5).stdout
+        listing = subprocess.run(
+            ["ss", "-ltnpH", f"( sport = :{port} )"], capture_output=True, text=True, timeout=5
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     return sorted({int(pid) for pid in re.findall(r"pid=(\d+)", listing)})
@@ -455,7 +601,7 @@ def postgres_cpu() -> float | None:
         if stat is None:
             continue
         total += stat.cpu
-        if stat.ppid not in pids:   # the postmaster
+        if stat.ppid not in pids:  # the postmaster
             total += stat.reaped_cpu
             found = True
     return total if found else None
@@ -489,7 +635,7 @@ class Sampler(threading.Thread):
 
     def __init__(self, groups, every: float = 2.0):
         super().__init__(daemon=True)
-        self.groups, self.every = groups, every   # groups: {label: callable returning pids}
+        self.groups, self.every = groups, every  # groups: {label: callable returning pids}
         self.samples: list[dict] = []
         self.waits = collections.Counter()
         self.active_queries = collections.Counter()
@@ -509,10 +655,14 @@ class Sampler(threading.Thread):
                     sample["procs"][(label, pid)] = {**mem, "cpu": stat.cpu}
         try:
             with psycopg.connect(f"{PG}/postgres", autocommit=True, connect_timeout=5) as conn:
-                rows = conn.execute("SELECT pid, state, wait_event_type, wait_event, left(query, 90) "
-                                    "FROM pg_stat_activity WHERE datname = %s", [DB_NAME]).fetchall()
-                sample["sessions"] = conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = %s",
-                                                  [DB_NAME]).fetchone()[0]
+                rows = conn.execute(
+                    "SELECT pid, state, wait_event_type, wait_event, left(query, 90) "
+                    "FROM pg_stat_activity WHERE datname = %s",
+                    [DB_NAME],
+                ).fetchall()
+                sample["sessions"] = conn.execute(
+                    "SELECT sessions FROM pg_stat_database WHERE datname = %s", [DB_NAME]
+                ).fetchone()[0]
         except psycopg.Error:
             rows = []
         sample["backends"] = collections.Counter(status or "?" for _, status, *_ in rows)
@@ -525,8 +675,12 @@ class Sampler(threading.Thread):
                 self.active_queries[" ".join((query or "").split())[:90]] += 1
         # Which of the stack's processes hold the PostgreSQL connections (client side of each socket).
         try:
-            listing = subprocess.run(["ss", "-tnpH", "state", "established", "( dport = :5432 )"], capture_output=True,
-                                     text=True, timeout=5).stdout
+            listing = subprocess.run(
+                ["ss", "-tnpH", "state", "established", "( dport = :5432 )"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout
         except (OSError, subprocess.SubprocessError):
             listing = ""
         sample["pg_sockets"] = collections.Counter(int(pid) for pid in re.findall(r"pid=(\d+)", listing))
@@ -555,8 +709,16 @@ def summarise_processes(samples: list[dict], window: tuple[float, float]) -> lis
     """Per label (and per pid for the stack's own processes): peak and end memory, CPU share in the window."""
     inside = [s for s in samples if window[0] <= s["t"] <= window[1]] or samples
     end = samples[-1]
-    per_pid_labels = {"uvicorn worker", "celery worker (main)", "celery pool child", "celery beat", "uvicorn master",
-                      "load client: http", "load client: websockets", "this process"}
+    per_pid_labels = {
+        "uvicorn worker",
+        "celery worker (main)",
+        "celery pool child",
+        "celery beat",
+        "uvicorn master",
+        "load client: http",
+        "load client: websockets",
+        "this process",
+    }
     keys = collections.OrderedDict()
     for s in samples:
         for label, pid in s["procs"]:
@@ -565,6 +727,7 @@ def summarise_processes(samples: list[dict], window: tuple[float, float]) -> lis
     for label, pids in keys.items():
         groups = [[pid] for pid in sorted(pids)] if label in per_pid_labels else [sorted(pids)]
         for group in groups:
+
             def total(sample, field, group=group, label=label):
                 return sum(sample["procs"].get((label, pid), {}).get(field, 0) for pid in group)
 
@@ -581,11 +744,14 @@ def summarise_processes(samples: list[dict], window: tuple[float, float]) -> lis
             name = label if len(group) > 1 or label not in per_pid_labels else f"{label} {group[0]}"
             if len(group) > 1:
                 name += f" ({len(group)} pids seen)"
-            rows.append((name, peak, last, cpu / span, all((label, pid) not in end["procs"] for pid in group)))
+            rows.append(
+                (name, peak, last, cpu / span, all((label, pid) not in end["procs"] for pid in group))
+            )
     return rows
 
 
 # --- the run -----------------------------------------------------------------------------------------------
+
 
 def pct(values: list[float], p: float) -> float:
     values = sorted(values)
@@ -593,9 +759,12 @@ def pct(values: list[float], p: float) -> float:
 
 
 def start(cmd: list[str], log: Path, db_url: str) -> subprocess.Popen:
-    env = dict(os.environ, DATABASE_URL=db_url, REDIS_URL=REDIS_URL, PYTHONUNBUFFERED="1", LOG_LEVEL="WARNING")
-    return subprocess.Popen(cmd, cwd=BASE, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    env = dict(
+        os.environ, DATABASE_URL=db_url, REDIS_URL=REDIS_URL, PYTHONUNBUFFERED="1", LOG_LEVEL="WARNING"
+    )
+    return subprocess.Popen(
+        cmd, cwd=BASE, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def mib(value: float) -> str:
@@ -603,22 +772,35 @@ def mib(value: float) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--nodes", type=int, default=1000, help="simulated nodes posting telemetry (all clusters)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    parser.add_argument(
+        "--nodes", type=int, default=1000, help="simulated nodes posting telemetry (all clusters)"
+    )
     parser.add_argument("--interval", type=float, default=10, help="seconds between one node's batches")
     parser.add_argument("--clients", type=int, default=200, help="websocket clients (a tenth on fleet)")
     parser.add_argument("--job-topics", type=int, default=3, help="job topics per tenant-viewer client")
     parser.add_argument("--fault-rate", type=float, default=20, help="faults POSTed per second")
     parser.add_argument("--seconds", type=float, default=60, help="hold, measured")
     parser.add_argument("--warmup", type=float, default=10, help="full load before the hold, not measured")
-    parser.add_argument("--drain", type=float, default=30, help="at most this long after the load for the last events")
+    parser.add_argument(
+        "--drain", type=float, default=30, help="at most this long after the load for the last events"
+    )
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--worker-concurrency", type=int, default=2)
     parser.add_argument("--web-args", default="", help='more uvicorn options, e.g. "--limit-concurrency 32"')
-    parser.add_argument("--connections", type=int, default=400, help="most HTTP connections the load client opens")
-    parser.add_argument("--db-connection-limit", type=int, default=50,
-                        help="most PostgreSQL connections the stack may open (a role limit: the server is shared)")
+    parser.add_argument(
+        "--connections", type=int, default=400, help="most HTTP connections the load client opens"
+    )
+    parser.add_argument(
+        "--db-connection-limit",
+        type=int,
+        default=50,
+        help="most PostgreSQL connections the stack may open (a role limit: the server is shared)",
+    )
     parser.add_argument("--seed", type=int, default=9)
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
     parser.add_argument("--role", choices=["http", "ws"], help=argparse.SUPPRESS)
@@ -633,8 +815,10 @@ def main() -> int:
     for stale in LOGS.glob("*"):
         stale.unlink()
     load_before = os.getloadavg()
-    print(f"load average before (1, 5, 15 min): {' '.join(f'{x:.2f}' for x in load_before)} on {os.cpu_count()} CPUs",
-          flush=True)
+    print(
+        f"load average before (1, 5, 15 min): {' '.join(f'{x:.2f}' for x in load_before)} on {os.cpu_count()} CPUs",
+        flush=True,
+    )
     # Production settings (DEBUG off) on plain HTTP: loopback has no TLS proxy in front.
     os.environ.update(DEBUG="false", PLAIN_HTTP="true", LOG_LEVEL="WARNING")
     os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(50))
@@ -645,12 +829,18 @@ def main() -> int:
     db_url = scratch_database(args.db_connection_limit)
     world = build_world(args.nodes, args.clients, args.job_topics, args.seed)
     from tests.support.processes import free_port, stop_group, wait_for  # Django is set up now
+
     needed = int(args.fault_rate * (args.warmup + args.seconds)) + 1
     if len(world["targets"]) < needed:
-        print(f"only {len(world['targets'])} distinct (node, NIC) pairs for {needed} faults: fewer nodes or faults")
+        print(
+            f"only {len(world['targets'])} distinct (node, NIC) pairs for {needed} faults: fewer nodes or faults"
+        )
         return 2
-    print(f"world: {args.nodes} nodes ({CLUSTERS} clusters, {world['jobs']} jobs of two tenants, spares), "
-          f"{len(world['clients'])} websocket users, built in {time.time() - started:.1f} s", flush=True)
+    print(
+        f"world: {args.nodes} nodes ({CLUSTERS} clusters, {world['jobs']} jobs of two tenants, spares), "
+        f"{len(world['clients'])} websocket users, built in {time.time() - started:.1f} s",
+        flush=True,
+    )
     from django.db import connections
 
     connections.close_all()
@@ -658,14 +848,53 @@ def main() -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     venv = Path(sys.executable).parent
-    web = start([str(venv / "uvicorn"), "controlplane.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-                 "--log-level", "warning", "--no-access-log", "--workers", str(args.web_workers), *args.web_args.split()],
-                LOGS / "uvicorn.log", db_url)
-    worker = start([str(venv / "celery"), "-A", "controlplane", "worker", "--loglevel=warning",
-                    f"--concurrency={args.worker_concurrency}", "-n", f"load-{port}@%h", "--without-gossip",
-                    "--without-mingle"], LOGS / "celery-worker.log", db_url)
-    beat = start([str(venv / "celery"), "-A", "controlplane", "beat", "--loglevel=warning",
-                  "--schedule", str(LOGS / "beat-schedule.db")], LOGS / "celery-beat.log", db_url)
+    web = start(
+        [
+            str(venv / "uvicorn"),
+            "controlplane.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+            "--workers",
+            str(args.web_workers),
+            *args.web_args.split(),
+        ],
+        LOGS / "uvicorn.log",
+        db_url,
+    )
+    worker = start(
+        [
+            str(venv / "celery"),
+            "-A",
+            "controlplane",
+            "worker",
+            "--loglevel=warning",
+            f"--concurrency={args.worker_concurrency}",
+            "-n",
+            f"load-{port}@%h",
+            "--without-gossip",
+            "--without-mingle",
+        ],
+        LOGS / "celery-worker.log",
+        db_url,
+    )
+    beat = start(
+        [
+            str(venv / "celery"),
+            "-A",
+            "controlplane",
+            "beat",
+            "--loglevel=warning",
+            "--schedule",
+            str(LOGS / "beat-schedule.db"),
+        ],
+        LOGS / "celery-beat.log",
+        db_url,
+    )
     stack = [beat, worker, web]
     clients_procs: list[subprocess.Popen] = []
     me = os.getpid()
@@ -675,7 +904,9 @@ def main() -> int:
         "celery worker (main)": lambda: [worker.pid],
         "celery pool child": lambda: children(worker.pid),
         "celery beat": lambda: [beat.pid],
-        "redis-server (shared, port of REDIS_URL)": lambda: listening(int(REDIS_URL.rsplit(":", 1)[1].split("/")[0])),
+        "redis-server (shared, port of REDIS_URL)": lambda: listening(
+            int(REDIS_URL.rsplit(":", 1)[1].split("/")[0])
+        ),
         "load client: http": lambda: [p.pid for p in clients_procs[1:2]],
         "load client: websockets": lambda: [p.pid for p in clients_procs[:1]],
         "this process": lambda: [me],
@@ -688,33 +919,70 @@ def main() -> int:
         wait_for(lambda: len(children(worker.pid)) >= args.worker_concurrency, 60, 0.2, what="celery pool")
         sampler.start()
         plan_path, ready, stop_file = LOGS / "plan.json", LOGS / "ws-ready", LOGS / "ws-stop"
-        plan = {"url": url, "clients": world["clients"], "ready_file": str(ready), "stop_file": str(stop_file),
-                "ws_deadline": args.warmup + args.seconds + args.drain + 600}
+        plan = {
+            "url": url,
+            "clients": world["clients"],
+            "ready_file": str(ready),
+            "stop_file": str(stop_file),
+            "ws_deadline": args.warmup + args.seconds + args.drain + 600,
+        }
         (LOGS / "ws-plan.json").write_text(json.dumps(plan))
         ws_out, http_out = LOGS / "ws-out.json", LOGS / "http-out.json"
-        ws = subprocess.Popen([sys.executable, __file__, "--role", "ws", "--plan", str(LOGS / "ws-plan.json"),
-                               "--out", str(ws_out)], cwd=BASE, stdout=(LOGS / "ws-client.log").open("w"),
-                              stderr=subprocess.STDOUT)
+        ws = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--role",
+                "ws",
+                "--plan",
+                str(LOGS / "ws-plan.json"),
+                "--out",
+                str(ws_out),
+            ],
+            cwd=BASE,
+            stdout=(LOGS / "ws-client.log").open("w"),
+            stderr=subprocess.STDOUT,
+        )
         clients_procs.append(ws)
         connect_began = time.time()
         wait_for(lambda: ready.exists() or ws.poll() is not None, 300, 0.2, what="websocket clients")
         if ws.poll() is not None:
-            raise RuntimeError(f"websocket client process failed: {(LOGS / 'ws-client.log').read_text()[-2000:]}")
-        print(f"{len(world['clients'])} websocket clients connected and subscribed in {time.time() - connect_began:.1f} s",
-              flush=True)
+            raise RuntimeError(
+                f"websocket client process failed: {(LOGS / 'ws-client.log').read_text()[-2000:]}"
+            )
+        print(
+            f"{len(world['clients'])} websocket clients connected and subscribed in {time.time() - connect_began:.1f} s",
+            flush=True,
+        )
         t0 = time.time() + 2
         warm_end, end = t0 + args.warmup, t0 + args.warmup + args.seconds
-        plan_http = {"url": url, "t0": t0, "end": end, "interval": args.interval, "fault_rate": args.fault_rate,
-                     "agents": world["agents"], "targets": world["targets"], "admin_token": world["admin_token"],
-                     "seed": args.seed, "connections": args.connections, "request_timeout": 30}
+        plan_http = {
+            "url": url,
+            "t0": t0,
+            "end": end,
+            "interval": args.interval,
+            "fault_rate": args.fault_rate,
+            "agents": world["agents"],
+            "targets": world["targets"],
+            "admin_token": world["admin_token"],
+            "seed": args.seed,
+            "connections": args.connections,
+            "request_timeout": 30,
+        }
         plan_path.write_text(json.dumps(plan_http))
-        http = subprocess.Popen([sys.executable, __file__, "--role", "http", "--plan", str(plan_path),
-                                 "--out", str(http_out)], cwd=BASE, stdout=(LOGS / "http-client.log").open("w"),
-                                stderr=subprocess.STDOUT)
+        http = subprocess.Popen(
+            [sys.executable, __file__, "--role", "http", "--plan", str(plan_path), "--out", str(http_out)],
+            cwd=BASE,
+            stdout=(LOGS / "http-client.log").open("w"),
+            stderr=subprocess.STDOUT,
+        )
         clients_procs.append(http)
-        print(f"load: {args.nodes} nodes every {args.interval:g} s ({args.nodes / args.interval:.0f} batches/s), "
-              f"{args.fault_rate:g} faults/s, {len(world['clients'])} sockets; warm-up {args.warmup:g} s, "
-              f"hold {args.seconds:g} s", flush=True)
+        print(
+            f"load: {args.nodes} nodes every {args.interval:g} s ({args.nodes / args.interval:.0f} batches/s), "
+            f"{args.fault_rate:g} faults/s, {len(world['clients'])} sockets; warm-up {args.warmup:g} s, "
+            f"hold {args.seconds:g} s",
+            flush=True,
+        )
         http.wait(timeout=args.warmup + args.seconds + 120)
         if http.returncode:
             raise RuntimeError(f"HTTP client failed: {(LOGS / 'http-client.log').read_text()[-2000:]}")
@@ -728,8 +996,11 @@ def main() -> int:
         sampler.stop.set()
         sampler.join(10)
         received = json.loads(ws_out.read_text())
-        alive = {"celery beat": beat.poll() is None, "celery worker": worker.poll() is None,
-                 "uvicorn": web.poll() is None}
+        alive = {
+            "celery beat": beat.poll() is None,
+            "celery worker": worker.poll() is None,
+            "uvicorn": web.poll() is None,
+        }
         figures = report(args, world, result, received, sampler, (warm_end, end), drained, alive, load_before)
         verdict = verdict_of(figures, alive)
     finally:
@@ -798,13 +1069,22 @@ def window_stats(result: dict, window: tuple[float, float]) -> dict:
     for kind in ("telemetry", "fault"):
         rows = [r for r in result["records"] if r[0] == kind and window[0] <= r[1] < window[1]]
         ok = [r for r in rows if isinstance(r[4], int) and 200 <= r[4] < 300]
-        statuses = collections.Counter(str(r[4]) for r in rows if not (isinstance(r[4], int) and 200 <= r[4] < 300))
+        statuses = collections.Counter(
+            str(r[4]) for r in rows if not (isinstance(r[4], int) and 200 <= r[4] < 300)
+        )
         late = [r for r in rows if r[2] - r[1] > 0.1]
         span = window[1] - window[0]
-        stats[kind] = {"n": len(rows), "ok": len(ok), "errors": dict(statuses), "offered": len(rows) / span,
-                       "achieved": len(ok) / span,
-                       "p50": pct([(r[3] - r[2]) * 1000 for r in ok], 50), "p99": pct([(r[3] - r[2]) * 1000 for r in ok], 99),
-                       "max": max(((r[3] - r[2]) * 1000 for r in ok), default=float("nan")), "late": len(late)}
+        stats[kind] = {
+            "n": len(rows),
+            "ok": len(ok),
+            "errors": dict(statuses),
+            "offered": len(rows) / span,
+            "achieved": len(ok) / span,
+            "p50": pct([(r[3] - r[2]) * 1000 for r in ok], 50),
+            "p99": pct([(r[3] - r[2]) * 1000 for r in ok], 99),
+            "max": max(((r[3] - r[2]) * 1000 for r in ok), default=float("nan")),
+            "late": len(late),
+        }
     return stats
 
 
@@ -816,9 +1096,11 @@ def losses(received: dict, end: float) -> dict:
     topics = {t for c in received["clients"] for t in c["topics"]}
     earliest = min(c["subscribed_at"] for c in received["clients"] if c["subscribed_at"])
     held = collections.defaultdict(list)
-    for topic, seq, created in Event.objects.filter(topic__in=topics, created_at__gte=datetime.fromtimestamp(
-            earliest).astimezone(), created_at__lt=datetime.fromtimestamp(end).astimezone()).values_list(
-            "topic", "seq", "created_at"):
+    for topic, seq, created in Event.objects.filter(
+        topic__in=topics,
+        created_at__gte=datetime.fromtimestamp(earliest).astimezone(),
+        created_at__lt=datetime.fromtimestamp(end).astimezone(),
+    ).values_list("topic", "seq", "created_at"):
         held[topic].append((seq, created.timestamp()))
     expected = missed_live = lost = 0
     worst = []
@@ -832,18 +1114,25 @@ def losses(received: dict, end: float) -> dict:
             lost += len(want - got)
             if want - got:
                 worst.append((len(want - got), client["name"], topic))
-    return {"expected": expected, "missed_live": missed_live, "lost": lost, "worst": sorted(worst, reverse=True)[:5],
-            "reconnects": sum(c["reconnects"] for c in received["clients"]),
-            "duplicates": sum(c["duplicates"] for c in received["clients"]),
-            "refused": sum(len(c["refused"]) for c in received["clients"])}
+    return {
+        "expected": expected,
+        "missed_live": missed_live,
+        "lost": lost,
+        "worst": sorted(worst, reverse=True)[:5],
+        "reconnects": sum(c["reconnects"] for c in received["clients"]),
+        "duplicates": sum(c["duplicates"] for c in received["clients"]),
+        "refused": sum(len(c["refused"]) for c in received["clients"]),
+    }
 
 
 def decision_breakdown(fault_ids: list[int]) -> dict:
     """From the database: fault received → action planned (queueing in Celery and the decision)."""
     from jobs.models import RecoveryAction
 
-    values = [(a.planned_at - a.fault.received_at).total_seconds() * 1000
-              for a in RecoveryAction.objects.filter(fault_id__in=fault_ids).select_related("fault")]
+    values = [
+        (a.planned_at - a.fault.received_at).total_seconds() * 1000
+        for a in RecoveryAction.objects.filter(fault_id__in=fault_ids).select_related("fault")
+    ]
     return {"p50": pct(values, 50), "p99": pct(values, 99), "n": len(values)}
 
 
@@ -852,47 +1141,72 @@ def report(args, world, result, received, sampler, window, drained, alive, load_
     sent = {f[0]: f[2] for f in result["faults"] if window[0] <= f[1] < window[1]}
     first = {int(k): v for k, v in received["first_action"].items()}
     decided = [(first[f] - t) * 1000 for f, t in sent.items() if f in first]
-    delays = {kind: [d * 1000 for created, d in rows if window[0] <= created < window[1]]
-              for kind, rows in received["delays"].items()}
+    delays = {
+        kind: [d * 1000 for created, d in rows if window[0] <= created < window[1]]
+        for kind, rows in received["delays"].items()
+    }
     lost = losses(received, window[1])
     breakdown = decision_breakdown(list(sent))
     span = window[1] - window[0]
     print()
-    print(f"=== Load (issue 9): {args.nodes} nodes × 1 batch / {args.interval:g} s, {len(world['clients'])} websocket "
-          f"clients, {args.fault_rate:g} faults/s; hold {args.seconds:g} s after {args.warmup:g} s warm-up ===")
-    print(f"stack: uvicorn --workers {args.web_workers} {args.web_args}, celery worker --concurrency {args.worker_concurrency}, beat; "
-          f"PostgreSQL (the bench role capped at {args.db_connection_limit} connections) and Redis on 127.0.0.1, "
-          f"both shared with other users of this machine")
+    print(
+        f"=== Load (issue 9): {args.nodes} nodes × 1 batch / {args.interval:g} s, {len(world['clients'])} websocket "
+        f"clients, {args.fault_rate:g} faults/s; hold {args.seconds:g} s after {args.warmup:g} s warm-up ==="
+    )
+    print(
+        f"stack: uvicorn --workers {args.web_workers} {args.web_args}, celery worker --concurrency {args.worker_concurrency}, beat; "
+        f"PostgreSQL (the bench role capped at {args.db_connection_limit} connections) and Redis on 127.0.0.1, "
+        f"both shared with other users of this machine"
+    )
     print()
-    print(f"{'':34} {'offered':>9} {'achieved':>9} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}  non-2xx / failures")
+    print(
+        f"{'':34} {'offered':>9} {'achieved':>9} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}  non-2xx / failures"
+    )
     for kind, label in (("telemetry", "POST /api/v1/ingest/telemetry/"), ("fault", "POST /api/v1/faults/")):
         s = stats[kind]
         errors = ", ".join(f"{k}: {v}" for k, v in sorted(s["errors"].items())) or "none"
-        print(f"{label:34} {s['offered']:7.1f}/s {s['achieved']:7.1f}/s {s['p50']:9.1f} {s['p99']:9.1f} "
-              f"{s['max']:9.1f}  {errors}" + (f"  ({s['late']} sent >100 ms late)" if s["late"] else ""))
-    print(f"{'fault → decision (fleet socket)':34} {len(sent) / span:7.1f}/s {len(decided) / span:7.1f}/s "
-          f"{pct(decided, 50):9.1f} {pct(decided, 99):9.1f} {max(decided, default=float('nan')):9.1f}  "
-          f"{len(sent) - len(decided)} of {len(sent)} without a decision heard")
-    print(f"{'  of which received → planned (db)':34} {'':9} {'':9} {breakdown['p50']:9.1f} {breakdown['p99']:9.1f}")
+        print(
+            f"{label:34} {s['offered']:7.1f}/s {s['achieved']:7.1f}/s {s['p50']:9.1f} {s['p99']:9.1f} "
+            f"{s['max']:9.1f}  {errors}" + (f"  ({s['late']} sent >100 ms late)" if s["late"] else "")
+        )
+    print(
+        f"{'fault → decision (fleet socket)':34} {len(sent) / span:7.1f}/s {len(decided) / span:7.1f}/s "
+        f"{pct(decided, 50):9.1f} {pct(decided, 99):9.1f} {max(decided, default=float('nan')):9.1f}  "
+        f"{len(sent) - len(decided)} of {len(sent)} without a decision heard"
+    )
+    print(
+        f"{'  of which received → planned (db)':34} {'':9} {'':9} {breakdown['p50']:9.1f} {breakdown['p99']:9.1f}"
+    )
     for kind, label in (("fleet", "websocket delivery, fleet"), ("job", "websocket delivery, job-<id>")):
         values = delays[kind]
-        print(f"{label:34} {'':9} {len(values) / span:7.0f}/s {pct(values, 50):9.1f} {pct(values, 99):9.1f} "
-              f"{max(values, default=float('nan')):9.1f}  ({len(values)} deliveries)")
-    print(f"events: {lost['expected']} due to subscribed clients, {lost['missed_live']} not delivered live, "
-          f"{lost['lost']} lost after catch-up; {lost['reconnects']} reconnects, {lost['duplicates']} duplicates, "
-          f"{lost['refused']} subscriptions refused" + (f"; worst {lost['worst']}" if lost["worst"] else ""))
-    print(f"after the load: {drained['decided']} of {drained['faults']} faults decided, {drained['unsent']} events "
-          f"unsent in the outbox; websocket client loop lag p99 {received['lag_p99_ms']:.1f} ms, "
-          f"max {received['lag_max_ms']:.1f} ms")
+        print(
+            f"{label:34} {'':9} {len(values) / span:7.0f}/s {pct(values, 50):9.1f} {pct(values, 99):9.1f} "
+            f"{max(values, default=float('nan')):9.1f}  ({len(values)} deliveries)"
+        )
+    print(
+        f"events: {lost['expected']} due to subscribed clients, {lost['missed_live']} not delivered live, "
+        f"{lost['lost']} lost after catch-up; {lost['reconnects']} reconnects, {lost['duplicates']} duplicates, "
+        f"{lost['refused']} subscriptions refused" + (f"; worst {lost['worst']}" if lost["worst"] else "")
+    )
+    print(
+        f"after the load: {drained['decided']} of {drained['faults']} faults decided, {drained['unsent']} events "
+        f"unsent in the outbox; websocket client loop lag p99 {received['lag_p99_ms']:.1f} ms, "
+        f"max {received['lag_max_ms']:.1f} ms"
+    )
     if result["errors_seen"]:
         print("first failures:", *list(dict.fromkeys(result["errors_seen"]))[:5], sep="\n  ")
     print()
-    print(f"{'process':52} {'RSS peak':>9} {'PSS peak':>9} {'USS peak':>9} {'RSS end':>9} {'PSS end':>9} "
-          f"{'threads':>7} "
-          f"{'cores':>6}   (MiB; cores = CPU share over the hold)")
+    print(
+        f"{'process':52} {'RSS peak':>9} {'PSS peak':>9} {'USS peak':>9} {'RSS end':>9} {'PSS end':>9} "
+        f"{'threads':>7} "
+        f"{'cores':>6}   (MiB; cores = CPU share over the hold)"
+    )
     for name, peak, last, cores, gone in summarise_processes(sampler.samples, window):
-        print(f"{name[:52]:52} {mib(peak['rss'])}  {mib(peak['pss'])}  {mib(peak['uss'])}  {mib(last['rss'])}  "
-              f"{mib(last['pss'])}  {peak['threads']:7d}  {cores:6.2f}" + ("   (gone at the end)" if gone else ""))
+        print(
+            f"{name[:52]:52} {mib(peak['rss'])}  {mib(peak['pss'])}  {mib(peak['uss'])}  {mib(last['rss'])}  "
+            f"{mib(last['pss'])}  {peak['threads']:7d}  {cores:6.2f}"
+            + ("   (gone at the end)" if gone else "")
+        )
     inside = [s for s in sampler.samples if window[0] <= s["t"] <= window[1]]
     if len(inside) > 1:
         busy = (inside[-1]["machine"][0] - inside[0]["machine"][0]) / (inside[-1]["t"] - inside[0]["t"])
@@ -907,31 +1221,46 @@ def report(args, world, result, received, sampler, window, drained, alive, load_
         if used:
             print(f"redis used_memory (whole server): peak {max(used) / 2**20:.1f} MiB")
         loads = [s["load"] for s in inside]
-        print(f"load average (1 min) during the hold: {min(loads):.2f} – {max(loads):.2f}; before the run "
-              f"{load_before[0]:.2f}; now {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)")
+        print(
+            f"load average (1 min) during the hold: {min(loads):.2f} – {max(loads):.2f}; before the run "
+            f"{load_before[0]:.2f}; now {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)"
+        )
     held = collections.defaultdict(int)
     for sample in inside or sampler.samples:
-        for (label, pid) in sample["procs"]:
+        for label, pid in sample["procs"]:
             if not label.startswith(("postgres", "redis")) and sample.get("pg_sockets", {}).get(pid):
                 held[label] = max(held[label], sample["pg_sockets"][pid])
     counts = [sum(s["backends"].values()) for s in inside if "backends" in s]
     sessions = [s["sessions"] for s in inside if s.get("sessions") is not None]
     if counts:
-        print(f"PostgreSQL connections to the bench db: {min(counts)} – {max(counts)} open during the hold; "
-              + (f"{sessions[-1] - sessions[0]} new sessions in {inside[-1]['t'] - inside[0]['t']:.0f} s "
-                 f"({(sessions[-1] - sessions[0]) / max(1, inside[-1]['t'] - inside[0]['t']):.1f}/s); " if sessions else "")
-              + "most held at once by one process: " + ", ".join(f"{k} {v}" for k, v in sorted(held.items())))
+        print(
+            f"PostgreSQL connections to the bench db: {min(counts)} – {max(counts)} open during the hold; "
+            + (
+                f"{sessions[-1] - sessions[0]} new sessions in {inside[-1]['t'] - inside[0]['t']:.0f} s "
+                f"({(sessions[-1] - sessions[0]) / max(1, inside[-1]['t'] - inside[0]['t']):.1f}/s); "
+                if sessions
+                else ""
+            )
+            + "most held at once by one process: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(held.items()))
+        )
     total = sum(sampler.waits.values())
     if total:
-        print("PostgreSQL backends of the bench db, not idle, per sample: " + ", ".join(
-            f"{k} {v * 100 / total:.0f}%" for k, v in sampler.waits.most_common(6)))
-        print("  most often active: " + "; ".join(f"{v}× {k}" for k, v in sampler.active_queries.most_common(4)))
+        print(
+            "PostgreSQL backends of the bench db, not idle, per sample: "
+            + ", ".join(f"{k} {v * 100 / total:.0f}%" for k, v in sampler.waits.most_common(6))
+        )
+        print(
+            "  most often active: " + "; ".join(f"{v}× {k}" for k, v in sampler.active_queries.most_common(4))
+        )
     for name, running in alive.items():
         if not running:
             print(f"!! {name} exited during the run (see {LOGS})")
     for log in sorted(LOGS.glob("*.log")):
         text = log.read_text(errors="replace")
-        bad = [line for line in text.splitlines() if "Traceback" in line or "ERROR" in line or "CRITICAL" in line]
+        bad = [
+            line for line in text.splitlines() if "Traceback" in line or "ERROR" in line or "CRITICAL" in line
+        ]
         if bad:
             print(f"{log.name}: {len(bad)} error lines, e.g. {bad[0][:200]!r}")
     return {"stats": stats, "lost": lost, "decided": decided, "sent": sent}
@@ -953,8 +1282,14 @@ def verdict_of(figures: dict, alive: dict) -> bool:
     if not all(alive.values()):
         problems.append("a stack process died")
     print()
-    print("VERDICT: " + ("HELD — every request answered, every fault decided, no event lost"
-                         if not problems else "FELL OVER — " + "; ".join(problems)))
+    print(
+        "VERDICT: "
+        + (
+            "HELD — every request answered, every fault decided, no event lost"
+            if not problems
+            else "FELL OVER — " + "; ".join(problems)
+        )
+    )
     return not problems
 
 

@@ -75,10 +75,12 @@ def lead_summary(results) -> str:
         return "no detection"
     held = sum(result.early[0] for result in results)
     inside = sum(result.early[1] for result in results)
-    return (f"median {hours(statistics.median(leads))}, mean {hours(statistics.mean(leads))}, "
-            f"earliest {hours(max(leads))}, latest {hours(min(leads))}; {held + inside} of {len(leads)} before the "
-            f"label: {held} by an alarm raised before the window opened (the hold), {inside} raised inside the "
-            f"window ahead of the label")
+    return (
+        f"median {hours(statistics.median(leads))}, mean {hours(statistics.mean(leads))}, "
+        f"earliest {hours(max(leads))}, latest {hours(min(leads))}; {held + inside} of {len(leads)} before the "
+        f"label: {held} by an alarm raised before the window opened (the hold), {inside} raised inside the "
+        f"window ahead of the label"
+    )
 
 
 def table(corpus, results, orion_path: Path, label: str) -> dict[str, Scores]:
@@ -90,17 +92,25 @@ def table(corpus, results, orion_path: Path, label: str) -> dict[str, Scores]:
     for folder, indices in by_folder.items():
         total = Scores()
         print(f"== {folder} ({len(indices)} series)")
-        print(f"{'series':44s} {'tp':>3s} {'fp':>3s} {'fn':>3s} {'prec':>6s} {'recall':>6s} {'F1':>6s}  "
-              "lead time per window")
+        print(
+            f"{'series':44s} {'tp':>3s} {'fp':>3s} {'fn':>3s} {'prec':>6s} {'recall':>6s} {'F1':>6s}  "
+            "lead time per window"
+        )
         for i in indices:
             series, result = corpus[i], results[i]
             total += result.scores
-            lead_text = ", ".join("missed" if lead is None else hours(lead) for lead in result.leads) or "(no window)"
+            lead_text = (
+                ", ".join("missed" if lead is None else hours(lead) for lead in result.leads) or "(no window)"
+            )
             s = result.scores
-            print(f"{series.key.split('/', 1)[1][:44]:44s} {s.tp:3d} {s.fp:3d} {s.fn:3d} {fmt(s.precision):>6s} "
-                  f"{fmt(s.recall):>6s} {fmt(s.f1):>6s}  {lead_text}")
-        print(f"{'SUM':44s} {total.tp:3d} {total.fp:3d} {total.fn:3d} {fmt(total.precision):>6s} "
-              f"{fmt(total.recall):>6s} {fmt(total.f1):>6s}")
+            print(
+                f"{series.key.split('/', 1)[1][:44]:44s} {s.tp:3d} {s.fp:3d} {s.fn:3d} {fmt(s.precision):>6s} "
+                f"{fmt(s.recall):>6s} {fmt(s.f1):>6s}  {lead_text}"
+            )
+        print(
+            f"{'SUM':44s} {total.tp:3d} {total.fp:3d} {total.fn:3d} {fmt(total.precision):>6s} "
+            f"{fmt(total.recall):>6s} {fmt(total.f1):>6s}"
+        )
         print(f"lead time of detections: {lead_summary([results[i] for i in indices])}")
         print(f"{label}F1 {folder} {fmt(total.f1)}")
         signals = {Path(corpus[i].key).stem for i in indices}
@@ -108,13 +118,17 @@ def table(corpus, results, orion_path: Path, label: str) -> dict[str, Scores]:
         if orion:
             tadgan, found = orion
             missing = signals - found
-            print(f"TadGAN (Orion) on the same series: tp {tadgan.tp} fp {tadgan.fp} fn {tadgan.fn}  "
-                  f"precision {fmt(tadgan.precision)} recall {fmt(tadgan.recall)} F1 {fmt(tadgan.f1)}"
-                  + (f"  (Orion lacks {len(missing)} series)" if missing else ""))
+            print(
+                f"TadGAN (Orion) on the same series: tp {tadgan.tp} fp {tadgan.fp} fn {tadgan.fn}  "
+                f"precision {fmt(tadgan.precision)} recall {fmt(tadgan.recall)} F1 {fmt(tadgan.f1)}"
+                + (f"  (Orion lacks {len(missing)} series)" if missing else "")
+            )
             if tadgan.f1 and total.f1 is not None:
                 verdict = "beats" if total.f1 > tadgan.f1 else ("ties" if total.f1 == tadgan.f1 else "trails")
-                print(f"this detector {verdict} TadGAN: F1 {total.f1:.3f} vs {tadgan.f1:.3f} "
-                      f"(difference {total.f1 - tadgan.f1:+.3f})")
+                print(
+                    f"this detector {verdict} TadGAN: F1 {total.f1:.3f} vs {tadgan.f1:.3f} "
+                    f"(difference {total.f1 - tadgan.f1:+.3f})"
+                )
         else:
             print("TadGAN (Orion): no results for these series")
         print()
@@ -131,15 +145,19 @@ def table(corpus, results, orion_path: Path, label: str) -> dict[str, Scores]:
 def loso(corpus, candidates, orion_path: Path) -> dict[str, Scores]:
     matrix = evaluation.score_matrix(candidates, corpus)
     folds = evaluation.leave_one_out(matrix)
-    print(f"{len(candidates)} candidate configurations; chosen on each fold's other {len(corpus) - 1} series:")
+    print(
+        f"{len(candidates)} candidate configurations; chosen on each fold's other {len(corpus) - 1} series:"
+    )
     counts: dict[int, int] = defaultdict(int)
     for fold in folds:
         counts[fold.chosen] += 1
     for chosen, count in sorted(counts.items(), key=lambda item: -item[1]):
         print(f"  {count:2d} folds: {describe(candidates[chosen])}")
     on_all = evaluation.choose(matrix, list(range(len(corpus))))
-    print(f"chosen on all {len(corpus)} series (what --data applies and the product ships): "
-          f"{describe(candidates[on_all])}\n")
+    print(
+        f"chosen on all {len(corpus)} series (what --data applies and the product ships): "
+        f"{describe(candidates[on_all])}\n"
+    )
     return table(corpus, [fold.result for fold in folds], orion_path, "held-out ")
 
 
@@ -155,42 +173,79 @@ def compare(corpus, families: list[str]) -> None:
             sums["overall"] += fold.result.scores
         results = [fold.result for fold in folds]
         rows.append((name, sums, results, time.perf_counter() - started))
-        print(f"{name}: held-out F1 overall {fmt(sums['overall'].f1)}, lead time {lead_summary(results)} "
-              f"({time.perf_counter() - started:.0f} s)", flush=True)
+        print(
+            f"{name}: held-out F1 overall {fmt(sums['overall'].f1)}, lead time {lead_summary(results)} "
+            f"({time.perf_counter() - started:.0f} s)",
+            flush=True,
+        )
     folders = sorted({series.folder for series in corpus})
-    print(f"\n| family (parameters chosen inside each fold) | {' | '.join(folders)} | overall | median lead | "
-          "before the label (held / inside the window) | time |")
+    print(
+        f"\n| family (parameters chosen inside each fold) | {' | '.join(folders)} | overall | median lead | "
+        "before the label (held / inside the window) | time |"
+    )
     print(f"| --- | {' | '.join('---' for _ in folders)} | --- | --- | --- | --- |")
     for name, sums, results, seconds in rows:
         cells = [f"{sums[f].tp}/{sums[f].fp}/{sums[f].fn} F1 {fmt(sums[f].f1)}" for f in folders]
         leads = [lead for result in results for lead in result.found_leads]
         median = hours(statistics.median(leads)) if leads else "-"
         held, inside = (sum(result.early[i] for result in results) for i in (0, 1))
-        print(f"| {name} | {' | '.join(cells)} | **{fmt(sums['overall'].f1)}** | {median} | "
-              f"{held + inside} of {len(leads)} ({held} / {inside}) | {seconds:.0f} s |")
+        print(
+            f"| {name} | {' | '.join(cells)} | **{fmt(sums['overall'].f1)}** | {median} | "
+            f"{held + inside} of {len(leads)} ({held} / {inside}) | {seconds:.0f} s |"
+        )
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=None, help="folder holding <folder>/<file>.csv series: "
-                        "apply the shipped configuration to them, unchanged (default: leave-one-series-out on "
-                        "the shared series)")
-    parser.add_argument("--windows", type=Path, default=None, help="NAB windows JSON (default: DATA/windows.json)")
-    parser.add_argument("--labels", type=Path, default=None, help="NAB labels JSON (default: DATA/labels.json)")
-    parser.add_argument("--orion", type=Path, default=None,
-                        help="Orion results CSV (default: DATA/orion_scores_realAWSCloudwatch.csv)")
-    parser.add_argument("--corpus", action="append", default=None,
-                        help="only these folders (repeatable; default: every folder with series under DATA)")
-    parser.add_argument("--compare", action="store_true", help="leave-one-series-out for every family tried "
-                        "(but the slow ones: " + "; ".join(evaluation.SLOW_FAMILIES) + ")")
-    parser.add_argument("--family", action="append", default=None,
-                        help="with --compare: only the families whose name contains this (repeatable; "
-                        "\"all\" for every one, the slow ones too)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="folder holding <folder>/<file>.csv series: "
+        "apply the shipped configuration to them, unchanged (default: leave-one-series-out on "
+        "the shared series)",
+    )
+    parser.add_argument(
+        "--windows", type=Path, default=None, help="NAB windows JSON (default: DATA/windows.json)"
+    )
+    parser.add_argument(
+        "--labels", type=Path, default=None, help="NAB labels JSON (default: DATA/labels.json)"
+    )
+    parser.add_argument(
+        "--orion",
+        type=Path,
+        default=None,
+        help="Orion results CSV (default: DATA/orion_scores_realAWSCloudwatch.csv)",
+    )
+    parser.add_argument(
+        "--corpus",
+        action="append",
+        default=None,
+        help="only these folders (repeatable; default: every folder with series under DATA)",
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="leave-one-series-out for every family tried "
+        "(but the slow ones: " + "; ".join(evaluation.SLOW_FAMILIES) + ")",
+    )
+    parser.add_argument(
+        "--family",
+        action="append",
+        default=None,
+        help="with --compare: only the families whose name contains this (repeatable; "
+        '"all" for every one, the slow ones too)',
+    )
     args = parser.parse_args()
     families = [name for name in evaluation.FAMILIES if name not in evaluation.SLOW_FAMILIES]
     if args.family:
-        families = [name for name in evaluation.FAMILIES
-                    if any(part == "all" or part.lower() in name.lower() for part in args.family)]
+        families = [
+            name
+            for name in evaluation.FAMILIES
+            if any(part == "all" or part.lower() in name.lower() for part in args.family)
+        ]
         if not families:
             parser.error(f"no family matches {args.family}; the families: {'; '.join(evaluation.FAMILIES)}")
     data = args.data or DATA

@@ -10,8 +10,8 @@ TICKS = os.sysconf("SC_CLK_TCK")
 class Stat(NamedTuple):
     ppid: int
     pgid: int
-    cpu: float            # user + system seconds
-    reaped_cpu: float     # user + system seconds of the children it has waited for
+    cpu: float  # user + system seconds
+    reaped_cpu: float  # user + system seconds of the children it has waited for
 
 
 def proc_stat(pid: int) -> Stat | None:
@@ -20,8 +20,12 @@ def proc_stat(pid: int) -> Stat | None:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return Stat(int(fields[1]), int(fields[2]), (int(fields[11]) + int(fields[12])) / TICKS,
-                (int(fields[13]) + int(fields[14])) / TICKS)
+    return Stat(
+        int(fields[1]),
+        int(fields[2]),
+        (int(fields[11]) + int(fields[12])) / TICKS,
+        (int(fields[13]) + int(fields[14])) / TICKS,
+    )
 
 
 def pids() -> list[int]:

@@ -22,7 +22,7 @@ _SHAPES = bool(os.environ.get("BENCH_QUERY_SHAPES"))
 _count = [0]
 _shapes: Counter = Counter()
 _lock = threading.Lock()
-_flusher: list = [None]   # (pid, thread): a forked worker child starts its own
+_flusher: list = [None]  # (pid, thread): a forked worker child starts its own
 
 
 def _flush_forever(url: str) -> None:
@@ -58,7 +58,9 @@ def _counting(execute, sql, params, many, context):
             _shapes[shape(sql)] += 1
     if _flusher[0] is None or _flusher[0][0] != os.getpid():
         with _lock:
-            _count[0] = 1 if _flusher[0] is not None else _count[0]   # what a forked child inherited is its parent's
+            _count[0] = (
+                1 if _flusher[0] is not None else _count[0]
+            )  # what a forked child inherited is its parent's
         thread = threading.Thread(target=_flush_forever, args=(os.environ["REDIS_URL"],), daemon=True)
         _flusher[0] = (os.getpid(), thread)
         thread.start()

@@ -20,7 +20,9 @@ def scratch_database(name: str, **environment: str) -> str:
     if str(BASE) not in sys.path:
         sys.path.insert(0, str(BASE))
     os.environ["DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.testing.settings")  # production settings on plain HTTP
+    os.environ.setdefault(
+        "DJANGO_SETTINGS_MODULE", "controlplane.testing.settings"
+    )  # production settings on plain HTTP
     os.environ.update(environment)
     import django
 

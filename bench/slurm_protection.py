@@ -144,7 +144,9 @@ def main() -> None:
         print(f"  iterations lost   {spread([r[arm]['lost_iterations'] for r in runs])}")
         print(f"  work lost (s)     {spread([r[arm]['lost_seconds'] for r in runs], 2)}")
         print(f"  kill → training   {spread([r[arm]['resume_seconds'] for r in runs])} s")
-        print(f"  snapshot overhead {spread([r[arm]['action'].snapshot_overhead_seconds for r in runs], 2)} s booked")
+        print(
+            f"  snapshot overhead {spread([r[arm]['action'].snapshot_overhead_seconds for r in runs], 2)} s booked"
+        )
         print(f"  resumed from      {', '.join(sorted({r[arm]['resumed']['from'] for r in runs}))}")
     print(
         f"half a checkpoint interval: {args.checkpoint_every / 2:.0f} iterations; one snapshot interval: "

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 def exception_handler(exc, context):
     """DRF's handler, plus the errors services and the ORM raise: always JSON, always 4xx for bad input."""
     if isinstance(exc, Refused) and not exc.detail:
-        exc = exceptions.PermissionDenied()   # a refusal without words: DRF's own
+        exc = exceptions.PermissionDenied()  # a refusal without words: DRF's own
     elif isinstance(exc, ServiceError):
         return Response(exc.as_response_data(), status=exc.status)
     if isinstance(exc, DjangoValidationError):
@@ -50,7 +50,7 @@ class ScopedViewSet(viewsets.GenericViewSet):
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False) and self.queryset is not None:
-            return self.queryset   # building the schema: no user to read for
+            return self.queryset  # building the schema: no user to read for
         return self.selector(user=self.request.user)
 
     @property

@@ -13,15 +13,19 @@ from controlplane.models import AuditEntry, Event
 
 @extend_schema(
     parameters=[
-        OpenApiParameter("topic", OpenApiTypes.STR, description="a topic such as fleet, job-17; required for tenant users"),
-        OpenApiParameter("after", OpenApiTypes.INT, description="only events with a sequence number above this"),
+        OpenApiParameter(
+            "topic", OpenApiTypes.STR, description="a topic such as fleet, job-17; required for tenant users"
+        ),
+        OpenApiParameter(
+            "after", OpenApiTypes.INT, description="only events with a sequence number above this"
+        ),
     ]
 )
 class EventViewSet(mixins.ListModelMixin, ScopedViewSet):
     """The event log: after a reconnect, a page fetches ``?topic=job-17&after=<last seq seen>``."""
 
     serializer_class = EventSerializer
-    queryset = Event.objects.none()   # the schema's model; requests read through the selector
+    queryset = Event.objects.none()  # the schema's model; requests read through the selector
 
     def selector(self, *, user):
         topic = self.request.query_params.get("topic") or None
@@ -48,8 +52,18 @@ class AuditEntrySerializer(serializers.ModelSerializer):
     class Meta:
         model = AuditEntry
         fields = [
-            "id", "created_at", "actor_name", "token_prefix", "source", "remote_addr", "action",
-            "object_type", "object_id", "object_repr", "tenant_id", "changes",
+            "id",
+            "created_at",
+            "actor_name",
+            "token_prefix",
+            "source",
+            "remote_addr",
+            "action",
+            "object_type",
+            "object_id",
+            "object_repr",
+            "tenant_id",
+            "changes",
         ]
 
 
@@ -58,7 +72,7 @@ class AuditEntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Scoped
 
     serializer_class = AuditEntrySerializer
     filterset_class = AuditEntryFilterSet
-    queryset = AuditEntry.objects.none()   # the schema's model; requests read through the selector
+    queryset = AuditEntry.objects.none()  # the schema's model; requests read through the selector
 
     def selector(self, *, user):
         require(self.principal.may_read_audit, "the audit trail is for provider roles")

@@ -17,8 +17,15 @@ def audit_record(
     tenant_id: int | None = None,
 ) -> AuditEntry:
     """Record who did what to which object, with the change; the source comes from the request context."""
-    entry = audit_entry(actor=actor, action=action, target=target, object_type=object_type, object_id=object_id,
-                        changes=changes, tenant_id=tenant_id)
+    entry = audit_entry(
+        actor=actor,
+        action=action,
+        target=target,
+        object_type=object_type,
+        object_id=object_id,
+        changes=changes,
+        tenant_id=tenant_id,
+    )
     entry.save(force_insert=True)
     return entry
 

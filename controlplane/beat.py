@@ -44,7 +44,9 @@ class LockedScheduler(PersistentScheduler):
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.leading = False
         timeout = max(1.0, self.renew_seconds / 2)
-        self.redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=timeout, socket_connect_timeout=timeout)
+        self.redis = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=timeout, socket_connect_timeout=timeout
+        )
         self.lock = self.redis.lock(LOCK_KEY, timeout=self.lock_seconds, blocking=False, thread_local=False)
         super().__init__(*args, **kwargs)
 

@@ -11,7 +11,7 @@ bound as a parameter and cast to the column's type. Elsewhere (SQLite, the embed
 from django.db import connection
 from django.db.models import Model
 
-ROWS_PER_STATEMENT = 1000   # a statement's parameters stay far below PostgreSQL's 65,535
+ROWS_PER_STATEMENT = 1000  # a statement's parameters stay far below PostgreSQL's 65,535
 
 
 _casts: dict = {}
@@ -37,7 +37,7 @@ def update_rows(objs: list[Model], fields: list[str]) -> int:
     meta = model._meta
     columns = [meta.get_field(name) for name in fields]
     quote = connection.ops.quote_name
-    last = {obj.pk: obj for obj in objs}    # a row listed twice gets its last values, as with bulk_update
+    last = {obj.pk: obj for obj in objs}  # a row listed twice gets its last values, as with bulk_update
     row = "(" + ", ".join(f"%s::{_cast(field)}" for field in [meta.pk, *columns]) + ")"
     names = ", ".join(quote(field.column) for field in [meta.pk, *columns])
     assignments = ", ".join(f"{quote(field.column)} = v.{quote(field.column)}" for field in columns)
@@ -45,7 +45,7 @@ def update_rows(objs: list[Model], fields: list[str]) -> int:
     batch = list(last.values())
     with connection.cursor() as cursor:
         for start in range(0, len(batch), ROWS_PER_STATEMENT):
-            chunk = batch[start:start + ROWS_PER_STATEMENT]
+            chunk = batch[start : start + ROWS_PER_STATEMENT]
             params = []
             for obj in chunk:
                 params.append(meta.pk.get_db_prep_save(obj.pk, connection))
@@ -57,6 +57,8 @@ def update_rows(objs: list[Model], fields: list[str]) -> int:
             cursor.execute(
                 f"UPDATE {quote(meta.db_table)} AS t SET {assignments} "
                 f"FROM (VALUES {', '.join([row] * len(chunk))}) AS v({names}) "
-                f"WHERE t.{quote(meta.pk.column)} = v.{quote(meta.pk.column)}", params)
+                f"WHERE t.{quote(meta.pk.column)} = v.{quote(meta.pk.column)}",
+                params,
+            )
             changed += cursor.rowcount
     return changed

@@ -20,7 +20,11 @@ _lock = threading.Lock()
 class RedisCache(django_redis.RedisCache):
     @cached_property
     def _cache(self):
-        key = (self._class, tuple(self._servers), tuple(sorted((name, repr(value)) for name, value in self._options.items())))
+        key = (
+            self._class,
+            tuple(self._servers),
+            tuple(sorted((name, repr(value)) for name, value in self._options.items())),
+        )
         with _lock:
             client = _clients.get(key)
             if client is None:

@@ -39,7 +39,9 @@ log = logging.getLogger(__name__)
 
 MAX_TOPICS = 200
 CLOSE_UNAUTHENTICATED = 4401
-CLOSE_REVOKED = 4403   # the credential the socket was opened with ended (revoked, expired, deactivated, logged out)
+CLOSE_REVOKED = (
+    4403  # the credential the socket was opened with ended (revoked, expired, deactivated, logged out)
+)
 MAX_FRAME_BYTES = 64 * 1024
 # How often each connection compares its topics' heads with what it delivered (tests set it shorter).
 HEADS_SECONDS = float(os.environ.get("LOCKSTEP_WS_HEADS_SECONDS", "5"))
@@ -103,7 +105,7 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
             return
         try:
             content = json.loads(text_data)
-        except (ValueError, RecursionError):   # malformed, or nested deeper than the parser goes
+        except (ValueError, RecursionError):  # malformed, or nested deeper than the parser goes
             await self.send_json({"type": "error", "detail": "a frame must be one JSON object"})
             return
         await self.receive_json(content)
@@ -122,7 +124,9 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
 
     async def _close_revoked(self):
         with contextlib.suppress(Exception):
-            await self.send_json({"type": "error", "detail": "the credential of this connection is no longer valid"})
+            await self.send_json(
+                {"type": "error", "detail": "the credential of this connection is no longer valid"}
+            )
         await self.close(code=CLOSE_REVOKED)
 
     async def _recheck_topics(self):
@@ -151,14 +155,22 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
 
     async def receive_json(self, content, **kwargs):
         if not isinstance(content, dict) or not ({"subscribe", "unsubscribe"} & content.keys()):
-            await self.send_json({"type": "error", "detail": 'send {"subscribe": [topics]} or {"unsubscribe": [topics]}'})
+            await self.send_json(
+                {"type": "error", "detail": 'send {"subscribe": [topics]} or {"unsubscribe": [topics]}'}
+            )
             return
         for action in ("subscribe", "unsubscribe"):
             if action not in content:
                 continue
             names = content[action]
-            if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(names) > MAX_TOPICS:
-                await self.send_json({"type": "error", "detail": f"{action} takes a list of at most {MAX_TOPICS} topic names"})
+            if (
+                not isinstance(names, list)
+                or not all(isinstance(n, str) for n in names)
+                or len(names) > MAX_TOPICS
+            ):
+                await self.send_json(
+                    {"type": "error", "detail": f"{action} takes a list of at most {MAX_TOPICS} topic names"}
+                )
                 continue
             if action == "subscribe":
                 await self._subscribe(names)

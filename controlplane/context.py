@@ -11,7 +11,11 @@ class RequestContext:
     token_prefix: str = ""
 
 
-_current: contextvars.ContextVar[RequestContext] = contextvars.ContextVar("lockstep_request", default=RequestContext())  # noqa: B039 (frozen, immutable)
+# The default is frozen, so sharing it is safe.
+_current: contextvars.ContextVar[RequestContext] = contextvars.ContextVar(
+    "lockstep_request",
+    default=RequestContext(),  # noqa: B039
+)
 
 
 def current() -> RequestContext:

@@ -30,6 +30,11 @@ def navigation_context(request):
             url = reverse(item.url_name)
         except NoReverseMatch:
             continue
-        items.append({"label": item.label, "url": url, "active": request.path == url or (url != "/" and request.path.startswith(url))})
+        items.append(
+            {
+                "label": item.label,
+                "url": url,
+                "active": request.path == url or (url != "/" and request.path.startswith(url)),
+            }
+        )
     return {"nav_items": items, "principal": who}
-

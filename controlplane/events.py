@@ -47,7 +47,9 @@ class TopicKind:
 _topics: dict[str, TopicKind] = {}
 
 
-def register_topic(prefix: str, *, keyed: bool, may_subscribe: Callable[[Principal, int | None], bool]) -> None:
+def register_topic(
+    prefix: str, *, keyed: bool, may_subscribe: Callable[[Principal, int | None], bool]
+) -> None:
     """Declare a topic family (``fleet``, ``job-<id>``…) and who may subscribe to it."""
     _topics[prefix] = TopicKind(prefix, keyed, may_subscribe)
 
@@ -114,7 +116,7 @@ def gathered():
     rolled back within the block are dropped, as their on-commit relay would have been. Nested blocks gather into
     the outermost; an exception leaves nothing gathered."""
     if getattr(_gathering, "items", None) is not None or not connection.in_atomic_block:
-        yield      # gathered by an outer block already; or no transaction to hold them: each publish writes at once
+        yield  # gathered by an outer block already; or no transaction to hold them: each publish writes at once
         return
     _gathering.items = []
     try:
@@ -143,12 +145,12 @@ def publish_many(items: Iterable[Item]) -> list[Event]:
         for topics, kind, payload, url in items:
             names = list(topics)
             for name in names:
-                parse_topic(name)      # an unknown topic is refused where it is published
+                parse_topic(name)  # an unknown topic is refused where it is published
             kept = _Kept()
             transaction.on_commit(kept)
             _gathering.items.append(((names, kind, payload, url), kept))
         return []
-    rows: list[tuple[str, int]] = []   # (topic, index of its item), in publishing order
+    rows: list[tuple[str, int]] = []  # (topic, index of its item), in publishing order
     prepared = []
     for index, (topics, kind, payload, url) in enumerate(items):
         names = list(dict.fromkeys(topics))
@@ -173,8 +175,17 @@ def publish_many(items: Iterable[Item]) -> list[Event]:
         with transaction.atomic():
             last = {name: _next_seq_by(name, counts[name]) for name in sorted(counts)}
             events = Event.objects.bulk_create(
-                [Event(topic=name, seq=last[name] - down, kind=prepared[i][0], payload=prepared[i][1],
-                       url=prepared[i][2]) for (name, i), down in zip(rows, back, strict=True)])
+                [
+                    Event(
+                        topic=name,
+                        seq=last[name] - down,
+                        kind=prepared[i][0],
+                        payload=prepared[i][1],
+                        url=prepared[i][2],
+                    )
+                    for (name, i), down in zip(rows, back, strict=True)
+                ]
+            )
     messages = [(event.pk, event.as_message()) for event in events]
     transaction.on_commit(lambda: relay(messages))
     return events
@@ -192,8 +203,12 @@ def _next_seq_by(name: str, count: int) -> int:
         return cursor.fetchone()[0]
 
 
-def _insert_postgresql(rows: list[tuple[str, int]], back: list[int], counts: collections.Counter,
-                       prepared: list[tuple[str, dict, str]]) -> list[Event]:
+def _insert_postgresql(
+    rows: list[tuple[str, int]],
+    back: list[int],
+    counts: collections.Counter,
+    prepared: list[tuple[str, dict, str]],
+) -> list[Event]:
     """Bump the topics' sequence rows and insert the events, in one round trip. Each payload is sent once,
     however many topics it goes to."""
     topics = sorted(counts)
@@ -224,8 +239,17 @@ def _insert_postgresql(rows: list[tuple[str, int]], back: list[int], counts: col
     for (name, i), down in zip(rows, back, strict=True):
         seq = last[name] - down
         kind, payload, url = prepared[i]
-        events.append(Event(pk=inserted[(name, seq)], topic=name, seq=seq, kind=kind, payload=payload, url=url,
-                            created_at=now))
+        events.append(
+            Event(
+                pk=inserted[(name, seq)],
+                topic=name,
+                seq=seq,
+                kind=kind,
+                payload=payload,
+                url=url,
+                created_at=now,
+            )
+        )
     return events
 
 
@@ -255,12 +279,18 @@ def _pubsub_publisher() -> tuple[redis.Redis, str] | None:
     loop. Other layers (and sharded ones) take the ``async_to_sync`` path."""
     config = settings.CHANNEL_LAYERS["default"]
     hosts = config.get("CONFIG", {}).get("hosts") or []
-    if config["BACKEND"] != "channels_redis.pubsub.RedisPubSubChannelLayer" or len(hosts) != 1 or not isinstance(hosts[0], str):
+    if (
+        config["BACKEND"] != "channels_redis.pubsub.RedisPubSubChannelLayer"
+        or len(hosts) != 1
+        or not isinstance(hosts[0], str)
+    ):
         return None
     key = (hosts[0], settings.OUTBOX_RELAY_TIMEOUT)
     client = _publishers.get(key)
     if client is None:
-        client = _publishers[key] = redis.Redis.from_url(hosts[0], socket_timeout=key[1], socket_connect_timeout=key[1])
+        client = _publishers[key] = redis.Redis.from_url(
+            hosts[0], socket_timeout=key[1], socket_connect_timeout=key[1]
+        )
     return client, config["CONFIG"].get("prefix", "asgi")
 
 
@@ -268,8 +298,10 @@ def _publish_pipelined(client: redis.Redis, prefix: str, messages: list[tuple[in
     layer = get_channel_layer()
     pipe = client.pipeline(transaction=False)
     for _event_id, message in messages:
-        pipe.publish(f"{prefix}__group__{group_name(message['topic'])}",
-                     layer.serialize({"type": "event.message", "event": message}))
+        pipe.publish(
+            f"{prefix}__group__{group_name(message['topic'])}",
+            layer.serialize({"type": "event.message", "event": message}),
+        )
     try:
         pipe.execute()
     except redis.RedisError as error:  # Redis away: the sweep sends them later (clients drop duplicates).
@@ -317,8 +349,10 @@ def _mark_sent(ids: list[int]) -> None:
         Event.objects.filter(pk__in=ids, sent_at__isnull=True).update(sent_at=timezone.now())
         return
     with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {Event._meta.db_table} SET sent_at = %s WHERE id = ANY(%s) AND sent_at IS NULL",
-                       [timezone.now(), list(ids)])
+        cursor.execute(
+            f"UPDATE {Event._meta.db_table} SET sent_at = %s WHERE id = ANY(%s) AND sent_at IS NULL",
+            [timezone.now(), list(ids)],
+        )
 
 
 def outbox_sweep(*, min_age_seconds: float = 2.0, batch: int = 500) -> int:

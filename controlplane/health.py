@@ -69,7 +69,9 @@ def _signed_in(request) -> bool:
 
 
 def _outline(check: dict) -> dict:
-    return {key: value for key, value in check.items() if key != "error"} | ({} if check["ok"] else {"error": "failed"})
+    return {key: value for key, value in check.items() if key != "error"} | (
+        {} if check["ok"] else {"error": "failed"}
+    )
 
 
 def readyz(request):

@@ -17,7 +17,9 @@ _stop = threading.Event()
 
 def redis_client(url: str | None = None, timeout: float | None = None) -> redis.Redis:
     timeout = settings.READYZ_TIMEOUT if timeout is None else timeout
-    return redis.Redis.from_url(url or settings.REDIS_URL, socket_timeout=timeout, socket_connect_timeout=timeout)
+    return redis.Redis.from_url(
+        url or settings.REDIS_URL, socket_timeout=timeout, socket_connect_timeout=timeout
+    )
 
 
 def beat_once(role: str, name: str, client: redis.Redis | None = None) -> None:

@@ -23,7 +23,9 @@ class DatabaseErrorMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request, exception):
-        api = request.path.startswith(("/api/", "/metrics"))   # the JSON answers: the API and the scrape endpoint
+        api = request.path.startswith(
+            ("/api/", "/metrics")
+        )  # the JSON answers: the API and the scrape endpoint
         if isinstance(exception, DataError):
             log.info("data error answered as 400 on %s: %s", request.path, exception)
             message = "a value in the request is out of the range the database accepts"
@@ -31,8 +33,11 @@ class DatabaseErrorMiddleware:
         if isinstance(exception, OperationalError | InterfaceError):
             log.warning("database unavailable, answered 503 on %s: %s", request.path, exception)
             message = "the database is unavailable for a moment; nothing was changed, try again"
-            response = (JsonResponse({"detail": message}, status=503) if api
-                        else HttpResponse(message, status=503, content_type="text/plain; charset=utf-8"))
+            response = (
+                JsonResponse({"detail": message}, status=503)
+                if api
+                else HttpResponse(message, status=503, content_type="text/plain; charset=utf-8")
+            )
             response["Retry-After"] = str(RETRY_AFTER_SECONDS)
             return response
         return None

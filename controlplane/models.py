@@ -56,7 +56,11 @@ class AuditEntry(models.Model):
 
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_entries"
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="audit_entries",
     )
     actor_name = models.CharField(max_length=150, blank=True)
     token_prefix = models.CharField(max_length=16, blank=True)

@@ -71,11 +71,19 @@ class AutoSchema(SpectacularAutoSchema):
         if has_path or any(parameter["name"] == "page" for parameter in parameters):
             errors["404"] = {**detail, "description": "No such object for this user, or no such page."}
         if self.method in WRITE_METHODS:
-            errors["409"] = {**fields, "description": "The change conflicts with existing data or the object's state."}
+            errors["409"] = {
+                **fields,
+                "description": "The change conflicts with existing data or the object's state.",
+            }
         if self.view.get_throttles():
-            errors["429"] = {**detail, "description": "Too many requests; Retry-After says when to try again."}
-        errors["503"] = {**detail, "description": "The database cannot be reached right now; Retry-After says when "
-                                                  "to try again."}
+            errors["429"] = {
+                **detail,
+                "description": "Too many requests; Retry-After says when to try again.",
+            }
+        errors["503"] = {
+            **detail,
+            "description": "The database cannot be reached right now; Retry-After says when to try again.",
+        }
         if has_body:
             errors["413"] = {**fields, "description": "The body is larger than this operation accepts."}
             errors["415"] = {**fields, "description": "The body is not in a media type this operation reads."}

@@ -15,8 +15,14 @@ def queue(task, *args) -> bool:
     (``simulator.whatif_sweep``)."""
     try:
         task.delay(*args)
-    except Exception as error:  # kombu's OperationalError, a timeout, a refused connection: the broker is away
-        log.warning("could not queue %s%s (%r); the change is stored and its beat sweep picks the work up",
-                    task.name, tuple(args), error)
+    except (
+        Exception
+    ) as error:  # kombu's OperationalError, a timeout, a refused connection: the broker is away
+        log.warning(
+            "could not queue %s%s (%r); the change is stored and its beat sweep picks the work up",
+            task.name,
+            tuple(args),
+            error,
+        )
         return False
     return True

@@ -28,8 +28,14 @@ HISTORY = 20
 
 
 def _first_text(payload) -> str:
-    return next((str(payload[key]) for key in ("summary", "name", "hostname", "reason")
-                 if isinstance(payload, dict) and payload.get(key)), "")
+    return next(
+        (
+            str(payload[key])
+            for key in ("summary", "name", "hostname", "reason")
+            if isinstance(payload, dict) and payload.get(key)
+        ),
+        "",
+    )
 
 
 def event_history(*, user, topic: str, up_to: int, limit: int = HISTORY, text=_first_text) -> list[dict]:
@@ -39,8 +45,10 @@ def event_history(*, user, topic: str, up_to: int, limit: int = HISTORY, text=_f
     if not topic:
         return []
     rows = event_list(user=user, topic=topic).filter(seq__lte=up_to).order_by("-seq")[:limit]
-    return [{"seq": event.seq, "kind": event.kind, "created": event.created_at, "text": text(event.payload)}
-            for event in rows]
+    return [
+        {"seq": event.seq, "kind": event.kind, "created": event.created_at, "text": text(event.payload)}
+        for event in rows
+    ]
 
 
 def audit_list(*, user) -> QuerySet[AuditEntry]:

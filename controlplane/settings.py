@@ -22,83 +22,311 @@ VAR_DIR = BASE_DIR / "var"
 # name -> (cast, default, meaning). The single source of truth for configuration.
 ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "DEBUG": (bool, False, "Debug pages and autoreloading static files. Never on in production."),
-    "SECRET_KEY": (str, "", "Django's signing key (sessions, CSRF) and, unless CREDENTIALS_KEYS is set, the source of the key that encrypts cluster credentials. Required when DEBUG is off; make one with `python -c 'import secrets; print(secrets.token_urlsafe(50))'`."),
-    "SECRET_KEY_FALLBACKS": (list, [], "Earlier SECRET_KEYs, comma-separated, still accepted while rotating: sessions signed with them stay valid and credentials encrypted with keys derived from them still decrypt (run `manage.py rotate_credentials`, then drop them)."),
-    "ALLOWED_HOSTS": (list, ["127.0.0.1", "localhost"], "Comma-separated host names the web process answers to."),
-    "CSRF_TRUSTED_ORIGINS": (list, [], "Comma-separated origins (scheme://host[:port]) trusted for form posts behind a proxy."),
-    "DATABASE_URL": (str, "sqlite:///var/lockstep.sqlite3", "Database URL. The embedded default is a SQLite file (WAL); use postgres://user:pass@host:5432/db in production."),
-    "DATABASE_POOL_SIZE": (int, 0, "PostgreSQL connections a process keeps in a pool (psycopg_pool); 0: one persistent connection per thread instead. The web process (controlplane/asgi.py) uses 4 unless this is set: under ASGI Django runs each request on a thread of its own, so per-thread connections would be opened and dropped with every request. Workers run one task at a time and keep 0."),
+    "SECRET_KEY": (
+        str,
+        "",
+        "Django's signing key (sessions, CSRF) and, unless CREDENTIALS_KEYS is set, the source of the key that encrypts cluster credentials. Required when DEBUG is off; make one with `python -c 'import secrets; print(secrets.token_urlsafe(50))'`.",
+    ),
+    "SECRET_KEY_FALLBACKS": (
+        list,
+        [],
+        "Earlier SECRET_KEYs, comma-separated, still accepted while rotating: sessions signed with them stay valid and credentials encrypted with keys derived from them still decrypt (run `manage.py rotate_credentials`, then drop them).",
+    ),
+    "ALLOWED_HOSTS": (
+        list,
+        ["127.0.0.1", "localhost"],
+        "Comma-separated host names the web process answers to.",
+    ),
+    "CSRF_TRUSTED_ORIGINS": (
+        list,
+        [],
+        "Comma-separated origins (scheme://host[:port]) trusted for form posts behind a proxy.",
+    ),
+    "DATABASE_URL": (
+        str,
+        "sqlite:///var/lockstep.sqlite3",
+        "Database URL. The embedded default is a SQLite file (WAL); use postgres://user:pass@host:5432/db in production.",
+    ),
+    "DATABASE_POOL_SIZE": (
+        int,
+        0,
+        "PostgreSQL connections a process keeps in a pool (psycopg_pool); 0: one persistent connection per thread instead. The web process (controlplane/asgi.py) uses 4 unless this is set: under ASGI Django runs each request on a thread of its own, so per-thread connections would be opened and dropped with every request. Workers run one task at a time and keep 0.",
+    ),
     "REDIS_URL": (str, "redis://127.0.0.1:6379/0", "Redis for the Celery broker and the Channels layer."),
     "CELERY_BROKER_URL": (str, "", "Celery broker; defaults to REDIS_URL."),
-    "CELERY_VISIBILITY_TIMEOUT": (int, 300, "Seconds before an unacknowledged Celery message is redelivered (Redis broker)."),
+    "CELERY_VISIBILITY_TIMEOUT": (
+        int,
+        300,
+        "Seconds before an unacknowledged Celery message is redelivered (Redis broker).",
+    ),
     "CELERY_TASK_TIME_LIMIT": (int, 120, "Hard time limit of a Celery task, seconds."),
-    "CELERY_ALWAYS_EAGER": (bool, False, "Run tasks in-process (only for quick local experiments; tests use a real worker)."),
+    "CELERY_ALWAYS_EAGER": (
+        bool,
+        False,
+        "Run tasks in-process (only for quick local experiments; tests use a real worker).",
+    ),
     "EVENT_RETENTION_DAYS": (float, 7.0, "How long the event outbox keeps events for catch-up, days."),
     "AUDIT_RETENTION_DAYS": (int, 365, "How long audit entries are kept."),
     "OUTBOX_SWEEP_SECONDS": (int, 5, "How often beat re-sends events the relay could not deliver."),
-    "OUTBOX_RELAY_TIMEOUT": (float, 1.0, "Seconds the after-commit relay waits for Redis before leaving an event to the sweep."),
+    "OUTBOX_RELAY_TIMEOUT": (
+        float,
+        1.0,
+        "Seconds the after-commit relay waits for Redis before leaving an event to the sweep.",
+    ),
     "READYZ_TIMEOUT": (float, 2.0, "Seconds each /readyz check may take before it counts as failed."),
     "HEARTBEAT_SECONDS": (int, 5, "How often workers and beat write their heartbeat to Redis."),
-    "TOKEN_LAST_USED_RESOLUTION": (int, 60, "Seconds between writes of a token's last-used time (API, agent, job and launcher tokens)."),
+    "TOKEN_LAST_USED_RESOLUTION": (
+        int,
+        60,
+        "Seconds between writes of a token's last-used time (API, agent, job and launcher tokens).",
+    ),
     "LOG_LEVEL": (str, "INFO", "Root log level."),
-    "LOG_ROUTINE_TASKS": (bool, False, "Log beat's routine tasks (the sweeps it sends every few seconds: sent, received, succeeded) at INFO like any task; off, they are DEBUG records, so the log at INFO shows the work that matters."),
-    "PLAIN_HTTP": (bool, False, "Serve plain HTTP with DEBUG off: no redirect to HTTPS, no HSTS, cookies without Secure. Only for a local run on localhost (docker compose sets it) and the test suite; never in production. DEBUG=true implies it."),
-    "SECURE_SSL_REDIRECT": (bool, True, "Redirect plain HTTP to HTTPS (unless DEBUG or PLAIN_HTTP). Turn off only where the proxy in front already redirects."),
-    "SECURE_HSTS_SECONDS": (int, 31536000, "Strict-Transport-Security max-age, seconds (unless DEBUG or PLAIN_HTTP); start low (300) on a new domain, 0 turns HSTS off."),
+    "LOG_ROUTINE_TASKS": (
+        bool,
+        False,
+        "Log beat's routine tasks (the sweeps it sends every few seconds: sent, received, succeeded) at INFO like any task; off, they are DEBUG records, so the log at INFO shows the work that matters.",
+    ),
+    "PLAIN_HTTP": (
+        bool,
+        False,
+        "Serve plain HTTP with DEBUG off: no redirect to HTTPS, no HSTS, cookies without Secure. Only for a local run on localhost (docker compose sets it) and the test suite; never in production. DEBUG=true implies it.",
+    ),
+    "SECURE_SSL_REDIRECT": (
+        bool,
+        True,
+        "Redirect plain HTTP to HTTPS (unless DEBUG or PLAIN_HTTP). Turn off only where the proxy in front already redirects.",
+    ),
+    "SECURE_HSTS_SECONDS": (
+        int,
+        31536000,
+        "Strict-Transport-Security max-age, seconds (unless DEBUG or PLAIN_HTTP); start low (300) on a new domain, 0 turns HSTS off.",
+    ),
     "SECURE_HSTS_INCLUDE_SUBDOMAINS": (bool, True, "HSTS covers every subdomain of the host too."),
-    "SECURE_HSTS_PRELOAD": (bool, True, "Send HSTS with `preload` (lets the domain be submitted to browsers' preload lists)."),
-    "TRUST_X_FORWARDED_PROTO": (bool, False, "Believe `X-Forwarded-Proto: https` from the proxy in front (SECURE_PROXY_SSL_HEADER). Set only behind a proxy that sets the header and strips it from clients; uvicorn's --forwarded-allow-ips does the same job."),
-    "CREDENTIALS_KEYS": (list, [], "Fernet keys, comma-separated, newest first, that encrypt cluster credentials at rest: the first encrypts, all decrypt. Empty: keys derived from SECRET_KEY and SECRET_KEY_FALLBACKS. New key: `python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'`."),
-    "LOGIN_RATE": (str, "5/min", "Login attempts allowed per user name and client address (n/s, n/min, n/hour, n/day); more are answered 429 with Retry-After."),
-    "LOGIN_ADDRESS_RATE": (str, "60/min", "Login attempts allowed per client address, whatever the user name."),
-    "TOKEN_CREATE_RATE": (str, "20/hour", "API and agent tokens one user may create or rotate (page or API); more are answered 429 with Retry-After."),
+    "SECURE_HSTS_PRELOAD": (
+        bool,
+        True,
+        "Send HSTS with `preload` (lets the domain be submitted to browsers' preload lists).",
+    ),
+    "TRUST_X_FORWARDED_PROTO": (
+        bool,
+        False,
+        "Believe `X-Forwarded-Proto: https` from the proxy in front (SECURE_PROXY_SSL_HEADER). Set only behind a proxy that sets the header and strips it from clients; uvicorn's --forwarded-allow-ips does the same job.",
+    ),
+    "CREDENTIALS_KEYS": (
+        list,
+        [],
+        "Fernet keys, comma-separated, newest first, that encrypt cluster credentials at rest: the first encrypts, all decrypt. Empty: keys derived from SECRET_KEY and SECRET_KEY_FALLBACKS. New key: `python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'`.",
+    ),
+    "LOGIN_RATE": (
+        str,
+        "5/min",
+        "Login attempts allowed per user name and client address (n/s, n/min, n/hour, n/day); more are answered 429 with Retry-After.",
+    ),
+    "LOGIN_ADDRESS_RATE": (
+        str,
+        "60/min",
+        "Login attempts allowed per client address, whatever the user name.",
+    ),
+    "TOKEN_CREATE_RATE": (
+        str,
+        "20/hour",
+        "API and agent tokens one user may create or rotate (page or API); more are answered 429 with Retry-After.",
+    ),
     "DEMO_ADMIN_USERNAME": (str, "admin", "User name of the demo provider-admin that `make run` creates."),
-    "LOCAL_ENV_FILE": (str, "var/local.env", "The local run's settings file (DEBUG, a generated SECRET_KEY, the database, demo-sized retention) that `make run` writes on first start; every process of the checkout reads it unless its environment sets SECRET_KEY, and a variable set in the environment wins over its line there. Empty: no file."),
-    "RETENTION_PRUNE_SECONDS": (int, 3600, "How often beat prunes telemetry, events and audit entries past their retention."),
-    "TELEMETRY_MAX_BATCH_BYTES": (int, 8 * 1024 * 1024, "Largest telemetry batch accepted, bytes (413 above)."),
-    "TELEMETRY_MAX_SKEW_SECONDS": (int, 300, "How far an agent's clock may be from the server's before its batch is refused."),
-    "TELEMETRY_RAW_RETENTION_HOURS": (float, 24.0, "How long raw GPU samples are kept, hours (and the oldest reading a batch may carry)."),
-    "TELEMETRY_HISTORY_DAYS": (float, 30.0, "How long the per-node, per-minute history for charts and the facility series are kept, days."),
+    "LOCAL_ENV_FILE": (
+        str,
+        "var/local.env",
+        "The local run's settings file (DEBUG, a generated SECRET_KEY, the database, demo-sized retention) that `make run` writes on first start; every process of the checkout reads it unless its environment sets SECRET_KEY, and a variable set in the environment wins over its line there. Empty: no file.",
+    ),
+    "RETENTION_PRUNE_SECONDS": (
+        int,
+        3600,
+        "How often beat prunes telemetry, events and audit entries past their retention.",
+    ),
+    "TELEMETRY_MAX_BATCH_BYTES": (
+        int,
+        8 * 1024 * 1024,
+        "Largest telemetry batch accepted, bytes (413 above).",
+    ),
+    "TELEMETRY_MAX_SKEW_SECONDS": (
+        int,
+        300,
+        "How far an agent's clock may be from the server's before its batch is refused.",
+    ),
+    "TELEMETRY_RAW_RETENTION_HOURS": (
+        float,
+        24.0,
+        "How long raw GPU samples are kept, hours (and the oldest reading a batch may carry).",
+    ),
+    "TELEMETRY_HISTORY_DAYS": (
+        float,
+        30.0,
+        "How long the per-node, per-minute history for charts and the facility series are kept, days.",
+    ),
     "TELEMETRY_THERMAL_CELSIUS": (float, 90.0, "GPU temperature at which ingest reports a thermal fault."),
-    "TELEMETRY_SYMBOL_ERRORS_PER_HOUR": (float, 100.0, "NIC symbol-error rate above which a link counts as degraded."),
+    "TELEMETRY_SYMBOL_ERRORS_PER_HOUR": (
+        float,
+        100.0,
+        "NIC symbol-error rate above which a link counts as degraded.",
+    ),
     "RISK_SWEEP_SECONDS": (int, 60, "How often beat scores every node's risk of failing soon."),
-    "PREDICTION_HORIZON_HOURS": (float, 24.0, "How far ahead a failure prediction looks, in the fault model's time (on a simulated cluster divided by SIMULATOR_ACCELERATION); it is judged true if the node fails within it."),
-    "SIMULATOR_ACCELERATION": (float, 600.0, "How much faster than real time the simulator's faults strike (demo time compression)."),
+    "PREDICTION_HORIZON_HOURS": (
+        float,
+        24.0,
+        "How far ahead a failure prediction looks, in the fault model's time (on a simulated cluster divided by SIMULATOR_ACCELERATION); it is judged true if the node fails within it.",
+    ),
+    "SIMULATOR_ACCELERATION": (
+        float,
+        600.0,
+        "How much faster than real time the simulator's faults strike (demo time compression).",
+    ),
     "DRIFT_SWEEP_SECONDS": (int, 60, "How often beat runs the drift sweep over every cluster."),
-    "DRIFT_MAX_CORRECTIONS": (int, 3, "Failed corrections of one drift finding before it is reported and left alone."),
-    "ROLLOUT_TICK_SECONDS": (int, 5, "How often beat moves every running rollout one step (and re-queues lost steps)."),
-    "XID_CATALOG": (str, "", "Path of NVIDIA's Xid catalogue CSV that fault triage reads; empty: ../shared/data/xid/nvidia_xid_catalog.csv next to the project."),
-    "FAULT_CORRELATION_SECONDS": (float, 60.0, "Reports of the same node, device, fault kind and code within this many seconds are one FaultEvent; a node's incident stays open while a report is younger than this (docs/incidents.md)."),
-    "FAULT_SWEEP_SECONDS": (int, 3, "How often beat re-enqueues fault events still new, and how old they must be."),
-    "RECOVERY_ADVANCE_SECONDS": (int, 1, "How often beat advances running recovery actions, snapshots and the escalation ladder."),
-    "SLURM_SYNC_SECONDS": (int, 2, "How often beat reads every Slurm cluster's nodes and jobs (sinfo/squeue --json): new nodes and jobs, dead nodes as faults, ended jobs."),
-    "ESCALATION_STRIKES": (int, 3, "Non-fatal faults on one node within ESCALATION_WINDOW_SECONDS that quarantine it."),
+    "DRIFT_MAX_CORRECTIONS": (
+        int,
+        3,
+        "Failed corrections of one drift finding before it is reported and left alone.",
+    ),
+    "ROLLOUT_TICK_SECONDS": (
+        int,
+        5,
+        "How often beat moves every running rollout one step (and re-queues lost steps).",
+    ),
+    "XID_CATALOG": (
+        str,
+        "",
+        "Path of NVIDIA's Xid catalogue CSV that fault triage reads; empty: ../shared/data/xid/nvidia_xid_catalog.csv next to the project.",
+    ),
+    "FAULT_CORRELATION_SECONDS": (
+        float,
+        60.0,
+        "Reports of the same node, device, fault kind and code within this many seconds are one FaultEvent; a node's incident stays open while a report is younger than this (docs/incidents.md).",
+    ),
+    "FAULT_SWEEP_SECONDS": (
+        int,
+        3,
+        "How often beat re-enqueues fault events still new, and how old they must be.",
+    ),
+    "RECOVERY_ADVANCE_SECONDS": (
+        int,
+        1,
+        "How often beat advances running recovery actions, snapshots and the escalation ladder.",
+    ),
+    "SLURM_SYNC_SECONDS": (
+        int,
+        2,
+        "How often beat reads every Slurm cluster's nodes and jobs (sinfo/squeue --json): new nodes and jobs, dead nodes as faults, ended jobs.",
+    ),
+    "ESCALATION_STRIKES": (
+        int,
+        3,
+        "Non-fatal faults on one node within ESCALATION_WINDOW_SECONDS that quarantine it.",
+    ),
     "ESCALATION_WINDOW_SECONDS": (int, 3600, "The window in which repeated non-fatal faults escalate."),
-    "NODE_COOLDOWN_SECONDS": (int, 1800, "After a job migrates off a node, no job is migrated onto it for this long (anti-thrash)."),
-    "RECOVERY_DEADLINE_FACTOR": (float, 3.0, "A recovery action fails as timed out when not done within the larger of this many times its estimate and its estimate + RECOVERY_DEADLINE_EXTRA_SECONDS."),
+    "NODE_COOLDOWN_SECONDS": (
+        int,
+        1800,
+        "After a job migrates off a node, no job is migrated onto it for this long (anti-thrash).",
+    ),
+    "RECOVERY_DEADLINE_FACTOR": (
+        float,
+        3.0,
+        "A recovery action fails as timed out when not done within the larger of this many times its estimate and its estimate + RECOVERY_DEADLINE_EXTRA_SECONDS.",
+    ),
     "RECOVERY_DEADLINE_EXTRA_SECONDS": (float, 60.0, "See RECOVERY_DEADLINE_FACTOR (docs/incidents.md)."),
-    "RECOVERY_RESTART_RETRIES": (int, 3, "How often a failed restart from checkpoint is retried before the job is Failed."),
-    "RECOVERY_RETRY_BACKOFF_SECONDS": (float, 30.0, "The first retry of a failed restart waits this long; each later one twice as long."),
-    "PROACTIVE_PRECISION_PRIOR": (float, 0.5, "Until enough predictions of a score band are judged, a proactive move's expected saving assumes this precision."),
-    "PROACTIVE_PRECISION_MIN_JUDGED": (int, 20, "How many judged predictions of a score band its measured precision needs before it replaces the prior."),
-    "NIC_REPAIR_SECONDS": (int, 1800, "Expected time until a failed NIC is repaired: the planner's default for how long a failed-over job runs degraded, until measured failbacks replace it."),
-    "LINK_DEGRADED_SECONDS": (int, 600, "Expected time a grey link (errors rising, link up) stays degraded: the planner's default until measured failbacks replace it."),
-    "LINK_CLEAN_SECONDS": (int, 120, "A degraded or failed link counts as healthy again (the job fails back) after it stayed up with no new error for this long."),
-    "AGENT_INTERVAL_SECONDS": (float, 10.0, "How often node agents report (the agent's --interval): silence is judged in these intervals."),
-    "SILENCE_INTERVALS": (int, 3, "A node that reported before and then stays silent for this many agent intervals gets a node_unreachable fault (source heartbeat)."),
-    "HANG_STEP_MULTIPLE": (float, 10.0, "A job that reported progress and then stays silent for this many times its median step time gets a hang fault."),
+    "RECOVERY_RESTART_RETRIES": (
+        int,
+        3,
+        "How often a failed restart from checkpoint is retried before the job is Failed.",
+    ),
+    "RECOVERY_RETRY_BACKOFF_SECONDS": (
+        float,
+        30.0,
+        "The first retry of a failed restart waits this long; each later one twice as long.",
+    ),
+    "PROACTIVE_PRECISION_PRIOR": (
+        float,
+        0.5,
+        "Until enough predictions of a score band are judged, a proactive move's expected saving assumes this precision.",
+    ),
+    "PROACTIVE_PRECISION_MIN_JUDGED": (
+        int,
+        20,
+        "How many judged predictions of a score band its measured precision needs before it replaces the prior.",
+    ),
+    "NIC_REPAIR_SECONDS": (
+        int,
+        1800,
+        "Expected time until a failed NIC is repaired: the planner's default for how long a failed-over job runs degraded, until measured failbacks replace it.",
+    ),
+    "LINK_DEGRADED_SECONDS": (
+        int,
+        600,
+        "Expected time a grey link (errors rising, link up) stays degraded: the planner's default until measured failbacks replace it.",
+    ),
+    "LINK_CLEAN_SECONDS": (
+        int,
+        120,
+        "A degraded or failed link counts as healthy again (the job fails back) after it stayed up with no new error for this long.",
+    ),
+    "AGENT_INTERVAL_SECONDS": (
+        float,
+        10.0,
+        "How often node agents report (the agent's --interval): silence is judged in these intervals.",
+    ),
+    "SILENCE_INTERVALS": (
+        int,
+        3,
+        "A node that reported before and then stays silent for this many agent intervals gets a node_unreachable fault (source heartbeat).",
+    ),
+    "HANG_STEP_MULTIPLE": (
+        float,
+        10.0,
+        "A job that reported progress and then stays silent for this many times its median step time gets a hang fault.",
+    ),
     "HANG_FLOOR_SECONDS": (float, 120.0, "The least silence judged a hang, whatever the job's step time."),
-    "RECOVERY_ESTIMATE_MIN_SAMPLES": (int, 5, "Completed recoveries of a kind on a cluster before their measured durations replace the planner's defaults."),
+    "RECOVERY_ESTIMATE_MIN_SAMPLES": (
+        int,
+        5,
+        "Completed recoveries of a kind on a cluster before their measured durations replace the planner's defaults.",
+    ),
     # validation of repaired nodes, the rollout gate (docs/fleet.md)
-    "ESCALATION_CLEAN_TELEMETRY_SECONDS": (int, 300, "After a repaired node's health check passes, a node with an agent must report for this long with no hardware fault before it returns to service."),
-    "ROLLOUT_GATE_SIGNIFICANCE": (float, 0.005, "The rollout fault-rate gate fails a batch only when its hardware-fault count since the change is this improbable under the rate before it (one-sided exact conditional binomial test)."),
-    "ROLLOUT_GATE_BASELINE_HOURS": (float, 168.0, "How far back before a batch started the gate counts faults for its background rate (at least as long as the batch's own window)."),
+    "ESCALATION_CLEAN_TELEMETRY_SECONDS": (
+        int,
+        300,
+        "After a repaired node's health check passes, a node with an agent must report for this long with no hardware fault before it returns to service.",
+    ),
+    "ROLLOUT_GATE_SIGNIFICANCE": (
+        float,
+        0.005,
+        "The rollout fault-rate gate fails a batch only when its hardware-fault count since the change is this improbable under the rate before it (one-sided exact conditional binomial test).",
+    ),
+    "ROLLOUT_GATE_BASELINE_HOURS": (
+        float,
+        168.0,
+        "How far back before a batch started the gate counts faults for its background rate (at least as long as the batch's own window).",
+    ),
     # hardening (docs/security.md)
-    "WS_REVALIDATE_SECONDS": (float, 60.0, "How often an open websocket checks its credential (token, session, user) and its topics' permissions again; a revocation closes it at once."),
-    "WHATIF_MAX_PER_USER": (int, 1, "What-if replays one user may have queued or running at once (429 above)."),
+    "WS_REVALIDATE_SECONDS": (
+        float,
+        60.0,
+        "How often an open websocket checks its credential (token, session, user) and its topics' permissions again; a revocation closes it at once.",
+    ),
+    "WHATIF_MAX_PER_USER": (
+        int,
+        1,
+        "What-if replays one user may have queued or running at once (429 above).",
+    ),
     "WHATIF_MAX_RUNNING": (int, 2, "What-if replays queued or running at once in all (429 above)."),
-    "FORWARDED_ALLOW_IPS": (str, "", "Addresses of the proxies whose X-Forwarded-For and X-Forwarded-Proto uvicorn believes (comma-separated IPs or networks; uvicorn reads this variable). Empty: none, not even 127.0.0.1, so a client on the host cannot pick the address the login rate limit keys on. Set it to the proxy's address behind a proxy."),
-    "NOTIFICATION_ALLOW_PRIVATE_TARGETS": (bool, False, "Let notification channel URLs point at loopback, link-local and private addresses (a lab without public hooks); off, such targets are refused when saved and when sent."),
+    "FORWARDED_ALLOW_IPS": (
+        str,
+        "",
+        "Addresses of the proxies whose X-Forwarded-For and X-Forwarded-Proto uvicorn believes (comma-separated IPs or networks; uvicorn reads this variable). Empty: none, not even 127.0.0.1, so a client on the host cannot pick the address the login rate limit keys on. Set it to the proxy's address behind a proxy.",
+    ),
+    "NOTIFICATION_ALLOW_PRIVATE_TARGETS": (
+        bool,
+        False,
+        "Let notification channel URLs point at loopback, link-local and private addresses (a lab without public hooks); off, such targets are refused when saved and when sent.",
+    ),
 }
 
 env = environ.Env(**{name: (cast, default) for name, (cast, default, _) in ENVIRONMENT.items()})
@@ -139,7 +367,9 @@ if not SECRET_KEY:
         raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off (see README, Configuration).")
     SECRET_KEY = "django-insecure-lockstep-development-key-set-SECRET_KEY-in-production"
 if not DEBUG and len(SECRET_KEY) < 32:
-    raise ImproperlyConfigured("SECRET_KEY must be at least 32 characters when DEBUG is off (see README, Configuration).")
+    raise ImproperlyConfigured(
+        "SECRET_KEY must be at least 32 characters when DEBUG is off (see README, Configuration)."
+    )
 SECRET_KEY_FALLBACKS = env("SECRET_KEY_FALLBACKS")
 ALLOWED_HOSTS = env("ALLOWED_HOSTS")
 CSRF_TRUSTED_ORIGINS = env("CSRF_TRUSTED_ORIGINS")
@@ -301,12 +531,28 @@ CELERY_TIMEZONE = "UTC"
 CELERY_TASK_DEFAULT_QUEUE = "celery"
 CELERY_TASK_QUEUES = [Queue("faults"), Queue("celery"), Queue("analytics")]
 CELERY_TASK_ROUTES = {
-    **{name: {"queue": "faults"} for name in (
-        "jobs.fault_handle", "jobs.fault_sweep", "jobs.recovery_advance", "jobs.silence_sweep", "jobs.links_fail_back",
-        "jobs.snapshot_schedule", "controlplane.outbox_sweep")},
-    **{name: {"queue": "analytics"} for name in (
-        "simulator.whatif", "simulator.whatif_sweep", "telemetry.risk_sweep", "telemetry.retention_prune",
-        "controlplane.retention_prune")},
+    **{
+        name: {"queue": "faults"}
+        for name in (
+            "jobs.fault_handle",
+            "jobs.fault_sweep",
+            "jobs.recovery_advance",
+            "jobs.silence_sweep",
+            "jobs.links_fail_back",
+            "jobs.snapshot_schedule",
+            "controlplane.outbox_sweep",
+        )
+    },
+    **{
+        name: {"queue": "analytics"}
+        for name in (
+            "simulator.whatif",
+            "simulator.whatif_sweep",
+            "telemetry.risk_sweep",
+            "telemetry.retention_prune",
+            "controlplane.retention_prune",
+        )
+    },
 }
 WHATIF_MAX_PER_USER = env("WHATIF_MAX_PER_USER")
 WHATIF_MAX_RUNNING = env("WHATIF_MAX_RUNNING")
@@ -424,7 +670,9 @@ DRIFT_MAX_CORRECTIONS = env("DRIFT_MAX_CORRECTIONS")
 ROLLOUT_TICK_SECONDS = env("ROLLOUT_TICK_SECONDS")
 
 # --- Fault tolerance (jobs) ----------------------------------------------------------------------------
-XID_CATALOG = env("XID_CATALOG") or str(BASE_DIR.parent / "shared" / "data" / "xid" / "nvidia_xid_catalog.csv")
+XID_CATALOG = env("XID_CATALOG") or str(
+    BASE_DIR.parent / "shared" / "data" / "xid" / "nvidia_xid_catalog.csv"
+)
 FAULT_CORRELATION_SECONDS = env("FAULT_CORRELATION_SECONDS")
 FAULT_SWEEP_SECONDS = env("FAULT_SWEEP_SECONDS")
 ESCALATION_STRIKES = env("ESCALATION_STRIKES")
@@ -461,12 +709,18 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "controlplane.pagination.Pagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "controlplane.openapi.AutoSchema",   # documents error answers as well as success
+    "DEFAULT_SCHEMA_CLASS": "controlplane.openapi.AutoSchema",  # documents error answers as well as success
     "EXCEPTION_HANDLER": "controlplane.api.exception_handler",
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer", "rest_framework.renderers.BrowsableAPIRenderer"],
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
     # JSON with a nesting bound (controlplane/parsers.py): a deeply nested body is a 400, not a RecursionError.
-    "DEFAULT_PARSER_CLASSES": ["controlplane.parsers.JSONParser", "rest_framework.parsers.FormParser",
-                               "rest_framework.parsers.MultiPartParser"],
+    "DEFAULT_PARSER_CLASSES": [
+        "controlplane.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {
@@ -484,7 +738,10 @@ SPECTACULAR_SETTINGS = {
     # One tag per area (app), so Swagger UI groups operations as the folders do (controlplane/openapi.py).
     "TAGS": OPENAPI_TAGS,
     # OpenAPI links from a create's answer to its object's operations (controlplane/openapi_links.py).
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "controlplane.openapi_links.add_links"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "controlplane.openapi_links.add_links",
+    ],
     # Several models have a "kind" or "state" choice: name each enum after what it is.
     "ENUM_NAME_OVERRIDES": {
         "FaultKindEnum": "jobs.choices.FaultKind",
@@ -497,7 +754,7 @@ SPECTACULAR_SETTINGS = {
         "ScopeEnum": "tenancy.choices.TokenScope",
         "RolloutStateEnum": "fleet.choices.RolloutState",
         "BlueprintVersionStateEnum": "fleet.choices.VersionState",
-        "AutomationEnum": "fleet.choices.AutomationMode",   # a fleet's, a cluster's and the provider switch's mode
+        "AutomationEnum": "fleet.choices.AutomationMode",  # a fleet's, a cluster's and the provider switch's mode
     },
 }
 
@@ -578,13 +835,20 @@ LOGGING = {
         "client_errors_on_one_line": {"()": "controlplane.logging_filters.ClientErrorsOnOneLine"},
     },
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
-                             "filters": ["client_errors_on_one_line", "redact_secrets"]}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["client_errors_on_one_line", "redact_secrets"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL")},
     "loggers": {
         "django": {"handlers": [], "level": "NOTSET", "propagate": True},
         "django.db.backends": {"level": "INFO"},
-        **{name: {"filters": ["routine_tasks_at_debug"]} for name in ("celery.beat", "celery.worker.strategy",
-                                                                       "celery.worker.request", "celery.app.trace")},
+        **{
+            name: {"filters": ["routine_tasks_at_debug"]}
+            for name in ("celery.beat", "celery.worker.strategy", "celery.worker.request", "celery.app.trace")
+        },
     },
 }

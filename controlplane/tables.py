@@ -88,7 +88,9 @@ class AuditEntryTable(tables.Table):
         fields = ("created_at", "actor_name", "action", "object_repr", "changes")
         order_by = ("-created_at",)
         per_page = 50
-        empty_text = "Nothing matches: every write through a page, the API or the command line is recorded here."
+        empty_text = (
+            "Nothing matches: every write through a page, the API or the command line is recorded here."
+        )
 
     def render_created_at(self, value):
         from controlplane.templatetags.figures import when
@@ -96,10 +98,13 @@ class AuditEntryTable(tables.Table):
         return when(value)
 
     def render_actor_name(self, value, record):
-        through = record.get_source_display().lower() + (f" · token {record.token_prefix}…" if record.token_prefix else "")
+        through = record.get_source_display().lower() + (
+            f" · token {record.token_prefix}…" if record.token_prefix else ""
+        )
         name = value or "system"
-        return format_html('<span title="{} ({})">{} <span class="muted">({})</span></span>', name, through, name,
-                           through)
+        return format_html(
+            '<span title="{} ({})">{} <span class="muted">({})</span></span>', name, through, name, through
+        )
 
     def render_object_repr(self, record):
         if not record.object_type:
@@ -107,11 +112,16 @@ class AuditEntryTable(tables.Table):
         name, url = object_name(record), object_url(record)
         kind = object_kind(record.object_type)
         if url:
-            return format_html('<span class="muted">{}</span> <a href="{}" title="{}">{}</a>', kind, url, name, name)
+            return format_html(
+                '<span class="muted">{}</span> <a href="{}" title="{}">{}</a>', kind, url, name, name
+            )
         return format_html('<span class="muted">{}</span> <span title="{}">{}</span>', kind, name, name)
 
     def render_changes(self, value):
         if not value:
             return format_html('<span class="muted">{}</span>', "—")
-        return format_html('<details class="audit-change"><summary>{}</summary><pre>{}</pre></details>',
-                           change_summary(value), json.dumps(value, indent=2, sort_keys=True, default=str))
+        return format_html(
+            '<details class="audit-change"><summary>{}</summary><pre>{}</pre></details>',
+            change_summary(value),
+            json.dumps(value, indent=2, sort_keys=True, default=str),
+        )

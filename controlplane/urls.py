@@ -24,8 +24,23 @@ urlpatterns = [
     # The split view serves Swagger UI's start-up script as a file, so the page keeps the CSP (no inline script).
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),
     # API route names live in the "api" namespace so they never collide with page names.
-    path("api/v1/", include(([*router.urls, path("", include("tenancy.api.urls")), path("", include("fleet.api.urls")), path("", include("telemetry.api.urls")), path("", include("simulator.api.urls")),
-                                  path("", include("jobs.api.urls")), path("", include("jobs.launcher_api"))], "api"))),
+    path(
+        "api/v1/",
+        include(
+            (
+                [
+                    *router.urls,
+                    path("", include("tenancy.api.urls")),
+                    path("", include("fleet.api.urls")),
+                    path("", include("telemetry.api.urls")),
+                    path("", include("simulator.api.urls")),
+                    path("", include("jobs.api.urls")),
+                    path("", include("jobs.launcher_api")),
+                ],
+                "api",
+            )
+        ),
+    ),
     path("", include("tenancy.urls")),
     path("", include("simulator.urls")),
     path("", include("telemetry.urls")),

@@ -133,7 +133,9 @@ def revocation_matches(scope, message: dict) -> bool:
 
 def _logged_out(sender, request=None, user=None, **_):
     if user is not None and getattr(user, "pk", None):
-        credentials_revoked(user_id=user.pk, session_key=getattr(getattr(request, "session", None), "session_key", None))
+        credentials_revoked(
+            user_id=user.pk, session_key=getattr(getattr(request, "session", None), "session_key", None)
+        )
 
 
 def connect_signals() -> None:
@@ -141,4 +143,3 @@ def connect_signals() -> None:
     from django.contrib.auth.signals import user_logged_out
 
     user_logged_out.connect(_logged_out, dispatch_uid="lockstep-ws-logout")
-

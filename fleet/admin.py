@@ -15,7 +15,15 @@ class FleetAdmin(admin.ModelAdmin):
 
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
-    list_display = ["name", "fleet", "driver", "tier", "blueprint_version", "track_latest", "last_observed_at"]
+    list_display = [
+        "name",
+        "fleet",
+        "driver",
+        "tier",
+        "blueprint_version",
+        "track_latest",
+        "last_observed_at",
+    ]
     list_filter = ["fleet", "driver", "tier", "track_latest"]
     search_fields = ["name", "region"]
     exclude = ["connection"]  # credentials: set through the API by the provider admin, never shown back
@@ -60,5 +68,13 @@ class RolloutAdmin(ReadOnlyAdmin):
 
 @admin.register(DriftFinding)
 class DriftFindingAdmin(ReadOnlyAdmin):
-    list_display = ["cluster", "addon", "kind", "detected_at", "resolved_at", "resolution", "correction_attempts"]
+    list_display = [
+        "cluster",
+        "addon",
+        "kind",
+        "detected_at",
+        "resolved_at",
+        "resolution",
+        "correction_attempts",
+    ]
     list_filter = ["kind", "resolution"]

@@ -7,7 +7,16 @@ from controlplane.errors import ServiceError
 
 MAX_BYTES = 512 * 1024
 API_VERSION = "lockstep.io/v1"
-TOP_KEYS = {"apiVersion", "kind", "name", "description", "auto_rollout", "drift_mode", "default_strategy", "versions"}
+TOP_KEYS = {
+    "apiVersion",
+    "kind",
+    "name",
+    "description",
+    "auto_rollout",
+    "drift_mode",
+    "default_strategy",
+    "versions",
+}
 VERSION_KEYS = {"number", "state", "parent", "notes", "addons", "node_software", "policy"}
 
 
@@ -66,7 +75,9 @@ def load(text: str | bytes) -> dict:
             raise ServiceError("must be a mapping", field=f"versions[{i}]")
         unknown = set(version) - VERSION_KEYS
         if unknown:
-            raise ServiceError(f"unknown keys: {', '.join(sorted(map(str, unknown)))}", field=f"versions[{i}]")
+            raise ServiceError(
+                f"unknown keys: {', '.join(sorted(map(str, unknown)))}", field=f"versions[{i}]"
+            )
         number = version.get("number")
         if isinstance(number, bool) or not isinstance(number, int) or number < 1:
             raise ServiceError("a version number (1, 2, 3...)", field=f"versions[{i}].number")
@@ -82,13 +93,25 @@ def dump(blueprint) -> str:
     """The whole blueprint as a document that ``load`` accepts and ``blueprint_apply`` round-trips."""
     versions = []
     for version in blueprint.versions.select_related("parent").order_by("number"):
-        versions.append({
-            "number": version.number, "state": version.state,
-            "parent": version.parent.number if version.parent_id else None, "notes": version.notes,
-            "addons": version.addons, "node_software": version.node_software, "policy": version.policy,
-        })
-    document = {"apiVersion": API_VERSION, "kind": "Blueprint", "name": blueprint.name,
-                "description": blueprint.description, "auto_rollout": blueprint.auto_rollout,
-                "drift_mode": blueprint.drift_mode, "default_strategy": blueprint.default_strategy,
-                "versions": versions}
+        versions.append(
+            {
+                "number": version.number,
+                "state": version.state,
+                "parent": version.parent.number if version.parent_id else None,
+                "notes": version.notes,
+                "addons": version.addons,
+                "node_software": version.node_software,
+                "policy": version.policy,
+            }
+        )
+    document = {
+        "apiVersion": API_VERSION,
+        "kind": "Blueprint",
+        "name": blueprint.name,
+        "description": blueprint.description,
+        "auto_rollout": blueprint.auto_rollout,
+        "drift_mode": blueprint.drift_mode,
+        "default_strategy": blueprint.default_strategy,
+        "versions": versions,
+    }
     return yaml.safe_dump(document, sort_keys=False, default_flow_style=False, allow_unicode=True)

@@ -27,9 +27,17 @@ def load_versions(ids: Iterable[int]) -> dict[int, BlueprintVersion]:
 
 def node_software_addons(software: dict) -> dict[str, dict]:
     """Node software as add-on-shaped specs (``node-software.cuda`` at version 12.4), checked like any add-on."""
-    return {f"{NODE_SOFTWARE_PREFIX}{key}": {"name": f"{NODE_SOFTWARE_PREFIX}{key}", "repo": "", "chart": "",
-                                             "version": str(value), "namespace": "", "values": {}}
-            for key, value in sorted(software.items())}
+    return {
+        f"{NODE_SOFTWARE_PREFIX}{key}": {
+            "name": f"{NODE_SOFTWARE_PREFIX}{key}",
+            "repo": "",
+            "chart": "",
+            "version": str(value),
+            "namespace": "",
+            "values": {},
+        }
+        for key, value in sorted(software.items())
+    }
 
 
 def desired_state(version: BlueprintVersion | None) -> dict[str, dict]:
@@ -67,24 +75,55 @@ def compare(desired: dict[str, dict], observed: list[ObservedState]) -> list[Add
     for name in sorted(set(desired) | set(seen)):
         want, have = desired.get(name), seen.get(name)
         if have is None:
-            checks.append(AddonCheck(name, SyncStatus.OUT_OF_SYNC, HealthStatus.MISSING, DriftKind.MISSING,
-                                     [{"path": "", "op": "removed", "desired": want.get("version", "")}], want))
+            checks.append(
+                AddonCheck(
+                    name,
+                    SyncStatus.OUT_OF_SYNC,
+                    HealthStatus.MISSING,
+                    DriftKind.MISSING,
+                    [{"path": "", "op": "removed", "desired": want.get("version", "")}],
+                    want,
+                )
+            )
             continue
         if want is None:
-            checks.append(AddonCheck(name, SyncStatus.OUT_OF_SYNC, have.health, DriftKind.UNEXPECTED,
-                                     [{"path": "", "op": "added", "observed": have.version}], None, have))
+            checks.append(
+                AddonCheck(
+                    name,
+                    SyncStatus.OUT_OF_SYNC,
+                    have.health,
+                    DriftKind.UNEXPECTED,
+                    [{"path": "", "op": "added", "observed": have.version}],
+                    None,
+                    have,
+                )
+            )
             continue
         wanted = (want.get("chart", ""), str(want.get("version", "")), want.get("namespace", ""))
         if wanted != (have.chart, have.version, have.namespace):
-            identity = json_diff(dict(zip(("chart", "version", "namespace"), wanted, strict=True)),
-                                 {"chart": have.chart, "version": have.version, "namespace": have.namespace})
-            checks.append(AddonCheck(name, SyncStatus.OUT_OF_SYNC, have.health, DriftKind.VERSION_MISMATCH,
-                                     identity, want, have))
+            identity = json_diff(
+                dict(zip(("chart", "version", "namespace"), wanted, strict=True)),
+                {"chart": have.chart, "version": have.version, "namespace": have.namespace},
+            )
+            checks.append(
+                AddonCheck(
+                    name,
+                    SyncStatus.OUT_OF_SYNC,
+                    have.health,
+                    DriftKind.VERSION_MISMATCH,
+                    identity,
+                    want,
+                    have,
+                )
+            )
             continue
         if (want.get("values") or {}) != (have.values or {}):
             values = json_diff(want.get("values") or {}, have.values or {}, "values")
-            checks.append(AddonCheck(name, SyncStatus.OUT_OF_SYNC, have.health, DriftKind.VALUES_CHANGED,
-                                     values, want, have))
+            checks.append(
+                AddonCheck(
+                    name, SyncStatus.OUT_OF_SYNC, have.health, DriftKind.VALUES_CHANGED, values, want, have
+                )
+            )
             continue
         checks.append(AddonCheck(name, SyncStatus.IN_SYNC, have.health, None, [], want, have))
     return checks

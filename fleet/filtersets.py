@@ -59,8 +59,11 @@ class ClusterFilterSet(django_filters.FilterSet):
     OUTLINE_FILTERS = frozenset({"q", "blueprint", "version", "tier"})
 
     def filter_queryset(self, queryset):
-        hidden = [name for name, value in self.form.cleaned_data.items()
-                  if name not in self.OUTLINE_FILTERS and value not in (None, "", [])]
+        hidden = [
+            name
+            for name, value in self.form.cleaned_data.items()
+            if name not in self.OUTLINE_FILTERS and value not in (None, "", [])
+        ]
         if hidden:
             queryset = restrict(queryset, _user(self.request))
         return super().filter_queryset(queryset)

@@ -67,20 +67,27 @@ def node_list(*, user) -> QuerySet[Node]:
 
 def node_hardware(*, user, node: Node) -> dict[str, list]:
     """A node's GPUs (by index) and NICs (by rail), as the user may see them."""
-    return {"gpus": list(restrict(GPU.objects.filter(node=node), user).order_by("index")),
-            "nics": list(restrict(NIC.objects.filter(node=node), user).order_by("rail", "name"))}
+    return {
+        "gpus": list(restrict(GPU.objects.filter(node=node), user).order_by("index")),
+        "nics": list(restrict(NIC.objects.filter(node=node), user).order_by("rail", "name")),
+    }
 
 
 def fleet_list(*, user) -> QuerySet:
     """All fleets for provider roles; for tenant users, the fleets that hold one of their dedicated clusters."""
-    return restrict(Fleet.objects.all(), user, also=Q(pk__in=restrict(Cluster.objects.all(), user).values("fleet_id")))
+    return restrict(
+        Fleet.objects.all(), user, also=Q(pk__in=restrict(Cluster.objects.all(), user).values("fleet_id"))
+    )
 
 
 def cluster_catalog(*, user) -> QuerySet[Cluster]:
     """Clusters the user may know of: ``cluster_list`` plus, for tenant users, shared clusters (of which they
     are shown only name, tier and blueprint version)."""
-    return restrict(Cluster.objects.select_related("fleet", "blueprint_version__blueprint"), user,
-                    also=Q(dedicated_tenant__isnull=True))
+    return restrict(
+        Cluster.objects.select_related("fleet", "blueprint_version__blueprint"),
+        user,
+        also=Q(dedicated_tenant__isnull=True),
+    )
 
 
 def sees_in_full(user, cluster: Cluster) -> bool:
@@ -101,7 +108,11 @@ def rollout_list(*, user) -> QuerySet:
 
 def rollout_detail(*, user, pk: int):
     """One rollout with its batches and clusters loaded (what its API body shows)."""
-    return rollout_list(user=user).prefetch_related("batches", "clusters__cluster", "clusters__previous_version").get(pk=pk)
+    return (
+        rollout_list(user=user)
+        .prefetch_related("batches", "clusters__cluster", "clusters__previous_version")
+        .get(pk=pk)
+    )
 
 
 def blueprint_rollouts(*, user, blueprint) -> QuerySet:
@@ -134,26 +145,40 @@ def observed_addons(*, user, cluster: Cluster) -> QuerySet[ObservedAddon]:
 def cluster_drift(*, user, cluster: Cluster) -> list:
     """A cluster's open drift findings and its last ten resolved ones, open first, newest detected first."""
     findings = restrict(cluster.drift_findings.all(), user)
-    return list(findings.filter(Q(resolved_at__isnull=True) | Q(pk__in=findings.filter(
-        resolved_at__isnull=False).order_by("-resolved_at").values("pk")[:10])).order_by("resolved_at", "-detected_at"))
+    return list(
+        findings.filter(
+            Q(resolved_at__isnull=True)
+            | Q(pk__in=findings.filter(resolved_at__isnull=False).order_by("-resolved_at").values("pk")[:10])
+        ).order_by("resolved_at", "-detected_at")
+    )
 
 
 def cluster_rollouts(*, user, cluster: Cluster) -> QuerySet:
     """The rollouts that took a cluster in (its ``RolloutCluster`` rows), newest first."""
-    return restrict(cluster.rollout_entries.select_related("rollout__version__blueprint"), user).order_by("-rollout_id")
+    return restrict(cluster.rollout_entries.select_related("rollout__version__blueprint"), user).order_by(
+        "-rollout_id"
+    )
 
 
 def cluster_ladders(*, user, cluster: Cluster) -> QuerySet[Node]:
     """A cluster's nodes on the escalation ladder (the jobs app's row, reached through the relation): where
     each stands and what its validation saw (the health check through the driver, clean telemetry after it)."""
-    return (restrict(cluster.nodes.filter(escalation__isnull=False), user).exclude(escalation__stage="watching")
-            .select_related("escalation").order_by("-escalation__updated_at"))
+    return (
+        restrict(cluster.nodes.filter(escalation__isnull=False), user)
+        .exclude(escalation__stage="watching")
+        .select_related("escalation")
+        .order_by("-escalation__updated_at")
+    )
 
 
 def open_drift_counts(*, user, cluster_ids) -> dict[int, int]:
     """The open drift findings of each of these clusters (those with none left out)."""
-    return dict(restrict(DriftFinding.objects.filter(cluster_id__in=cluster_ids, resolved_at__isnull=True), user)
-                .values_list("cluster_id").annotate(n=Count("id")).order_by())
+    return dict(
+        restrict(DriftFinding.objects.filter(cluster_id__in=cluster_ids, resolved_at__isnull=True), user)
+        .values_list("cluster_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
 
 
 def drift_list(*, user) -> QuerySet:
@@ -172,15 +197,24 @@ def drift_resolution_labels(findings) -> dict[int, str]:
     if not converged:
         return labels
     applied: dict[int, list] = {}
-    rows = (RolloutCluster.objects.filter(cluster_id__in={f.cluster_id for f in converged}, applied_at__isnull=False,
-                                          applied_at__gte=min(f.detected_at for f in converged),
-                                          applied_at__lte=max(f.resolved_at for f in converged))
-            .values_list("cluster_id", "rollout_id", "applied_at").order_by("applied_at"))
+    rows = (
+        RolloutCluster.objects.filter(
+            cluster_id__in={f.cluster_id for f in converged},
+            applied_at__isnull=False,
+            applied_at__gte=min(f.detected_at for f in converged),
+            applied_at__lte=max(f.resolved_at for f in converged),
+        )
+        .values_list("cluster_id", "rollout_id", "applied_at")
+        .order_by("applied_at")
+    )
     for cluster_id, rollout_id, at in rows:
         applied.setdefault(cluster_id, []).append((rollout_id, at))
     for finding in converged:
-        by = [rollout for rollout, at in applied.get(finding.cluster_id, [])
-              if finding.detected_at <= at <= finding.resolved_at]
+        by = [
+            rollout
+            for rollout, at in applied.get(finding.cluster_id, [])
+            if finding.detected_at <= at <= finding.resolved_at
+        ]
         if by:
             labels[finding.pk] = f"Fixed by rollout #{by[-1]}"
     return labels
@@ -192,34 +226,51 @@ def _provider_only(user, what: str) -> None:
 
 # The landing pages' reads (home/views.py): the provider's fleet dashboard and a tenant's clusters.
 
+
 def dashboard_clusters(*, user) -> list[Cluster]:
     """Every cluster the user sees in full, by fleet and name, with what the dashboard's rows name."""
-    return list(restrict(Cluster.objects.select_related("fleet", "blueprint_version__blueprint", "dedicated_tenant"),
-                         user).order_by("fleet__name", "name"))
+    return list(
+        restrict(
+            Cluster.objects.select_related("fleet", "blueprint_version__blueprint", "dedicated_tenant"), user
+        ).order_by("fleet__name", "name")
+    )
 
 
 def fleet_capacity(*, user) -> dict[str, int]:
     """GPUs (all, and healthy on nodes that have not failed) and nodes (all, spare, out of service or failed)."""
     # A GPU of a failed node serves nothing, whatever its own last health was.
     gpus = restrict(GPU.objects.all(), user).aggregate(
-        total=Count("id"), healthy=Count("id", filter=Q(health=GPUHealth.HEALTHY) & ~Q(node__state=NodeState.FAILED)))
+        total=Count("id"),
+        healthy=Count("id", filter=Q(health=GPUHealth.HEALTHY) & ~Q(node__state=NodeState.FAILED)),
+    )
     nodes = restrict(Node.objects.all(), user).aggregate(
-        total=Count("id"), spare=Count("id", filter=Q(state=NodeState.SPARE)),
-        out=Count("id", filter=Q(state__in=[NodeState.CORDONED, NodeState.DRAINING, NodeState.FAILED])))
-    return {"gpus": gpus["total"], "gpus_healthy": gpus["healthy"], "nodes": nodes["total"],
-            "spare_nodes": nodes["spare"], "nodes_out": nodes["out"]}
+        total=Count("id"),
+        spare=Count("id", filter=Q(state=NodeState.SPARE)),
+        out=Count("id", filter=Q(state__in=[NodeState.CORDONED, NodeState.DRAINING, NodeState.FAILED])),
+    )
+    return {
+        "gpus": gpus["total"],
+        "gpus_healthy": gpus["healthy"],
+        "nodes": nodes["total"],
+        "spare_nodes": nodes["spare"],
+        "nodes_out": nodes["out"],
+    }
 
 
 def node_heatmaps(*, user, cluster_ids: list[int]) -> dict[int, dict]:
     """Per cluster, its nodes in hostname order with their ids, GPU counts, count of GPUs that are not healthy
     (-1 for a failed node) and their state: one aggregate query for the whole fleet. The page keys its cells by
     node id, so the node events of the fleet topic turn them."""
-    rows = (restrict(Node.objects.filter(cluster_id__in=cluster_ids), user)
-            .annotate(unhealthy=Count("gpus", filter=~Q(gpus__health=GPUHealth.HEALTHY)), gpu_count=Count("gpus"))
-            .values_list("cluster_id", "pk", "hostname", "rack", "state", "unhealthy", "gpu_count")
-            .order_by("cluster_id", "hostname"))
-    maps: dict[int, dict] = {cid: {"ids": [], "hosts": [], "racks": [], "states": [], "unhealthy": [], "gpus": []}
-                             for cid in cluster_ids}
+    rows = (
+        restrict(Node.objects.filter(cluster_id__in=cluster_ids), user)
+        .annotate(unhealthy=Count("gpus", filter=~Q(gpus__health=GPUHealth.HEALTHY)), gpu_count=Count("gpus"))
+        .values_list("cluster_id", "pk", "hostname", "rack", "state", "unhealthy", "gpu_count")
+        .order_by("cluster_id", "hostname")
+    )
+    maps: dict[int, dict] = {
+        cid: {"ids": [], "hosts": [], "racks": [], "states": [], "unhealthy": [], "gpus": []}
+        for cid in cluster_ids
+    }
     for cluster_id, pk, hostname, rack, state, unhealthy, gpu_count in rows:
         entry = maps[cluster_id]
         entry["ids"].append(pk)
@@ -233,11 +284,16 @@ def node_heatmaps(*, user, cluster_ids: list[int]) -> dict[int, dict]:
 
 def dedicated_clusters(*, user, tenant_id: int) -> QuerySet[Cluster]:
     """The clusters dedicated to a tenant, as the user sees them."""
-    return restrict(Cluster.objects.filter(dedicated_tenant_id=tenant_id).select_related("blueprint_version__blueprint"),
-                    user)
+    return restrict(
+        Cluster.objects.filter(dedicated_tenant_id=tenant_id).select_related("blueprint_version__blueprint"),
+        user,
+    )
 
 
 def submit_clusters(*, user, tenant_id: int) -> list[Cluster]:
     """The simulated clusters a tenant's job may be submitted to from its home: its own and the shared ones."""
-    return list(cluster_catalog(user=user).filter(Q(dedicated_tenant_id=tenant_id) | Q(dedicated_tenant__isnull=True),
-                                                  driver="simulated").order_by("name"))
+    return list(
+        cluster_catalog(user=user)
+        .filter(Q(dedicated_tenant_id=tenant_id) | Q(dedicated_tenant__isnull=True), driver="simulated")
+        .order_by("name")
+    )

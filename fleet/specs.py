@@ -17,8 +17,16 @@ SOFTWARE_VERSION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._+-]{0,63}$")
 NODE_SOFTWARE = ("gpu_driver", "cuda", "nccl", "nccl_net_plugin", "nic_firmware")
 ADDON_KEYS = {"name", "repo", "chart", "version", "namespace", "values"}
 POLICY_KEYS = {"protection", "risk_threshold", "disruption", "thresholds"}
-STRATEGY_KEYS = {"canary", "batch_size", "batch_percent", "max_failures", "progress_deadline_seconds",
-                 "soak_seconds", "change_window", "auto_rollback"}
+STRATEGY_KEYS = {
+    "canary",
+    "batch_size",
+    "batch_percent",
+    "max_failures",
+    "progress_deadline_seconds",
+    "soak_seconds",
+    "change_window",
+    "auto_rollback",
+}
 # Node software is observed and drift-checked like an add-on, under these names.
 NODE_SOFTWARE_PREFIX = "node-software."
 
@@ -53,7 +61,9 @@ def clean_addons(addons, field: str = "addons") -> list[dict]:
             raise ServiceError(f"unknown keys: {', '.join(sorted(map(str, unknown)))}", field=at)
         name = addon.get("name")
         if not isinstance(name, str) or not NAME.match(name) or name.startswith(NODE_SOFTWARE_PREFIX):
-            raise ServiceError("a release name: lower-case letters, digits and dashes, at most 53", field=f"{at}.name")
+            raise ServiceError(
+                "a release name: lower-case letters, digits and dashes, at most 53", field=f"{at}.name"
+            )
         if name in seen:
             raise ServiceError(f"add-on {name} is listed twice", field=f"{at}.name")
         seen.add(name)
@@ -62,10 +72,14 @@ def clean_addons(addons, field: str = "addons") -> list[dict]:
             raise ServiceError("a chart repository URL (https:// or oci://)", field=f"{at}.repo")
         chart = addon.get("chart")
         if not isinstance(chart, str) or not CHART.match(chart):
-            raise ServiceError("a chart reference such as gpu-operator or nvidia/gpu-operator", field=f"{at}.chart")
+            raise ServiceError(
+                "a chart reference such as gpu-operator or nvidia/gpu-operator", field=f"{at}.chart"
+            )
         version = addon.get("version")
         if not isinstance(version, str) or not SEMVER.match(version):
-            raise ServiceError("a pinned chart version such as 24.9.0 (SemVer; no ranges)", field=f"{at}.version")
+            raise ServiceError(
+                "a pinned chart version such as 24.9.0 (SemVer; no ranges)", field=f"{at}.version"
+            )
         namespace = addon.get("namespace", "default")
         if not isinstance(namespace, str) or not NAME.match(namespace):
             raise ServiceError("a Kubernetes namespace name", field=f"{at}.namespace")
@@ -76,8 +90,16 @@ def clean_addons(addons, field: str = "addons") -> list[dict]:
             raise ServiceError("values must be a mapping", field=f"{at}.values")
         if too_deep(values):
             raise ServiceError(f"values nest deeper than {MAX_DEPTH} levels", field=f"{at}.values")
-        cleaned.append({"name": name, "repo": repo, "chart": chart, "version": version, "namespace": namespace,
-                        "values": values})
+        cleaned.append(
+            {
+                "name": name,
+                "repo": repo,
+                "chart": chart,
+                "version": version,
+                "namespace": namespace,
+                "values": values,
+            }
+        )
     return cleaned
 
 
@@ -115,7 +137,9 @@ def clean_policy(policy, field: str = "policy") -> dict:
         raise ServiceError("must be a mapping", field=f"{field}.disruption")
     unavailable = disruption.get("max_unavailable_nodes", 1)
     if isinstance(unavailable, bool) or not isinstance(unavailable, int) or unavailable < 1:
-        raise ServiceError("a whole number of nodes, at least 1", field=f"{field}.disruption.max_unavailable_nodes")
+        raise ServiceError(
+            "a whole number of nodes, at least 1", field=f"{field}.disruption.max_unavailable_nodes"
+        )
     return dict(policy)
 
 
@@ -137,12 +161,22 @@ def clean_strategy(strategy, field: str = "strategy") -> dict:
     unknown = set(strategy) - STRATEGY_KEYS
     if unknown:
         raise ServiceError(f"unknown keys: {', '.join(sorted(map(str, unknown)))}", field=field)
-    out = {"canary": [], "batch_size": 0, "batch_percent": 25, "max_failures": 0, "progress_deadline_seconds": 600,
-           "soak_seconds": 60, "change_window": {}, "auto_rollback": True}
+    out = {
+        "canary": [],
+        "batch_size": 0,
+        "batch_percent": 25,
+        "max_failures": 0,
+        "progress_deadline_seconds": 600,
+        "soak_seconds": 60,
+        "change_window": {},
+        "auto_rollback": True,
+    }
     canary = strategy.get("canary", [])
     if isinstance(canary, int) and not isinstance(canary, bool):
         out["canary"] = _whole(canary, f"{field}.canary", 0, 10_000)
-    elif isinstance(canary, list) and all(isinstance(c, str | int) and not isinstance(c, bool) for c in canary):
+    elif isinstance(canary, list) and all(
+        isinstance(c, str | int) and not isinstance(c, bool) for c in canary
+    ):
         out["canary"] = list(canary)
     else:
         raise ServiceError("a number of clusters, or a list of cluster names", field=f"{field}.canary")
@@ -157,8 +191,9 @@ def clean_strategy(strategy, field: str = "strategy") -> dict:
     if "batch_percent" in strategy:
         out["batch_percent"] = _whole(strategy["batch_percent"], f"{field}.batch_percent", 1, 100)
     out["max_failures"] = _whole(strategy.get("max_failures", 0), f"{field}.max_failures", 0, 100_000)
-    out["progress_deadline_seconds"] = _whole(strategy.get("progress_deadline_seconds", 600),
-                                              f"{field}.progress_deadline_seconds", 1, 7 * 86400)
+    out["progress_deadline_seconds"] = _whole(
+        strategy.get("progress_deadline_seconds", 600), f"{field}.progress_deadline_seconds", 1, 7 * 86400
+    )
     out["soak_seconds"] = _whole(strategy.get("soak_seconds", 60), f"{field}.soak_seconds", 0, 7 * 86400)
     window = strategy.get("change_window") or {}
     if window:

@@ -28,25 +28,37 @@ def _worst(values, rank, default):
 def cluster_status(cluster_ids) -> dict[int, Rollup]:
     """Per cluster: worst sync, worst health, add-ons InSync and Healthy out of all observed (one query)."""
     parts = defaultdict(list)
-    for row in (ObservedAddon.objects.filter(cluster_id__in=list(cluster_ids)).values("cluster_id", "sync", "health")
-                .annotate(n=Count("id")).order_by()):
+    for row in (
+        ObservedAddon.objects.filter(cluster_id__in=list(cluster_ids))
+        .values("cluster_id", "sync", "health")
+        .annotate(n=Count("id"))
+        .order_by()
+    ):
         parts[row["cluster_id"]].append(row)
     out = {}
     for cluster_id in cluster_ids:
         rows = parts.get(cluster_id, [])
-        ready = sum(r["n"] for r in rows if r["sync"] == SyncStatus.IN_SYNC and r["health"] == HealthStatus.HEALTHY)
-        out[cluster_id] = Rollup(_worst([r["sync"] for r in rows], SYNC_RANK, SyncStatus.UNKNOWN),
-                                 _worst([r["health"] for r in rows], HEALTH_RANK, HealthStatus.UNKNOWN),
-                                 ready, sum(r["n"] for r in rows))
+        ready = sum(
+            r["n"] for r in rows if r["sync"] == SyncStatus.IN_SYNC and r["health"] == HealthStatus.HEALTHY
+        )
+        out[cluster_id] = Rollup(
+            _worst([r["sync"] for r in rows], SYNC_RANK, SyncStatus.UNKNOWN),
+            _worst([r["health"] for r in rows], HEALTH_RANK, HealthStatus.UNKNOWN),
+            ready,
+            sum(r["n"] for r in rows),
+        )
     return out
 
 
 def rollup(statuses) -> Rollup:
     """The worst of several clusters' roll-ups; ready counts the clusters whose every add-on is ready."""
     statuses = list(statuses)
-    return Rollup(_worst([s.sync for s in statuses], SYNC_RANK, SyncStatus.UNKNOWN),
-                  _worst([s.health for s in statuses], HEALTH_RANK, HealthStatus.UNKNOWN),
-                  sum(1 for s in statuses if s.total and s.ready == s.total), len(statuses))
+    return Rollup(
+        _worst([s.sync for s in statuses], SYNC_RANK, SyncStatus.UNKNOWN),
+        _worst([s.health for s in statuses], HEALTH_RANK, HealthStatus.UNKNOWN),
+        sum(1 for s in statuses if s.total and s.ready == s.total),
+        len(statuses),
+    )
 
 
 def fleet_status(fleet_id: int) -> Rollup:

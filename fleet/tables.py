@@ -13,8 +13,11 @@ ATTRS = {"class": "table"}
 class ClusterTable(tables.Table):
     name = tables.Column(linkify=("fleet-cluster", {"pk": tables.A("pk")}))
     fleet = tables.Column(accessor="fleet__name", verbose_name="Fleet")
-    version = tables.Column(accessor="blueprint_version__number", verbose_name="Version", order_by=(
-        "blueprint__name", "blueprint_version__number"))
+    version = tables.Column(
+        accessor="blueprint_version__number",
+        verbose_name="Version",
+        order_by=("blueprint__name", "blueprint_version__number"),
+    )
     assignment = tables.Column(accessor="track_latest", verbose_name="Assignment", orderable=False)
     status = tables.Column(empty_values=(), orderable=False, verbose_name="Status")
     drift = tables.Column(empty_values=(), orderable=False, verbose_name="Open drift")
@@ -37,15 +40,24 @@ class ClusterTable(tables.Table):
     def render_assignment(self, record):
         if record.blueprint_version_id is None:
             return "—"
-        return "tracks latest" if record.track_latest else format_html("pinned <span class=\"muted\">{}</span>",
-                                                                        record.pinned_reason)
+        return (
+            "tracks latest"
+            if record.track_latest
+            else format_html('pinned <span class="muted">{}</span>', record.pinned_reason)
+        )
 
     def render_status(self, record):
         rollup = self.statuses.get(record.pk)
         if rollup is None:
             return "—"
-        return format_html('<span class="status status-{}" data-cluster-status="{}">{} / {} · {}</span>',
-                           rollup.health.lower(), record.pk, rollup.sync, rollup.health, rollup.label)
+        return format_html(
+            '<span class="status status-{}" data-cluster-status="{}">{} / {} · {}</span>',
+            rollup.health.lower(),
+            record.pk,
+            rollup.sync,
+            rollup.health,
+            rollup.label,
+        )
 
     def render_drift(self, record):
         count = self.drift_counts.get(record.pk, 0)
@@ -81,7 +93,16 @@ class NodeTable(tables.Table):
     class Meta:
         model = Node
         attrs = ATTRS
-        fields = ("hostname", "state", "rack", "leaf_switch", "gpu_model", "gpus", "risk_score", "state_reason")
+        fields = (
+            "hostname",
+            "state",
+            "rack",
+            "leaf_switch",
+            "gpu_model",
+            "gpus",
+            "risk_score",
+            "state_reason",
+        )
         sequence = fields
         per_page = 100
 
@@ -94,7 +115,16 @@ class RolloutTable(tables.Table):
     class Meta:
         model = Rollout
         attrs = ATTRS
-        fields = ("id", "blueprint", "version", "state", "current_batch", "reason", "created_at", "finished_at")
+        fields = (
+            "id",
+            "blueprint",
+            "version",
+            "state",
+            "current_batch",
+            "reason",
+            "created_at",
+            "finished_at",
+        )
         sequence = fields
         per_page = 50
 
@@ -112,14 +142,25 @@ class RolloutTable(tables.Table):
 
 
 class DriftFindingTable(tables.Table):
-    cluster = tables.Column(accessor="cluster__name", linkify=("fleet-cluster", {"pk": tables.A("cluster_id")}))
+    cluster = tables.Column(
+        accessor="cluster__name", linkify=("fleet-cluster", {"pk": tables.A("cluster_id")})
+    )
     diff = tables.Column(orderable=False)
 
     class Meta:
         model = DriftFinding
         attrs = ATTRS
-        fields = ("cluster", "addon", "kind", "diff", "detected_at", "resolved_at", "resolution",
-                  "correction_attempts", "gave_up_at")
+        fields = (
+            "cluster",
+            "addon",
+            "kind",
+            "diff",
+            "detected_at",
+            "resolved_at",
+            "resolution",
+            "correction_attempts",
+            "gave_up_at",
+        )
         sequence = fields
         per_page = 50
 
@@ -143,5 +184,10 @@ def format_html_join_diff(changes) -> str:
     from django.utils.html import format_html_join
 
     return format_html_join(
-        "", '<div class="diff"><code>{}</code> {} <span class="desired">{}</span> → <span class="observed">{}</span></div>',
-        ((c.get("path") or "·", c.get("op"), c.get("desired", "—"), c.get("observed", "—")) for c in changes or []))
+        "",
+        '<div class="diff"><code>{}</code> {} <span class="desired">{}</span> → <span class="observed">{}</span></div>',
+        (
+            (c.get("path") or "·", c.get("op"), c.get("desired", "—"), c.get("observed", "—"))
+            for c in changes or []
+        ),
+    )

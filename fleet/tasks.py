@@ -21,9 +21,14 @@ def rollout_sweep_task() -> int:
 
     from fleet.models import Rollout
 
-    ids = list(Rollout.objects.filter(Q(state__in=[RolloutState.PENDING, RolloutState.RUNNING])
-                                      | Q(state=RolloutState.ROLLED_BACK, clusters__reverting=True))
-               .distinct().values_list("pk", flat=True))
+    ids = list(
+        Rollout.objects.filter(
+            Q(state__in=[RolloutState.PENDING, RolloutState.RUNNING])
+            | Q(state=RolloutState.ROLLED_BACK, clusters__reverting=True)
+        )
+        .distinct()
+        .values_list("pk", flat=True)
+    )
     for rollout_id in ids:
         rollout_progress_task.delay(rollout_id)
     return len(ids)

@@ -11,8 +11,11 @@ urlpatterns = [
     path("blueprints/<int:pk>/", views.blueprint_detail, name="fleet-blueprint"),
     path("blueprints/import/", views_versions.blueprint_import, name="fleet-blueprint-import"),
     path("blueprints/<int:pk>/versions/new/", views_versions.version_new, name="fleet-version-new"),
-    path("blueprints/<int:pk>/versions/<int:number>/activate/", views_versions.version_activate,
-         name="fleet-version-activate"),
+    path(
+        "blueprints/<int:pk>/versions/<int:number>/activate/",
+        views_versions.version_activate,
+        name="fleet-version-activate",
+    ),
     path("rollouts/", views.RolloutListView.as_view(), name="fleet-rollouts"),
     path("rollouts/new/", views_actions.rollout_new, name="fleet-rollout-new"),
     path("rollouts/<int:pk>/", views.rollout_detail, name="fleet-rollout"),

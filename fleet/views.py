@@ -35,16 +35,22 @@ from fleet.tables import ClusterListTable, ClusterTable, DriftFindingTable, Node
 def _fleet_line(payload) -> str:
     """A fleet event's line, as static/js/fleet.js writes a live one: name · status · reason."""
     payload = payload if isinstance(payload, dict) else {}
-    return " · ".join(str(v) for v in (payload.get("name"), payload.get("status") or payload.get("state"),
-                                       payload.get("reason")) if v)
+    return " · ".join(
+        str(v)
+        for v in (payload.get("name"), payload.get("status") or payload.get("state"), payload.get("reason"))
+        if v
+    )
 
 
 def _live(user, *topics: str) -> dict:
     """What a page needs to go live: its topics, the sequence numbers it was rendered at, and the last events of
     its first topic up to there (the Live feed's history; later ones arrive live)."""
     seqs = [topic_seq(t) for t in topics]
-    return {"live_topics": ",".join(topics), "live_after": ",".join(str(seq) for seq in seqs),
-            "live_history": event_history(user=user, topic=topics[0], up_to=seqs[0], text=_fleet_line)}
+    return {
+        "live_topics": ",".join(topics),
+        "live_after": ",".join(str(seq) for seq in seqs),
+        "live_history": event_history(user=user, topic=topics[0], up_to=seqs[0], text=_fleet_line),
+    }
 
 
 class FleetOverviewView(LoginRequiredMixin, SingleTableMixin, FilterView):
@@ -72,16 +78,21 @@ class FleetOverviewView(LoginRequiredMixin, SingleTableMixin, FilterView):
         context["fleet_rollup"] = rollup(self._statuses.values())
         context["open_drift"] = sum(self._drift.values())
         if who.is_provider:
-            context["compliance"] = (self.object_list.values("blueprint__name", "blueprint_version__number",
-                                                             "blueprint_version__state")
-                                     .annotate(n=Count("id")).order_by("blueprint__name", "blueprint_version__number"))
+            context["compliance"] = (
+                self.object_list.values(
+                    "blueprint__name", "blueprint_version__number", "blueprint_version__state"
+                )
+                .annotate(n=Count("id"))
+                .order_by("blueprint__name", "blueprint_version__number")
+            )
             context["fleets"] = selectors.fleet_list(user=self.request.user).annotate(n=Count("clusters"))
             context.update(_live(self.request.user, events.topic("fleet")))
             switch = automation_switch()
             context["automation"] = switch
             context["automation_modes"] = automation_modes_for(self.request.user)
-            context["automation_form"] = AutomationForm(initial={"mode": switch.mode},
-                                                        modes=context["automation_modes"])
+            context["automation_form"] = AutomationForm(
+                initial={"mode": switch.mode}, modes=context["automation_modes"]
+            )
         return context
 
 
@@ -95,8 +106,12 @@ class ClusterListView(LoginRequiredMixin, SingleTableMixin, FilterView):
     table_class = ClusterListTable
 
     def get_queryset(self):
-        return (selectors.cluster_list(user=self.request.user).select_related("blueprint")
-                .annotate(node_count=Count("nodes")).order_by("name"))
+        return (
+            selectors.cluster_list(user=self.request.user)
+            .select_related("blueprint")
+            .annotate(node_count=Count("nodes"))
+            .order_by("name")
+        )
 
     def get_table_kwargs(self):
         ids = list(self.object_list.values_list("pk", flat=True)[:5000])
@@ -107,12 +122,16 @@ class ClusterListView(LoginRequiredMixin, SingleTableMixin, FilterView):
 @login_required
 def cluster_detail(request, pk: int):
     """Desired against observed add-ons, drift with its diff, nodes, and the cluster's rollouts."""
-    cluster = get_object_or_404(selectors.cluster_list(user=request.user).select_related("fleet", "blueprint"), pk=pk)
+    cluster = get_object_or_404(
+        selectors.cluster_list(user=request.user).select_related("fleet", "blueprint"), pk=pk
+    )
     version = load_versions([cluster.blueprint_version_id]).get(cluster.blueprint_version_id)
     desired = desired_state(version)
     observed = {row.name: row for row in selectors.observed_addons(user=request.user, cluster=cluster)}
-    addons = [{"name": name, "desired": desired.get(name), "observed": observed.get(name)}
-              for name in sorted(set(desired) | set(observed))]
+    addons = [
+        {"name": name, "desired": desired.get(name), "observed": observed.get(name)}
+        for name in sorted(set(desired) | set(observed))
+    ]
     nodes = NodeTable(cluster.nodes.annotate(gpu_count=Count("gpus")), prefix="nodes-")
     RequestConfig(request, paginate={"per_page": 100, "paginator_class": OneMomentPaginator}).configure(nodes)
     who = principal(request.user)
@@ -121,14 +140,29 @@ def cluster_detail(request, pk: int):
     for finding in findings:
         finding.resolution_label = labels.get(finding.pk, "")
     context = {
-        "cluster": cluster, "version": version, "addons": addons, "nodes": nodes, "who": who,
+        "cluster": cluster,
+        "version": version,
+        "addons": addons,
+        "nodes": nodes,
+        "who": who,
         "status": cluster_status([cluster.pk])[cluster.pk],
         "findings": findings,
         "rollouts": selectors.cluster_rollouts(user=request.user, cluster=cluster)[:10],
         "supports": sorted(op.value for op in driver_for(cluster).supports),
-        "assign_form": AssignmentForm(cluster=cluster, initial={"assignment": (
-            f"track:{cluster.blueprint_id}" if cluster.track_latest else
-            f"pin:{cluster.blueprint_id}:{version.number}" if version else None)}) if who.may_operate else None,
+        "assign_form": AssignmentForm(
+            cluster=cluster,
+            initial={
+                "assignment": (
+                    f"track:{cluster.blueprint_id}"
+                    if cluster.track_latest
+                    else f"pin:{cluster.blueprint_id}:{version.number}"
+                    if version
+                    else None
+                )
+            },
+        )
+        if who.may_operate
+        else None,
         "ladders": selectors.cluster_ladders(user=request.user, cluster=cluster)[:50],
         **_live(request.user, events.topic("cluster", cluster.pk)),
     }
@@ -140,8 +174,12 @@ def cluster_detail(request, pk: int):
 def cluster_reconcile_view(request, pk: int):
     require(principal(request.user).may_operate)
     cluster = get_object_or_404(selectors.cluster_list(user=request.user), pk=pk)
-    return carry_out(request, lambda: cluster_reconcile(actor=request.user, cluster=cluster), done=reconcile_message,
-                     back=reverse("fleet-cluster", args=[pk]))
+    return carry_out(
+        request,
+        lambda: cluster_reconcile(actor=request.user, cluster=cluster),
+        done=reconcile_message,
+        back=reverse("fleet-cluster", args=[pk]),
+    )
 
 
 def reconcile_message(result: dict) -> str:
@@ -152,8 +190,10 @@ def reconcile_message(result: dict) -> str:
         return "Reconciled: the cluster already matches its blueprint version; nothing to re-apply."
     parts = []
     if applied:
-        parts.append(f"re-applied {', '.join(applied)}; the drift findings close once the next drift sweep observes "
-                     f"{'them' if len(applied) > 1 else 'it'} as desired")
+        parts.append(
+            f"re-applied {', '.join(applied)}; the drift findings close once the next drift sweep observes "
+            f"{'them' if len(applied) > 1 else 'it'} as desired"
+        )
     if failed:
         parts.append(f"could not re-apply {', '.join(failed)}")
     return "Reconcile: " + "; ".join(parts) + "."
@@ -162,7 +202,8 @@ def reconcile_message(result: dict) -> str:
 @login_required
 def blueprint_list(request):
     blueprints = selectors.blueprint_list(user=request.user).annotate(
-        versions_count=Count("versions", distinct=True), clusters_count=Count("clusters", distinct=True))
+        versions_count=Count("versions", distinct=True), clusters_count=Count("clusters", distinct=True)
+    )
     return render(request, "fleet/blueprint_list.html", {"blueprints": blueprints})
 
 
@@ -171,10 +212,14 @@ def effective_contents(version) -> dict:
     node software in name order, each marked as set by this version or inherited."""
     own_addons = {addon.get("name") for addon in version.addons or []}
     own_software = set((version.node_software or {}).keys())
-    addons = [{"name": name, "version": spec.get("version", ""), "own": name in own_addons}
-              for name, spec in sorted(version.effective_addons().items())]
-    software = [{"name": name, "version": value, "own": name in own_software}
-                for name, value in sorted(version.effective_node_software().items())]
+    addons = [
+        {"name": name, "version": spec.get("version", ""), "own": name in own_addons}
+        for name, spec in sorted(version.effective_addons().items())
+    ]
+    software = [
+        {"name": name, "version": value, "own": name in own_software}
+        for name, value in sorted(version.effective_node_software().items())
+    ]
     return {"addons": addons, "node_software": software}
 
 
@@ -190,19 +235,31 @@ def blueprint_detail(request, pk: int):
     diff, chosen = None, {}
     if len(versions) >= 2:
         try:
-            chosen = {"from": int(request.GET.get("from", versions[-2].number)),
-                      "to": int(request.GET.get("to", versions[-1].number))}
+            chosen = {
+                "from": int(request.GET.get("from", versions[-2].number)),
+                "to": int(request.GET.get("to", versions[-1].number)),
+            }
         except ValueError:
             chosen = {"from": versions[-2].number, "to": versions[-1].number}
         if chosen["from"] in by_number and chosen["to"] in by_number:
             loaded = load_versions([by_number[chosen["from"]].pk, by_number[chosen["to"]].pk])
             diff = version_diff(loaded[by_number[chosen["from"]].pk], loaded[by_number[chosen["to"]].pk])
-    clusters = blueprint.clusters.select_related("blueprint_version").order_by("blueprint_version__number", "name")
-    return render(request, "fleet/blueprint_detail.html", {
-        "blueprint": blueprint, "versions": versions, "diff": diff, "chosen": chosen, "clusters": clusters[:500],
-        "rollouts": selectors.blueprint_rollouts(user=request.user, blueprint=blueprint)[:20],
-        "who": principal(request.user),
-    })
+    clusters = blueprint.clusters.select_related("blueprint_version").order_by(
+        "blueprint_version__number", "name"
+    )
+    return render(
+        request,
+        "fleet/blueprint_detail.html",
+        {
+            "blueprint": blueprint,
+            "versions": versions,
+            "diff": diff,
+            "chosen": chosen,
+            "clusters": clusters[:500],
+            "rollouts": selectors.blueprint_rollouts(user=request.user, blueprint=blueprint)[:20],
+            "who": principal(request.user),
+        },
+    )
 
 
 class RolloutListView(LoginRequiredMixin, SingleTableMixin, FilterView):
@@ -219,18 +276,31 @@ class RolloutListView(LoginRequiredMixin, SingleTableMixin, FilterView):
 def rollout_detail(request, pk: int):
     """Live progress per batch and per cluster; pause, resume, cancel and roll back for operators."""
     rollout = get_object_or_404(selectors.rollout_list(user=request.user), pk=pk)
-    rows = list(rollout.clusters.select_related("cluster", "previous_version").order_by("batch_index", "cluster__name"))
+    rows = list(
+        rollout.clusters.select_related("cluster", "previous_version").order_by(
+            "batch_index", "cluster__name"
+        )
+    )
     counts: dict[int, Counter] = {}
     for row in rows:
         counts.setdefault(row.batch_index, Counter())[row.status] += 1
-    batches = [{"batch": b, "counts": dict(counts.get(b.index, {})), "total": sum(counts.get(b.index, {}).values())}
-               for b in rollout.batches.all()]
-    return render(request, "fleet/rollout_detail.html", {
-        "rollout": rollout, "batches": batches, "rows": rows, "who": principal(request.user),
-        "progress": rollout_progress(rollout, rows),
-        "actions": [a for a in ("pause", "resume", "cancel", "rollback") if _may(rollout, a)],
-        **_live(request.user, events.topic("rollout", rollout.pk)),
-    })
+    batches = [
+        {"batch": b, "counts": dict(counts.get(b.index, {})), "total": sum(counts.get(b.index, {}).values())}
+        for b in rollout.batches.all()
+    ]
+    return render(
+        request,
+        "fleet/rollout_detail.html",
+        {
+            "rollout": rollout,
+            "batches": batches,
+            "rows": rows,
+            "who": principal(request.user),
+            "progress": rollout_progress(rollout, rows),
+            "actions": [a for a in ("pause", "resume", "cancel", "rollback") if _may(rollout, a)],
+            **_live(request.user, events.topic("rollout", rollout.pk)),
+        },
+    )
 
 
 def rollout_progress(rollout: Rollout, rows: list) -> dict:
@@ -242,25 +312,49 @@ def rollout_progress(rollout: Rollout, rows: list) -> dict:
     failed = sum(1 for row in rows if row.status in ("Failed", "TimedOut"))
     if rollout.state == RolloutState.ROLLED_BACK:
         back = sum(1 for row in rows if row.rolled_back_at)
-        return {"done": back, "total": total, "outcome": "bad", "label": "Clusters rolled back",
-                "text": f"rolled back: {back} of {total} cluster{'s' if total != 1 else ''} returned to their previous "
-                        f"version"}
+        return {
+            "done": back,
+            "total": total,
+            "outcome": "bad",
+            "label": "Clusters rolled back",
+            "text": f"rolled back: {back} of {total} cluster{'s' if total != 1 else ''} returned to their previous "
+            f"version",
+        }
     if rollout.state in (RolloutState.FAILED, RolloutState.CANCELLED):
-        return {"done": finished, "total": total, "outcome": "bad", "label": "Clusters done",
-                "text": f"{rollout.state.lower()}: {finished} of {total} done"
-                        + (f", {failed} failed" if failed else "")}
-    outcome = "ok" if rollout.state == RolloutState.SUCCEEDED and not failed else ("bad" if failed else "running")
-    return {"done": finished, "total": total, "outcome": outcome, "label": "Clusters done",
-            "text": f"{finished} of {total}" + (f", {failed} failed" if failed else "")}
+        return {
+            "done": finished,
+            "total": total,
+            "outcome": "bad",
+            "label": "Clusters done",
+            "text": f"{rollout.state.lower()}: {finished} of {total} done"
+            + (f", {failed} failed" if failed else ""),
+        }
+    outcome = (
+        "ok" if rollout.state == RolloutState.SUCCEEDED and not failed else ("bad" if failed else "running")
+    )
+    return {
+        "done": finished,
+        "total": total,
+        "outcome": outcome,
+        "label": "Clusters done",
+        "text": f"{finished} of {total}" + (f", {failed} failed" if failed else ""),
+    }
 
 
-ROLLOUT_ACTIONS = {"pause": rollout_services.rollout_pause, "resume": rollout_services.rollout_resume,
-                   "cancel": rollout_services.rollout_cancel, "rollback": rollout_services.rollout_rollback}
+ROLLOUT_ACTIONS = {
+    "pause": rollout_services.rollout_pause,
+    "resume": rollout_services.rollout_resume,
+    "cancel": rollout_services.rollout_cancel,
+    "rollback": rollout_services.rollout_rollback,
+}
 # The destructive ones ask first: what the confirmation button says, and what follows.
 CONFIRMED_ACTIONS = {
     "cancel": ("Cancel", "No further cluster is moved; clusters already moved keep the new version."),
-    "rollback": ("Roll back", "Every cluster the rollout moved goes back to its previous version and is pinned "
-                              "there; the rest are skipped."),
+    "rollback": (
+        "Roll back",
+        "Every cluster the rollout moved goes back to its previous version and is pinned "
+        "there; the rest are skipped.",
+    ),
 }
 ACTION_TARGET = {"pause": "Paused", "resume": "Running", "cancel": "Cancelled", "rollback": "RolledBack"}
 
@@ -272,19 +366,31 @@ def _may(rollout, action: str) -> bool:
 @login_required
 @require_POST
 def rollout_action(request, pk: int, action: str):
-    require(principal(request.user).may_operate, "only provider roles may pause, resume, cancel or roll back a rollout")
+    require(
+        principal(request.user).may_operate,
+        "only provider roles may pause, resume, cancel or roll back a rollout",
+    )
     if action not in ROLLOUT_ACTIONS:
         raise Http404
     rollout = get_object_or_404(selectors.rollout_list(user=request.user), pk=pk)
     kwargs = {} if action == "resume" else {"reason": request.POST.get("reason", "")[:300]}
     if action in CONFIRMED_ACTIONS and not confirmed(request):
-        return confirm_page(request, title=f"{action.capitalize()} rollout #{rollout.pk}",
-                            question=f"{CONFIRMED_ACTIONS[action][0]} rollout #{rollout.pk} of {rollout.version}?",
-                            consequences=[CONFIRMED_ACTIONS[action][1]], action_url=request.path,
-                            back_url=reverse("fleet-rollout", args=[rollout.pk]),
-                            button=CONFIRMED_ACTIONS[action][0], fields=kwargs)
-    return carry_out(request, lambda: ROLLOUT_ACTIONS[action](actor=request.user, rollout=rollout, **kwargs),
-                     done=f"Rollout #{rollout.pk}: {action} done.", back=reverse("fleet-rollout", args=[pk]))
+        return confirm_page(
+            request,
+            title=f"{action.capitalize()} rollout #{rollout.pk}",
+            question=f"{CONFIRMED_ACTIONS[action][0]} rollout #{rollout.pk} of {rollout.version}?",
+            consequences=[CONFIRMED_ACTIONS[action][1]],
+            action_url=request.path,
+            back_url=reverse("fleet-rollout", args=[rollout.pk]),
+            button=CONFIRMED_ACTIONS[action][0],
+            fields=kwargs,
+        )
+    return carry_out(
+        request,
+        lambda: ROLLOUT_ACTIONS[action](actor=request.user, rollout=rollout, **kwargs),
+        done=f"Rollout #{rollout.pk}: {action} done.",
+        back=reverse("fleet-rollout", args=[pk]),
+    )
 
 
 class DriftListView(LoginRequiredMixin, SingleTableMixin, FilterView):
@@ -299,5 +405,7 @@ class DriftListView(LoginRequiredMixin, SingleTableMixin, FilterView):
     def get_table(self, **kwargs):
         table = super().get_table(**kwargs)
         # Only the page shown is labelled: one query whatever the number of findings.
-        table.resolution_labels = selectors.drift_resolution_labels([row.record for row in table.paginated_rows])
+        table.resolution_labels = selectors.drift_resolution_labels(
+            [row.record for row in table.paginated_rows]
+        )
         return table

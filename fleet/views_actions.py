@@ -165,7 +165,11 @@ def cluster_assign_view(request, pk: int):
     return carry_out(
         request,
         lambda: cluster_assign(
-            actor=request.user, cluster=cluster, blueprint=blueprint, reason=form.cleaned_data["reason"], **values
+            actor=request.user,
+            cluster=cluster,
+            blueprint=blueprint,
+            reason=form.cleaned_data["reason"],
+            **values,
         ),
         done=f"{cluster.name}: {label}.",
         back=back,
@@ -223,8 +227,12 @@ def node_action(request, pk: int, action: str):
             button=action.capitalize(),
             fields={"reason": reason},
         )
-    return carry_out(request, lambda: service(actor=request.user, node=node, reason=reason or f"{action} from the node page"),
-                     done=f"{node.hostname}: {action} done.", back=back)
+    return carry_out(
+        request,
+        lambda: service(actor=request.user, node=node, reason=reason or f"{action} from the node page"),
+        done=f"{node.hostname}: {action} done.",
+        back=back,
+    )
 
 
 # --- drift and automation ---------------------------------------------------------------------------------------
@@ -275,8 +283,10 @@ def automation_view(request):
     service and the API require), after a confirmation that says what the new mode stops."""
     modes = automation_modes_for(request.user)
     require(bool(modes), "only provider roles may throw the provider-wide automation switch")
-    require(request.POST.get("mode") not in AutomationMode.values or request.POST["mode"] in modes,
-            "an operator may dry-run or pause automation; the provider admin sets it active")
+    require(
+        request.POST.get("mode") not in AutomationMode.values or request.POST["mode"] in modes,
+        "an operator may dry-run or pause automation; the provider admin sets it active",
+    )
     form = AutomationForm(request.POST, modes=modes)
     back = reverse("fleet-overview")
     if not form.is_valid():
@@ -305,5 +315,9 @@ def automation_view(request):
             danger=mode != AutomationMode.ACTIVE,
             fields={"mode": mode, "reason": reason},
         )
-    return carry_out(request, lambda: automation_switch_set(actor=request.user, mode=mode, reason=reason),
-                     done=f"Automation is now {mode} everywhere.", back=back)
+    return carry_out(
+        request,
+        lambda: automation_switch_set(actor=request.user, mode=mode, reason=reason),
+        done=f"Automation is now {mode} everywhere.",
+        back=back,
+    )

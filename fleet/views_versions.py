@@ -149,8 +149,12 @@ def version_activate(request, pk: int, number: int):
             button="Activate",
             danger=False,
         )
-    return carry_out(request, lambda: blueprint_services.version_activate(actor=request.user, version=version),
-                     done=f"{blueprint.name} v{version.number} is active.", back=back)
+    return carry_out(
+        request,
+        lambda: blueprint_services.version_activate(actor=request.user, version=version),
+        done=f"{blueprint.name} v{version.number} is active.",
+        back=back,
+    )
 
 
 @login_required

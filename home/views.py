@@ -62,25 +62,49 @@ def provider_dashboard(user, window: TimeRange | None = None) -> dict:
     status = cluster_status(ids)
     capacity = fleet_selectors.fleet_capacity(user=user)
     recoveries = job_selectors.recovery_dashboard(user=user, now=now, since=since, truncate=truncate)
-    on_version = sum(1 for c in clusters if c.blueprint_version_id and status[c.pk].total
-                     and status[c.pk].ready == status[c.pk].total)
+    on_version = sum(
+        1
+        for c in clusters
+        if c.blueprint_version_id and status[c.pk].total and status[c.pk].ready == status[c.pk].total
+    )
     maps = fleet_selectors.node_heatmaps(user=user, cluster_ids=ids)
     figures = recoveries["figures"]
     return {
         "figures": {
-            "clusters": len(clusters), "nodes": capacity["nodes"], "spare_nodes": capacity["spare_nodes"],
-            "nodes_out": capacity["nodes_out"], "gpus": capacity["gpus"], "gpus_healthy": capacity["gpus_healthy"],
-            "faults_24h": figures["faults_24h"], "faults_open": figures["faults_open"],
-            "compliant": on_version, "with_blueprint": sum(1 for c in clusters if c.blueprint_version_id),
-            "saved_today": figures["saved_today"], "saved_30d": figures["saved_30d"], "expected": figures["expected"],
+            "clusters": len(clusters),
+            "nodes": capacity["nodes"],
+            "spare_nodes": capacity["spare_nodes"],
+            "nodes_out": capacity["nodes_out"],
+            "gpus": capacity["gpus"],
+            "gpus_healthy": capacity["gpus_healthy"],
+            "faults_24h": figures["faults_24h"],
+            "faults_open": figures["faults_open"],
+            "compliant": on_version,
+            "with_blueprint": sum(1 for c in clusters if c.blueprint_version_id),
+            "saved_today": figures["saved_today"],
+            "saved_30d": figures["saved_30d"],
+            "expected": figures["expected"],
         },
-        "clusters": [{"id": c.pk, "name": c.name, "fleet": c.fleet.name,
-                      "tenant": c.dedicated_tenant.name if c.dedicated_tenant else "shared",
-                      "version": str(c.blueprint_version) if c.blueprint_version else "—",
-                      "sync": status[c.pk].sync, "health": status[c.pk].health, "ready": status[c.pk].label,
-                      "heatmap": maps[c.pk], "summary": heatmap_summary(maps[c.pk])} for c in clusters],
-        "charts": {"faults": recoveries["faults"], "saved": recoveries["saved"],
-                   "range": window.as_data() if window else None},
+        "clusters": [
+            {
+                "id": c.pk,
+                "name": c.name,
+                "fleet": c.fleet.name,
+                "tenant": c.dedicated_tenant.name if c.dedicated_tenant else "shared",
+                "version": str(c.blueprint_version) if c.blueprint_version else "—",
+                "sync": status[c.pk].sync,
+                "health": status[c.pk].health,
+                "ready": status[c.pk].label,
+                "heatmap": maps[c.pk],
+                "summary": heatmap_summary(maps[c.pk]),
+            }
+            for c in clusters
+        ],
+        "charts": {
+            "faults": recoveries["faults"],
+            "saved": recoveries["saved"],
+            "range": window.as_data() if window else None,
+        },
     }
 
 
@@ -92,17 +116,29 @@ def tenant_dashboard(user, tenant: Tenant) -> dict:
     clusters = {job.cluster_id: job.cluster for job in jobs}
     for cluster in fleet_selectors.dedicated_clusters(user=user, tenant_id=tenant.pk):
         clusters[cluster.pk] = cluster
-    durations = job_selectors.tenant_phase_seconds(user=user, tenant_id=tenant.pk, since=now - timedelta(days=30),
-                                                   now=now)
-    running, recovering = durations.get(JobPhaseKind.RUNNING, 0.0), durations.get(JobPhaseKind.RECOVERING, 0.0)
+    durations = job_selectors.tenant_phase_seconds(
+        user=user, tenant_id=tenant.pk, since=now - timedelta(days=30), now=now
+    )
+    running, recovering = (
+        durations.get(JobPhaseKind.RUNNING, 0.0),
+        durations.get(JobPhaseKind.RECOVERING, 0.0),
+    )
     uptime = running / (running + recovering) if running + recovering else None
     recoveries = job_selectors.tenant_recovery_figures(user=user, tenant_id=tenant.pk)
     return {
         "jobs": jobs,
-        "clusters": [{"cluster": c, "protection": fleet_selectors.cluster_protection(cluster=c),
-                      "dedicated": c.dedicated_tenant_id == tenant.pk} for c in clusters.values()],
-        "saved": recoveries["saved"], "uptime": uptime,
-        "expected": recoveries["expected"], "recovering_now": recoveries["recovering_now"],
+        "clusters": [
+            {
+                "cluster": c,
+                "protection": fleet_selectors.cluster_protection(cluster=c),
+                "dedicated": c.dedicated_tenant_id == tenant.pk,
+            }
+            for c in clusters.values()
+        ],
+        "saved": recoveries["saved"],
+        "uptime": uptime,
+        "expected": recoveries["expected"],
+        "recovering_now": recoveries["recovering_now"],
         "running": sum(1 for j in jobs if j.state == JobState.RUNNING),
         "submit_clusters": fleet_selectors.submit_clusters(user=user, tenant_id=tenant.pk),
         "users": tenancy_selectors.tenant_members(user=user, tenant_id=tenant.pk),
@@ -129,15 +165,25 @@ def _submit(request, tenant: Tenant) -> str | None:
     if not 1 <= gpus <= 4096 or interval < 1:
         return "GPUs must be between 1 and 4096, the checkpoint interval at least 1."
     try:
-        job_submit(actor=request.user, tenant=tenant, cluster=cluster, name=name, gpus=gpus,
-                   gpus_per_node=SUBMIT_GPUS_PER_NODE, seconds_per_iteration=seconds, checkpoint_interval=interval,
-                   total_iterations=10_000_000)
+        job_submit(
+            actor=request.user,
+            tenant=tenant,
+            cluster=cluster,
+            name=name,
+            gpus=gpus,
+            gpus_per_node=SUBMIT_GPUS_PER_NODE,
+            seconds_per_iteration=seconds,
+            checkpoint_interval=interval,
+            total_iterations=10_000_000,
+        )
     except ServiceError as error:
         if error.status == 409 and error.field == "gpus":
             # The service counts nodes ("needs 63"); the form asked for GPUs, so say it in both.
             nodes = -(-gpus // SUBMIT_GPUS_PER_NODE)
-            return (f"{cluster.name} has too few free nodes for {gpus:,} GPUs: they take {nodes:,} free ready "
-                    f"nodes of {SUBMIT_GPUS_PER_NODE} GPUs. Ask for fewer GPUs or choose another cluster.")
+            return (
+                f"{cluster.name} has too few free nodes for {gpus:,} GPUs: they take {nodes:,} free ready "
+                f"nodes of {SUBMIT_GPUS_PER_NODE} GPUs. Ask for fewer GPUs or choose another cluster."
+            )
         return f"{error.field + ': ' if error.field else ''}{error.detail}"
     return None
 
@@ -148,12 +194,21 @@ def home(request):
     who = principal(request.user)
     if who.is_provider:
         topic = events.topic("fleet")
-        after = topic_seq(topic)   # read before the snapshot: events after it are applied on top
+        after = topic_seq(topic)  # read before the snapshot: events after it are applied on top
         window = time_range(request)
         data = provider_dashboard(request.user, window)
-        return render(request, "home/provider.html", {
-            "data": data, "topic": topic, "after": after, "who": who, "time_range": window,
-            "history": event_history(user=request.user, topic=topic, up_to=after)})
+        return render(
+            request,
+            "home/provider.html",
+            {
+                "data": data,
+                "topic": topic,
+                "after": after,
+                "who": who,
+                "time_range": window,
+                "history": event_history(user=request.user, topic=topic, up_to=after),
+            },
+        )
     if who.tenant_id is None:
         return render(request, "home/none.html", {"who": who})
     tenant = tenancy_selectors.tenant_of(user=request.user, tenant_id=who.tenant_id)
@@ -166,6 +221,17 @@ def home(request):
     after = topic_seq(topic)
     # A refused submission shows the form as it was sent, so the reader corrects it instead of retyping it.
     submitted = request.POST if error else {}
-    return render(request, "home/tenant.html", {
-        "tenant": tenant, "data": tenant_dashboard(request.user, tenant), "who": who, "topic": topic, "after": after,
-        "error": error, "submitted": submitted, "history": event_history(user=request.user, topic=topic, up_to=after)})
+    return render(
+        request,
+        "home/tenant.html",
+        {
+            "tenant": tenant,
+            "data": tenant_dashboard(request.user, tenant),
+            "who": who,
+            "topic": topic,
+            "after": after,
+            "error": error,
+            "submitted": submitted,
+            "history": event_history(user=request.user, topic=topic, up_to=after),
+        },
+    )

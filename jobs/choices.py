@@ -90,14 +90,14 @@ class SnapshotState(models.TextChoices):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
-    RECORDED = "recorded"   # a runtime report that is no restore point: a restore, a fallback, a hang
+    RECORDED = "recorded"  # a runtime report that is no restore point: a restore, a fallback, a hang
 
 
 class SnapshotReason(models.TextChoices):
     OPERATOR = "operator"
     SCHEDULE = "schedule"
     PLANNER = "planner"
-    RUNTIME = "runtime"     # reported by the job's protection runtime (lockstep_agent.protect)
+    RUNTIME = "runtime"  # reported by the job's protection runtime (lockstep_agent.protect)
 
 
 class SnapshotKind(models.TextChoices):
@@ -141,16 +141,27 @@ class IncidentState(models.TextChoices):
 class SavingState(models.TextChoices):
     """How firm an action's GPU-hours saved are (docs/gpu-hours.md)."""
 
-    REALIZED = "realized"          # what happened: the recovery answered a failure that occurred
-    EXPECTED = "expected"          # a proactive move whose prediction is not settled yet
+    REALIZED = "realized"  # what happened: the recovery answered a failure that occurred
+    EXPECTED = "expected"  # a proactive move whose prediction is not settled yet
     NOT_REALIZED = "not_realized"  # settled: the predicted failure did not come, nothing was saved
 
 
 # The order in which an incident's kind is the most severe of its reports (docs/incidents.md); a gpu_xid
 # ranks as fatal when its triage takes the GPU out of service.
 INCIDENT_SEVERITY = (
-    "node_unreachable", "gpu_xid_fatal", "ecc_uncorrectable", "nvlink_error", "nic_down", "link_degraded",
-    "link_flap", "software_crash", "gpu_xid", "thermal", "straggler", "facility", "predicted_failure",
+    "node_unreachable",
+    "gpu_xid_fatal",
+    "ecc_uncorrectable",
+    "nvlink_error",
+    "nic_down",
+    "link_degraded",
+    "link_flap",
+    "software_crash",
+    "gpu_xid",
+    "thermal",
+    "straggler",
+    "facility",
+    "predicted_failure",
 )
 
 
@@ -162,5 +173,13 @@ JOB_FAULT_KINDS = frozenset({"software_crash", "hang"})
 # rollout gate counts these (fleet.hooks.count_faults), and a node whose health check passed must stay clear of
 # them for its clean-telemetry window. Not predictions (no fault happened), not tenant software crashes or hangs
 # (the job's own code), not stragglers (a job's speed), not facility faults (the building).
-NODE_HARDWARE_KINDS = ("nic_down", "link_flap", "link_degraded", "gpu_xid", "ecc_uncorrectable", "nvlink_error",
-                       "node_unreachable", "thermal")
+NODE_HARDWARE_KINDS = (
+    "nic_down",
+    "link_flap",
+    "link_degraded",
+    "gpu_xid",
+    "ecc_uncorrectable",
+    "nvlink_error",
+    "node_unreachable",
+    "thermal",
+)

@@ -39,33 +39,66 @@ def job_timeline(job: Job, *, since=None) -> dict:
     if since is not None:
         phase_rows = phase_rows.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since))
         snapshot_rows = snapshot_rows.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since))
-        before = JobProgress.objects.filter(job=job, at__lt=since).order_by("-at", "-id").values_list("at", "iteration")[:1]
+        before = (
+            JobProgress.objects.filter(job=job, at__lt=since)
+            .order_by("-at", "-id")
+            .values_list("at", "iteration")[:1]
+        )
         points = [*before, *progress.filter(at__gte=since)]
     else:
         points = list(progress)
-    phases = [{"kind": p.kind, "start": _iso(p.started_at), "end": _iso(p.ended_at), "reason": p.reason}
-              for p in phase_rows]
-    actions = list(RecoveryAction.objects.filter(job=job).select_related("job", "cluster").order_by("planned_at", "id"))
-    shown = [a for a in actions if since is None or (a.ended_at or a.started_at or a.planned_at or now) >= since]
+    phases = [
+        {"kind": p.kind, "start": _iso(p.started_at), "end": _iso(p.ended_at), "reason": p.reason}
+        for p in phase_rows
+    ]
+    actions = list(
+        RecoveryAction.objects.filter(job=job).select_related("job", "cluster").order_by("planned_at", "id")
+    )
+    shown = [
+        a for a in actions if since is None or (a.ended_at or a.started_at or a.planned_at or now) >= since
+    ]
     fault_ids = {a.fault_id for a in shown if a.fault_id}
-    faults = [fault_payload(f) for f in FaultEvent.objects.filter(pk__in=fault_ids).select_related("node")
-              .order_by("detected_at")]
-    snapshots = [{"snapshot": s.pk, "state": s.state, "iteration": s.iteration, "reason": s.reason,
-                  "start": _iso(s.started_at), "end": _iso(s.ended_at), "seconds": s.seconds}
-                 for s in snapshot_rows]
+    faults = [
+        fault_payload(f)
+        for f in FaultEvent.objects.filter(pk__in=fault_ids).select_related("node").order_by("detected_at")
+    ]
+    snapshots = [
+        {
+            "snapshot": s.pk,
+            "state": s.state,
+            "iteration": s.iteration,
+            "reason": s.reason,
+            "start": _iso(s.started_at),
+            "end": _iso(s.ended_at),
+            "seconds": s.seconds,
+        }
+        for s in snapshot_rows
+    ]
     if job.state == JobState.RUNNING:
         points.append((now, job.iteration_now(now)))
-    savings = [(a.ended_at, a.gpu_hours_saved * 3600 / max(a.gpus, 1)) for a in actions
-               if a.state == ActionState.SUCCEEDED and a.ended_at and not a.dry_run]
+    savings = [
+        (a.ended_at, a.gpu_hours_saved * 3600 / max(a.gpus, 1))
+        for a in actions
+        if a.state == ActionState.SUCCEEDED and a.ended_at and not a.dry_run
+    ]
     counter = counterfactual(points, savings, job.seconds_per_iteration)
     saved = sum(a.gpu_hours_saved for a in actions if a.state == ActionState.SUCCEEDED and not a.dry_run)
     actions = shown
     return {
-        "job": job.pk, "state": job.state, "now": _iso(now), "since": _iso(since),
+        "job": job.pk,
+        "state": job.state,
+        "now": _iso(now),
+        "since": _iso(since),
         "seconds_per_iteration": job.seconds_per_iteration,
-        "phases": phases, "faults": faults, "actions": [action_payload(a) for a in actions], "snapshots": snapshots,
-        "iterations": {"t": [_iso(at) for at, _ in points], "actual": [it for _, it in points],
-                       "counterfactual": [it for _, it in counter]},
+        "phases": phases,
+        "faults": faults,
+        "actions": [action_payload(a) for a in actions],
+        "snapshots": snapshots,
+        "iterations": {
+            "t": [_iso(at) for at, _ in points],
+            "actual": [it for _, it in points],
+            "counterfactual": [it for _, it in counter],
+        },
         "gpu_hours_saved": round(saved, 4),
     }
 
@@ -90,28 +123,67 @@ def gpu_hours_stats(*, actions, faults, group: str, bucket: str, since=None) -> 
         faults = faults.filter(detected_at__gte=since)
     key, name = GROUPS[group]
     expected = Sum("gpu_hours_expected", filter=Q(saving=SavingState.EXPECTED))
-    rows = (done.values(key, name).annotate(actions=Count("id"), saved=Sum("gpu_hours_saved"), lost=Sum("gpu_hours_lost"),
-                                            baseline=Sum("gpu_hours_baseline"), expected=expected).order_by("-saved"))
-    groups = [{"id": row[key], "name": row[name], "actions": row["actions"], "gpu_hours_saved": round(row["saved"] or 0, 4),
-               "gpu_hours_lost": round(row["lost"] or 0, 4), "gpu_hours_baseline": round(row["baseline"] or 0, 4),
-               "gpu_hours_expected": round(row["expected"] or 0, 4)}
-              for row in rows[:500]]
-    series_rows = (done.annotate(bucket=BUCKETS[bucket]("ended_at")).values("bucket")
-                   .annotate(saved=Sum("gpu_hours_saved"), actions=Count("id")).order_by("bucket"))
+    rows = (
+        done.values(key, name)
+        .annotate(
+            actions=Count("id"),
+            saved=Sum("gpu_hours_saved"),
+            lost=Sum("gpu_hours_lost"),
+            baseline=Sum("gpu_hours_baseline"),
+            expected=expected,
+        )
+        .order_by("-saved")
+    )
+    groups = [
+        {
+            "id": row[key],
+            "name": row[name],
+            "actions": row["actions"],
+            "gpu_hours_saved": round(row["saved"] or 0, 4),
+            "gpu_hours_lost": round(row["lost"] or 0, 4),
+            "gpu_hours_baseline": round(row["baseline"] or 0, 4),
+            "gpu_hours_expected": round(row["expected"] or 0, 4),
+        }
+        for row in rows[:500]
+    ]
+    series_rows = (
+        done.annotate(bucket=BUCKETS[bucket]("ended_at"))
+        .values("bucket")
+        .annotate(saved=Sum("gpu_hours_saved"), actions=Count("id"))
+        .order_by("bucket")
+    )
     total, series = 0.0, []
     for row in series_rows:
         total += row["saved"] or 0
-        series.append({"t": _iso(row["bucket"]), "gpu_hours_saved": round(row["saved"] or 0, 4),
-                       "cumulative": round(total, 4), "actions": row["actions"]})
-    totals = done.aggregate(saved=Sum("gpu_hours_saved"), lost=Sum("gpu_hours_lost"), baseline=Sum("gpu_hours_baseline"),
-                            expected=expected, actions=Count("id"))
+        series.append(
+            {
+                "t": _iso(row["bucket"]),
+                "gpu_hours_saved": round(row["saved"] or 0, 4),
+                "cumulative": round(total, 4),
+                "actions": row["actions"],
+            }
+        )
+    totals = done.aggregate(
+        saved=Sum("gpu_hours_saved"),
+        lost=Sum("gpu_hours_lost"),
+        baseline=Sum("gpu_hours_baseline"),
+        expected=expected,
+        actions=Count("id"),
+    )
     return {
-        "group": group, "bucket": bucket, "since": _iso(since),
-        "totals": {"faults": faults.count(), "actions": totals["actions"],
-                   "gpu_hours_saved": round(totals["saved"] or 0, 4), "gpu_hours_lost": round(totals["lost"] or 0, 4),
-                   "gpu_hours_baseline": round(totals["baseline"] or 0, 4),
-                   "gpu_hours_expected": round(totals["expected"] or 0, 4)},
-        "groups": groups, "series": series,
+        "group": group,
+        "bucket": bucket,
+        "since": _iso(since),
+        "totals": {
+            "faults": faults.count(),
+            "actions": totals["actions"],
+            "gpu_hours_saved": round(totals["saved"] or 0, 4),
+            "gpu_hours_lost": round(totals["lost"] or 0, 4),
+            "gpu_hours_baseline": round(totals["baseline"] or 0, 4),
+            "gpu_hours_expected": round(totals["expected"] or 0, 4),
+        },
+        "groups": groups,
+        "series": series,
     }
 
 
@@ -120,12 +192,18 @@ def incident_ledger(actions) -> dict:
     realized saved GPU-hours of its succeeded recoveries as every total counts them (dry runs left out), the
     expected saving of those whose prediction is not settled, and how many jobs it hit."""
     actions = list(actions)
-    booked = [a for a in actions if a.state == ActionState.SUCCEEDED and not a.dry_run and a.job_id is not None]
+    booked = [
+        a for a in actions if a.state == ActionState.SUCCEEDED and not a.dry_run and a.job_id is not None
+    ]
     return {
         "gpu_hours_baseline": round(sum(a.gpu_hours_baseline for a in booked), 4),
         "gpu_hours_lost": round(sum(a.gpu_hours_lost for a in booked), 4),
-        "gpu_hours_saved": round(sum(a.gpu_hours_saved for a in booked if a.saving == SavingState.REALIZED), 4),
-        "gpu_hours_expected": round(sum(a.gpu_hours_expected for a in booked if a.saving == SavingState.EXPECTED), 4),
+        "gpu_hours_saved": round(
+            sum(a.gpu_hours_saved for a in booked if a.saving == SavingState.REALIZED), 4
+        ),
+        "gpu_hours_expected": round(
+            sum(a.gpu_hours_expected for a in booked if a.saving == SavingState.EXPECTED), 4
+        ),
         "jobs": len({a.job_id for a in actions if a.job_id is not None}),
     }
 
@@ -143,13 +221,17 @@ def timeline_summary(timeline: dict) -> dict[str, str]:
     phases = ", ".join(f"{n} {kind}" for kind, n in counts.items()) or "none"
     actions = [f"{a['kind']} {a['state']}" for a in timeline["actions"]]
     listed = "; ".join(actions[-5:]) + (f" and {len(actions) - 5} earlier" if len(actions) > 5 else "")
-    events = (f"Phases: {phases}. {len(timeline['faults'])} fault{'s' * (len(timeline['faults']) != 1)}, "
-              f"{len(actions)} recovery action{'s' * (len(actions) != 1)}{': ' + listed if actions else ''}; "
-              f"{len(timeline['snapshots'])} snapshot{'s' * (len(timeline['snapshots']) != 1)}.")
+    events = (
+        f"Phases: {phases}. {len(timeline['faults'])} fault{'s' * (len(timeline['faults']) != 1)}, "
+        f"{len(actions)} recovery action{'s' * (len(actions) != 1)}{': ' + listed if actions else ''}; "
+        f"{len(timeline['snapshots'])} snapshot{'s' * (len(timeline['snapshots']) != 1)}."
+    )
     iterations = timeline["iterations"]
     if iterations["actual"]:
-        progress = (f"From iteration {iterations['actual'][0]:,} to {iterations['actual'][-1]:,}; restarting from the "
-                    f"last checkpoint after each fault would have reached {iterations['counterfactual'][-1]:,}.")
+        progress = (
+            f"From iteration {iterations['actual'][0]:,} to {iterations['actual'][-1]:,}; restarting from the "
+            f"last checkpoint after each fault would have reached {iterations['counterfactual'][-1]:,}."
+        )
     else:
         progress = "No progress reported in this range."
     return {"timeline": events, "iterations": progress}

@@ -74,8 +74,12 @@ class FaultEventFilterSet(django_filters.FilterSet):
 class IncidentFilterSet(django_filters.FilterSet):
     cluster = django_filters.ModelChoiceFilter(queryset=_clusters)
     node = django_filters.ModelChoiceFilter(queryset=_nodes)
-    job = django_filters.ModelChoiceFilter(queryset=_jobs, field_name="actions__job", distinct=True,
-                                           label="incidents that hit this job (a recovery of it was for the job)")
+    job = django_filters.ModelChoiceFilter(
+        queryset=_jobs,
+        field_name="actions__job",
+        distinct=True,
+        label="incidents that hit this job (a recovery of it was for the job)",
+    )
 
     class Meta:
         model = Incident

@@ -40,6 +40,9 @@ def prediction_precision(score: float | None) -> tuple[float, str]:
         return prior, f"prior {prior:.2f}: no judged predictions"
     precision, judged, band = found
     if judged < settings.PROACTIVE_PRECISION_MIN_JUDGED:
-        return prior, f"prior {prior:.2f}: {judged} judged predictions of score {band}, fewer than " \
-                      f"{settings.PROACTIVE_PRECISION_MIN_JUDGED}"
+        return (
+            prior,
+            f"prior {prior:.2f}: {judged} judged predictions of score {band}, fewer than "
+            f"{settings.PROACTIVE_PRECISION_MIN_JUDGED}",
+        )
     return precision, f"measured on {judged} judged predictions of score {band}"

@@ -103,7 +103,9 @@ class LauncherCredentialCreatedSerializer(LauncherCredentialSerializer):
 
 
 @extend_schema_view(
-    create=extend_schema(request=LauncherCredentialSerializer, responses={201: LauncherCredentialCreatedSerializer}),
+    create=extend_schema(
+        request=LauncherCredentialSerializer, responses={201: LauncherCredentialCreatedSerializer}
+    ),
 )
 class LauncherCredentialViewSet(ClusterTokenViewSet):
     """Launcher credentials, each bound to one cluster (provider roles). DELETE revokes."""

@@ -23,30 +23,63 @@ class Ledger:
         return self.baseline - self.actual
 
 
-def baseline_gpu_hours(*, gpus: int, seconds_since_checkpoint: float, restart_overhead_seconds: float) -> float:
+def baseline_gpu_hours(
+    *, gpus: int, seconds_since_checkpoint: float, restart_overhead_seconds: float
+) -> float:
     """What restart-from-checkpoint would lose: every GPU redoes the work since the checkpoint and waits out
     the restart (docs/gpu-hours.md)."""
     return gpus * (max(0.0, seconds_since_checkpoint) + max(0.0, restart_overhead_seconds)) / 3600.0
 
 
-def actual_gpu_hours(*, gpus: int, pause_seconds: float, work_lost_seconds: float = 0.0,
-                     degraded_seconds: float = 0.0, slowdown: float = 0.0, overhead_seconds: float = 0.0) -> float:
+def actual_gpu_hours(
+    *,
+    gpus: int,
+    pause_seconds: float,
+    work_lost_seconds: float = 0.0,
+    degraded_seconds: float = 0.0,
+    slowdown: float = 0.0,
+    overhead_seconds: float = 0.0,
+) -> float:
     """What a recovery loses: the pause (from detection until the job runs again), the work redone since the
     restore point used, the fraction of speed lost while degraded, and what the snapshots it restored from cost
     the job while it trained (measured by the runtime; docs/gpu-hours.md)."""
-    return gpus * (max(0.0, pause_seconds) + max(0.0, work_lost_seconds)
-                   + max(0.0, degraded_seconds) * max(0.0, slowdown) + max(0.0, overhead_seconds)) / 3600.0
+    return (
+        gpus
+        * (
+            max(0.0, pause_seconds)
+            + max(0.0, work_lost_seconds)
+            + max(0.0, degraded_seconds) * max(0.0, slowdown)
+            + max(0.0, overhead_seconds)
+        )
+        / 3600.0
+    )
 
 
-def ledger(*, gpus: int, seconds_since_checkpoint: float, restart_overhead_seconds: float, pause_seconds: float,
-           work_lost_seconds: float = 0.0, degraded_seconds: float = 0.0, slowdown: float = 0.0,
-           overhead_seconds: float = 0.0) -> Ledger:
+def ledger(
+    *,
+    gpus: int,
+    seconds_since_checkpoint: float,
+    restart_overhead_seconds: float,
+    pause_seconds: float,
+    work_lost_seconds: float = 0.0,
+    degraded_seconds: float = 0.0,
+    slowdown: float = 0.0,
+    overhead_seconds: float = 0.0,
+) -> Ledger:
     return Ledger(
-        baseline=baseline_gpu_hours(gpus=gpus, seconds_since_checkpoint=seconds_since_checkpoint,
-                                    restart_overhead_seconds=restart_overhead_seconds),
-        actual=actual_gpu_hours(gpus=gpus, pause_seconds=pause_seconds, work_lost_seconds=work_lost_seconds,
-                                degraded_seconds=degraded_seconds, slowdown=slowdown,
-                                overhead_seconds=overhead_seconds),
+        baseline=baseline_gpu_hours(
+            gpus=gpus,
+            seconds_since_checkpoint=seconds_since_checkpoint,
+            restart_overhead_seconds=restart_overhead_seconds,
+        ),
+        actual=actual_gpu_hours(
+            gpus=gpus,
+            pause_seconds=pause_seconds,
+            work_lost_seconds=work_lost_seconds,
+            degraded_seconds=degraded_seconds,
+            slowdown=slowdown,
+            overhead_seconds=overhead_seconds,
+        ),
     )
 
 
@@ -57,4 +90,6 @@ def expected_saving(saving: float, *, score: float | None) -> tuple[float, str]:
     from jobs import hooks
 
     precision, basis = hooks.prediction_precision(score)
-    return max(0.0, saving) * precision, f"{max(0.0, saving):.2f} GPU-h if the node fails × precision {precision:.2f} ({basis})"
+    return max(
+        0.0, saving
+    ) * precision, f"{max(0.0, saving):.2f} GPU-h if the node fails × precision {precision:.2f} ({basis})"

@@ -27,7 +27,11 @@ DEFAULT_RISK_THRESHOLD = 0.8
 def lock_cluster(cluster_id: int) -> Cluster:
     """The cluster row, locked (FOR NO KEY UPDATE: rows that merely refer to it are not held up)."""
     immediate_constraints()
-    return Cluster.objects.select_for_update(of=("self",), no_key=True).select_related("fleet").get(pk=cluster_id)
+    return (
+        Cluster.objects.select_for_update(of=("self",), no_key=True)
+        .select_related("fleet")
+        .get(pk=cluster_id)
+    )
 
 
 def lock_nodes(node_ids) -> dict[int, Node]:
@@ -36,7 +40,10 @@ def lock_nodes(node_ids) -> dict[int, Node]:
     ids = sorted({pk for pk in node_ids if pk})
     if not ids:
         return {}
-    return {node.pk: node for node in Node.objects.select_for_update(of=("self",)).filter(pk__in=ids).order_by("pk")}
+    return {
+        node.pk: node
+        for node in Node.objects.select_for_update(of=("self",)).filter(pk__in=ids).order_by("pk")
+    }
 
 
 def _skip_locked(queryset):
@@ -98,7 +105,11 @@ def migration_budget(cluster: Cluster) -> Budget:
     """Running migrations to other nodes, in the cluster and per target leaf switch; and those queued."""
     rows = RecoveryAction.objects.filter(cluster=cluster, kind__in=BUDGETED_KINDS, dry_run=False)
     running = rows.filter(state=ActionState.RUNNING)
-    per_leaf = dict(running.values_list("to_node__leaf_switch").annotate(n=Count("id")).values_list("to_node__leaf_switch", "n"))
+    per_leaf = dict(
+        running.values_list("to_node__leaf_switch")
+        .annotate(n=Count("id"))
+        .values_list("to_node__leaf_switch", "n")
+    )
     return Budget(
         cluster_running=sum(per_leaf.values()),
         cluster_cap=cluster.max_concurrent_migrations,
@@ -109,8 +120,11 @@ def migration_budget(cluster: Cluster) -> Budget:
 
 
 def busy_node_ids(cluster_id: int) -> set[int]:
-    return set(JobAllocation.objects.filter(node__cluster_id=cluster_id, released_at__isnull=True)
-               .values_list("node_id", flat=True))
+    return set(
+        JobAllocation.objects.filter(node__cluster_id=cluster_id, released_at__isnull=True).values_list(
+            "node_id", flat=True
+        )
+    )
 
 
 def spare_order_key(candidate, near) -> tuple:
@@ -119,17 +133,28 @@ def spare_order_key(candidate, near) -> tuple:
     return (candidate.leaf_switch != near.leaf_switch, candidate.rack != near.rack, candidate.risk_score)
 
 
-def find_spare_node(*, cluster: Cluster, near: Node, gpus: int, exclude: set[int] = frozenset()) -> Node | None:
+def find_spare_node(
+    *, cluster: Cluster, near: Node, gpus: int, exclude: set[int] = frozenset()
+) -> Node | None:
     """The best spare node for a worker leaving ``near``: same GPU model, all GPUs healthy, below the risk
     threshold, out of cooldown, not booked; same leaf switch first, then lowest risk. Row-locked, skipping
     rows another handler holds."""
     now = timezone.now()
     booked = SpareBooking.objects.filter(released_at__isnull=True, whole_node=True).values("node_id")
     unhealthy = GPU.objects.exclude(health=GPUHealth.HEALTHY).values("node_id")
-    rows = (Node.objects.filter(cluster=cluster, state=NodeState.SPARE, gpu_model=near.gpu_model,
-                                risk_score__lt=risk_threshold(cluster))
-            .filter(Q(cooldown_until__isnull=True) | Q(cooldown_until__lte=now))
-            .exclude(pk__in=booked).exclude(pk__in=unhealthy).exclude(pk=near.pk).exclude(pk__in=list(exclude)))
+    rows = (
+        Node.objects.filter(
+            cluster=cluster,
+            state=NodeState.SPARE,
+            gpu_model=near.gpu_model,
+            risk_score__lt=risk_threshold(cluster),
+        )
+        .filter(Q(cooldown_until__isnull=True) | Q(cooldown_until__lte=now))
+        .exclude(pk__in=booked)
+        .exclude(pk__in=unhealthy)
+        .exclude(pk=near.pk)
+        .exclude(pk__in=list(exclude))
+    )
     candidates = list(_skip_locked(rows.order_by("risk_score", "hostname"))[:64])
     candidates = [node for node in candidates if node.gpus.count() >= gpus] if gpus > 8 else candidates
     if not candidates:
@@ -151,17 +176,32 @@ class SparePool:
         if gpu_model not in self._by_model or wait:
             now = timezone.now()
             booked = SpareBooking.objects.filter(released_at__isnull=True, whole_node=True).values("node_id")
-            unhealthy = GPU.objects.filter(node__cluster=self.cluster).exclude(health=GPUHealth.HEALTHY).values("node_id")
-            rows = (Node.objects.filter(cluster=self.cluster, state=NodeState.SPARE, gpu_model=gpu_model,
-                                        risk_score__lt=risk_threshold(self.cluster))
-                    .filter(Q(cooldown_until__isnull=True) | Q(cooldown_until__lte=now))
-                    .exclude(pk__in=booked).exclude(pk__in=unhealthy))
+            unhealthy = (
+                GPU.objects.filter(node__cluster=self.cluster)
+                .exclude(health=GPUHealth.HEALTHY)
+                .values("node_id")
+            )
+            rows = (
+                Node.objects.filter(
+                    cluster=self.cluster,
+                    state=NodeState.SPARE,
+                    gpu_model=gpu_model,
+                    risk_score__lt=risk_threshold(self.cluster),
+                )
+                .filter(Q(cooldown_until__isnull=True) | Q(cooldown_until__lte=now))
+                .exclude(pk__in=booked)
+                .exclude(pk__in=unhealthy)
+            )
             ordered = rows.order_by("risk_score", "hostname")
             found = _wait_briefly(ordered) if wait else None
             if found is None:
                 found = list(_skip_locked(ordered)[:512])
-            counts = dict(GPU.objects.filter(node__in=found).values("node_id").annotate(n=Count("id"))
-                          .values_list("node_id", "n"))
+            counts = dict(
+                GPU.objects.filter(node__in=found)
+                .values("node_id")
+                .annotate(n=Count("id"))
+                .values_list("node_id", "n")
+            )
             for node in found:
                 node.gpu_count = counts.get(node.pk, 0)
             self._by_model[gpu_model] = found
@@ -169,8 +209,11 @@ class SparePool:
 
     def pick(self, *, near: Node, gpus: int, exclude: set[int] = frozenset()) -> Node | None:
         def fitting():
-            return [node for node in self._candidates(near.gpu_model)
-                    if node.pk not in exclude and node.pk != near.pk and node.gpu_count >= min(gpus, 8)]
+            return [
+                node
+                for node in self._candidates(near.gpu_model)
+                if node.pk not in exclude and node.pk != near.pk and node.gpu_count >= min(gpus, 8)
+            ]
 
         fits = fitting()
         if not fits and near.gpu_model not in self._waited and connection.vendor == "postgresql":
@@ -196,15 +239,20 @@ def spare_gpus_on_nodes(node_ids) -> dict[int, list[int]]:
     if not ids:
         return {}
     taken: dict[int, set[int]] = {pk: set() for pk in ids}
-    for node_id, indices in (JobAllocation.objects.filter(node_id__in=ids, released_at__isnull=True)
-                             .values_list("node_id", "gpu_indices")):
+    for node_id, indices in JobAllocation.objects.filter(
+        node_id__in=ids, released_at__isnull=True
+    ).values_list("node_id", "gpu_indices"):
         taken[node_id].update(indices)
-    for node_id, index in (SpareBooking.objects.filter(node_id__in=ids, released_at__isnull=True, whole_node=False)
-                           .values_list("node_id", "gpu_index")):
+    for node_id, index in SpareBooking.objects.filter(
+        node_id__in=ids, released_at__isnull=True, whole_node=False
+    ).values_list("node_id", "gpu_index"):
         taken[node_id].add(index)
     spare: dict[int, list[int]] = {pk: [] for pk in ids}
-    for node_id, index in (GPU.objects.filter(node_id__in=ids, health=GPUHealth.HEALTHY)
-                           .order_by("node_id", "index").values_list("node_id", "index")):
+    for node_id, index in (
+        GPU.objects.filter(node_id__in=ids, health=GPUHealth.HEALTHY)
+        .order_by("node_id", "index")
+        .values_list("node_id", "index")
+    ):
         if index not in taken[node_id]:
             spare[node_id].append(index)
     return spare
@@ -212,9 +260,16 @@ def spare_gpus_on_nodes(node_ids) -> dict[int, list[int]]:
 
 def book_many(bookings: list[tuple[RecoveryAction, Node, int | None]]) -> list[SpareBooking]:
     """``book`` for many (action, node, GPU index or None for the whole node) at once, in one statement."""
-    return SpareBooking.objects.bulk_create([
-        SpareBooking(action=action, node=node, gpu_index=gpu_index or 0, whole_node=gpu_index is None)
-        for action, node, gpu_index in bookings]) if bookings else []
+    return (
+        SpareBooking.objects.bulk_create(
+            [
+                SpareBooking(action=action, node=node, gpu_index=gpu_index or 0, whole_node=gpu_index is None)
+                for action, node, gpu_index in bookings
+            ]
+        )
+        if bookings
+        else []
+    )
 
 
 def release(action: RecoveryAction) -> None:
@@ -222,7 +277,9 @@ def release(action: RecoveryAction) -> None:
 
 
 def release_many(actions: list[RecoveryAction]) -> None:
-    SpareBooking.objects.filter(action__in=actions, released_at__isnull=True).update(released_at=timezone.now())
+    SpareBooking.objects.filter(action__in=actions, released_at__isnull=True).update(
+        released_at=timezone.now()
+    )
 
 
 def allocations_move(moves: list[tuple[JobAllocation, Node]]) -> None:
@@ -234,9 +291,18 @@ def allocations_move(moves: list[tuple[JobAllocation, Node]]) -> None:
     for allocation, _ in moves:
         allocation.released_at = now
     update_rows([allocation for allocation, _ in moves], ["released_at"])
-    JobAllocation.objects.bulk_create([
-        JobAllocation(job_id=allocation.job_id, node=node, gpu_indices=list(range(allocation.gpu_count)),
-                      rank_start=allocation.rank_start, rank_end=allocation.rank_end) for allocation, node in moves])
+    JobAllocation.objects.bulk_create(
+        [
+            JobAllocation(
+                job_id=allocation.job_id,
+                node=node,
+                gpu_indices=list(range(allocation.gpu_count)),
+                rank_start=allocation.rank_start,
+                rank_end=allocation.rank_end,
+            )
+            for allocation, node in moves
+        ]
+    )
     for allocation, node in moves:
         join_as_replacement(node, allocation.job_id)
 
@@ -245,13 +311,20 @@ def unusable_nodes(allocations: list[JobAllocation]) -> set[int]:
     """Of the nodes these allocations hold, those a restarted job must not come back on: not ready (failed,
     cordoned or quarantined, draining), or with a GPU of the allocation out of health."""
     node_ids = {a.node_id for a in allocations}
-    bad = set(Node.objects.filter(pk__in=node_ids).exclude(state=NodeState.READY).values_list("pk", flat=True))
-    sick = set(GPU.objects.filter(node_id__in=node_ids).exclude(health=GPUHealth.HEALTHY).values_list("node_id", "index"))
+    bad = set(
+        Node.objects.filter(pk__in=node_ids).exclude(state=NodeState.READY).values_list("pk", flat=True)
+    )
+    sick = set(
+        GPU.objects.filter(node_id__in=node_ids)
+        .exclude(health=GPUHealth.HEALTHY)
+        .values_list("node_id", "index")
+    )
     return bad | {a.node_id for a in allocations if any((a.node_id, i) in sick for i in a.gpu_indices)}
 
 
-def replacements(job, pool: "SparePool", taken: set[int],
-                 gone: frozenset[int] = frozenset()) -> tuple[list[tuple[JobAllocation, Node]], str]:
+def replacements(
+    job, pool: "SparePool", taken: set[int], gone: frozenset[int] = frozenset()
+) -> tuple[list[tuple[JobAllocation, Node]], str]:
     """Where a restarting job goes instead of its failed or quarantined nodes (and the ``gone`` ones: a node its
     fault says is dead, not yet out of service in Lockstep): a healthy spare for each worker there (from ``pool``,
     never one in ``taken``, which grows). Returns the moves for ``allocations_move``, or none and why not: all or
@@ -263,8 +336,10 @@ def replacements(job, pool: "SparePool", taken: set[int],
         spare = pool.pick(near=allocation.node, gpus=allocation.gpu_count, exclude=taken)
         if spare is None:
             taken.difference_update(node.pk for _, node in moves)
-            return [], (f"no healthy spare node to restart ranks {allocation.rank_start}-{allocation.rank_end} on "
-                        f"({allocation.node.hostname} is {allocation.node.state})")
+            return [], (
+                f"no healthy spare node to restart ranks {allocation.rank_start}-{allocation.rank_end} on "
+                f"({allocation.node.hostname} is {allocation.node.state})"
+            )
         moves.append((allocation, spare))
         taken.add(spare.pk)
     return moves, ""

@@ -6,4 +6,8 @@ class JobTokenScheme(OpenApiAuthenticationExtension):
     name = "jobToken"
 
     def get_security_definition(self, auto_schema):
-        return {"type": "http", "scheme": "bearer", "description": "A job's own token (progress/ only), shown at submission"}
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A job's own token (progress/ only), shown at submission",
+        }

@@ -42,7 +42,9 @@ def launcher_credential_list(*, user) -> QuerySet[LauncherCredential]:
 def slurm_job_list(*, user) -> QuerySet[SlurmJob]:
     """The Slurm jobs Lockstep follows: tenant users see those of their jobs; those of unmapped accounts (no
     Lockstep job) only providers."""
-    return restrict(SlurmJob.objects.select_related("job", "cluster"), user).order_by("cluster_id", "-seen_at", "-id")
+    return restrict(SlurmJob.objects.select_related("job", "cluster"), user).order_by(
+        "cluster_id", "-seen_at", "-id"
+    )
 
 
 def _hit_faults(user) -> Q:
@@ -58,8 +60,11 @@ def _hit_incidents(user) -> QuerySet:
 def fault_list(*, user) -> QuerySet[FaultEvent]:
     """Providers: every fault. Tenant users: faults on their dedicated clusters and faults that hit their jobs
     (an action of their job names the fault, or the fault is a report of an incident that hit their job)."""
-    return restrict(FaultEvent.objects.select_related("node", "cluster"), user,
-                    also=_hit_faults(user) | Q(incident_id__in=_hit_incidents(user)))
+    return restrict(
+        FaultEvent.objects.select_related("node", "cluster"),
+        user,
+        also=_hit_faults(user) | Q(incident_id__in=_hit_incidents(user)),
+    )
 
 
 def job_fault_list(*, user) -> QuerySet[FaultEvent]:
@@ -70,19 +75,24 @@ def job_fault_list(*, user) -> QuerySet[FaultEvent]:
 
 def action_list(*, user) -> QuerySet[RecoveryAction]:
     """Providers: every action. Tenant users: the actions on their jobs."""
-    return restrict(RecoveryAction.objects.select_related("job", "node", "to_node", "fault"), user,
-                    scope="job__tenant_id")
+    return restrict(
+        RecoveryAction.objects.select_related("job", "node", "to_node", "fault"), user, scope="job__tenant_id"
+    )
 
 
 def _incidents(user) -> QuerySet[Incident]:
-    return restrict(Incident.objects.select_related("node", "cluster"), user, also=Q(pk__in=_hit_incidents(user)))
+    return restrict(
+        Incident.objects.select_related("node", "cluster"), user, also=Q(pk__in=_hit_incidents(user))
+    )
 
 
 def incident_list(*, user, actions: QuerySet[RecoveryAction] | None = None) -> QuerySet[Incident]:
     """Incidents scoped as faults are: providers see every one; tenant users those on their dedicated clusters
     and those that hit their jobs. Each comes with its faults (the reports the user may see, oldest first) and,
     given ``actions`` (a queryset of ``action_list``), with those of its actions."""
-    rows = _incidents(user).prefetch_related(Prefetch("faults", queryset=fault_list(user=user).order_by("detected_at", "id")))
+    rows = _incidents(user).prefetch_related(
+        Prefetch("faults", queryset=fault_list(user=user).order_by("detected_at", "id"))
+    )
     if actions is not None:
         rows = rows.prefetch_related(Prefetch("actions", queryset=actions.order_by("planned_at", "id")))
     return rows
@@ -97,8 +107,9 @@ def job_incidents(*, user, job: Job, limit: int = 50) -> list[Incident]:
     """The incidents that hit a job (through its recovery actions), newest first, each with its reports, its
     sources and the job's recovery attempts for it."""
     attempts = action_list(user=user).filter(job=job)
-    rows = (incident_list(user=user, actions=attempts)
-            .filter(pk__in=RecoveryAction.objects.filter(job=job, incident__isnull=False).values("incident_id")))
+    rows = incident_list(user=user, actions=attempts).filter(
+        pk__in=RecoveryAction.objects.filter(job=job, incident__isnull=False).values("incident_id")
+    )
     found = list(rows[:limit])
     for incident in found:
         incident.sources = sources_of(incident)
@@ -120,21 +131,34 @@ def fault_feed(*, user, cluster=None, page: int = 1, per_page: int = 50) -> tupl
     under it) and one per fault of no incident (``{"at", "fault"}``, with the recoveries of it the user may see),
     scoped as ``_feed_rows`` says. Raises ``InvalidPage`` for a page that is not there (page 1 always is)."""
     faults, incidents = _feed_rows(user, cluster)
-    keys = (incidents.order_by().annotate(row_kind=Value("incident"), at=F("last_reported_at"))
-            .values_list("row_kind", "id", "at")
-            .union(faults.order_by().annotate(row_kind=Value("fault"), at=F("received_at"))
-                   .values_list("row_kind", "id", "at"), all=True)
-            .order_by("-at", "-id"))
+    keys = (
+        incidents.order_by()
+        .annotate(row_kind=Value("incident"), at=F("last_reported_at"))
+        .values_list("row_kind", "id", "at")
+        .union(
+            faults.order_by()
+            .annotate(row_kind=Value("fault"), at=F("received_at"))
+            .values_list("row_kind", "id", "at"),
+            all=True,
+        )
+        .order_by("-at", "-id")
+    )
     found = OneMomentPaginator(keys, per_page, allow_empty_first_page=True).page(page)
-    wanted = {"incident": [pk for kind, pk, _ in found.object_list if kind == "incident"],
-              "fault": [pk for kind, pk, _ in found.object_list if kind == "fault"]}
+    wanted = {
+        "incident": [pk for kind, pk, _ in found.object_list if kind == "incident"],
+        "fault": [pk for kind, pk, _ in found.object_list if kind == "fault"],
+    }
     loaded = {("incident", row.pk): row for row in incidents.filter(pk__in=wanted["incident"])}
-    loaded |= {("fault", row.pk): row for row in faults.filter(pk__in=wanted["fault"]).prefetch_related(
-        Prefetch("actions", queryset=action_list(user=user).order_by("planned_at", "id")))}
+    loaded |= {
+        ("fault", row.pk): row
+        for row in faults.filter(pk__in=wanted["fault"]).prefetch_related(
+            Prefetch("actions", queryset=action_list(user=user).order_by("planned_at", "id"))
+        )
+    }
     rows = []
     for kind, pk, at in found.object_list:
         row = loaded.get((kind, pk))
-        if row is None:   # gone between the page and the read
+        if row is None:  # gone between the page and the read
             continue
         if kind == "incident":
             row.sources = sources_of(row)
@@ -155,41 +179,56 @@ def visible_node_ids(*, user, node_ids) -> set[int]:
 def node_allocations(*, user, node) -> QuerySet[JobAllocation]:
     """The jobs' places on a node, the current ones first, then the past ones newest first: every job's for
     provider roles, the tenant's own jobs' otherwise."""
-    return (restrict(JobAllocation.objects.filter(node=node).select_related("job__tenant"), user)
-            .order_by(F("released_at").desc(nulls_first=True), "-created_at", "-id"))
+    return restrict(JobAllocation.objects.filter(node=node).select_related("job__tenant"), user).order_by(
+        F("released_at").desc(nulls_first=True), "-created_at", "-id"
+    )
 
 
 def job_allocations(*, user, job: Job) -> QuerySet[JobAllocation]:
     """Where a job runs and ran: its allocations, current ones first (by rank), then past ones newest first."""
-    return (restrict(JobAllocation.objects.filter(job=job).select_related("node"), user)
-            .order_by(F("released_at").desc(nulls_first=True), "rank_start", "-id"))
+    return restrict(JobAllocation.objects.filter(job=job).select_related("node"), user).order_by(
+        F("released_at").desc(nulls_first=True), "rank_start", "-id"
+    )
 
 
 def node_faults(*, user, node, limit: int = 100) -> list[FaultEvent]:
     """The newest faults of a node the user may see, each with its incident and the recoveries of it the user
     may see."""
-    return list(fault_list(user=user).filter(node=node).select_related("incident")
-                .prefetch_related(Prefetch("actions", queryset=action_list(user=user).order_by("planned_at", "id")))
-                .order_by("-detected_at", "-id")[:limit])
+    return list(
+        fault_list(user=user)
+        .filter(node=node)
+        .select_related("incident")
+        .prefetch_related(Prefetch("actions", queryset=action_list(user=user).order_by("planned_at", "id")))
+        .order_by("-detected_at", "-id")[:limit]
+    )
 
 
 def node_ladder(*, user, node, limit: int = 100) -> dict:
     """A node's escalation ladder: where it stands (``escalation``, or None), its steps as the cluster's event
     log recorded them (``history``, newest first; only for a reader of the cluster's topic) and the node-level
     recovery actions of the ladder the user may see (``steps``)."""
-    history = (event_list(user=user, topic=events.topic("cluster", node.cluster_id))
-               .filter(kind="node.escalation", payload__node=node.pk).order_by("-seq")[:limit])
+    history = (
+        event_list(user=user, topic=events.topic("cluster", node.cluster_id))
+        .filter(kind="node.escalation", payload__node=node.pk)
+        .order_by("-seq")[:limit]
+    )
     return {
         "escalation": restrict(NodeEscalation.objects.filter(node=node), user).first(),
         "history": list(history),
-        "steps": list(action_list(user=user).filter(node=node, job__isnull=True).order_by("-planned_at", "-id")[:limit]),
+        "steps": list(
+            action_list(user=user).filter(node=node, job__isnull=True).order_by("-planned_at", "-id")[:limit]
+        ),
     }
 
 
 def incident_actions(*, user, incident: Incident) -> list[RecoveryAction]:
     """The recoveries of an incident the user may see (tenant users: their jobs'), oldest first."""
-    return list(action_list(user=user).filter(incident=incident).select_related("job__tenant", "previous")
-                .order_by("planned_at", "id"))
+    return list(
+        action_list(user=user)
+        .filter(incident=incident)
+        .select_related("job__tenant", "previous")
+        .order_by("planned_at", "id")
+    )
 
 
 SEARCH_LIMIT = 20
@@ -221,7 +260,7 @@ def search(*, user, q: str, limit: int = SEARCH_LIMIT) -> list[dict]:
     }
     groups = []
     for name, label in SEARCH_GROUPS:
-        rows = list(found[name][:limit + 1])   # one more than shown: whether there are others
+        rows = list(found[name][: limit + 1])  # one more than shown: whether there are others
         groups.append({"name": name, "label": label, "rows": rows[:limit], "more": len(rows) > limit})
     return groups
 
@@ -248,28 +287,35 @@ def hardware_fault_count(cluster_ids: list[int], since, until) -> int:
     """fleet.hooks fault counter for the rollout gate: hardware faults a node-level change can cause
     (``NODE_HARDWARE_KINDS``, less application Xids) detected on these clusters' nodes in [since, until), one per
     incident (the agent's Xid 79 and Alertmanager's NodeDown of one failure count once)."""
-    rows = (FaultEvent.objects.filter(cluster_id__in=cluster_ids, detected_at__gte=since, detected_at__lt=until,
-                                      kind__in=NODE_HARDWARE_KINDS)
-            .exclude(kind="gpu_xid", xid__in=_application_xids()))
-    counts = rows.aggregate(incidents=Count("incident", distinct=True), loose=Count("pk", filter=Q(incident__isnull=True)))
+    rows = FaultEvent.objects.filter(
+        cluster_id__in=cluster_ids,
+        detected_at__gte=since,
+        detected_at__lt=until,
+        kind__in=NODE_HARDWARE_KINDS,
+    ).exclude(kind="gpu_xid", xid__in=_application_xids())
+    counts = rows.aggregate(
+        incidents=Count("incident", distinct=True), loose=Count("pk", filter=Q(incident__isnull=True))
+    )
     return counts["incidents"] + counts["loose"]
 
 
 # The landing pages' reads (home/views.py): faults and recoveries on the provider's dashboard, a tenant's jobs.
 
+
 def _saved_since(actions: QuerySet[RecoveryAction], since) -> float:
 
-
-    value = actions.filter(state=ActionState.SUCCEEDED, dry_run=False, ended_at__gte=since).aggregate(s=Sum("gpu_hours_saved"))["s"]
+    value = actions.filter(state=ActionState.SUCCEEDED, dry_run=False, ended_at__gte=since).aggregate(
+        s=Sum("gpu_hours_saved")
+    )["s"]
     return round(value or 0.0, 2)
 
 
 def expected_saving(actions: QuerySet[RecoveryAction]) -> float:
     """What unsettled proactive moves expect to save (kept apart from the realized figure; docs/gpu-hours.md)."""
 
-
-    value = (actions.filter(state=ActionState.SUCCEEDED, dry_run=False, saving=SavingState.EXPECTED)
-             .aggregate(s=Sum("gpu_hours_expected"))["s"])
+    value = actions.filter(state=ActionState.SUCCEEDED, dry_run=False, saving=SavingState.EXPECTED).aggregate(
+        s=Sum("gpu_hours_expected")
+    )["s"]
     return round(value or 0.0, 2)
 
 
@@ -279,20 +325,32 @@ def recovery_dashboard(*, user, now, since, truncate) -> dict:
     faults = restrict(FaultEvent.objects.all(), user)
     actions = restrict(RecoveryAction.objects.all(), user)
     today = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    per_bucket = (faults.filter(received_at__gte=since).annotate(hour=truncate("received_at"))
-                  .values("hour").annotate(n=Count("id")).order_by("hour"))
-    saved_buckets = (actions.filter(state=ActionState.SUCCEEDED, dry_run=False, ended_at__gte=since)
-                     .annotate(hour=truncate("ended_at")).values("hour").annotate(saved=Sum("gpu_hours_saved"))
-                     .order_by("hour"))
+    per_bucket = (
+        faults.filter(received_at__gte=since)
+        .annotate(hour=truncate("received_at"))
+        .values("hour")
+        .annotate(n=Count("id"))
+        .order_by("hour")
+    )
+    saved_buckets = (
+        actions.filter(state=ActionState.SUCCEEDED, dry_run=False, ended_at__gte=since)
+        .annotate(hour=truncate("ended_at"))
+        .values("hour")
+        .annotate(saved=Sum("gpu_hours_saved"))
+        .order_by("hour")
+    )
     cumulative, saved_series = 0.0, []
     for row in saved_buckets:
         cumulative += row["saved"] or 0.0
         saved_series.append({"t": row["hour"].isoformat(), "v": round(cumulative, 3)})
     return {
-        "figures": {"faults_24h": faults.filter(received_at__gte=now - timedelta(hours=24)).count(),
-                    "faults_open": faults.filter(state="new").count(),
-                    "saved_today": _saved_since(actions, today), "saved_30d": _saved_since(actions, now - timedelta(days=30)),
-                    "expected": expected_saving(actions)},
+        "figures": {
+            "faults_24h": faults.filter(received_at__gte=now - timedelta(hours=24)).count(),
+            "faults_open": faults.filter(state="new").count(),
+            "saved_today": _saved_since(actions, today),
+            "saved_30d": _saved_since(actions, now - timedelta(days=30)),
+            "expected": expected_saving(actions),
+        },
         "faults": [{"t": r["hour"].isoformat(), "v": r["n"]} for r in per_bucket],
         "saved": saved_series,
     }
@@ -301,12 +359,17 @@ def recovery_dashboard(*, user, now, since, truncate) -> dict:
 def tenant_recent_jobs(*, user, tenant_id: int, limit: int = 100) -> list[Job]:
     """A tenant's newest jobs, each with the GPU-hours its recoveries saved (``saved``)."""
 
-
-    return list(restrict(Job.objects.filter(tenant_id=tenant_id), user)
-                .select_related("cluster__blueprint_version__blueprint")
-                .annotate(saved=Sum("actions__gpu_hours_saved", filter=Q(actions__state=ActionState.SUCCEEDED,
-                                                                          actions__dry_run=False)))
-                .order_by("-created_at")[:limit])
+    return list(
+        restrict(Job.objects.filter(tenant_id=tenant_id), user)
+        .select_related("cluster__blueprint_version__blueprint")
+        .annotate(
+            saved=Sum(
+                "actions__gpu_hours_saved",
+                filter=Q(actions__state=ActionState.SUCCEEDED, actions__dry_run=False),
+            )
+        )
+        .order_by("-created_at")[:limit]
+    )
 
 
 def tenant_phase_seconds(*, user, tenant_id: int, since, now) -> dict[str, float]:
@@ -314,11 +377,16 @@ def tenant_phase_seconds(*, user, tenant_id: int, since, now) -> dict[str, float
     up to now, and one that began before ``since`` counts from ``since``. Closed phases inside the window are one
     aggregate; the few that are open or straddle its start (about one per job) are added here."""
     phases = restrict(JobPhase.objects.filter(job__tenant_id=tenant_id), user)
-    inside = (phases.filter(started_at__gte=since, ended_at__isnull=False)
-              .values("kind").annotate(seconds=Sum(F("ended_at") - F("started_at"))).order_by())
+    inside = (
+        phases.filter(started_at__gte=since, ended_at__isnull=False)
+        .values("kind")
+        .annotate(seconds=Sum(F("ended_at") - F("started_at")))
+        .order_by()
+    )
     totals = {row["kind"]: (row["seconds"].total_seconds() if row["seconds"] else 0.0) for row in inside}
-    edges = (phases.filter(Q(ended_at__isnull=True) | Q(started_at__lt=since, ended_at__gt=since))
-             .values_list("kind", "started_at", "ended_at"))
+    edges = phases.filter(Q(ended_at__isnull=True) | Q(started_at__lt=since, ended_at__gt=since)).values_list(
+        "kind", "started_at", "ended_at"
+    )
     for kind, started_at, ended_at in edges:
         seconds = (min(ended_at or now, now) - max(started_at, since)).total_seconds()
         if seconds > 0:
@@ -329,7 +397,14 @@ def tenant_phase_seconds(*, user, tenant_id: int, since, now) -> dict[str, float
 def tenant_recovery_figures(*, user, tenant_id: int) -> dict:
     """A tenant's jobs recovering now, and the GPU-hours its recoveries saved and expect to save."""
     actions = restrict(RecoveryAction.objects.filter(job__tenant_id=tenant_id), user)
-    saved = actions.filter(state=ActionState.SUCCEEDED, dry_run=False).aggregate(s=Sum("gpu_hours_saved"))["s"] or 0.0
-    recovering = restrict(JobPhase.objects.filter(job__tenant_id=tenant_id, kind=JobPhaseKind.RECOVERING,
-                                                  ended_at__isnull=True), user).count()
+    saved = (
+        actions.filter(state=ActionState.SUCCEEDED, dry_run=False).aggregate(s=Sum("gpu_hours_saved"))["s"]
+        or 0.0
+    )
+    recovering = restrict(
+        JobPhase.objects.filter(
+            job__tenant_id=tenant_id, kind=JobPhaseKind.RECOVERING, ended_at__isnull=True
+        ),
+        user,
+    ).count()
     return {"saved": round(saved, 2), "expected": expected_saving(actions), "recovering_now": recovering}

@@ -12,8 +12,16 @@ class JobTable(tables.Table):
     cluster = tables.Column(accessor="cluster__name", verbose_name="Cluster")
     gpus = tables.Column(verbose_name="GPUs")
     state = tables.Column(attrs={"td": {"class": "state", "data-state": lambda record: record.state}})
-    gpu_hours_saved = tables.Column(verbose_name="GPU-hours saved", attrs={"td": {
-        "class": "saved", "data-digits": "2", "data-value": lambda record: record.gpu_hours_saved or 0}})
+    gpu_hours_saved = tables.Column(
+        verbose_name="GPU-hours saved",
+        attrs={
+            "td": {
+                "class": "saved",
+                "data-digits": "2",
+                "data-value": lambda record: record.gpu_hours_saved or 0,
+            }
+        },
+    )
     started_at = tables.DateTimeColumn(verbose_name="Started")
 
     class Meta:

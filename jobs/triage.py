@@ -86,22 +86,26 @@ def classify_xid(xid: int, rows: dict[int, dict] | None = None) -> XidVerdict:
     row = rows.get(int(xid))
     if row is None:
         out, esc, human, app, ignore, remedy = UNKNOWN_BUCKET
-        return XidVerdict(int(xid), "", "not in the catalogue", "", out, esc, human, app, ignore, remedy, False)
+        return XidVerdict(
+            int(xid), "", "not in the catalogue", "", out, esc, human, app, ignore, remedy, False
+        )
     action = (row.get("recommended_action") or "").strip()
     out, esc, human, app, ignore, remedy = ACTION_BUCKETS.get(action, UNKNOWN_BUCKET)
     mnemonic = row.get("mnemonic", "")
     if action == "RESTART_APP" and "CONTAINED_ERROR" in mnemonic and "UNCONTAINED" not in mnemonic:
         # A contained memory error (Xid 94): the application restarts, but the GPU's memory is suspect.
         esc = True
-    return XidVerdict(int(xid), mnemonic, row.get("meaning", ""), action, out, esc, human, app, ignore, remedy)
+    return XidVerdict(
+        int(xid), mnemonic, row.get("meaning", ""), action, out, esc, human, app, ignore, remedy
+    )
 
 
 @dataclass(frozen=True)
 class FaultVerdict:
     """What a fault of any kind means: for the job on the device, for the device, and for the ladder."""
 
-    job_impact: str          # "none", "restart" (app crashed), "device" (a GPU is gone), "node" (the whole node),
-                             # "nic" (one NIC down), "degraded" (slower), "risk" (may fail soon)
+    job_impact: str  # "none", "restart" (app crashed), "device" (a GPU is gone), "node" (the whole node),
+    # "nic" (one NIC down), "degraded" (slower), "risk" (may fail soon)
     out_of_service: bool
     escalates: bool
     needs_human: bool
@@ -121,16 +125,42 @@ def classify_fault(kind: str, *, xid: int | None = None, details: dict | None = 
         if xid is None:
             return FaultVerdict("none", False, True, True, "", explanation="gpu_xid without a code")
         v = classify_xid(xid)
-        impact = "device" if v.out_of_service else ("none" if v.ignore else ("restart" if v.application else "none"))
+        impact = (
+            "device"
+            if v.out_of_service
+            else ("none" if v.ignore else ("restart" if v.application else "none"))
+        )
         text = f"Xid {xid} {v.mnemonic or '(unknown)'}: {v.recommended_action or 'no recommended action'}"
-        return FaultVerdict(impact, v.out_of_service, v.escalates, v.needs_human, v.remediation,
-                            v.recommended_action, v.ignore, text)
+        return FaultVerdict(
+            impact,
+            v.out_of_service,
+            v.escalates,
+            v.needs_human,
+            v.remediation,
+            v.recommended_action,
+            v.ignore,
+            text,
+        )
     if kind == "ecc_uncorrectable":
-        return FaultVerdict("device", True, True, False, "gpu_reset", "RESET_GPU",
-                            explanation="uncorrectable ECC: the GPU leaves service")
+        return FaultVerdict(
+            "device",
+            True,
+            True,
+            False,
+            "gpu_reset",
+            "RESET_GPU",
+            explanation="uncorrectable ECC: the GPU leaves service",
+        )
     if kind == "nvlink_error":
-        return FaultVerdict("node", True, True, False, "reboot", "WORKFLOW_NVLINK_ERR",
-                            explanation="NVLink error: the node's GPUs cannot be trusted together")
+        return FaultVerdict(
+            "node",
+            True,
+            True,
+            False,
+            "reboot",
+            "WORKFLOW_NVLINK_ERR",
+            explanation="NVLink error: the node's GPUs cannot be trusted together",
+        )
     if kind == "node_unreachable":
         return FaultVerdict("node", True, True, True, "reboot", explanation="node unreachable")
     if kind in ("nic_down", "link_flap", "link_degraded"):
@@ -141,9 +171,13 @@ def classify_fault(kind: str, *, xid: int | None = None, details: dict | None = 
         return FaultVerdict("restart", False, False, False, "", explanation="the application crashed")
     if kind == "hang":
         # Priced like a crash of the job's own code: the hardware is not suspected, the job restarts.
-        return FaultVerdict("restart", False, False, False, "", explanation="the job stopped making progress (hang)")
+        return FaultVerdict(
+            "restart", False, False, False, "", explanation="the job stopped making progress (hang)"
+        )
     if kind in ("predicted_failure", "facility"):
-        return FaultVerdict("risk", False, True, False, "", explanation=f"{kind.replace('_', ' ')}: move work off early")
+        return FaultVerdict(
+            "risk", False, True, False, "", explanation=f"{kind.replace('_', ' ')}: move work off early"
+        )
     if kind in ("thermal", "straggler"):
         return FaultVerdict("none", False, True, False, "", explanation=f"{kind}: counts toward escalation")
     return FaultVerdict("none", False, True, True, "", explanation=f"unknown kind {kind}")
@@ -151,8 +185,8 @@ def classify_fault(kind: str, *, xid: int | None = None, details: dict | None = 
 
 # NIC thresholds (InfiniBand port counters). The symbol-error rate that means a degraded link is the setting
 # TELEMETRY_SYMBOL_ERRORS_PER_HOUR, read by ingest (which reports the crossing) and by triage alike.
-LINK_RECOVERIES_DEGRADED = 2       # link error recoveries within one reading: the link keeps retraining
-DOWNTIME_FATAL_SECONDS = 30.0      # cumulative time down that outweighs the flap count
+LINK_RECOVERIES_DEGRADED = 2  # link error recoveries within one reading: the link keeps retraining
+DOWNTIME_FATAL_SECONDS = 30.0  # cumulative time down that outweighs the flap count
 FLAPS_DEGRADED = 3
 
 
@@ -174,25 +208,34 @@ class NicFaultDetails:
     ``downtime_seconds`` is the link's cumulative time observed down; ``symbol_rate_per_hour`` is the smoothed
     rate of symbol errors."""
 
-    link_state: str | None = None             # "up" or "down" at the reading
-    link_downed: int | None = None            # link-down events since the previous reading
+    link_state: str | None = None  # "up" or "down" at the reading
+    link_downed: int | None = None  # link-down events since the previous reading
     downtime_seconds: float | None = None
     symbol_rate_per_hour: float | None = None
     link_error_recoveries: int | None = None  # link error recoveries since the previous reading
     flaps: int | None = None
 
-    KEYS = ("link_state", "link_downed", "downtime_seconds", "symbol_rate_per_hour", "link_error_recoveries", "flaps")
+    KEYS = (
+        "link_state",
+        "link_downed",
+        "downtime_seconds",
+        "symbol_rate_per_hour",
+        "link_error_recoveries",
+        "flaps",
+    )
 
     @classmethod
     def of(cls, details: dict | None) -> "NicFaultDetails":
         details = details if isinstance(details, dict) else {}
         state = details.get("link_state")
-        return cls(link_state=state if state in ("up", "down") else None,
-                   link_downed=_number(details.get("link_downed"), int),
-                   downtime_seconds=_number(details.get("downtime_seconds"), float),
-                   symbol_rate_per_hour=_number(details.get("symbol_rate_per_hour"), float),
-                   link_error_recoveries=_number(details.get("link_error_recoveries"), int),
-                   flaps=_number(details.get("flaps"), int))
+        return cls(
+            link_state=state if state in ("up", "down") else None,
+            link_downed=_number(details.get("link_downed"), int),
+            downtime_seconds=_number(details.get("downtime_seconds"), float),
+            symbol_rate_per_hour=_number(details.get("symbol_rate_per_hour"), float),
+            link_error_recoveries=_number(details.get("link_error_recoveries"), int),
+            flaps=_number(details.get("flaps"), int),
+        )
 
     def as_details(self) -> dict:
         return {key: getattr(self, key) for key in self.KEYS if getattr(self, key) is not None}

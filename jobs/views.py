@@ -38,16 +38,29 @@ class JobListView(LoginRequiredMixin, SingleTableMixin, FilterView):
 
     def get_queryset(self):
         saved = Sum("actions__gpu_hours_saved", filter=Q(actions__state="succeeded", actions__dry_run=False))
-        return (selectors.job_list(user=self.request.user).select_related("tenant", "cluster")
-                .annotate(gpu_hours_saved=saved))
+        return (
+            selectors.job_list(user=self.request.user)
+            .select_related("tenant", "cluster")
+            .annotate(gpu_hours_saved=saved)
+        )
 
     def get_table(self, **kwargs):
         table = super().get_table(**kwargs)
         who = principal(self.request.user)
-        topic = events.topic("fleet") if who.is_provider else (events.topic("tenant", who.tenant_id) if who.tenant_id else "")
+        topic = (
+            events.topic("fleet")
+            if who.is_provider
+            else (events.topic("tenant", who.tenant_id) if who.tenant_id else "")
+        )
         after = topic_seq(topic)
-        table.attrs = {"class": "table", "id": "job-table", "data-topic": topic, "data-after": after,
-                       "data-live-topics": topic, "data-live-after": after}
+        table.attrs = {
+            "class": "table",
+            "id": "job-table",
+            "data-topic": topic,
+            "data-after": after,
+            "data-live-topics": topic,
+            "data-live-after": after,
+        }
         return table
 
 
@@ -55,23 +68,37 @@ class JobListView(LoginRequiredMixin, SingleTableMixin, FilterView):
 def job_detail(request, pk: int):
     job = get_object_or_404(selectors.job_list(user=request.user), pk=pk)
     topic = events.topic("job", job.pk)
-    after = topic_seq(topic)   # read before the snapshot: events after it are applied on top, duplicates dropped
+    after = topic_seq(
+        topic
+    )  # read before the snapshot: events after it are applied on top, duplicates dropped
     window = time_range(request, default="30d")
     timeline = figures.job_timeline(job, since=window.since)
     placements = list(selectors.job_allocations(user=request.user, job=job)[:200])
     incidents = selectors.job_incidents(user=request.user, job=job)
-    return render(request, "jobs/job.html", {
-        "job": job, "timeline": timeline, "topic": topic, "after": after, "protection": job_protection(job),
-        "time_range": window, "summary": figures.timeline_summary(timeline),
-        "allocations": job.allocations.filter(released_at__isnull=True).select_related("node"),
-        "actions": selectors.action_list(user=request.user).filter(job=job).order_by("-planned_at")[:50],
-        "incidents": incidents, "placements": placements,
-        "node_ids": selectors.visible_node_ids(user=request.user, node_ids=[p.node_id for p in placements]
-                                               + [i.node_id for i in incidents]),
-        "cluster_visible": fleet_selectors.sees_in_full(request.user, job.cluster),
-        "who": principal(request.user),
-        "may_cancel": job.state in ACTIVE_JOB_STATES and principal(request.user).may_submit_jobs(job.tenant_id),
-    })
+    return render(
+        request,
+        "jobs/job.html",
+        {
+            "job": job,
+            "timeline": timeline,
+            "topic": topic,
+            "after": after,
+            "protection": job_protection(job),
+            "time_range": window,
+            "summary": figures.timeline_summary(timeline),
+            "allocations": job.allocations.filter(released_at__isnull=True).select_related("node"),
+            "actions": selectors.action_list(user=request.user).filter(job=job).order_by("-planned_at")[:50],
+            "incidents": incidents,
+            "placements": placements,
+            "node_ids": selectors.visible_node_ids(
+                user=request.user, node_ids=[p.node_id for p in placements] + [i.node_id for i in incidents]
+            ),
+            "cluster_visible": fleet_selectors.sees_in_full(request.user, job.cluster),
+            "who": principal(request.user),
+            "may_cancel": job.state in ACTIVE_JOB_STATES
+            and principal(request.user).may_submit_jobs(job.tenant_id),
+        },
+    )
 
 
 @login_required
@@ -83,13 +110,25 @@ def job_cancel(request, pk: int):
     require(principal(request.user).may_submit_jobs(job.tenant_id), "you may not cancel this job")
     back = reverse("job-detail", args=[job.pk])
     if not confirmed(request):
-        return confirm_page(request, title=f"Cancel {job.name}", question=f"Cancel {job.name} on {job.cluster.name}?",
-                            consequences=[f"It stops for good and its {job.gpus} GPUs are released; recoveries under "
-                                          f"way are dropped. Its last checkpoint is iteration "
-                                          f"{job.last_checkpoint_iteration}."],
-                            action_url=request.path, back_url=back, button="Cancel the job")
-    return carry_out(request, lambda: job_services.job_cancel(actor=request.user, job=job),
-                     done=f"{job.name} cancelled.", back=back)
+        return confirm_page(
+            request,
+            title=f"Cancel {job.name}",
+            question=f"Cancel {job.name} on {job.cluster.name}?",
+            consequences=[
+                f"It stops for good and its {job.gpus} GPUs are released; recoveries under "
+                f"way are dropped. Its last checkpoint is iteration "
+                f"{job.last_checkpoint_iteration}."
+            ],
+            action_url=request.path,
+            back_url=back,
+            button="Cancel the job",
+        )
+    return carry_out(
+        request,
+        lambda: job_services.job_cancel(actor=request.user, job=job),
+        done=f"{job.name} cancelled.",
+        back=back,
+    )
 
 
 @login_required
@@ -97,14 +136,20 @@ def fault_overview(request):
     """Live fault feed (an incident a row, its reports folded under it) and GPU-hours saved over time: the
     fleet's for provider roles, the tenant's own otherwise."""
     who = principal(request.user)
-    topic = events.topic("fleet") if who.is_provider else (events.topic("tenant", who.tenant_id) if who.tenant_id else "")
+    topic = (
+        events.topic("fleet")
+        if who.is_provider
+        else (events.topic("tenant", who.tenant_id) if who.tenant_id else "")
+    )
     faults = selectors.job_fault_list(user=request.user)
     actions = selectors.action_list(user=request.user)
     cluster = None
     if request.GET.get("cluster", "").isdigit():
         # One cluster's feed (for the cluster page to link to): only where the reader may follow its topic,
         # which is where the reader sees the cluster in full (a 404 otherwise, like a missing one).
-        cluster = get_object_or_404(fleet_selectors.cluster_list(user=request.user), pk=int(request.GET["cluster"]))
+        cluster = get_object_or_404(
+            fleet_selectors.cluster_list(user=request.user), pk=int(request.GET["cluster"])
+        )
         topic = events.topic("cluster", cluster.pk)
         faults, actions = faults.filter(cluster=cluster), actions.filter(cluster=cluster)
     after = topic_seq(topic)
@@ -117,14 +162,32 @@ def fault_overview(request):
         raise Http404("no such page") from error
     # The figures and the chart cover the page's time range (the feed below lists every fault, newest first).
     window = time_range(request, default="30d")
-    stats = figures.gpu_hours_stats(actions=actions, faults=faults, group="fleet" if who.is_provider else "tenant",
-                                    bucket="minute" if window.bucket == "minute" else "hour", since=window.since)
-    return render(request, "jobs/fault_overview.html", {
-        "topic": topic, "after": after, "feed": feed, "page_obj": page_obj, "time_range": window,
-        "is_paginated": page_obj.paginator.num_pages > 1, "stats": stats, "who": who, "cluster": cluster,
-        "node_ids": selectors.visible_node_ids(user=request.user, node_ids=[
-            (row.get("incident") or row.get("fault")).node_id for row in feed]),
-    })
+    stats = figures.gpu_hours_stats(
+        actions=actions,
+        faults=faults,
+        group="fleet" if who.is_provider else "tenant",
+        bucket="minute" if window.bucket == "minute" else "hour",
+        since=window.since,
+    )
+    return render(
+        request,
+        "jobs/fault_overview.html",
+        {
+            "topic": topic,
+            "after": after,
+            "feed": feed,
+            "page_obj": page_obj,
+            "time_range": window,
+            "is_paginated": page_obj.paginator.num_pages > 1,
+            "stats": stats,
+            "who": who,
+            "cluster": cluster,
+            "node_ids": selectors.visible_node_ids(
+                user=request.user,
+                node_ids=[(row.get("incident") or row.get("fault")).node_id for row in feed],
+            ),
+        },
+    )
 
 
 @login_required
@@ -135,14 +198,25 @@ def incident_detail(request, pk: int):
     who = principal(request.user)
     actions = selectors.incident_actions(user=request.user, incident=incident)
     faults = list(incident.faults.all())
-    return render(request, "jobs/incident.html", {
-        "incident": incident, "faults": faults, "actions": actions, "ledger": figures.incident_ledger(actions),
-        "sources": selectors.sources_of(incident), "who": who,
-        "show_decisions": selectors.sees_decisions(user=request.user, incident=incident),
-        "cluster_visible": fleet_selectors.sees_in_full(request.user, incident.cluster),
-        "node_ids": selectors.visible_node_ids(user=request.user, node_ids=[incident.node_id] + [
-            pk for action in actions for pk in (action.node_id, action.to_node_id)]),
-    })
+    return render(
+        request,
+        "jobs/incident.html",
+        {
+            "incident": incident,
+            "faults": faults,
+            "actions": actions,
+            "ledger": figures.incident_ledger(actions),
+            "sources": selectors.sources_of(incident),
+            "who": who,
+            "show_decisions": selectors.sees_decisions(user=request.user, incident=incident),
+            "cluster_visible": fleet_selectors.sees_in_full(request.user, incident.cluster),
+            "node_ids": selectors.visible_node_ids(
+                user=request.user,
+                node_ids=[incident.node_id]
+                + [pk for action in actions for pk in (action.node_id, action.to_node_id)],
+            ),
+        },
+    )
 
 
 @login_required
@@ -151,15 +225,20 @@ def node_detail(request, pk: int):
     on it. A node of a cluster the reader does not see in full is a 404, like a missing one."""
     node = get_object_or_404(fleet_selectors.node_list(user=request.user), pk=pk)
     allocations = list(selectors.node_allocations(user=request.user, node=node)[:200])
-    return render(request, "fleet/node_detail.html", {
-        "node": node, **fleet_selectors.node_hardware(user=request.user, node=node),
-        "ladder": selectors.node_ladder(user=request.user, node=node),
-        "faults": selectors.node_faults(user=request.user, node=node),
-        "current": [a for a in allocations if a.released_at is None],
-        "past": [a for a in allocations if a.released_at is not None],
-        "who": principal(request.user),
-        "node_actions": node_actions_for(node) if principal(request.user).may_operate else [],
-    })
+    return render(
+        request,
+        "fleet/node_detail.html",
+        {
+            "node": node,
+            **fleet_selectors.node_hardware(user=request.user, node=node),
+            "ladder": selectors.node_ladder(user=request.user, node=node),
+            "faults": selectors.node_faults(user=request.user, node=node),
+            "current": [a for a in allocations if a.released_at is None],
+            "past": [a for a in allocations if a.released_at is not None],
+            "who": principal(request.user),
+            "node_actions": node_actions_for(node) if principal(request.user).may_operate else [],
+        },
+    )
 
 
 @login_required
@@ -168,8 +247,17 @@ def search(request):
     its page. An empty query shows the form; an over-long one (or one with a NUL) is a 400."""
     q = request.GET.get("q", "").strip()
     if len(q) > selectors.SEARCH_MAX_LENGTH or "\x00" in q:
-        return HttpResponseBadRequest(f"A search is at most {selectors.SEARCH_MAX_LENGTH} characters of text.")
+        return HttpResponseBadRequest(
+            f"A search is at most {selectors.SEARCH_MAX_LENGTH} characters of text."
+        )
     groups = selectors.search(user=request.user, q=q) if q else []
-    return render(request, "jobs/search.html", {
-        "q": q, "search_query": q, "groups": groups, "total": sum(len(group["rows"]) for group in groups),
-    })
+    return render(
+        request,
+        "jobs/search.html",
+        {
+            "q": q,
+            "search_query": q,
+            "groups": groups,
+            "total": sum(len(group["rows"]) for group in groups),
+        },
+    )

@@ -21,9 +21,11 @@ class SimWorld(models.Model):
 class WhatIfRun(models.Model):
     """A what-if replay started from the page or the API; its report when done."""
 
-    State = WhatIfState   # the model's name for its choices (simulator.choices)
+    State = WhatIfState  # the model's name for its choices (simulator.choices)
 
-    created_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     config = models.JSONField()
     state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
     progress = models.FloatField(default=0.0)

@@ -43,9 +43,15 @@ class Profile:
 
 
 PROFILES = {
-    "llama3": Profile("llama3", 419 / (54 * 24 * 16_384), "419 unexpected interruptions / 54 days / 16,384 GPUs"),
-    "rsc1": Profile("rsc1", 6.50 / 1000 / 24 / 8, "6.50 node failures per 1,000 node-days (RSC-1), 8 GPUs per node"),
-    "rsc2": Profile("rsc2", 2.34 / 1000 / 24 / 8, "2.34 node failures per 1,000 node-days (RSC-2), 8 GPUs per node"),
+    "llama3": Profile(
+        "llama3", 419 / (54 * 24 * 16_384), "419 unexpected interruptions / 54 days / 16,384 GPUs"
+    ),
+    "rsc1": Profile(
+        "rsc1", 6.50 / 1000 / 24 / 8, "6.50 node failures per 1,000 node-days (RSC-1), 8 GPUs per node"
+    ),
+    "rsc2": Profile(
+        "rsc2", 2.34 / 1000 / 24 / 8, "2.34 node failures per 1,000 node-days (RSC-2), 8 GPUs per node"
+    ),
 }
 
 
@@ -56,7 +62,7 @@ class Manifestation:
 
     kind: str
     xid: int | None = None
-    precursor: str = ""   # "thermal", "ecc", "nic", "facility" or ""
+    precursor: str = ""  # "thermal", "ecc", "nic", "facility" or ""
     channel: str = "agent"  # "agent" (telemetry), "alertmanager" (node down), "job" (the job crashes)
     # Whether the workers' state on the node is gone: a dead GPU or node cannot hand its memory to a spare, so a
     # migration restores the worker from the protection runtime's last snapshot. A NIC going down or a GPU
@@ -90,7 +96,9 @@ MANIFESTATIONS = {
 PRECURSOR_SHARE = 0.5
 
 
-SOFTWARE_COMPONENTS = frozenset(name for name, seen in MANIFESTATIONS.items() if seen.kind == "software_crash")
+SOFTWARE_COMPONENTS = frozenset(
+    name for name, seen in MANIFESTATIONS.items() if seen.kind == "software_crash"
+)
 # Correlated failures: which root causes can take more than one node at once. A rack's power or cooling takes its
 # nodes together (several nodes for the job: a whole-job restart); a leaf switch takes one rail NIC of each node
 # under it (rail-optimised fabric: the nodes live on, their traffic can fail over to the other rails).
@@ -120,8 +128,10 @@ def root_cause_weights(software: float | None = None) -> tuple[float, ...]:
         return tuple(float(n) for n in counts)
     total = sum(counts)
     soft = sum(n for c, n in zip(components, counts, strict=True) if c in SOFTWARE_COMPONENTS)
-    return tuple(n * (software * total / soft if c in SOFTWARE_COMPONENTS else (1 - software) * total / (total - soft))
-                 for c, n in zip(components, counts, strict=True))
+    return tuple(
+        n * (software * total / soft if c in SOFTWARE_COMPONENTS else (1 - software) * total / (total - soft))
+        for c, n in zip(components, counts, strict=True)
+    )
 
 
 @functools.cache

@@ -33,14 +33,14 @@ from simulator.sampling import FaultSampler, Strike
 
 log = logging.getLogger(__name__)
 
-PRECURSOR_SECONDS = 180.0   # real seconds of warning before a predicted strike (after time compression)
-GREY_SECONDS = 600.0        # how long a grey fabric failure (errors rising, link up) lasts
-GREY_PER_HOUR = 4.0         # grey fabric failures per real hour across the demo fleet
-GREY_SLOWDOWN = 0.30        # a degraded link slows every collective of a job that crosses it
-THROTTLE_SLOWDOWN = 0.15    # a GPU hot enough to throttle slows its whole (lock-step) job
+PRECURSOR_SECONDS = 180.0  # real seconds of warning before a predicted strike (after time compression)
+GREY_SECONDS = 600.0  # how long a grey fabric failure (errors rising, link up) lasts
+GREY_PER_HOUR = 4.0  # grey fabric failures per real hour across the demo fleet
+GREY_SLOWDOWN = 0.30  # a degraded link slows every collective of a job that crosses it
+THROTTLE_SLOWDOWN = 0.15  # a GPU hot enough to throttle slows its whole (lock-step) job
 NIC_REPAIR_SECONDS = 300.0  # a downed link comes back after this long (the cable is reseated)
-REPAIR_HOURS = 4.0          # simulated hours a technician takes to repair a dead node (reboot, reseat, swap a part)
-REVIVED_STAGES = ("repaired", "validated", "returned")   # the ladder counts the node repaired: it runs again
+REPAIR_HOURS = 4.0  # simulated hours a technician takes to repair a dead node (reboot, reseat, swap a part)
+REVIVED_STAGES = ("repaired", "validated", "returned")  # the ladder counts the node repaired: it runs again
 
 
 @dataclass
@@ -48,7 +48,7 @@ class GPUSim:
     temperature: float
     sbe: int = 0
     dbe: int = 0
-    warming: float = 0.0      # °C added by a precursor or a facility fault
+    warming: float = 0.0  # °C added by a precursor or a facility fault
 
 
 @dataclass
@@ -56,9 +56,9 @@ class NICSim:
     link_downed: int = 0
     symbol_error: int = 0
     down_until: float = 0.0
-    noisy: float = 0.0        # symbol errors per tick while a precursor or a grey failure runs
+    noisy: float = 0.0  # symbol errors per tick while a precursor or a grey failure runs
     xmit_wait: int = 0
-    congested: float = 0.0    # extra port_xmit_wait ticks per reading while its rail is congested
+    congested: float = 0.0  # extra port_xmit_wait ticks per reading while its rail is congested
 
 
 @dataclass
@@ -71,7 +71,7 @@ class NodeSim:
     gpus: list[GPUSim]
     nics: dict[str, NICSim]
     dead: bool = False
-    repair_due: float | None = None   # monotonic time the technician's repair of a dead node is done
+    repair_due: float | None = None  # monotonic time the technician's repair of a dead node is done
 
 
 @dataclass
@@ -91,8 +91,15 @@ class RunnerStats:
 
 
 class Runner:
-    def __init__(self, *, url: str, profile: str = "llama3", acceleration: float = 600.0, seed: int | None = None,
-                 tick_seconds: float = 10.0):
+    def __init__(
+        self,
+        *,
+        url: str,
+        profile: str = "llama3",
+        acceleration: float = 600.0,
+        seed: int | None = None,
+        tick_seconds: float = 10.0,
+    ):
         self.url = url.rstrip("/")
         self.world = SimWorld.objects.get()
         self.profile = PROFILES[profile]
@@ -101,19 +108,21 @@ class Runner:
         self.random = random.Random(self.world.seed if seed is None else seed)
         self.session = requests.Session()
         self.nodes: list[NodeSim] = []
-        self.racks: dict[tuple[str, str], float] = {}   # (cluster, rack) -> loop pressure (Pa)
+        self.racks: dict[tuple[str, str], float] = {}  # (cluster, rack) -> loop pressure (Pa)
         for node in Node.objects.select_related("cluster").order_by("cluster__name", "hostname"):
             gpus = [GPUSim(temperature=self.random.uniform(48, 62)) for _ in range(node.gpus.count())]
             nics = {name: NICSim() for name in node.nics.values_list("name", flat=True)}
-            self.nodes.append(NodeSim(node.id, node.hostname, node.rack, node.cluster.name, node.leaf_switch, gpus, nics))
+            self.nodes.append(
+                NodeSim(node.id, node.hostname, node.rack, node.cluster.name, node.leaf_switch, gpus, nics)
+            )
             self.racks.setdefault((node.cluster.name, node.rack), 180_000.0)
         self.gpu_count = sum(len(n.gpus) for n in self.nodes)
         self.sampler = FaultSampler(self.profile, self.gpu_count, self.random.randrange(2**31))
         self.started = time.monotonic()
-        self.grey: list[tuple[str, list, float]] = []   # grey failures: (kind, what they touch, until)
+        self.grey: list[tuple[str, list, float]] = []  # grey failures: (kind, what they touch, until)
         self.pending: list[Pending] = []
         self.stats = RunnerStats()
-        self.jobs: dict[int, dict] = {}   # the training loops this simulator runs: job id -> its own progress
+        self.jobs: dict[int, dict] = {}  # the training loops this simulator runs: job id -> its own progress
 
     # --- the fault model -----------------------------------------------------------------------------------
     def _locate(self, gpu: int) -> tuple[NodeSim, int]:
@@ -140,8 +149,11 @@ class Runner:
             touched = [nic]
         elif kind == "congestion":
             name = f"mlx5_{index % 8}"
-            touched = [n.nics[name] for n in self.nodes if n.cluster == node.cluster and n.leaf == node.leaf
-                       and name in n.nics]
+            touched = [
+                n.nics[name]
+                for n in self.nodes
+                if n.cluster == node.cluster and n.leaf == node.leaf and name in n.nics
+            ]
             for nic in touched:
                 nic.congested = 200_000.0
         elif kind == "slow_gpu":
@@ -195,8 +207,14 @@ class Runner:
 
     def _strike(self, item: Pending, events: dict) -> None:
         strike, node, index = item.strike, item.node, item.gpu_index
-        record = {"component": strike.component, "kind": strike.kind, "node": node.hostname, "gpu": index,
-                  "precursor": strike.precursor, "channel": strike.channel}
+        record = {
+            "component": strike.component,
+            "kind": strike.kind,
+            "node": node.hostname,
+            "gpu": index,
+            "precursor": strike.precursor,
+            "channel": strike.channel,
+        }
         self.stats.strikes.append(record)
         if strike.channel == "alertmanager":
             node.dead = True
@@ -205,11 +223,19 @@ class Runner:
             self._post_fault(node, "software_crash", details={"component": strike.component})
         elif strike.kind == "gpu_xid":
             events.setdefault(node.cluster, []).append(
-                {"ts": time.time(), "node": node.hostname, "type": "xid", "xid": strike.xid, "gpu": index})
+                {"ts": time.time(), "node": node.hostname, "type": "xid", "xid": strike.xid, "gpu": index}
+            )
         elif strike.kind == "ecc_uncorrectable":
             node.gpus[index].dbe += 1
             events.setdefault(node.cluster, []).append(
-                {"ts": time.time(), "node": node.hostname, "type": "xid", "xid": strike.xid or 48, "gpu": index})
+                {
+                    "ts": time.time(),
+                    "node": node.hostname,
+                    "type": "xid",
+                    "xid": strike.xid or 48,
+                    "gpu": index,
+                }
+            )
         elif strike.kind == "thermal":
             node.gpus[index].warming = 40.0
         elif strike.kind == "nic_down":
@@ -233,38 +259,63 @@ class Runner:
             return 0
         revived = 0
         for node_id, stage, fault_id in NodeEscalation.objects.filter(node_id__in=dead).values_list(
-                "node_id", "stage", "fault_id"):
+            "node_id", "stage", "fault_id"
+        ):
             node = dead[node_id]
             if stage in REVIVED_STAGES:
                 node.dead, node.repair_due = False, None
                 revived += 1
-            elif stage == "failed" and fault_id is not None and self.acceleration > 0:   # time stands still at 0
+            elif (
+                stage == "failed" and fault_id is not None and self.acceleration > 0
+            ):  # time stands still at 0
                 if node.repair_due is None:
                     node.repair_due = now + REPAIR_HOURS * 3600.0 / self.acceleration
                 elif now >= node.repair_due and self._send(
-                        f"{self.url}/api/v1/faults/{fault_id}/repaired/",
-                        {"reason": f"simulated technician: {node.hostname} rebooted and reseated"}, self.world.api_token):
+                    f"{self.url}/api/v1/faults/{fault_id}/repaired/",
+                    {"reason": f"simulated technician: {node.hostname} rebooted and reseated"},
+                    self.world.api_token,
+                ):
                     node.repair_due = None
         return revived
 
     # --- talking to the control plane ----------------------------------------------------------------------
     def _post_alert(self, node: NodeSim) -> None:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        body = {"version": "4", "status": "firing", "receiver": "lockstep", "groupLabels": {}, "commonLabels": {},
-                "commonAnnotations": {}, "externalURL": "http://alertmanager.simulated", "groupKey": node.hostname,
-                "truncatedAlerts": 0,
-                "alerts": [{"status": "firing", "labels": {"alertname": "NodeDown", "node": node.hostname},
-                            "annotations": {"summary": f"{node.hostname} stopped answering"}, "startsAt": now,
-                            "endsAt": "0001-01-01T00:00:00Z", "fingerprint": uuid.uuid4().hex[:16]}]}
+        body = {
+            "version": "4",
+            "status": "firing",
+            "receiver": "lockstep",
+            "groupLabels": {},
+            "commonLabels": {},
+            "commonAnnotations": {},
+            "externalURL": "http://alertmanager.simulated",
+            "groupKey": node.hostname,
+            "truncatedAlerts": 0,
+            "alerts": [
+                {
+                    "status": "firing",
+                    "labels": {"alertname": "NodeDown", "node": node.hostname},
+                    "annotations": {"summary": f"{node.hostname} stopped answering"},
+                    "startsAt": now,
+                    "endsAt": "0001-01-01T00:00:00Z",
+                    "fingerprint": uuid.uuid4().hex[:16],
+                }
+            ],
+        }
         self._send(f"{self.url}/api/v1/ingest/alertmanager/", body, self.world.api_token)
 
     def _post_fault(self, node: NodeSim, kind: str, details: dict) -> None:
-        self._send(f"{self.url}/api/v1/faults/", {"node": node.id, "kind": kind, "source": "simulator",
-                                                  "details": details}, self.world.api_token)
+        self._send(
+            f"{self.url}/api/v1/faults/",
+            {"node": node.id, "kind": kind, "source": "simulator", "details": details},
+            self.world.api_token,
+        )
 
     def _send(self, url: str, body: dict, token: str) -> bool:
         try:
-            response = self.session.post(url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=15)
+            response = self.session.post(
+                url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=15
+            )
         except requests.RequestException as error:
             log.warning("control plane unreachable (%s); will try again", error)
             return False
@@ -282,35 +333,88 @@ class Runner:
             for index, gpu in enumerate(node.gpus):
                 gpu.sbe += 1 if self.random.random() < 0.01 else 0
                 temperature = gpu.temperature + gpu.warming + self.random.gauss(0, 0.8)
-                readings.append({"ts": now, "node": node.hostname, "gpu": index, "uuid": f"{node.hostname}-{index}",
-                                 "fields": {"DCGM_FI_DEV_GPU_TEMP": round(temperature, 1),
-                                            "DCGM_FI_DEV_POWER_USAGE": round(self.random.uniform(580, 690), 1),
-                                            "DCGM_FI_DEV_GPU_UTIL": round(self.random.uniform(88, 99), 1),
-                                            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": gpu.sbe,
-                                            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": gpu.dbe,
-                                            "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 0x20 if temperature > 85 else 0}})
+                readings.append(
+                    {
+                        "ts": now,
+                        "node": node.hostname,
+                        "gpu": index,
+                        "uuid": f"{node.hostname}-{index}",
+                        "fields": {
+                            "DCGM_FI_DEV_GPU_TEMP": round(temperature, 1),
+                            "DCGM_FI_DEV_POWER_USAGE": round(self.random.uniform(580, 690), 1),
+                            "DCGM_FI_DEV_GPU_UTIL": round(self.random.uniform(88, 99), 1),
+                            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": gpu.sbe,
+                            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": gpu.dbe,
+                            "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 0x20 if temperature > 85 else 0,
+                        },
+                    }
+                )
             for name, nic in node.nics.items():
                 nic.symbol_error += int(nic.noisy)
                 nic.xmit_wait += self.random.randint(20, 200) + int(nic.congested)
                 down = nic.down_until > monotonic
-                nics.append({"ts": now, "node": node.hostname, "name": name, "kind": "infiniband",
-                             "link_state": "down" if down else "up",
-                             "fields": {"link_downed": nic.link_downed, "symbol_error": nic.symbol_error,
-                                        "link_error_recovery": 0, "port_rcv_errors": 0,
-                                        "port_xmit_wait": nic.xmit_wait}})
+                nics.append(
+                    {
+                        "ts": now,
+                        "node": node.hostname,
+                        "name": name,
+                        "kind": "infiniband",
+                        "link_state": "down" if down else "up",
+                        "fields": {
+                            "link_downed": nic.link_downed,
+                            "symbol_error": nic.symbol_error,
+                            "link_error_recovery": 0,
+                            "port_rcv_errors": 0,
+                            "port_xmit_wait": nic.xmit_wait,
+                        },
+                    }
+                )
         for (name, rack), pressure in self.racks.items():
             if name == cluster:
-                facility.append({"ts": now, "source": "simulator", "scope": "rack", "target": rack,
-                                 "device": f"cdu-{rack}", "sensor": "loop", "metric": "cdu_differential_pressure_pascals",
-                                 "value": round(pressure + self.random.gauss(0, 500), 1)})
+                facility.append(
+                    {
+                        "ts": now,
+                        "source": "simulator",
+                        "scope": "rack",
+                        "target": rack,
+                        "device": f"cdu-{rack}",
+                        "sensor": "loop",
+                        "metric": "cdu_differential_pressure_pascals",
+                        "value": round(pressure + self.random.gauss(0, 500), 1),
+                    }
+                )
                 # the rack PDU draws more as the loop weakens and fans and pumps work harder
-                facility.append({"ts": now, "source": "simulator", "scope": "rack", "target": rack,
-                                 "device": f"pdu-{rack}", "sensor": "branch-a", "metric": "pdu_current_amperes",
-                                 "value": round(48.0 * (1 + (180_000.0 - pressure) / 180_000.0) + self.random.gauss(0, 0.4), 2)})
-        return {"schema_version": 1, "batch_id": str(uuid.uuid4()),
-                "agent": {"name": "lockstep-simulator", "version": "1", "hostname": f"relay-{cluster}", "gpu_status": "ok"},
-                "created_at": now, "sent_at": now, "node": None, "readings": readings, "nics": nics,
-                "events": events, "facility": facility}
+                facility.append(
+                    {
+                        "ts": now,
+                        "source": "simulator",
+                        "scope": "rack",
+                        "target": rack,
+                        "device": f"pdu-{rack}",
+                        "sensor": "branch-a",
+                        "metric": "pdu_current_amperes",
+                        "value": round(
+                            48.0 * (1 + (180_000.0 - pressure) / 180_000.0) + self.random.gauss(0, 0.4), 2
+                        ),
+                    }
+                )
+        return {
+            "schema_version": 1,
+            "batch_id": str(uuid.uuid4()),
+            "agent": {
+                "name": "lockstep-simulator",
+                "version": "1",
+                "hostname": f"relay-{cluster}",
+                "gpu_status": "ok",
+            },
+            "created_at": now,
+            "sent_at": now,
+            "node": None,
+            "readings": readings,
+            "nics": nics,
+            "events": events,
+            "facility": facility,
+        }
 
     def tick(self) -> None:
         now_monotonic = time.monotonic()
@@ -333,7 +437,9 @@ class Runner:
                 self.stats.batches_failed += 1
                 # the Xid events were not delivered: keep them for the next batch (the agent's spool does this)
                 for event in events.get(cluster, []):
-                    self.pending.append(Pending(_replay_strike(event), self._node(event["node"]), event["gpu"], 0.0))
+                    self.pending.append(
+                        Pending(_replay_strike(event), self._node(event["node"]), event["gpu"], 0.0)
+                    )
         self.stats.ticks += 1
 
     # --- the jobs' own training loops ------------------------------------------------------------------------
@@ -344,8 +450,10 @@ class Runner:
         for node in self.nodes:
             if node.hostname not in hostnames:
                 continue
-            if any((nic.noisy > 0 or nic.congested > 0) and nic.down_until <= time.monotonic()
-                   for nic in node.nics.values()):
+            if any(
+                (nic.noisy > 0 or nic.congested > 0) and nic.down_until <= time.monotonic()
+                for nic in node.nics.values()
+            ):
                 slow = max(slow, GREY_SLOWDOWN)
             if any(gpu.temperature + gpu.warming > 85 for gpu in node.gpus):
                 slow = max(slow, THROTTLE_SLOWDOWN)
@@ -356,7 +464,9 @@ class Runner:
         jobs, url = [], f"{self.url}/api/v1/jobs/?state=Running&page_size=500"
         while url:
             try:
-                response = self.session.get(url, headers={"Authorization": f"Bearer {self.world.api_token}"}, timeout=15)
+                response = self.session.get(
+                    url, headers={"Authorization": f"Bearer {self.world.api_token}"}, timeout=15
+                )
             except requests.RequestException:
                 return None
             if response.status_code != 200:
@@ -381,17 +491,23 @@ class Runner:
                 continue
             mine = self.jobs.get(job["id"])
             if mine is None or mine["stopped"] or job["iteration"] < mine["iteration"] - 1:
-                mine = self.jobs[job["id"]] = {"iteration": float(job["iteration"]), "at": now,
-                                               "base": float(job["seconds_per_iteration"]), "stopped": False}
+                mine = self.jobs[job["id"]] = {
+                    "iteration": float(job["iteration"]),
+                    "at": now,
+                    "base": float(job["seconds_per_iteration"]),
+                    "stopped": False,
+                }
             hosts = {allocation["hostname"] for allocation in job["allocations"]}
             step = mine["base"] * (1.0 + self._slowdown(hosts))
             before = mine["iteration"]
             after = before + max(0.0, now - mine["at"]) / step
             interval = max(1, int(job["checkpoint_interval"]))
             checkpoint = int(after) // interval > int(before) // interval
-            if self._send(f"{self.url}/api/v1/jobs/{job['id']}/progress/",
-                          {"iteration": int(after), "step_seconds": round(step, 4), "checkpoint": checkpoint},
-                          self.world.api_token):
+            if self._send(
+                f"{self.url}/api/v1/jobs/{job['id']}/progress/",
+                {"iteration": int(after), "step_seconds": round(step, 4), "checkpoint": checkpoint},
+                self.world.api_token,
+            ):
                 mine["iteration"], mine["at"] = after, now
                 reported += 1
         listed = {job["id"] for job in running}
@@ -416,11 +532,20 @@ class Runner:
 
     def describe(self) -> str:
         mean = self.profile.mean_hours_between(self.gpu_count)
-        return (f"{len(self.nodes)} nodes, {self.gpu_count} GPUs, profile {self.profile.name} "
-                f"({self.profile.source}): one interruption every {mean:.1f} simulated hours, "
-                f"{self.expected_strikes_per_hour():.1f} per real hour at {self.acceleration:g}x")
+        return (
+            f"{len(self.nodes)} nodes, {self.gpu_count} GPUs, profile {self.profile.name} "
+            f"({self.profile.source}): one interruption every {mean:.1f} simulated hours, "
+            f"{self.expected_strikes_per_hour():.1f} per real hour at {self.acceleration:g}x"
+        )
 
 
 def _replay_strike(event: dict) -> Strike:
-    return Strike(at_hours=math.nan, component="(redelivered)", kind="gpu_xid", xid=event["xid"], precursor="",
-                  channel="agent", gpu=0)
+    return Strike(
+        at_hours=math.nan,
+        component="(redelivered)",
+        kind="gpu_xid",
+        xid=event["xid"],
+        precursor="",
+        channel="agent",
+        gpu=0,
+    )

@@ -8,13 +8,13 @@ from simulator.profiles import PRECURSOR_SHARE, Profile, manifestation, root_cau
 
 @dataclass(frozen=True)
 class Strike:
-    at_hours: float          # when it strikes, hours from the start
-    component: str           # the root cause (Llama 3 Table 5)
-    kind: str                # the fault Lockstep sees
+    at_hours: float  # when it strikes, hours from the start
+    component: str  # the root cause (Llama 3 Table 5)
+    kind: str  # the fault Lockstep sees
     xid: int | None
-    precursor: str           # "" when it strikes without warning
+    precursor: str  # "" when it strikes without warning
     channel: str
-    gpu: int                 # which GPU of the fleet, 0 … gpus-1
+    gpu: int  # which GPU of the fleet, 0 … gpus-1
 
 
 class FaultSampler:
@@ -31,10 +31,19 @@ class FaultSampler:
         self.now_hours += self.random.expovariate(self.profile.rate_per_gpu_hour * self.gpus)
         component = self.random.choices(self.components, weights=self.weights)[0]
         seen = manifestation(component)
-        warned = self.random.random()   # drawn for every strike: a change of mix leaves the other draws as they were
+        warned = (
+            self.random.random()
+        )  # drawn for every strike: a change of mix leaves the other draws as they were
         precursor = seen.precursor if seen.precursor and warned < PRECURSOR_SHARE else ""
-        return Strike(self.now_hours, component, seen.kind, seen.xid, precursor, seen.channel,
-                      self.random.randrange(self.gpus))
+        return Strike(
+            self.now_hours,
+            component,
+            seen.kind,
+            seen.xid,
+            precursor,
+            seen.channel,
+            self.random.randrange(self.gpus),
+        )
 
     def until(self, hours: float) -> list[Strike]:
         """Every strike from the current time up to ``hours`` (the next one past it is kept for later)."""

@@ -22,9 +22,16 @@ def whatif_list(request):
     error = None
     if request.method == "POST":
         data = {}
-        for name, cast in (("seed", int), ("gpus", int), ("days", float), ("checkpoint_minutes", float),
-                           ("restart_overhead_minutes", float), ("checkpoint_write_seconds", float),
-                           ("migration_pause_seconds", float), ("spare_fraction", float)):
+        for name, cast in (
+            ("seed", int),
+            ("gpus", int),
+            ("days", float),
+            ("checkpoint_minutes", float),
+            ("restart_overhead_minutes", float),
+            ("checkpoint_write_seconds", float),
+            ("migration_pause_seconds", float),
+            ("spare_fraction", float),
+        ):
             raw = request.POST.get(name, "").strip()
             if raw:
                 try:
@@ -40,7 +47,9 @@ def whatif_list(request):
         else:
             return redirect("whatif-detail", pk=run.pk)
     runs = selectors.whatif_list(user=request.user)[:50]
-    return render(request, "simulator/whatif_list.html", {"runs": runs, "profiles": sorted(PROFILES), "error": error})
+    return render(
+        request, "simulator/whatif_list.html", {"runs": runs, "profiles": sorted(PROFILES), "error": error}
+    )
 
 
 @login_required
@@ -48,7 +57,9 @@ def whatif_detail(request, pk: int):
     _provider(request)
     run = get_object_or_404(selectors.whatif_list(user=request.user), pk=pk)
     topic = events.topic("fleet")
-    return render(request, "simulator/whatif_detail.html", {"run": run, "topic": topic, "after": topic_seq(topic)})
+    return render(
+        request, "simulator/whatif_detail.html", {"run": run, "topic": topic, "after": topic_seq(topic)}
+    )
 
 
 @login_required
@@ -65,8 +76,11 @@ def scenario_list(request):
             error = problem.detail
         else:
             return redirect("scenario-detail", pk=scenario.pk)
-    return render(request, "simulator/scenario_list.html", {"scenarios": selectors.scenario_list(user=request.user)[:20],
-                                                            "error": error})
+    return render(
+        request,
+        "simulator/scenario_list.html",
+        {"scenarios": selectors.scenario_list(user=request.user)[:20], "error": error},
+    )
 
 
 @login_required
@@ -77,11 +91,24 @@ def scenario_detail(request, pk: int):
     scenario = get_object_or_404(selectors.scenario_list(user=request.user), pk=pk)
     jobs = selectors.scenario_jobs(user=request.user, scenario=scenario)
     window = time_range(request, default="6h")
-    data = {label: {"job": job.pk, "name": job.name, "cluster": job.cluster.name, "topic": events.topic("job", job.pk),
-                    "after": topic_seq(events.topic("job", job.pk)), "timeline": job_timeline(job, since=window.since),
-                    "range": window.key}
-            for label, job in jobs.items()}
-    summary = "; ".join(f"{label} job {row['name']}: {timeline_summary(row['timeline'])['iterations']}"
-                        for label, row in data.items())
-    return render(request, "simulator/scenario_detail.html", {"scenario": scenario, "jobs": jobs, "data": data,
-                                                              "time_range": window, "summary": summary})
+    data = {
+        label: {
+            "job": job.pk,
+            "name": job.name,
+            "cluster": job.cluster.name,
+            "topic": events.topic("job", job.pk),
+            "after": topic_seq(events.topic("job", job.pk)),
+            "timeline": job_timeline(job, since=window.since),
+            "range": window.key,
+        }
+        for label, job in jobs.items()
+    }
+    summary = "; ".join(
+        f"{label} job {row['name']}: {timeline_summary(row['timeline'])['iterations']}"
+        for label, row in data.items()
+    )
+    return render(
+        request,
+        "simulator/scenario_detail.html",
+        {"scenario": scenario, "jobs": jobs, "data": data, "time_range": window, "summary": summary},
+    )

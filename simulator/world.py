@@ -32,23 +32,64 @@ User = get_user_model()
 SERVICE_USER = "lockstep-simulator"
 
 BASE_ADDONS = [
-    {"name": "gpu-operator", "repo": "https://helm.ngc.nvidia.com/nvidia", "chart": "gpu-operator", "version": "24.6.2",
-     "namespace": "gpu-operator", "values": {"driver": {"enabled": True}}},
-    {"name": "network-operator", "repo": "https://helm.ngc.nvidia.com/nvidia", "chart": "network-operator",
-     "version": "24.7.0", "namespace": "network-operator", "values": {"rdma": True}},
-    {"name": "dcgm-exporter", "repo": "https://nvidia.github.io/dcgm-exporter/helm-charts", "chart": "dcgm-exporter",
-     "version": "3.3.7", "namespace": "monitoring", "values": {"interval": 10}},
-    {"name": "node-feature-discovery", "repo": "https://kubernetes-sigs.github.io/node-feature-discovery/charts",
-     "chart": "node-feature-discovery", "version": "0.16.4", "namespace": "nfd", "values": {}},
+    {
+        "name": "gpu-operator",
+        "repo": "https://helm.ngc.nvidia.com/nvidia",
+        "chart": "gpu-operator",
+        "version": "24.6.2",
+        "namespace": "gpu-operator",
+        "values": {"driver": {"enabled": True}},
+    },
+    {
+        "name": "network-operator",
+        "repo": "https://helm.ngc.nvidia.com/nvidia",
+        "chart": "network-operator",
+        "version": "24.7.0",
+        "namespace": "network-operator",
+        "values": {"rdma": True},
+    },
+    {
+        "name": "dcgm-exporter",
+        "repo": "https://nvidia.github.io/dcgm-exporter/helm-charts",
+        "chart": "dcgm-exporter",
+        "version": "3.3.7",
+        "namespace": "monitoring",
+        "values": {"interval": 10},
+    },
+    {
+        "name": "node-feature-discovery",
+        "repo": "https://kubernetes-sigs.github.io/node-feature-discovery/charts",
+        "chart": "node-feature-discovery",
+        "version": "0.16.4",
+        "namespace": "nfd",
+        "values": {},
+    },
 ]
 PROTECTION_ADDONS = [
-    {"name": "nic-failover", "repo": "oci://registry.lockstep.example/charts", "chart": "nic-failover", "version": "1.2.0",
-     "namespace": "lockstep-system", "values": {"rails": 8}},
-    {"name": "live-migration", "repo": "oci://registry.lockstep.example/charts", "chart": "live-migration",
-     "version": "1.2.0", "namespace": "lockstep-system", "values": {"max_pause_seconds": 60}},
+    {
+        "name": "nic-failover",
+        "repo": "oci://registry.lockstep.example/charts",
+        "chart": "nic-failover",
+        "version": "1.2.0",
+        "namespace": "lockstep-system",
+        "values": {"rails": 8},
+    },
+    {
+        "name": "live-migration",
+        "repo": "oci://registry.lockstep.example/charts",
+        "chart": "live-migration",
+        "version": "1.2.0",
+        "namespace": "lockstep-system",
+        "values": {"max_pause_seconds": 60},
+    },
 ]
-NODE_SOFTWARE = {"gpu_driver": "550.90.07", "cuda": "12.4", "nccl": "2.21.5", "nccl_net_plugin": "1.9.0",
-                 "nic_firmware": "28.39.1002"}
+NODE_SOFTWARE = {
+    "gpu_driver": "550.90.07",
+    "cuda": "12.4",
+    "nccl": "2.21.5",
+    "nccl_net_plugin": "1.9.0",
+    "nic_firmware": "28.39.1002",
+}
 
 # name, fleet, GPU model, dedicated tenant (slug or None), blueprint, version
 CLUSTERS = [
@@ -81,26 +122,52 @@ def _hardware(cluster: Cluster, gpu_model: str, nodes: int, spares: int) -> None
     """Nodes of 8 GPUs and 8 rail NICs; 16 nodes per leaf switch, 8 per rack, two spines."""
     rows = []
     for i in range(nodes + spares):
-        rows.append(Node(cluster=cluster, hostname=f"{cluster.name}-n{i:03d}", gpu_model=gpu_model,
-                         rack=f"{cluster.name}-rack{i // 8:02d}", leaf_switch=f"{cluster.name}-leaf{i // 16:02d}",
-                         spine_switch=f"{cluster.name}-spine{i % 2}",
-                         state=NodeState.SPARE if i >= nodes else NodeState.READY))
+        rows.append(
+            Node(
+                cluster=cluster,
+                hostname=f"{cluster.name}-n{i:03d}",
+                gpu_model=gpu_model,
+                rack=f"{cluster.name}-rack{i // 8:02d}",
+                leaf_switch=f"{cluster.name}-leaf{i // 16:02d}",
+                spine_switch=f"{cluster.name}-spine{i % 2}",
+                state=NodeState.SPARE if i >= nodes else NodeState.READY,
+            )
+        )
     Node.objects.bulk_create(rows)
     created = list(Node.objects.filter(cluster=cluster).order_by("hostname"))
-    GPU.objects.bulk_create([GPU(node=n, index=g, uuid=f"GPU-{cluster.name}-{n.hostname}-{g}", model=gpu_model)
-                             for n in created for g in range(8)])
-    NIC.objects.bulk_create([NIC(node=n, name=f"mlx5_{r}", rail=r, switch_port=f"{n.leaf_switch}/rail{r}/p{idx % 16:02d}")
-                             for idx, n in enumerate(created) for r in range(8)])
+    GPU.objects.bulk_create(
+        [
+            GPU(node=n, index=g, uuid=f"GPU-{cluster.name}-{n.hostname}-{g}", model=gpu_model)
+            for n in created
+            for g in range(8)
+        ]
+    )
+    NIC.objects.bulk_create(
+        [
+            NIC(node=n, name=f"mlx5_{r}", rail=r, switch_port=f"{n.leaf_switch}/rail{r}/p{idx % 16:02d}")
+            for idx, n in enumerate(created)
+            for r in range(8)
+        ]
+    )
 
 
 def _install(cluster: Cluster) -> None:
     """Put the cluster's blueprint version on the fake cluster, as if installed long ago."""
     now = timezone.now()
-    SimulatedAddon.objects.bulk_create([
-        SimulatedAddon(cluster=cluster, name=name, chart=spec["chart"], version=spec["version"],
-                       namespace=spec.get("namespace", ""), values=spec.get("values") or {}, ready_at=now)
-        for name, spec in desired_state(cluster.blueprint_version).items()
-    ])
+    SimulatedAddon.objects.bulk_create(
+        [
+            SimulatedAddon(
+                cluster=cluster,
+                name=name,
+                chart=spec["chart"],
+                version=spec["version"],
+                namespace=spec.get("namespace", ""),
+                values=spec.get("values") or {},
+                ready_at=now,
+            )
+            for name, spec in desired_state(cluster.blueprint_version).items()
+        ]
+    )
 
 
 def world_build(*, seed: int = 7, nodes_per_cluster: int = 64, spares: int = 8) -> BuiltWorld:
@@ -121,35 +188,83 @@ def world_build(*, seed: int = 7, nodes_per_cluster: int = 64, spares: int = 8) 
                 username = f"{slug}-{role.split('-')[1]}"
                 _, password = user_create(actor=actor, username=username, role=role, tenant=tenant)
                 passwords[username] = password
-        fleets = {name: fleet_create(actor=actor, name=name, description=f"{name} region")
-                  for name in ("us-east", "eu-west")}
-        base = blueprint_create(actor=actor, name="gpu-base", description="GPU operator, networking, monitoring",
-                                auto_rollout=False, drift_mode=DriftMode.NOTIFY)
-        version_create(actor=actor, blueprint=base, addons=BASE_ADDONS, node_software=NODE_SOFTWARE,
-                       policy={"protection": {"nic_failover": False, "live_migration": False}},
-                       notes="golden base", activate=True)
+        fleets = {
+            name: fleet_create(actor=actor, name=name, description=f"{name} region")
+            for name in ("us-east", "eu-west")
+        }
+        base = blueprint_create(
+            actor=actor,
+            name="gpu-base",
+            description="GPU operator, networking, monitoring",
+            auto_rollout=False,
+            drift_mode=DriftMode.NOTIFY,
+        )
+        version_create(
+            actor=actor,
+            blueprint=base,
+            addons=BASE_ADDONS,
+            node_software=NODE_SOFTWARE,
+            policy={"protection": {"nic_failover": False, "live_migration": False}},
+            notes="golden base",
+            activate=True,
+        )
         newer = [dict(a, version="24.9.0") if a["name"] == "gpu-operator" else a for a in BASE_ADDONS]
-        base_v2 = version_create(actor=actor, blueprint=base, addons=newer, node_software=NODE_SOFTWARE,
-                                 policy={"protection": {"nic_failover": False, "live_migration": False}},
-                                 notes="gpu-operator 24.9.0", activate=True)
-        resilient = blueprint_create(actor=actor, name="gpu-resilient", description="gpu-base plus NIC failover and live migration",
-                                     auto_rollout=False, drift_mode=DriftMode.NOTIFY)
+        base_v2 = version_create(
+            actor=actor,
+            blueprint=base,
+            addons=newer,
+            node_software=NODE_SOFTWARE,
+            policy={"protection": {"nic_failover": False, "live_migration": False}},
+            notes="gpu-operator 24.9.0",
+            activate=True,
+        )
+        resilient = blueprint_create(
+            actor=actor,
+            name="gpu-resilient",
+            description="gpu-base plus NIC failover and live migration",
+            auto_rollout=False,
+            drift_mode=DriftMode.NOTIFY,
+        )
         policy = {"protection": {"nic_failover": True, "live_migration": True}, "risk_threshold": 0.8}
-        version_create(actor=actor, blueprint=resilient, addons=BASE_ADDONS + PROTECTION_ADDONS,
-                       node_software=NODE_SOFTWARE, policy=policy, notes="protection on", activate=True)
-        protection_v2 = [dict(a, version="1.3.0") if a["name"] == "nic-failover" else a for a in PROTECTION_ADDONS]
-        version_create(actor=actor, blueprint=resilient, addons=BASE_ADDONS + protection_v2,
-                       node_software=NODE_SOFTWARE, policy=policy, notes="nic-failover 1.3.0", activate=True)
+        version_create(
+            actor=actor,
+            blueprint=resilient,
+            addons=BASE_ADDONS + PROTECTION_ADDONS,
+            node_software=NODE_SOFTWARE,
+            policy=policy,
+            notes="protection on",
+            activate=True,
+        )
+        protection_v2 = [
+            dict(a, version="1.3.0") if a["name"] == "nic-failover" else a for a in PROTECTION_ADDONS
+        ]
+        version_create(
+            actor=actor,
+            blueprint=resilient,
+            addons=BASE_ADDONS + protection_v2,
+            node_software=NODE_SOFTWARE,
+            policy=policy,
+            notes="nic-failover 1.3.0",
+            activate=True,
+        )
         blueprints = {"gpu-base": base, "gpu-resilient": resilient}
         clusters = []
         for name, fleet, model, tenant_slug, blueprint, number in CLUSTERS:
             cluster = cluster_create(
-                actor=actor, fleet=fleets[fleet], name=name, region=fleet, kind="kubernetes", driver="simulated",
-                dedicated_tenant=tenants[tenant_slug] if tenant_slug else None, labels={"gpu": model.lower(), "region": fleet},
+                actor=actor,
+                fleet=fleets[fleet],
+                name=name,
+                region=fleet,
+                kind="kubernetes",
+                driver="simulated",
+                dedicated_tenant=tenants[tenant_slug] if tenant_slug else None,
+                labels={"gpu": model.lower(), "region": fleet},
                 connection={"apply_seconds": 20, "nic_failover_seconds": 1, "migration_pause_seconds": 30},
             )
             version = blueprints[blueprint].versions.get(number=number)
-            Cluster.objects.filter(pk=cluster.pk).update(blueprint=blueprints[blueprint], blueprint_version=version)
+            Cluster.objects.filter(pk=cluster.pk).update(
+                blueprint=blueprints[blueprint], blueprint_version=version
+            )
             cluster.refresh_from_db()
             _hardware(cluster, model, nodes_per_cluster, spares)
             _install(cluster)
@@ -157,7 +272,7 @@ def world_build(*, seed: int = 7, nodes_per_cluster: int = 64, spares: int = 8) 
         drift_sweep(cluster_ids=[c.pk for c in clusters])
         simulate_drift(Cluster.objects.get(name="euw-h200-d"), addon="dcgm-exporter", kind="values")
         jobs = []
-        numbers: dict[str, int] = {}   # per tenant: the same job name must not appear on several clusters
+        numbers: dict[str, int] = {}  # per tenant: the same job name must not appear on several clusters
         for cluster in clusters:
             owners = [t for t in tenants.values() if cluster.dedicated_tenant_id in (None, t.pk)]
             free = nodes_per_cluster
@@ -166,10 +281,16 @@ def world_build(*, seed: int = 7, nodes_per_cluster: int = 64, spares: int = 8) 
                     continue
                 tenant = owners[index % len(owners)]
                 numbers[tenant.slug] = numbers.get(tenant.slug, 0) + 1
-                job, _ = job_submit(actor=actor, tenant=tenant, cluster=cluster,
-                                    name=f"{tenant.slug}-{['llm', 'moe', 'vision', 'rl'][index % 4]}-{numbers[tenant.slug]}",
-                                    gpus=size, seconds_per_iteration=round(rng.uniform(1.5, 6.0), 2),
-                                    checkpoint_interval=rng.choice([300, 500, 1000]), total_iterations=10_000_000)
+                job, _ = job_submit(
+                    actor=actor,
+                    tenant=tenant,
+                    cluster=cluster,
+                    name=f"{tenant.slug}-{['llm', 'moe', 'vision', 'rl'][index % 4]}-{numbers[tenant.slug]}",
+                    gpus=size,
+                    seconds_per_iteration=round(rng.uniform(1.5, 6.0), 2),
+                    checkpoint_interval=rng.choice([300, 500, 1000]),
+                    total_iterations=10_000_000,
+                )
                 jobs.append(job.pk)
                 free -= size // 8
         tokens = {}
@@ -179,19 +300,27 @@ def world_build(*, seed: int = 7, nodes_per_cluster: int = 64, spares: int = 8) 
         _, api_token = token_create(actor=actor, owner=actor, name="simulator", scope="write")
         world = SimWorld.objects.create(seed=seed, agent_tokens=tokens, api_token=api_token)
     # The rollout starts after the world is committed: its first batch runs on the beat-driven step.
-    rollout_start(actor=actor, version=base_v2, targets={"clusters": [c.pk for c in clusters if c.blueprint_id == base.pk]},
-                  strategy={"batch_size": 1, "soak_seconds": 600, "progress_deadline_seconds": 900})
+    rollout_start(
+        actor=actor,
+        version=base_v2,
+        targets={"clusters": [c.pk for c in clusters if c.blueprint_id == base.pk]},
+        strategy={"batch_size": 1, "soak_seconds": 600, "progress_deadline_seconds": 900},
+    )
     return BuiltWorld(world, created=True, passwords=passwords)
 
 
 def world_set_recovery_failures(*, probability: float) -> list[str]:
     """Make the share ``probability`` of recovery operations fail on the demo world's clusters; returns their
     names."""
-    clusters = list(Cluster.objects.filter(name__in=[name for name, *_ in CLUSTERS], driver="simulated").order_by("pk"))
+    clusters = list(
+        Cluster.objects.filter(name__in=[name for name, *_ in CLUSTERS], driver="simulated").order_by("pk")
+    )
     for cluster in clusters:
         set_recovery_failure_probability(cluster, probability=probability)
     return [cluster.name for cluster in clusters]
 
 
 def world_tenant_users() -> list[str]:
-    return list(User.objects.filter(membership__tenant__in=Tenant.objects.all()).values_list("username", flat=True))
+    return list(
+        User.objects.filter(membership__tenant__in=Tenant.objects.all()).values_list("username", flat=True)
+    )

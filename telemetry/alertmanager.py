@@ -21,7 +21,10 @@ KIND_RULES: list[tuple[re.Pattern, str]] = [
     (re.compile(r"symbol|linkdegrad|link_degrad|linkerror", re.I), "link_degraded"),
     (re.compile(r"flap", re.I), "link_flap"),
     (re.compile(r"nic|infiniband|linkdown|link_down|network.*down|carrier", re.I), "nic_down"),
-    (re.compile(r"nodedown|node_down|notready|unreachable|instancedown|^up$|targetdown", re.I), "node_unreachable"),
+    (
+        re.compile(r"nodedown|node_down|notready|unreachable|instancedown|^up$|targetdown", re.I),
+        "node_unreachable",
+    ),
     (re.compile(r"cdu|pdu|coolant|facility|power.?supply|psu", re.I), "facility"),
 ]
 NODE_LABELS = ("Hostname", "hostname", "node", "kubernetes_node", "instance")
@@ -43,9 +46,9 @@ class MappedAlert:
     problem: str = ""
 
 
-MAX_FINGERPRINT = 64   # AlertRecord.fingerprint; Alertmanager's are 16 hex digits
+MAX_FINGERPRINT = 64  # AlertRecord.fingerprint; Alertmanager's are 16 hex digits
 MAX_LABELS = 200
-MAX_TEXT = 4096        # one label or annotation value
+MAX_TEXT = 4096  # one label or annotation value
 
 
 class BadAlert(ValueError):
@@ -86,7 +89,9 @@ def _strings(value, field: str) -> dict[str, str]:
             raise BadAlert(f"{field}.{str(key)[:50]} must be text")
         text = "" if item is None else str(item)
         if "\x00" in key or "\x00" in text or len(text) > MAX_TEXT:
-            raise BadAlert(f"{field}.{str(key)[:50].replace(chr(0), '')} holds a NUL or is over {MAX_TEXT} characters")
+            raise BadAlert(
+                f"{field}.{str(key)[:50].replace(chr(0), '')} holds a NUL or is over {MAX_TEXT} characters"
+            )
         out[str(key)] = text
     return out
 
@@ -97,8 +102,20 @@ def map_alert(alert: dict) -> MappedAlert:
         return _map(alert)
     except BadAlert as error:
         fingerprint = str(alert.get("fingerprint") or "").replace("\x00", "")[:MAX_FINGERPRINT]
-        return MappedAlert(fingerprint=fingerprint, status="", starts_at=None, ends_at=None, kind=None, hostname=None,
-                           gpu_index=None, nic_name=None, xid=None, labels={}, annotations={}, problem=str(error))
+        return MappedAlert(
+            fingerprint=fingerprint,
+            status="",
+            starts_at=None,
+            ends_at=None,
+            kind=None,
+            hostname=None,
+            gpu_index=None,
+            nic_name=None,
+            xid=None,
+            labels={},
+            annotations={},
+            problem=str(error),
+        )
 
 
 def _map(alert: dict) -> MappedAlert:
@@ -116,20 +133,30 @@ def _map(alert: dict) -> MappedAlert:
     hostname = next((labels[name] for name in NODE_LABELS if labels.get(name)), None)
     if hostname and labels.get("instance") == hostname:
         hostname = hostname.rsplit(":", 1)[0]  # instance carries host:port
-    xid = _int(labels.get("xid") or labels.get("err_code") or annotations.get("xid") or annotations.get("value"))
+    xid = _int(
+        labels.get("xid") or labels.get("err_code") or annotations.get("xid") or annotations.get("value")
+    )
     mapped = MappedAlert(
-        fingerprint=fingerprint, status=str(alert.get("status") or ""),
-        starts_at=_time(alert.get("startsAt"), "startsAt"), ends_at=_time(alert.get("endsAt"), "endsAt"), kind=kind,
+        fingerprint=fingerprint,
+        status=str(alert.get("status") or ""),
+        starts_at=_time(alert.get("startsAt"), "startsAt"),
+        ends_at=_time(alert.get("endsAt"), "endsAt"),
+        kind=kind,
         hostname=hostname,
-        gpu_index=_int(labels.get("gpu")), nic_name=labels.get("device") or labels.get("interface") or None,
-        xid=xid if kind == "gpu_xid" else None, labels=labels, annotations=annotations,
+        gpu_index=_int(labels.get("gpu")),
+        nic_name=labels.get("device") or labels.get("interface") or None,
+        xid=xid if kind == "gpu_xid" else None,
+        labels=labels,
+        annotations=annotations,
     )
     if not mapped.fingerprint:
         mapped.problem = "alert has no fingerprint"
     elif mapped.status not in ("firing", "resolved"):
         mapped.problem = f"unknown status {mapped.status!r}"
     elif kind is None:
-        mapped.problem = f"no fault kind for alert {labels.get('alertname', '')!r} (set a lockstep_kind label)"
+        mapped.problem = (
+            f"no fault kind for alert {labels.get('alertname', '')!r} (set a lockstep_kind label)"
+        )
     elif not hostname:
         mapped.problem = "no node label (Hostname, hostname, node or instance)"
     return mapped

@@ -31,7 +31,7 @@ OUTLIER_Z = 6.0
 
 @dataclass
 class Finding:
-    where: str          # "nic", "leaf", "rail", "gpu", "host"
+    where: str  # "nic", "leaf", "rail", "gpu", "host"
     name: str
     score: float
     evidence: list[str] = field(default_factory=list)
@@ -44,17 +44,30 @@ def _spread(values: list[float], floor: float) -> tuple[float, float]:
 
 
 def _slowness(job: Job) -> dict:
-    steps = list(JobProgress.objects.filter(job=job, step_seconds__isnull=False).order_by("at")
-                 .values_list("step_seconds", flat=True))
-    baseline = JobProgress.objects.filter(job=job, step_seconds__isnull=False).aggregate(m=Min("step_seconds"))["m"]
+    steps = list(
+        JobProgress.objects.filter(job=job, step_seconds__isnull=False)
+        .order_by("at")
+        .values_list("step_seconds", flat=True)
+    )
+    baseline = JobProgress.objects.filter(job=job, step_seconds__isnull=False).aggregate(
+        m=Min("step_seconds")
+    )["m"]
     recent = statistics.median(steps[-5:]) if steps else None
     if not steps or not baseline:
-        return {"slow": None, "baseline_seconds": baseline, "recent_seconds": recent,
-                "detail": "the job reports no step times yet; diagnosing its path anyway"}
+        return {
+            "slow": None,
+            "baseline_seconds": baseline,
+            "recent_seconds": recent,
+            "detail": "the job reports no step times yet; diagnosing its path anyway",
+        }
     ratio = recent / baseline
-    return {"slow": ratio > 1.1, "ratio": round(ratio, 3), "baseline_seconds": round(baseline, 4),
-            "recent_seconds": round(recent, 4),
-            "detail": f"step time {recent:.2f} s against its own best {baseline:.2f} s ({ratio - 1:+.0%})"}
+    return {
+        "slow": ratio > 1.1,
+        "ratio": round(ratio, 3),
+        "baseline_seconds": round(baseline, 4),
+        "recent_seconds": round(recent, 4),
+        "detail": f"step time {recent:.2f} s against its own best {baseline:.2f} s ({ratio - 1:+.0%})",
+    }
 
 
 def diagnose(job: Job) -> dict:
@@ -64,7 +77,9 @@ def diagnose(job: Job) -> dict:
     on_path = {nic.pk: nic for nic in NIC.objects.filter(node_id__in=nodes).select_related("node")}
     states = {s.nic_id: s for s in NICState.objects.filter(node__cluster_id=job.cluster_id)}
     findings: list[Finding] = []
-    spreads = {m: _spread([getattr(s, m) for s in states.values()], floor) for m, (_, floor) in NIC_MEASURES.items()}
+    spreads = {
+        m: _spread([getattr(s, m) for s in states.values()], floor) for m, (_, floor) in NIC_MEASURES.items()
+    }
     per_leaf, per_rail = defaultdict(list), defaultdict(list)
     for nic_id, nic in on_path.items():
         state = states.get(nic_id)
@@ -75,7 +90,9 @@ def diagnose(job: Job) -> dict:
             median, scale = spreads[measure]
             z = (getattr(state, measure) - median) / scale
             if z >= OUTLIER_Z:
-                evidence.append(f"{meaning} {getattr(state, measure):,.0f}/h against a cluster median of {median:,.0f}/h")
+                evidence.append(
+                    f"{meaning} {getattr(state, measure):,.0f}/h against a cluster median of {median:,.0f}/h"
+                )
                 worst = max(worst, z)
         if state.link_state == "down":
             evidence.append("link down")
@@ -87,39 +104,75 @@ def diagnose(job: Job) -> dict:
             per_rail[nic.rail].append(label)
     for leaf, labels in per_leaf.items():
         if len(labels) >= 2 and leaf:
-            findings.append(Finding("leaf", f"leaf switch {leaf}", max(f.score for f in findings if f.name in labels) + 1,
-                                    [f"{len(labels)} of the job's NICs on it stand out: {', '.join(labels[:4])}"]))
+            findings.append(
+                Finding(
+                    "leaf",
+                    f"leaf switch {leaf}",
+                    max(f.score for f in findings if f.name in labels) + 1,
+                    [f"{len(labels)} of the job's NICs on it stand out: {', '.join(labels[:4])}"],
+                )
+            )
     for rail, labels in per_rail.items():
         nodes_hit = {label.split("/")[0] for label in labels}
         if len(nodes_hit) >= 2:
-            findings.append(Finding("rail", f"rail {rail}", max(f.score for f in findings if f.name in labels) + 0.5,
-                                    [f"rail {rail} stands out on {len(nodes_hit)} of the job's nodes"]))
+            findings.append(
+                Finding(
+                    "rail",
+                    f"rail {rail}",
+                    max(f.score for f in findings if f.name in labels) + 0.5,
+                    [f"rail {rail} stands out on {len(nodes_hit)} of the job's nodes"],
+                )
+            )
     gpu_rows = list(GPUState.objects.filter(node_id__in=nodes).select_related("gpu", "node"))
-    job_means = GPUState.objects.filter(node_id__in=nodes).aggregate(t=Avg("temperature"), u=Avg("utilization"))
+    job_means = GPUState.objects.filter(node_id__in=nodes).aggregate(
+        t=Avg("temperature"), u=Avg("utilization")
+    )
     for row in gpu_rows:
         evidence = []
         if row.throttle_share >= 0.3:
             evidence.append(f"throttled {row.throttle_share:.0%} of the time")
-        if row.temperature is not None and job_means["t"] is not None and row.temperature - job_means["t"] >= 12:
+        if (
+            row.temperature is not None
+            and job_means["t"] is not None
+            and row.temperature - job_means["t"] >= 12
+        ):
             evidence.append(f"{row.temperature:.0f} °C against the job's {job_means['t']:.0f} °C")
-        if row.utilization is not None and job_means["u"] is not None and job_means["u"] - row.utilization >= 25:
+        if (
+            row.utilization is not None
+            and job_means["u"] is not None
+            and job_means["u"] - row.utilization >= 25
+        ):
             evidence.append(f"utilisation {row.utilization:.0f} % against the job's {job_means['u']:.0f} %")
         if evidence:
-            findings.append(Finding("gpu", f"{row.node.hostname}/gpu{row.gpu.index}", 5.0 + 5.0 * len(evidence), evidence))
+            findings.append(
+                Finding("gpu", f"{row.node.hostname}/gpu{row.gpu.index}", 5.0 + 5.0 * len(evidence), evidence)
+            )
     fabric = sorted((f for f in findings if f.where in ("nic", "leaf", "rail")), key=lambda f: -f.score)
     hosts = sorted((f for f in findings if f.where in ("gpu", "host")), key=lambda f: -f.score)
     slowness = _slowness(job)
     if fabric and (not hosts or fabric[0].score >= hosts[0].score):
         culprit = fabric[0]
-        verdict = {"fabric": True, "culprit": culprit.name, "where": culprit.where,
-                   "summary": f"The fabric: {culprit.name} — {'; '.join(culprit.evidence)}."}
+        verdict = {
+            "fabric": True,
+            "culprit": culprit.name,
+            "where": culprit.where,
+            "summary": f"The fabric: {culprit.name} — {'; '.join(culprit.evidence)}.",
+        }
     elif hosts:
         culprit = hosts[0]
-        verdict = {"fabric": False, "culprit": culprit.name, "where": culprit.where,
-                   "summary": f"Not the fabric: the job's path is clean; {culprit.name} stands out — {'; '.join(culprit.evidence)}."}
+        verdict = {
+            "fabric": False,
+            "culprit": culprit.name,
+            "where": culprit.where,
+            "summary": f"Not the fabric: the job's path is clean; {culprit.name} stands out — {'; '.join(culprit.evidence)}.",
+        }
     else:
-        verdict = {"fabric": False, "culprit": None, "where": None,
-                   "summary": "Not the fabric: nothing on the job's path or among its GPUs stands out."}
+        verdict = {
+            "fabric": False,
+            "culprit": None,
+            "where": None,
+            "summary": "Not the fabric: nothing on the job's path or among its GPUs stands out.",
+        }
     if slowness["slow"] is False:
         # A job that runs at its own best pace is not slow: say that first, rather than answer a question nobody
         # should be asking ("Not the fabric"); what stands out on its path is still worth a look.
@@ -127,20 +180,38 @@ def diagnose(job: Job) -> dict:
             found = verdict["summary"]
             verdict["summary"] = f"Not slow: {slowness['detail']}. Still, {found[0].lower()}{found[1:]}"
         else:
-            verdict["summary"] = (f"Not slow: {slowness['detail']}; nothing on its path or among its GPUs "
-                                  f"stands out.")
-    return {"job": job.pk, **verdict, "slowness": slowness, "path": {"nodes": len(nodes), "nics": len(on_path)},
-            "findings": [{"where": f.where, "name": f.name, "score": round(f.score, 1), "evidence": f.evidence}
-                         for f in fabric + hosts][:10]}
+            verdict["summary"] = (
+                f"Not slow: {slowness['detail']}; nothing on its path or among its GPUs stands out."
+            )
+    return {
+        "job": job.pk,
+        **verdict,
+        "slowness": slowness,
+        "path": {"nodes": len(nodes), "nics": len(on_path)},
+        "findings": [
+            {"where": f.where, "name": f.name, "score": round(f.score, 1), "evidence": f.evidence}
+            for f in fabric + hosts
+        ][:10],
+    }
 
 
 def fabric_health(cluster_id: int) -> dict:
     """A cluster's fabric as leaf switches × rails, each cell the worst NIC on it against the cluster's spread
     (robust z-score; ≥ OUTLIER_Z stands out), and the NICs that stand out: for the fabric view."""
-    states = list(NICState.objects.filter(node__cluster_id=cluster_id)
-                  .values_list("nic__rail", "node__leaf_switch", "node__hostname", "nic__name", "link_state",
-                               *NIC_MEASURES.keys()))
-    spreads = {m: _spread([row[5 + i] for row in states], floor) for i, (m, (_, floor)) in enumerate(NIC_MEASURES.items())}
+    states = list(
+        NICState.objects.filter(node__cluster_id=cluster_id).values_list(
+            "nic__rail",
+            "node__leaf_switch",
+            "node__hostname",
+            "nic__name",
+            "link_state",
+            *NIC_MEASURES.keys(),
+        )
+    )
+    spreads = {
+        m: _spread([row[5 + i] for row in states], floor)
+        for i, (m, (_, floor)) in enumerate(NIC_MEASURES.items())
+    }
     grid: dict[str, dict[int, float]] = defaultdict(dict)
     standing_out = []
     for row in states:
@@ -151,9 +222,16 @@ def fabric_health(cluster_id: int) -> dict:
             worst = max(worst, (row[5 + i] - median) / scale)
         grid[leaf or "?"][rail] = max(grid[leaf or "?"].get(rail, 0.0), worst)
         if worst >= OUTLIER_Z:
-            standing_out.append({"nic": f"{host}/{name}", "leaf": leaf, "rail": rail, "z": round(worst, 1),
-                                 "link": link})
+            standing_out.append(
+                {"nic": f"{host}/{name}", "leaf": leaf, "rail": rail, "z": round(worst, 1), "link": link}
+            )
     rails = sorted({rail for cells in grid.values() for rail in cells})
-    return {"rails": rails, "leaves": [{"leaf": leaf, "cells": [round(grid[leaf].get(r, 0.0), 1) for r in rails]}
-                                       for leaf in sorted(grid)],
-            "standing_out": sorted(standing_out, key=lambda s: -s["z"])[:20], "threshold": OUTLIER_Z}
+    return {
+        "rails": rails,
+        "leaves": [
+            {"leaf": leaf, "cells": [round(grid[leaf].get(r, 0.0), 1) for r in rails]}
+            for leaf in sorted(grid)
+        ],
+        "standing_out": sorted(standing_out, key=lambda s: -s["z"])[:20],
+        "threshold": OUTLIER_Z,
+    }

@@ -33,7 +33,7 @@ class FaultCandidate:
     details: dict = field(default_factory=dict)
 
 
-FAST_SECONDS, SLOW_SECONDS = 120.0, 1200.0   # time constants of the temperature averages
+FAST_SECONDS, SLOW_SECONDS = 120.0, 1200.0  # time constants of the temperature averages
 
 
 def _ewma_time(old: float | None, new: float, seconds: float, tau: float) -> float:
@@ -70,7 +70,9 @@ def nvlink_total(fields: dict) -> int | None:
     return int(sum(present)) if present else None
 
 
-def gpu_step(prev: dict | None, ts: float, fields: dict, *, thermal_limit: float) -> tuple[dict, list[tuple[str, dict]]]:
+def gpu_step(
+    prev: dict | None, ts: float, fields: dict, *, thermal_limit: float
+) -> tuple[dict, list[tuple[str, dict]]]:
     """Fold one GPU reading into its state. Returns the new state and (kind, details) fault candidates."""
     temperature = fields.get("DCGM_FI_DEV_GPU_TEMP")
     sbe = fields.get("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL")
@@ -79,12 +81,27 @@ def gpu_step(prev: dict | None, ts: float, fields: dict, *, thermal_limit: float
     nvlink = nvlink_total(fields)
     recovery_errors = fields.get("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL")
     throttle = int(fields.get("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS") or 0)
-    state = dict(prev) if prev else {
-        "ts": None, "temperature_ewma": None, "temperature_slow": None, "temperature_trend": 0.0, "sbe_rate": 0.0,
-        "remap_rate": 0.0,
-        "nvlink_rate": 0.0, "throttle_share": 0.0, "samples": 0, "sbe_total": 0, "dbe_total": 0,
-        "remapped_rows": 0, "nvlink_errors": 0, "temperature": None, "recovery_errors": 0,
-    }
+    state = (
+        dict(prev)
+        if prev
+        else {
+            "ts": None,
+            "temperature_ewma": None,
+            "temperature_slow": None,
+            "temperature_trend": 0.0,
+            "sbe_rate": 0.0,
+            "remap_rate": 0.0,
+            "nvlink_rate": 0.0,
+            "throttle_share": 0.0,
+            "samples": 0,
+            "sbe_total": 0,
+            "dbe_total": 0,
+            "remapped_rows": 0,
+            "nvlink_errors": 0,
+            "temperature": None,
+            "recovery_errors": 0,
+        }
+    )
     faults: list[tuple[str, dict]] = []
     seconds = ts - state["ts"] if state["ts"] is not None else 0.0
     first = state["ts"] is None
@@ -95,7 +112,9 @@ def gpu_step(prev: dict | None, ts: float, fields: dict, *, thermal_limit: float
         slow = _ewma_time(state.get("temperature_slow"), temperature, seconds, SLOW_SECONDS)
         state["temperature_ewma"], state["temperature_slow"] = fast, slow
         state["temperature_trend"] = (fast - slow) * 3600.0 / (SLOW_SECONDS - FAST_SECONDS)
-        if temperature >= thermal_limit and (state["temperature"] is None or state["temperature"] < thermal_limit):
+        if temperature >= thermal_limit and (
+            state["temperature"] is None or state["temperature"] < thermal_limit
+        ):
             faults.append(("thermal", {"temperature_celsius": temperature, "limit_celsius": thermal_limit}))
         state["temperature"] = temperature
     _count(state, "sbe_total", "sbe_rate", sbe, seconds, first)
@@ -107,27 +126,52 @@ def gpu_step(prev: dict | None, ts: float, fields: dict, *, thermal_limit: float
     _count(state, "nvlink_errors", "nvlink_rate", nvlink, seconds, first)
     if recovery_errors is not None:
         if not first and recovery_errors > state.get("recovery_errors", 0):
-            faults.append(("nvlink_error", {"recovery_errors_before": state.get("recovery_errors", 0),
-                                            "recovery_errors_now": recovery_errors}))
+            faults.append(
+                (
+                    "nvlink_error",
+                    {
+                        "recovery_errors_before": state.get("recovery_errors", 0),
+                        "recovery_errors_now": recovery_errors,
+                    },
+                )
+            )
         state["recovery_errors"] = recovery_errors
-    state["throttle_share"] = _ewma(state["throttle_share"], 1.0 if throttle & THROTTLE_THERMAL_OR_POWER else 0.0)
+    state["throttle_share"] = _ewma(
+        state["throttle_share"], 1.0 if throttle & THROTTLE_THERMAL_OR_POWER else 0.0
+    )
     state["throttle_reasons"] = throttle
     state["samples"] += 1
     state["ts"] = ts
     return state, faults
 
 
-def nic_step(prev: dict | None, ts: float, link_state: str, fields: dict, *,
-             symbol_rate_limit: float) -> tuple[dict, list[tuple[str, dict]]]:
+def nic_step(
+    prev: dict | None, ts: float, link_state: str, fields: dict, *, symbol_rate_limit: float
+) -> tuple[dict, list[tuple[str, dict]]]:
     """Fold one NIC reading into its state: any increase in link-downed is fatal; symbol errors above a rate or
     repeated link error recovery mean degraded; time spent down accumulates (it counts more than flaps).
     ``errors_at`` is the time of the last reading with the link down or any new error: a link is clean again when
     it has stayed up with no new error for a while after it. Fault details follow ``NicFaultDetails``."""
-    state = dict(prev) if prev else {
-        "ts": None, "link_state": "up", "link_downed": 0, "symbol_errors": 0, "link_error_recovery": 0,
-        "port_rcv_errors": 0, "symbol_rate": 0.0, "recovery_rate": 0.0, "rcv_error_rate": 0.0,
-        "down_seconds": 0.0, "flaps": 0, "congestion_rate": 0.0, "xmit_wait": 0, "errors_at": None,
-    }
+    state = (
+        dict(prev)
+        if prev
+        else {
+            "ts": None,
+            "link_state": "up",
+            "link_downed": 0,
+            "symbol_errors": 0,
+            "link_error_recovery": 0,
+            "port_rcv_errors": 0,
+            "symbol_rate": 0.0,
+            "recovery_rate": 0.0,
+            "rcv_error_rate": 0.0,
+            "down_seconds": 0.0,
+            "flaps": 0,
+            "congestion_rate": 0.0,
+            "xmit_wait": 0,
+            "errors_at": None,
+        }
+    )
     faults: list[tuple[str, dict]] = []
     first = state["ts"] is None
     seconds = ts - state["ts"] if not first else 0.0
@@ -142,26 +186,51 @@ def nic_step(prev: dict | None, ts: float, link_state: str, fields: dict, *,
         if not first and downed > state["link_downed"]:
             went_down = int(downed - state["link_downed"])
             state["flaps"] += went_down
-            faults.append(("nic_down", NicFaultDetails(
-                link_state=link_state if link_state in ("up", "down") else None, link_downed=went_down,
-                downtime_seconds=round(state["down_seconds"], 1), flaps=state["flaps"]).as_details()))
+            faults.append(
+                (
+                    "nic_down",
+                    NicFaultDetails(
+                        link_state=link_state if link_state in ("up", "down") else None,
+                        link_downed=went_down,
+                        downtime_seconds=round(state["down_seconds"], 1),
+                        flaps=state["flaps"],
+                    ).as_details(),
+                )
+            )
         state["link_downed"] = downed
     if link_state == "down" and state["link_state"] != "down" and not any(k == "nic_down" for k, _ in faults):
-        faults.append(("nic_down", NicFaultDetails(link_state="down", downtime_seconds=round(state["down_seconds"], 1),
-                                                   flaps=state["flaps"]).as_details()))
+        faults.append(
+            (
+                "nic_down",
+                NicFaultDetails(
+                    link_state="down", downtime_seconds=round(state["down_seconds"], 1), flaps=state["flaps"]
+                ).as_details(),
+            )
+        )
     rate_before = state["symbol_rate"]
     new_symbols = _count(state, "symbol_errors", "symbol_rate", symbols, seconds, first)
-    new_recoveries = 0 if first else _count(state, "link_error_recovery", "recovery_rate", recoveries, seconds, first)
+    new_recoveries = (
+        0 if first else _count(state, "link_error_recovery", "recovery_rate", recoveries, seconds, first)
+    )
     if first:
         _count(state, "link_error_recovery", "recovery_rate", recoveries, seconds, first)
     _count(state, "xmit_wait", "congestion_rate", fields.get("port_xmit_wait"), seconds, first)
     _count(state, "port_rcv_errors", "rcv_error_rate", rcv, seconds, first)
     repeated = new_recoveries >= LINK_RECOVERIES_DEGRADED
-    crossed = rate_before <= symbol_rate_limit < state["symbol_rate"]  # report the crossing, not every reading
+    crossed = (
+        rate_before <= symbol_rate_limit < state["symbol_rate"]
+    )  # report the crossing, not every reading
     if link_state == "up" and (repeated or crossed) and not faults:
-        faults.append(("link_degraded", NicFaultDetails(
-            link_state="up", symbol_rate_per_hour=round(state["symbol_rate"], 1),
-            link_error_recoveries=int(max(0, new_recoveries))).as_details()))
+        faults.append(
+            (
+                "link_degraded",
+                NicFaultDetails(
+                    link_state="up",
+                    symbol_rate_per_hour=round(state["symbol_rate"], 1),
+                    link_error_recoveries=int(max(0, new_recoveries)),
+                ).as_details(),
+            )
+        )
     if link_state != "up" or went_down or new_symbols > 0 or new_recoveries > 0:
         state["errors_at"] = ts
     state["link_state"] = link_state
@@ -177,5 +246,10 @@ def facility_step(prev: dict | None, ts: float, value: float) -> dict:
     trend = prev["trend"]
     if seconds > 0:
         trend = _ewma(prev["trend"], _per_hour(value - prev["value"], seconds))
-    return {"ts": ts, "value": value, "ewma": _ewma(prev["ewma"], value), "baseline": _ewma(prev["baseline"], value, 0.01),
-            "trend": trend}
+    return {
+        "ts": ts,
+        "value": value,
+        "ewma": _ewma(prev["ewma"], value),
+        "baseline": _ewma(prev["baseline"], value, 0.01),
+        "trend": trend,
+    }

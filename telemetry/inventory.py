@@ -16,8 +16,8 @@ class NodeEntry:
     id: int
     hostname: str
     rack: str
-    gpus: dict[int, int] = field(default_factory=dict)   # index -> GPU id
-    nics: dict[str, int] = field(default_factory=dict)   # name -> NIC id
+    gpus: dict[int, int] = field(default_factory=dict)  # index -> GPU id
+    nics: dict[str, int] = field(default_factory=dict)  # name -> NIC id
 
 
 @dataclass
@@ -29,7 +29,9 @@ class Inventory:
 
     def node(self, hostname: str | None, where: str) -> NodeEntry:
         if not hostname:
-            raise ServiceError("no node named for this reading (set the batch's node or the reading's node)", field=where)
+            raise ServiceError(
+                "no node named for this reading (set the batch's node or the reading's node)", field=where
+            )
         entry = self.nodes.get(hostname)
         if entry is None:
             fresh = _load(self.cluster_id)
@@ -53,12 +55,18 @@ _cache: dict[int, Inventory] = {}
 
 
 def _load(cluster_id: int) -> Inventory:
-    nodes = {row[1]: NodeEntry(id=row[0], hostname=row[1], rack=row[2])
-             for row in Node.objects.filter(cluster_id=cluster_id).values_list("id", "hostname", "rack")}
+    nodes = {
+        row[1]: NodeEntry(id=row[0], hostname=row[1], rack=row[2])
+        for row in Node.objects.filter(cluster_id=cluster_id).values_list("id", "hostname", "rack")
+    }
     by_id = {entry.id: entry for entry in nodes.values()}
-    for gpu_id, node_id, index in GPU.objects.filter(node__cluster_id=cluster_id).values_list("id", "node_id", "index"):
+    for gpu_id, node_id, index in GPU.objects.filter(node__cluster_id=cluster_id).values_list(
+        "id", "node_id", "index"
+    ):
         by_id[node_id].gpus[index] = gpu_id
-    for nic_id, node_id, name in NIC.objects.filter(node__cluster_id=cluster_id).values_list("id", "node_id", "name"):
+    for nic_id, node_id, name in NIC.objects.filter(node__cluster_id=cluster_id).values_list(
+        "id", "node_id", "name"
+    ):
         by_id[node_id].nics[name] = nic_id
     racks = {entry.rack for entry in nodes.values() if entry.rack}
     return Inventory(cluster_id=cluster_id, loaded_at=time.monotonic(), nodes=nodes, racks=racks)

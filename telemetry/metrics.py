@@ -51,37 +51,60 @@ class LockstepCollector:
             faults.add_metric([kind], n)
         yield faults
 
-        actions = CounterMetricFamily("lockstep_recovery_actions", "Recovery actions by kind and outcome",
-                                      labels=["kind", "outcome"])
+        actions = CounterMetricFamily(
+            "lockstep_recovery_actions", "Recovery actions by kind and outcome", labels=["kind", "outcome"]
+        )
         rows = {(kind, state): 0 for kind in ActionKind.values for state in ActionState.values}
-        rows.update(((kind, state), n) for kind, state, n in
-                    RecoveryAction.objects.values_list("kind", "state").annotate(n=Count("pk")).order_by())
+        rows.update(
+            ((kind, state), n)
+            for kind, state, n in RecoveryAction.objects.values_list("kind", "state")
+            .annotate(n=Count("pk"))
+            .order_by()
+        )
         for (kind, state), n in sorted(rows.items()):
             actions.add_metric([kind, state], n)
         yield actions
 
-        waiting = FaultEvent.objects.filter(state=FaultState.NEW).aggregate(n=Count("pk"), oldest=Min("received_at"))
-        yield GaugeMetricFamily("lockstep_faults_waiting", "Faults stored and not yet decided (new)", value=waiting["n"])
+        waiting = FaultEvent.objects.filter(state=FaultState.NEW).aggregate(
+            n=Count("pk"), oldest=Min("received_at")
+        )
         yield GaugeMetricFamily(
-            "lockstep_faults_waiting_oldest_seconds", "How long the oldest undecided fault has waited (0: none)",
-            value=(timezone.now() - waiting["oldest"]).total_seconds() if waiting["oldest"] else 0.0)
+            "lockstep_faults_waiting", "Faults stored and not yet decided (new)", value=waiting["n"]
+        )
+        yield GaugeMetricFamily(
+            "lockstep_faults_waiting_oldest_seconds",
+            "How long the oldest undecided fault has waited (0: none)",
+            value=(timezone.now() - waiting["oldest"]).total_seconds() if waiting["oldest"] else 0.0,
+        )
 
         saved = RecoveryAction.objects.filter(state="succeeded").aggregate(
-            saved=Sum("gpu_hours_saved"), lost=Sum("gpu_hours_lost"))
-        yield CounterMetricFamily("lockstep_gpu_seconds_saved", "GPU time saved against restart from checkpoint",
-                                  value=(saved["saved"] or 0.0) * 3600)
-        yield CounterMetricFamily("lockstep_gpu_seconds_lost", "GPU time lost to faults despite recovery",
-                                  value=(saved["lost"] or 0.0) * 3600)
+            saved=Sum("gpu_hours_saved"), lost=Sum("gpu_hours_lost")
+        )
+        yield CounterMetricFamily(
+            "lockstep_gpu_seconds_saved",
+            "GPU time saved against restart from checkpoint",
+            value=(saved["saved"] or 0.0) * 3600,
+        )
+        yield CounterMetricFamily(
+            "lockstep_gpu_seconds_lost",
+            "GPU time lost to faults despite recovery",
+            value=(saved["lost"] or 0.0) * 3600,
+        )
 
         latency = ExpressionWrapper(F("planned_at") - F("fault__received_at"), output_field=DurationField())
         decided = RecoveryAction.objects.filter(fault__isnull=False).annotate(latency=latency)
         counts = decided.aggregate(
             total=Count("pk"),
-            **{f"le_{i}": Count("pk", filter=Q(latency__lte=timedelta(seconds=b))) for i, b in enumerate(DECISION_BUCKETS)},
+            **{
+                f"le_{i}": Count("pk", filter=Q(latency__lte=timedelta(seconds=b)))
+                for i, b in enumerate(DECISION_BUCKETS)
+            },
         )
         histogram = HistogramMetricFamily(
-            "lockstep_fault_to_decision_seconds", "From a fault's receipt to its recovery action being recorded",
-            buckets=[(str(b), counts[f"le_{i}"]) for i, b in enumerate(DECISION_BUCKETS)] + [("+Inf", counts["total"])],
+            "lockstep_fault_to_decision_seconds",
+            "From a fault's receipt to its recovery action being recorded",
+            buckets=[(str(b), counts[f"le_{i}"]) for i, b in enumerate(DECISION_BUCKETS)]
+            + [("+Inf", counts["total"])],
             sum_value=_latency_sum(decided),
         )
         yield histogram
@@ -91,7 +114,9 @@ class LockstepCollector:
             rollouts.add_metric([state], n)
         yield rollouts
 
-        drift = GaugeMetricFamily("lockstep_drift_findings_open", "Open drift findings by kind", labels=["kind"])
+        drift = GaugeMetricFamily(
+            "lockstep_drift_findings_open", "Open drift findings by kind", labels=["kind"]
+        )
         for kind, n in _by(DriftFinding.objects.filter(resolved_at__isnull=True), "kind", DriftKind):
             drift.add_metric([kind], n)
         yield drift

@@ -15,8 +15,9 @@ class AgentToken(Token):
 
     cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="agent_tokens")
     name = models.CharField(max_length=100)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
-                                   related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -39,7 +40,9 @@ class IngestBatch(models.Model):
 
     class Meta:
         # Per cluster: one cluster's agents cannot, by guessing or replaying ids, make another's batches duplicates.
-        constraints = [models.UniqueConstraint(fields=["cluster", "batch_id"], name="ingest_batch_unique_per_cluster")]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "batch_id"], name="ingest_batch_unique_per_cluster")
+        ]
 
     def __str__(self):
         return str(self.batch_id)
@@ -65,11 +68,15 @@ class GPUState(models.Model):
     # features (exponentially weighted, per hour where a rate)
     temperature_ewma = models.FloatField(null=True, help_text="fast average (time constant 2 min)")
     temperature_slow = models.FloatField(null=True, help_text="slow average (time constant 20 min)")
-    temperature_trend = models.FloatField(default=0.0, help_text="°C per hour, from the fast and slow averages")
+    temperature_trend = models.FloatField(
+        default=0.0, help_text="°C per hour, from the fast and slow averages"
+    )
     sbe_rate = models.FloatField(default=0.0, help_text="corrected ECC errors per hour, EWMA")
     remap_rate = models.FloatField(default=0.0, help_text="remapped rows per hour, EWMA")
     nvlink_rate = models.FloatField(default=0.0, help_text="NVLink errors per hour, EWMA")
-    throttle_share = models.FloatField(default=0.0, help_text="share of readings with a thermal/power throttle, EWMA")
+    throttle_share = models.FloatField(
+        default=0.0, help_text="share of readings with a thermal/power throttle, EWMA"
+    )
     samples = models.PositiveIntegerField(default=0)
 
     def __str__(self):
@@ -91,11 +98,16 @@ class NICState(models.Model):
     recovery_rate = models.FloatField(default=0.0, help_text="link error recoveries per hour, EWMA")
     rcv_error_rate = models.FloatField(default=0.0, help_text="port receive errors per hour, EWMA")
     xmit_wait = models.BigIntegerField(default=0, help_text="the port_xmit_wait counter at the last reading")
-    congestion_rate = models.FloatField(default=0.0, help_text="port_xmit_wait ticks per hour, EWMA (congestion)")
+    congestion_rate = models.FloatField(
+        default=0.0, help_text="port_xmit_wait ticks per hour, EWMA (congestion)"
+    )
     down_seconds = models.FloatField(default=0.0, help_text="cumulative time observed down")
     flaps = models.PositiveIntegerField(default=0)
-    errors_at = models.DateTimeField(null=True, blank=True,
-                                     help_text="the last reading with the link down or a new error (none: never seen)")
+    errors_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="the last reading with the link down or a new error (none: never seen)",
+    )
 
     def __str__(self):
         return f"nic {self.nic_id} {self.link_state}"
@@ -155,7 +167,10 @@ class FacilitySample(models.Model):
     health = models.CharField(max_length=20, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["cluster", "scope", "target", "metric", "ts"]), models.Index(fields=["ts"])]
+        indexes = [
+            models.Index(fields=["cluster", "scope", "target", "metric", "ts"]),
+            models.Index(fields=["ts"]),
+        ]
 
     def __str__(self):
         return f"{self.scope}:{self.target} {self.metric}={self.value}"
@@ -176,7 +191,11 @@ class FacilityState(models.Model):
     baseline = models.FloatField(help_text="slow EWMA: what the series normally reads")
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["cluster", "scope", "target", "series"], name="facility_state_unique")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "scope", "target", "series"], name="facility_state_unique"
+            )
+        ]
 
     def __str__(self):
         return f"{self.scope}:{self.target} {self.series}"
@@ -188,14 +207,20 @@ class AlertRecord(models.Model):
     fingerprint = models.CharField(max_length=64)
     starts_at = models.DateTimeField(null=True, blank=True)
     alertname = models.CharField(max_length=200, blank=True)
-    fault = models.ForeignKey("jobs.FaultEvent", null=True, blank=True, on_delete=models.SET_NULL, related_name="alerts")
+    fault = models.ForeignKey(
+        "jobs.FaultEvent", null=True, blank=True, on_delete=models.SET_NULL, related_name="alerts"
+    )
     status = models.CharField(max_length=10)
     received_at = models.DateTimeField(auto_now_add=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
     labels = models.JSONField(default=dict)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["fingerprint", "starts_at"], name="alert_fingerprint_start_unique")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["fingerprint", "starts_at"], name="alert_fingerprint_start_unique"
+            )
+        ]
 
     def __str__(self):
         return f"{self.alertname} {self.fingerprint} {self.status}"
@@ -204,7 +229,7 @@ class AlertRecord(models.Model):
 class NotificationChannel(models.Model):
     """Where Lockstep tells humans what they must see: a generic JSON webhook or a Slack-compatible one."""
 
-    Kind = NotificationChannelKind   # the model's name for its choices (telemetry.choices)
+    Kind = NotificationChannelKind  # the model's name for its choices (telemetry.choices)
 
     name = models.CharField(max_length=100, unique=True)
     kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.GENERIC)
@@ -251,7 +276,9 @@ class NotificationDelivery(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        constraints = [models.UniqueConstraint(fields=["channel", "event_id"], name="delivery_once_per_event")]
+        constraints = [
+            models.UniqueConstraint(fields=["channel", "event_id"], name="delivery_once_per_event")
+        ]
         indexes = [models.Index(fields=["state", "next_attempt_at"])]
 
     def __str__(self):
@@ -286,13 +313,25 @@ class Prediction(models.Model):
     cause = models.CharField(max_length=300)
     cause_kind = models.CharField(max_length=20)
     evidence = models.JSONField(default=dict)
-    fault = models.ForeignKey("jobs.FaultEvent", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
-                              help_text="the predicted_failure fault the planner acted on")
+    fault = models.ForeignKey(
+        "jobs.FaultEvent",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="the predicted_failure fault the planner acted on",
+    )
     action_taken = models.CharField(max_length=40, blank=True)
     outcome = models.CharField(max_length=10, choices=Outcome.choices, default=Outcome.OPEN)
     outcome_at = models.DateTimeField(null=True, blank=True)
-    failure = models.ForeignKey("jobs.FaultEvent", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
-                                help_text="the hardware fault that came true")
+    failure = models.ForeignKey(
+        "jobs.FaultEvent",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="the hardware fault that came true",
+    )
     lead_seconds = models.FloatField(null=True, blank=True)
 
     tenant_scope = None  # fleet-wide analysis: provider roles

@@ -46,8 +46,13 @@ def risk_ranking(*, user, per_cluster: int = 15) -> list[dict]:
     for cluster in Cluster.objects.order_by("name"):
         nodes = list(Node.objects.filter(cluster=cluster).order_by("-risk_score", "hostname")[:per_cluster])
         history: dict[int, list[float]] = {node.pk: [] for node in nodes}
-        for node_id, score in (RiskSample.objects.filter(node_id__in=history.keys(), ts__gte=since).order_by("ts")
-                               .values_list("node_id", "score")):
+        for node_id, score in (
+            RiskSample.objects.filter(node_id__in=history.keys(), ts__gte=since)
+            .order_by("ts")
+            .values_list("node_id", "score")
+        ):
             history[node_id].append(score)
-        out.append({"cluster": cluster, "nodes": [{"node": node, "history": history[node.pk]} for node in nodes]})
+        out.append(
+            {"cluster": cluster, "nodes": [{"node": node, "history": history[node.pk]} for node in nodes]}
+        )
     return out

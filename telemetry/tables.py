@@ -13,5 +13,7 @@ def sparkline(values: list[float], width: int = 120, height: int = 24) -> str:
 def fabric_cells(cells: list[float], threshold: float) -> list[dict]:
     """One leaf switch's row of the fabric grid: each rail's worst deviation with the level it is shown at
     (``bad`` from the threshold, ``warn`` from half of it, else ``ok``)."""
-    return [{"z": z, "level": "bad" if z >= threshold else ("warn" if z >= threshold / 2 else "ok")}
-            for z in cells]
+    return [
+        {"z": z, "level": "bad" if z >= threshold else ("warn" if z >= threshold / 2 else "ok")}
+        for z in cells
+    ]

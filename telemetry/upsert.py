@@ -25,7 +25,9 @@ class Statement:
         self.parts: list[str] = []
         self.params: list = []
 
-    def insert(self, model, columns: list[str], rows: list[dict], *, conflict: str = "", update: str = "") -> None:
+    def insert(
+        self, model, columns: list[str], rows: list[dict], *, conflict: str = "", update: str = ""
+    ) -> None:
         """Insert ``rows`` (dicts holding at least ``columns``; a missing key is NULL, not the column default).
         ``conflict`` names the unique columns, ``update`` the SET list taken on a conflict (``excluded.…``)."""
         if not rows:
@@ -36,14 +38,22 @@ class Statement:
             sql += f" ON CONFLICT ({conflict}) DO UPDATE SET {update}"
         try:
             document = orjson.dumps(rows).decode()
-        except orjson.JSONEncodeError as error:  # an integer beyond 64 bits: no column takes it (answered 400)
+        except (
+            orjson.JSONEncodeError
+        ) as error:  # an integer beyond 64 bits: no column takes it (answered 400)
             raise DataError(f"a value is out of the range the database accepts: {error}") from error
         self.parts.append(sql)
         self.params.append(document)
 
     def upsert(self, model, key: str, columns: list[str], rows: list[dict]) -> None:
         """Insert or replace ``rows`` of ``model`` on its unique ``key`` column: every column but the key is set."""
-        self.insert(model, [key, *columns], rows, conflict=key, update=", ".join(f"{c} = excluded.{c}" for c in columns))
+        self.insert(
+            model,
+            [key, *columns],
+            rows,
+            conflict=key,
+            update=", ".join(f"{c} = excluded.{c}" for c in columns),
+        )
 
     def update(self, sql: str, params: list) -> None:
         self.parts.append(sql)
@@ -79,5 +89,9 @@ def upsert(model, key: str, columns: list[str], rows: list[dict]) -> None:
     if not rows:
         return
     objects = [model(**{key: row[key], **{c: row[c] for c in columns}}) for row in rows]
-    model.objects.bulk_create(objects, update_conflicts=True, unique_fields=[key.removesuffix("_id")],
-                              update_fields=[c.removesuffix("_id") if c.endswith("_id") else c for c in columns])
+    model.objects.bulk_create(
+        objects,
+        update_conflicts=True,
+        unique_fields=[key.removesuffix("_id")],
+        update_fields=[c.removesuffix("_id") if c.endswith("_id") else c for c in columns],
+    )

@@ -39,5 +39,7 @@ def parse_batch(body: bytes) -> dict:
     try:
         _validator()(payload)
     except fastjsonschema.JsonSchemaValueException as error:
-        raise ServiceError(error.message.removeprefix("data").lstrip(". "), field=_field_name(error.name)) from error
+        raise ServiceError(
+            error.message.removeprefix("data").lstrip(". "), field=_field_name(error.name)
+        ) from error
     return payload

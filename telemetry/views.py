@@ -20,9 +20,15 @@ def prediction_overview(request):
     emptied = emptied_before_failure(predictions)
     for prediction in predictions:
         prediction.emptied = prediction.pk in emptied
-    return render(request, "telemetry/predictions.html", {
-        "ranking": ranking, "metrics": prediction_metrics(), "predictions": predictions,
-    })
+    return render(
+        request,
+        "telemetry/predictions.html",
+        {
+            "ranking": ranking,
+            "metrics": prediction_metrics(),
+            "predictions": predictions,
+        },
+    )
 
 
 @login_required
@@ -30,7 +36,11 @@ def fabric_index(request):
     """The navigation's way to the fabric pages: the clusters the reader sees in full, each linking to its fabric."""
     from fleet.selectors import cluster_list
 
-    return render(request, "telemetry/fabric_index.html", {"clusters": cluster_list(user=request.user).order_by("name")[:500]})
+    return render(
+        request,
+        "telemetry/fabric_index.html",
+        {"clusters": cluster_list(user=request.user).order_by("name")[:500]},
+    )
 
 
 @login_required

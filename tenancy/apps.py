@@ -11,6 +11,8 @@ class TenancyConfig(AppConfig):
         from tenancy.selectors import principal_for_user
 
         access.register_principal_resolver(principal_for_user)
-        events.register_topic("tenant", keyed=True, may_subscribe=lambda who, key: who.is_provider or who.in_tenant(key))
+        events.register_topic(
+            "tenant", keyed=True, may_subscribe=lambda who, key: who.is_provider or who.in_tenant(key)
+        )
         navigation.register("Users", "user-list", audience="users", order=78)
         navigation.register("API tokens", "token-list", audience="all", order=80)

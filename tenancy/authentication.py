@@ -64,7 +64,9 @@ class TokenAuthentication(authentication.BaseAuthentication):
         header = authentication.get_authorization_header(request).split()
         if not header or header[0].lower() != b"bearer":
             return None
-        if self.own_kind_only and (len(header) != 2 or not header[1].startswith(f"{self.model.kind}_".encode())):
+        if self.own_kind_only and (
+            len(header) != 2 or not header[1].startswith(f"{self.model.kind}_".encode())
+        ):
             return None
         if len(header) != 2:
             raise exceptions.AuthenticationFailed(MALFORMED_HEADER)

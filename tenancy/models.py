@@ -29,7 +29,9 @@ class Membership(models.Model):
     """A user's role: provider side (no tenant) or tenant side (one tenant)."""
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="membership")
-    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="memberships"
+    )
     role = models.CharField(max_length=20, choices=Role.choices)
 
     tenant_scope = "tenant_id"
@@ -37,7 +39,10 @@ class Membership(models.Model):
     class Meta:
         constraints = [
             models.CheckConstraint(
-                condition=(Q(role__in=sorted(PROVIDER_ROLES), tenant__isnull=True) | Q(role__in=sorted(TENANT_ROLES), tenant__isnull=False)),
+                condition=(
+                    Q(role__in=sorted(PROVIDER_ROLES), tenant__isnull=True)
+                    | Q(role__in=sorted(TENANT_ROLES), tenant__isnull=False)
+                ),
                 name="membership_role_matches_tenant",
             )
         ]

@@ -38,8 +38,9 @@ def scope_condition(
     return seen[0] if len(seen) == 1 else seen[0] | seen[1]
 
 
-def restrict(queryset: QuerySet, user, *, scope: str | Q | None = None, also: Q | None = None,
-             distinct: bool = False) -> QuerySet:
+def restrict(
+    queryset: QuerySet, user, *, scope: str | Q | None = None, also: Q | None = None, distinct: bool = False
+) -> QuerySet:
     """What of ``queryset`` the user may see (the module's rule). ``scope`` replaces the model's lookup where
     a tenant sees the rows by another relation (the recovery actions of its own jobs), or is the condition
     itself (a Q of the rows it sees); ``also`` adds the rows a tenant sees besides its own (the faults that

@@ -10,7 +10,7 @@ User = get_user_model()
 
 def principal_for_user(user) -> Principal:
     """The resolver registered with controlplane.access: a user's role and tenant from their membership."""
-    if "membership" in user._state.fields_cache:     # fetched with the user (the bearer-token lookup does)
+    if "membership" in user._state.fields_cache:  # fetched with the user (the bearer-token lookup does)
         membership = user._state.fields_cache["membership"]
         row = (membership.role, membership.tenant_id) if membership is not None else None
     else:
@@ -47,7 +47,11 @@ def user_list(*, user) -> QuerySet:
 
 def tenant_members(*, user, tenant_id: int) -> QuerySet[Membership]:
     """A tenant's members by user name: for provider roles and that tenant's own users."""
-    return restrict(Membership.objects.filter(tenant_id=tenant_id), user).select_related("user").order_by("user__username")
+    return (
+        restrict(Membership.objects.filter(tenant_id=tenant_id), user)
+        .select_related("user")
+        .order_by("user__username")
+    )
 
 
 def tenant_of(*, user, tenant_id: int) -> Tenant:

@@ -31,10 +31,19 @@ def tenant_create(*, actor, name: str, slug: str, tier: str = TenantTier.STANDAR
     if Tenant.objects.filter(slug=slug).exists():
         raise ServiceError("a tenant with this slug exists", field="slug")
     tenant = Tenant.objects.create(name=name, slug=slug, tier=tier)
-    audit_record(actor=actor, action="tenant.create", target=tenant, tenant_id=tenant.pk,
-                 changes={"name": name, "slug": slug, "tier": tier})
-    events.publish([events.topic("fleet"), events.topic("tenant", tenant.pk)], "tenant.created",
-                   {"id": tenant.pk, "name": name, "tier": tier}, url=f"/api/v1/tenants/{tenant.pk}/")
+    audit_record(
+        actor=actor,
+        action="tenant.create",
+        target=tenant,
+        tenant_id=tenant.pk,
+        changes={"name": name, "slug": slug, "tier": tier},
+    )
+    events.publish(
+        [events.topic("fleet"), events.topic("tenant", tenant.pk)],
+        "tenant.created",
+        {"id": tenant.pk, "name": name, "tier": tier},
+        url=f"/api/v1/tenants/{tenant.pk}/",
+    )
     return tenant
 
 
@@ -43,7 +52,10 @@ def tenant_update(*, actor, tenant: Tenant, **fields) -> Tenant:
     require(principal(actor).is_provider_admin, "Only the provider admin may change tenants.")
     tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
     for unique in ("name", "slug"):
-        if unique in fields and Tenant.objects.filter(**{unique: fields[unique]}).exclude(pk=tenant.pk).exists():
+        if (
+            unique in fields
+            and Tenant.objects.filter(**{unique: fields[unique]}).exclude(pk=tenant.pk).exists()
+        ):
             raise ServiceError(f"a tenant with this {unique} exists", field=unique)
     changes = field_changes(tenant, fields)
     for name, value in fields.items():
@@ -51,14 +63,24 @@ def tenant_update(*, actor, tenant: Tenant, **fields) -> Tenant:
     tenant.save()
     if changes:
         audit_record(actor=actor, action="tenant.update", target=tenant, tenant_id=tenant.pk, changes=changes)
-        events.publish([events.topic("fleet"), events.topic("tenant", tenant.pk)], "tenant.updated",
-                       {"id": tenant.pk, "changes": changes}, url=f"/api/v1/tenants/{tenant.pk}/")
+        events.publish(
+            [events.topic("fleet"), events.topic("tenant", tenant.pk)],
+            "tenant.updated",
+            {"id": tenant.pk, "changes": changes},
+            url=f"/api/v1/tenants/{tenant.pk}/",
+        )
     return tenant
 
 
 @transaction.atomic
 def user_create(
-    *, actor, username: str, role: str, tenant: Tenant | None = None, email: str = "", password: str | None = None
+    *,
+    actor,
+    username: str,
+    role: str,
+    tenant: Tenant | None = None,
+    email: str = "",
+    password: str | None = None,
 ) -> tuple[User, str | None]:
     """A user with a role. Returns the user and, when no password was given, a generated one to show once."""
     who = principal(actor)
@@ -77,8 +99,13 @@ def user_create(
         generated = password = secrets.token_urlsafe(12)
     user = User.objects.create_user(username=username, email=email, password=password)
     Membership.objects.create(user=user, tenant=tenant, role=role)
-    audit_record(actor=actor, action="user.create", target=user, tenant_id=tenant.pk if tenant else None,
-                 changes={"username": username, "role": role, "tenant": tenant.pk if tenant else None})
+    audit_record(
+        actor=actor,
+        action="user.create",
+        target=user,
+        tenant_id=tenant.pk if tenant else None,
+        changes={"username": username, "role": role, "tenant": tenant.pk if tenant else None},
+    )
     return user, generated
 
 
@@ -91,8 +118,14 @@ def user_deactivate(*, actor, user) -> None:
         raise ServiceError("you cannot deactivate yourself", status=409)
     User.objects.filter(pk=user.pk).update(is_active=False)
     ApiToken.objects.filter(user=user, revoked_at__isnull=True).update(revoked_at=timezone.now())
-    audit_record(actor=actor, action="user.deactivate", target=user, tenant_id=tenant_id, changes={"is_active": [True, False]})
-    credentials_revoked(user_id=user.pk)   # its open websockets close
+    audit_record(
+        actor=actor,
+        action="user.deactivate",
+        target=user,
+        tenant_id=tenant_id,
+        changes={"is_active": [True, False]},
+    )
+    credentials_revoked(user_id=user.pk)  # its open websockets close
 
 
 def may_manage_tokens_of(actor, owner) -> bool:
@@ -114,7 +147,9 @@ def token_touch(*, token: Token) -> None:
     """Note that ``token`` was used now, at most once every TOKEN_LAST_USED_RESOLUTION seconds (every request
     authenticates, and a write each time would cost more than the answer)."""
     now = timezone.now()
-    if token.last_used_at is not None and now - token.last_used_at < timedelta(seconds=settings.TOKEN_LAST_USED_RESOLUTION):
+    if token.last_used_at is not None and now - token.last_used_at < timedelta(
+        seconds=settings.TOKEN_LAST_USED_RESOLUTION
+    ):
         return
     # One UPDATE, atomic by itself: a transaction around it would add only round trips to a request's path.
     type(token).objects.filter(pk=token.pk).update(last_used_at=now)
@@ -141,9 +176,18 @@ def token_create(
         raise ServiceError("the expiry must be in the future", field="expires_at")
     token, raw = token_issue(model=ApiToken, user=owner, name=name, scope=scope, expires_at=expires_at)
     tenant_id = Membership.objects.filter(user=owner).values_list("tenant_id", flat=True).first()
-    audit_record(actor=actor, action="token.create", target=token, tenant_id=tenant_id,
-                 changes={"owner": owner.get_username(), "name": name, "scope": scope,
-                          "expires_at": expires_at.isoformat() if expires_at else None})
+    audit_record(
+        actor=actor,
+        action="token.create",
+        target=token,
+        tenant_id=tenant_id,
+        changes={
+            "owner": owner.get_username(),
+            "name": name,
+            "scope": scope,
+            "expires_at": expires_at.isoformat() if expires_at else None,
+        },
+    )
     return token, raw
 
 
@@ -153,8 +197,10 @@ def token_revoke(*, actor, token: ApiToken) -> ApiToken:
     require(may_manage_tokens_of(actor, token.user), "You may not revoke this token.")
     if token_mark_revoked(token=token):
         tenant_id = Membership.objects.filter(user=token.user).values_list("tenant_id", flat=True).first()
-        audit_record(actor=actor, action="token.revoke", target=token, tenant_id=tenant_id, changes={"revoked": True})
-        credentials_revoked(user_id=token.user_id, token_id=token.pk)   # sockets opened with it close
+        audit_record(
+            actor=actor, action="token.revoke", target=token, tenant_id=tenant_id, changes={"revoked": True}
+        )
+        credentials_revoked(user_id=token.user_id, token_id=token.pk)  # sockets opened with it close
     return token
 
 
@@ -166,5 +212,10 @@ def demo_admin_ensure(*, username: str) -> str | None:
     password = secrets.token_urlsafe(12)
     user = User.objects.create_superuser(username=username, email="", password=password)
     Membership.objects.create(user=user, role=Role.PROVIDER_ADMIN)
-    audit_record(actor=None, action="user.create", target=user, changes={"username": username, "role": Role.PROVIDER_ADMIN})
+    audit_record(
+        actor=None,
+        action="user.create",
+        target=user,
+        changes={"username": username, "role": Role.PROVIDER_ADMIN},
+    )
     return password

@@ -58,12 +58,16 @@ def _token_query() -> tuple[str, list[tuple[type, list[str], list]]]:
     for model, alias in parts:
         fields = model._meta.concrete_fields
         columns += [f"{alias}.{quote(field.column)}" for field in fields]
-        layout.append((model, [field.attname for field in fields], [field.get_col(alias) for field in fields]))
+        layout.append(
+            (model, [field.attname for field in fields], [field.get_col(alias) for field in fields])
+        )
     user_table, membership_table = parts[1][0]._meta.db_table, Membership._meta.db_table
-    sql = (f"SELECT {', '.join(columns)} FROM {quote(ApiToken._meta.db_table)} t "
-           f"JOIN {quote(user_table)} u ON u.{quote('id')} = t.{quote('user_id')} "
-           f"LEFT JOIN {quote(membership_table)} m ON m.{quote('user_id')} = u.{quote('id')} "
-           f"WHERE t.{quote('digest')} = %s")
+    sql = (
+        f"SELECT {', '.join(columns)} FROM {quote(ApiToken._meta.db_table)} t "
+        f"JOIN {quote(user_table)} u ON u.{quote('id')} = t.{quote('user_id')} "
+        f"LEFT JOIN {quote(membership_table)} m ON m.{quote('user_id')} = u.{quote('id')} "
+        f"WHERE t.{quote('digest')} = %s"
+    )
     return sql, layout
 
 
@@ -79,7 +83,7 @@ def api_token_by_digest(token_digest: str) -> ApiToken | None:
         return None
     loaded, start = [], 0
     for model, names, cols in layout:
-        values = list(row[start:start + len(names)])
+        values = list(row[start : start + len(names)])
         start += len(names)
         # The database's values as Python's, as the ORM converts them (SQLite's datetimes, for one).
         for i, col in enumerate(cols):

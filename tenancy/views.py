@@ -45,8 +45,12 @@ def token_list(request):
             created = {"token": token, "raw": raw}
             form = ApiTokenForm()
     tokens = selectors.token_list(user=request.user)
-    response = render(request, "tenancy/apitoken_list.html", {"form": form, "tokens": tokens, "created": created},
-                      status=status)
+    response = render(
+        request,
+        "tenancy/apitoken_list.html",
+        {"form": form, "tokens": tokens, "created": created},
+        status=status,
+    )
     return retry_after(response, wait) if wait is not None else response
 
 
@@ -55,11 +59,18 @@ def token_list(request):
 def token_revoke(request, pk: int):
     token = get_object_or_404(selectors.token_list(user=request.user), pk=pk)
     if not confirmed(request):
-        return confirm_page(request, title=f"Revoke token {token.name}",
-                            question=f"Revoke {token.name} (lsk_{token.prefix}_…) of {token.user.get_username()}?",
-                            consequences=["Every request and websocket using it is refused from now on; this "
-                                          "cannot be undone (create a new token instead)."],
-                            action_url=request.path, back_url=reverse("token-list"), button="Revoke")
+        return confirm_page(
+            request,
+            title=f"Revoke token {token.name}",
+            question=f"Revoke {token.name} (lsk_{token.prefix}_…) of {token.user.get_username()}?",
+            consequences=[
+                "Every request and websocket using it is refused from now on; this "
+                "cannot be undone (create a new token instead)."
+            ],
+            action_url=request.path,
+            back_url=reverse("token-list"),
+            button="Revoke",
+        )
     services.token_revoke(actor=request.user, token=token)
     messages.success(request, f"Token {token.name} ({token.prefix}…) revoked.")
     return redirect("token-list")
@@ -78,7 +89,9 @@ def user_list(request):
     """A tenant's users (every tenant's for the provider admin): add one (its password shown once), remove one.
     Through the services POST and DELETE /api/v1/users/ call."""
     who = _user_admin(request)
-    tenants = list(selectors.tenant_list(user=request.user).order_by("name")) if who.is_provider_admin else None
+    tenants = (
+        list(selectors.tenant_list(user=request.user).order_by("name")) if who.is_provider_admin else None
+    )
     form = UserForm(request.POST or None, tenants=tenants)
     created, status = None, 200
     if request.method == "POST":
@@ -99,8 +112,12 @@ def user_list(request):
                 created = {"user": user, "password": password, "tenant": tenant}
                 form = UserForm(tenants=tenants)
     users = selectors.user_list(user=request.user).filter(is_active=True)
-    return render(request, "tenancy/user_list.html", {"form": form, "users": users, "created": created, "who": who},
-                  status=status)
+    return render(
+        request,
+        "tenancy/user_list.html",
+        {"form": form, "users": users, "created": created, "who": who},
+        status=status,
+    )
 
 
 @login_required
@@ -110,10 +127,20 @@ def user_remove(request, pk: int):
     _user_admin(request)
     user = get_object_or_404(selectors.user_list(user=request.user).filter(is_active=True), pk=pk)
     if not confirmed(request):
-        return confirm_page(request, title=f"Remove {user.get_username()}",
-                            question=f"Remove {user.get_username()}?",
-                            consequences=["The user can no longer log in; its API tokens are revoked and its open "
-                                          "pages stop updating."],
-                            action_url=request.path, back_url=reverse("user-list"), button="Remove")
-    return carry_out(request, lambda: services.user_deactivate(actor=request.user, user=user),
-                     done=f"{user.get_username()} removed.", back="user-list")
+        return confirm_page(
+            request,
+            title=f"Remove {user.get_username()}",
+            question=f"Remove {user.get_username()}?",
+            consequences=[
+                "The user can no longer log in; its API tokens are revoked and its open pages stop updating."
+            ],
+            action_url=request.path,
+            back_url=reverse("user-list"),
+            button="Remove",
+        )
+    return carry_out(
+        request,
+        lambda: services.user_deactivate(actor=request.user, user=user),
+        done=f"{user.get_username()} removed.",
+        back="user-list",
+    )

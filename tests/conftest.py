@@ -127,7 +127,9 @@ def chromium():
     from tests.support.browser import CHROMIUM, browser
 
     if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (apt-get install chromium); .ci/run does")
+        pytest.fail(
+            f"{CHROMIUM} is missing: install Debian's chromium package (apt-get install chromium); .ci/run does"
+        )
     previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     try:

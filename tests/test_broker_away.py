@@ -21,21 +21,36 @@ def test_stored_changes_answer_as_stored_while_the_broker_is_away(tmp_path):
     version_create(actor=operator, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
     assigned, rolled = clusters_on(v1, 2, fleet=make_fleet("broker-away"), track_latest=False)
     auth = {"Authorization": token_header(operator, "write")["HTTP_AUTHORIZATION"]}
-    nothing_listens = f"redis://127.0.0.1:{free_port()}/0"     # broker, channel layer: away
+    nothing_listens = f"redis://127.0.0.1:{free_port()}/0"  # broker, channel layer: away
 
     with uvicorn_server(tmp_path, REDIS_URL=nothing_listens) as web:
         answers = {
-            "assign": requests.put(f"{web.url}/api/v1/clusters/{assigned.pk}/blueprint/", headers=auth, timeout=30,
-                                   json={"blueprint": bp.pk, "version": 2, "reason": "broker away"}),
-            "rollout": requests.post(f"{web.url}/api/v1/rollouts/", headers=auth, timeout=30,
-                                     json={"blueprint": bp.pk, "version": 2, "targets": {"clusters": [rolled.pk]}}),
-            "whatif": requests.post(f"{web.url}/api/v1/whatif/", headers=auth, timeout=30,
-                                    json={"seed": 2, "gpus": 2048, "days": 10}),
+            "assign": requests.put(
+                f"{web.url}/api/v1/clusters/{assigned.pk}/blueprint/",
+                headers=auth,
+                timeout=30,
+                json={"blueprint": bp.pk, "version": 2, "reason": "broker away"},
+            ),
+            "rollout": requests.post(
+                f"{web.url}/api/v1/rollouts/",
+                headers=auth,
+                timeout=30,
+                json={"blueprint": bp.pk, "version": 2, "targets": {"clusters": [rolled.pk]}},
+            ),
+            "whatif": requests.post(
+                f"{web.url}/api/v1/whatif/",
+                headers=auth,
+                timeout=30,
+                json={"seed": 2, "gpus": 2048, "days": 10},
+            ),
         }
         log = web.output()
 
     assert {name: answer.status_code for name, answer in answers.items()} == {
-        "assign": 200, "rollout": 201, "whatif": 202}, {name: answer.text[:300] for name, answer in answers.items()}
+        "assign": 200,
+        "rollout": 201,
+        "whatif": 202,
+    }, {name: answer.text[:300] for name, answer in answers.items()}
     assert Cluster.objects.get(pk=assigned.pk).blueprint_version.number == 2
     assert Rollout.objects.filter(pk=answers["rollout"].json()["id"]).exists()
     assert WhatIfRun.objects.get(pk=answers["whatif"].json()["id"]).state == WhatIfRun.State.QUEUED

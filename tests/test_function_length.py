@@ -41,4 +41,4 @@ def test_the_walk_sees_every_package_and_nested_functions():
     found = long_functions(limit=5, exempt=set())
     for package in PACKAGES:
         assert any(entry.startswith(f"{package}/") for entry in found), package
-    assert any(" node (" in entry for entry in found)   # simulator/whatif.py's _job_nodes.node, nested
+    assert any(" node (" in entry for entry in found)  # simulator/whatif.py's _job_nodes.node, nested

@@ -47,8 +47,9 @@ class Fuzzer:
         self.examples: dict = {}
 
     def run(self, operation, known: list[int]) -> None:
-        @hypothesis_settings(max_examples=EXAMPLES, deadline=None, database=None,
-                             suppress_health_check=list(HealthCheck))
+        @hypothesis_settings(
+            max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        )
         @given(case=operation.as_strategy())
         def call(case):
             case.headers = {**(case.headers or {}), **self.auth}
@@ -72,8 +73,10 @@ class Fuzzer:
         key = (case.method, case.operation.path, response.status_code, type(failure).__name__)
         self.failures[key] += 1
         body = str(case.body)[:150] if case.body is not None else ""
-        self.examples[key] = (f"{case.method} {case.formatted_path} {case.query or ''} {body} -> "
-                              f"{str(failure)[:1200]} | {response.text[:200]}")
+        self.examples[key] = (
+            f"{case.method} {case.formatted_path} {case.query or ''} {body} -> "
+            f"{str(failure)[:1200]} | {response.text[:200]}"
+        )
 
     def report(self) -> str:
         return "\n\n".join(f"{count} × {self.examples[key]}" for key, count in sorted(self.failures.items()))
@@ -84,7 +87,7 @@ class Fuzzer:
 @pytest.mark.parametrize("username", ["lockstep-simulator", "nimbus-admin"])
 def test_every_operation_answers_as_documented(username, settings, capsys):
     settings.ALLOWED_HOSTS = ["testserver", "localhost"]
-    world_build(seed=3, nodes_per_cluster=8, spares=1)   # 8 nodes: a job on every cluster
+    world_build(seed=3, nodes_per_cluster=8, spares=1)  # 8 nodes: a job on every cluster
     user = get_user_model().objects.get(username=username)
     _, raw = token_create(actor=user, owner=user, name="fuzz", scope="write")
     auth = {"Authorization": f"Bearer {raw}"}
@@ -92,13 +95,20 @@ def test_every_operation_answers_as_documented(username, settings, capsys):
     schema = schemathesis.openapi.from_wsgi("/api/schema/", app, headers=auth)
     client = werkzeug.test.Client(app)
     operations = [result.ok() for result in schema.get_all_operations()]
-    ids = {operation.path: visible_ids(client, auth, operation.path) for operation in operations
-           if operation.method.upper() == "GET" and "{" not in operation.path}
+    ids = {
+        operation.path: visible_ids(client, auth, operation.path)
+        for operation in operations
+        if operation.method.upper() == "GET" and "{" not in operation.path
+    }
     fuzzer = Fuzzer(auth)
     for operation in operations:
-        fuzzer.run(operation, ids.get(operation.path.split("{id}")[0], []) if "{id}" in operation.path else [])
+        fuzzer.run(
+            operation, ids.get(operation.path.split("{id}")[0], []) if "{id}" in operation.path else []
+        )
     with capsys.disabled():
-        print(f"\nschemathesis as {username}: {fuzzer.sent} requests over {len(operations)} operations, "
-              f"{sum(fuzzer.failures.values())} not as documented")
+        print(
+            f"\nschemathesis as {username}: {fuzzer.sent} requests over {len(operations)} operations, "
+            f"{sum(fuzzer.failures.values())} not as documented"
+        )
     assert len(operations) > 50
     assert not fuzzer.failures, fuzzer.report()

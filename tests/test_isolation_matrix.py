@@ -88,7 +88,9 @@ def fill(pattern: Pattern, values: dict[str, str]) -> str:
         route = resolve(url).route
     except Resolver404:
         route = None
-    assert route is not None and route.replace("^", "") == pattern.route.replace("^", ""), f"{url} does not reach {pattern.route}"
+    assert route is not None and route.replace("^", "") == pattern.route.replace("^", ""), (
+        f"{url} does not reach {pattern.route}"
+    )
     return url
 
 
@@ -106,13 +108,24 @@ def requests_for(pattern: Pattern, world) -> list[tuple[str | None, str]]:
         return [(None, fill(pattern, values))]
     assert route.fill, f"{pattern.key}: declare which kind of object fills {sorted(ids)} in ROUTES"
     rows = world.objects[route.fill]
-    assert {owner for owner, _ in rows} >= ({"acme", "nimbus"} if route.fill not in PROVIDER_KINDS else {"provider"})
+    assert {owner for owner, _ in rows} >= (
+        {"acme", "nimbus"} if route.fill not in PROVIDER_KINDS else {"provider"}
+    )
     return [(owner, fill(pattern, {**values, **{name: str(pk) for name in ids}})) for owner, pk in rows]
 
 
 # Kinds the world has only for the provider (no tenant owns a blueprint, a rollout, a what-if run…).
-PROVIDER_KINDS = {"blueprint", "rollout", "agent-token", "launcher-credential", "notification-channel", "notification-delivery", "whatif",
-                  "scenario", "audit"}
+PROVIDER_KINDS = {
+    "blueprint",
+    "rollout",
+    "agent-token",
+    "launcher-credential",
+    "notification-channel",
+    "notification-delivery",
+    "whatif",
+    "scenario",
+    "audit",
+}
 
 
 def viewset_methods(pattern: Pattern) -> set[str] | None:
@@ -134,7 +147,9 @@ def send(client, method: str, url: str, headers: dict, api: bool):
         if method == "GET":
             response = client.get(url, **headers)
         elif api:
-            response = getattr(client, method.lower())(url, data="{}", content_type="application/json", **headers)
+            response = getattr(client, method.lower())(
+                url, data="{}", content_type="application/json", **headers
+            )
         else:
             response = client.post(url, {}, **headers)
         transaction.set_rollback(True)
@@ -143,10 +158,25 @@ def send(client, method: str, url: str, headers: dict, api: bool):
 
 
 # JSON keys that hold the id of an object of a kind (``"job": 17``, ``"to_node": 5``…).
-ID_KEYS = {"job": "job", "job_id": "job", "tenant": "tenant", "tenant_id": "tenant", "dedicated_tenant": "tenant",
-           "cluster": "cluster", "cluster_id": "cluster", "node": "node", "node_id": "node", "to_node": "node",
-           "from_node": "node", "fault": "fault", "fault_id": "fault", "action": "action", "action_id": "action",
-           "incident": "incident", "incident_id": "incident"}
+ID_KEYS = {
+    "job": "job",
+    "job_id": "job",
+    "tenant": "tenant",
+    "tenant_id": "tenant",
+    "dedicated_tenant": "tenant",
+    "cluster": "cluster",
+    "cluster_id": "cluster",
+    "node": "node",
+    "node_id": "node",
+    "to_node": "node",
+    "from_node": "node",
+    "fault": "fault",
+    "fault_id": "fault",
+    "action": "action",
+    "action_id": "action",
+    "incident": "incident",
+    "incident_id": "incident",
+}
 
 
 def foreign_ids(world, who: Who, data, found: list[str]) -> list[str]:
@@ -192,15 +222,22 @@ def walk(pattern: Pattern, world, clients) -> list[str]:
                 client, extra = (api_client, headers) if api else (page, {})
                 cookies = copy.deepcopy(client.cookies)
                 response = send(client, method, url, extra, api)
-                client.cookies = cookies   # a logout (or a new session) must not sign the role out of the walk
+                client.cookies = cookies  # a logout (or a new session) must not sign the role out of the walk
                 expected = policy(who, owner, method)
                 allowed = expected if isinstance(expected, frozenset) else {expected}
                 where = f"{method} {url} as {role} ({owner or 'no object'})"
                 if response.status_code not in allowed:
-                    problems.append(f"{where}: {response.status_code}, expected {sorted(allowed)}: "
-                                    f"{response.content[:160]!r}")
+                    problems.append(
+                        f"{where}: {response.status_code}, expected {sorted(allowed)}: "
+                        f"{response.content[:160]!r}"
+                    )
                     continue
-                if response.status_code == LOGIN and who.anonymous and not pattern.is_admin and method == "GET":
+                if (
+                    response.status_code == LOGIN
+                    and who.anonymous
+                    and not pattern.is_admin
+                    and method == "GET"
+                ):
                     if not response["Location"].startswith(reverse(settings.LOGIN_URL)):
                         problems.append(f"{where}: redirected to {response['Location']}, not the login page")
                 if response.status_code == LOGIN and pattern.is_admin:
@@ -208,8 +245,12 @@ def walk(pattern: Pattern, world, clients) -> list[str]:
                     if not response["Location"].startswith(logins):
                         problems.append(f"{where}: redirected to {response['Location']}, not a login page")
                 if response.status_code < 300 and not getattr(response, "streaming", False):
-                    found = leaks(world, who, response.content.decode("utf-8", "replace"),
-                                  response.get("Content-Type", ""))
+                    found = leaks(
+                        world,
+                        who,
+                        response.content.decode("utf-8", "replace"),
+                        response.get("Content-Type", ""),
+                    )
                     if found:
                         problems.append(f"{where}: the answer names {found[:5]}")
     return problems
@@ -218,11 +259,15 @@ def walk(pattern: Pattern, world, clients) -> list[str]:
 @pytest.mark.parametrize("pattern", PATTERNS, ids=[p.route for p in PATTERNS])
 def test_pattern_answers_each_role_as_the_table_says(pattern, world, clients):
     if not pattern.is_admin:
-        assert pattern.key in ROUTES, (f"{pattern.key} ({pattern.route}) is not in tests/support/matrix.py "
-                                       f"ROUTES: declare how to fill it and what each role gets")
+        assert pattern.key in ROUTES, (
+            f"{pattern.key} ({pattern.route}) is not in tests/support/matrix.py "
+            f"ROUTES: declare how to fill it and what each role gets"
+        )
         declared, served = set(ROUTES[pattern.key].methods), viewset_methods(pattern)
         if served is not None:
-            assert declared == served, f"{pattern.key} serves {sorted(served)}; ROUTES declares {sorted(declared)}"
+            assert declared == served, (
+                f"{pattern.key} serves {sorted(served)}; ROUTES declares {sorted(declared)}"
+            )
     problems = walk(pattern, world, clients)
     assert not problems, "\n".join(problems)
 
@@ -249,24 +294,49 @@ def visible(world, who: Who, name: str) -> set[int]:
     if name == "api:job-list":
         rows = Job.objects.all() if everything else Job.objects.filter(tenant_id=tenant)
     elif name == "api:action-list":
-        rows = RecoveryAction.objects.all() if everything else RecoveryAction.objects.filter(job__tenant_id=tenant)
+        rows = (
+            RecoveryAction.objects.all()
+            if everything
+            else RecoveryAction.objects.filter(job__tenant_id=tenant)
+        )
     elif name == "api:fault-list":
-        rows = FaultEvent.objects.all() if everything else FaultEvent.objects.filter(
-            Q(cluster__dedicated_tenant_id=tenant) | Q(actions__job__tenant_id=tenant)
-            | Q(incident__actions__job__tenant_id=tenant)).distinct()
+        rows = (
+            FaultEvent.objects.all()
+            if everything
+            else FaultEvent.objects.filter(
+                Q(cluster__dedicated_tenant_id=tenant)
+                | Q(actions__job__tenant_id=tenant)
+                | Q(incident__actions__job__tenant_id=tenant)
+            ).distinct()
+        )
     elif name == "api:incident-list":
-        rows = Incident.objects.all() if everything else Incident.objects.filter(
-            Q(cluster__dedicated_tenant_id=tenant) | Q(actions__job__tenant_id=tenant)).distinct()
+        rows = (
+            Incident.objects.all()
+            if everything
+            else Incident.objects.filter(
+                Q(cluster__dedicated_tenant_id=tenant) | Q(actions__job__tenant_id=tenant)
+            ).distinct()
+        )
     elif name == "api:cluster-list":
-        rows = Cluster.objects.all() if everything else Cluster.objects.filter(
-            Q(dedicated_tenant_id=tenant) | Q(dedicated_tenant__isnull=True))
+        rows = (
+            Cluster.objects.all()
+            if everything
+            else Cluster.objects.filter(Q(dedicated_tenant_id=tenant) | Q(dedicated_tenant__isnull=True))
+        )
     elif name == "api:node-list":
         rows = Node.objects.all() if everything else Node.objects.filter(cluster__dedicated_tenant_id=tenant)
     elif name == "api:drift-list":
-        rows = DriftFinding.objects.all() if everything else DriftFinding.objects.filter(
-            cluster__dedicated_tenant_id=tenant)
+        rows = (
+            DriftFinding.objects.all()
+            if everything
+            else DriftFinding.objects.filter(cluster__dedicated_tenant_id=tenant)
+        )
     elif name == "api:fleet-list":
-        rows = Fleet.objects.all() if everything else Fleet.objects.filter(clusters__dedicated_tenant_id=tenant).distinct()
+        rows = (
+            Fleet.objects.all()
+            if everything
+            else Fleet.objects.filter(clusters__dedicated_tenant_id=tenant).distinct()
+        )
     elif name == "api:token-list":
         if who.kind == "provider-admin":
             rows = ApiToken.objects.all()
@@ -288,8 +358,18 @@ def visible(world, who: Who, name: str) -> set[int]:
 
 
 OUTLINE = {"id", "name", "tier", "shared", "blueprint_version"}
-SCOPED_LISTS = ["api:job-list", "api:action-list", "api:fault-list", "api:incident-list", "api:cluster-list",
-                "api:node-list", "api:drift-list", "api:fleet-list", "api:token-list", "api:user-list"]
+SCOPED_LISTS = [
+    "api:job-list",
+    "api:action-list",
+    "api:fault-list",
+    "api:incident-list",
+    "api:cluster-list",
+    "api:node-list",
+    "api:drift-list",
+    "api:fleet-list",
+    "api:token-list",
+    "api:user-list",
+]
 
 
 @pytest.mark.parametrize("role", [r for r in WALK_ROLES if r != "anonymous"])
@@ -312,7 +392,9 @@ def test_each_list_holds_exactly_what_the_role_may_see(role, world, clients):
             assert outlines and all(set(row) == OUTLINE for row in outlines), outlines
         assert expected, f"the world has nothing {role} may see in {name}: the check would prove nothing"
         if got != expected:
-            problems.append(f"{name} as {role}: extra {sorted(got - expected)}, missing {sorted(expected - got)}")
+            problems.append(
+                f"{name} as {role}: extra {sorted(got - expected)}, missing {sorted(expected - got)}"
+            )
     assert not problems, "\n".join(problems)
 
 
@@ -321,7 +403,8 @@ def test_each_list_holds_exactly_what_the_role_may_see(role, world, clients):
 
 def test_every_topic_family_is_declared():
     assert set(events.registered_topics()) == set(TOPICS), (
-        "declare each topic family of the registry in tests/support/matrix.py TOPICS")
+        "declare each topic family of the registry in tests/support/matrix.py TOPICS"
+    )
 
 
 def topic_names(world) -> list[tuple[str, str | None]]:
@@ -386,6 +469,8 @@ def figures(request):
     yield
     admin = sum(1 for p in PATTERNS if p.is_admin)
     with request.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
-        print(f"\nisolation matrix: {len(PATTERNS)} URL patterns ({len(PATTERNS) - admin} Lockstep, {admin} admin) × "
-              f"{len(WALK_ROLES)} roles, {WALKED['requests']} requests; {len(TOPICS)} topic families × "
-              f"{len(WALK_ROLES)} roles over the websocket")
+        print(
+            f"\nisolation matrix: {len(PATTERNS)} URL patterns ({len(PATTERNS) - admin} Lockstep, {admin} admin) × "
+            f"{len(WALK_ROLES)} roles, {WALKED['requests']} requests; {len(TOPICS)} topic families × "
+            f"{len(WALK_ROLES)} roles over the websocket"
+        )

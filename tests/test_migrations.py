@@ -30,9 +30,22 @@ from tests.support.telemetry import batch, nic, reading
 PROJECT_APPS = ("controlplane", "tenancy", "fleet", "jobs", "telemetry", "simulator")
 PASSWORD = "migrate-me-9"
 # What a running web process answers while the migration runs: API lists, pages, health.
-ENDPOINTS = ["/healthz", "/api/v1/tenants/", "/api/v1/fleets/", "/api/v1/clusters/", "/api/v1/nodes/",
-             "/api/v1/blueprints/", "/api/v1/rollouts/", "/api/v1/drift/", "/api/v1/jobs/", "/api/v1/faults/",
-             "/api/v1/actions/", "/api/v1/events/?topic=fleet", "/api/v1/predictions/", "/api/v1/stats/"]
+ENDPOINTS = [
+    "/healthz",
+    "/api/v1/tenants/",
+    "/api/v1/fleets/",
+    "/api/v1/clusters/",
+    "/api/v1/nodes/",
+    "/api/v1/blueprints/",
+    "/api/v1/rollouts/",
+    "/api/v1/drift/",
+    "/api/v1/jobs/",
+    "/api/v1/faults/",
+    "/api/v1/actions/",
+    "/api/v1/events/?topic=fleet",
+    "/api/v1/predictions/",
+    "/api/v1/stats/",
+]
 PAGES = ["/", "/fleet/", "/rollouts/", "/jobs/"]
 
 
@@ -60,8 +73,11 @@ def previous_release_models(loader: MigrationLoader, steps) -> list:
     """The models as the previous release knew them (the migration state before each latest step): the code of
     the release that is still serving while the new one's migrations run. Only those the steps touch."""
     stepped = {app: previous for app, _, previous in steps}
-    nodes = [(app, stepped[app]) if app in stepped else leaf
-             for app in PROJECT_APPS for leaf in loader.graph.leaf_nodes(app)]
+    nodes = [
+        (app, stepped[app]) if app in stepped else leaf
+        for app in PROJECT_APPS
+        for leaf in loader.graph.leaf_nodes(app)
+    ]
     state = loader.project_state(nodes, at_end=True)
     models = []
     for app, latest, _ in steps:
@@ -85,7 +101,9 @@ def use_as_previous_release(model) -> None:
     row = rows[0]
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute(f'DELETE FROM "{model._meta.db_table}" WHERE "{model._meta.pk.column}" = %s', [row.pk])
+            cursor.execute(
+                f'DELETE FROM "{model._meta.db_table}" WHERE "{model._meta.pk.column}" = %s', [row.pk]
+            )
         row.save(force_insert=True)
         row.save()
         transaction.set_rollback(True)
@@ -101,24 +119,42 @@ def populate(tenant):
     usable_password(operator, PASSWORD)
     bp, v1 = blueprint(operator, auto_rollout=False)
     clusters = clusters_on(v1, 3)
-    nodes = [make_node(cluster, f"mig-{cluster.pk}-{i}", gpus=8, nics=2) for cluster in clusters for i in range(2)]
-    v2 = version_create(actor=operator, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    nodes = [
+        make_node(cluster, f"mig-{cluster.pk}-{i}", gpus=8, nics=2) for cluster in clusters for i in range(2)
+    ]
+    v2 = version_create(
+        actor=operator, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True
+    )
     rollout_start(actor=operator, version=v2, targets={"tracking": True}, strategy={"batch_size": 1})
     now = time.time()
     for node in nodes:
-        body = batch(node.hostname, readings=[reading(g, now - 10) for g in range(8)] + [reading(g, now) for g in range(8)],
-                     nics=[nic("mlx5_0", now - 10), nic("mlx5_0", now, symbol_error=5)])
+        body = batch(
+            node.hostname,
+            readings=[reading(g, now - 10) for g in range(8)] + [reading(g, now) for g in range(8)],
+            nics=[nic("mlx5_0", now - 10), nic("mlx5_0", now, symbol_error=5)],
+        )
         telemetry_ingest(cluster=node.cluster, body=json.dumps(body).encode())
     cluster = protected_cluster(nodes=4, spares=2)
     job = submit(cluster, tenant, gpus=16, checkpoint_interval=10**9)
-    fault, _ = fault_ingest(source="agent", kind="node_unreachable",
-                            node=JobAllocation.objects.filter(job=job).order_by("rank_start").first().node)
+    fault, _ = fault_ingest(
+        source="agent",
+        kind="node_unreachable",
+        node=JobAllocation.objects.filter(job=job).order_by("rank_start").first().node,
+    )
     fault_handle(fault_id=fault.pk)
-    snapshot_report(job=job, kind="snapshot", iteration=1, seconds=0.05, size_bytes=15_000_000,
-                    locations=[{"rank": 0, "own": "n0", "replica": "n1"}])
+    snapshot_report(
+        job=job,
+        kind="snapshot",
+        iteration=1,
+        seconds=0.05,
+        size_bytes=15_000_000,
+        locations=[{"rank": 0, "own": "n0", "replica": "n1"}],
+    )
     from jobs.models import SlurmJob
 
-    SlurmJob.objects.create(job=job, cluster=cluster, slurm_job_id="4242", account="acme", slurm_state="RUNNING")
+    SlurmJob.objects.create(
+        job=job, cluster=cluster, slurm_job_id="4242", account="acme", slurm_state="RUNNING"
+    )
     return operator
 
 
@@ -128,8 +164,11 @@ def logged_in(server, username) -> requests.Session:
     session = requests.Session()
     form = session.get(f"{server.url}/accounts/login/", timeout=20).text
     csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form).group(1)
-    response = session.post(f"{server.url}/accounts/login/", timeout=20,
-                            data={"username": username, "password": PASSWORD, "csrfmiddlewaretoken": csrf})
+    response = session.post(
+        f"{server.url}/accounts/login/",
+        timeout=20,
+        data={"username": username, "password": PASSWORD, "csrfmiddlewaretoken": csrf},
+    )
     assert "/accounts/login/" not in response.url, response.text[:300]
     return session
 
@@ -204,34 +243,52 @@ def test_latest_migrations_apply_to_a_populated_database_while_it_serves(tmp_pat
                 old_models = previous_release_models(loader, [step])
                 for model in old_models:
                     assert model.objects.exists(), f"populate() should give {model.__name__} a row"
-                call_command("migrate", app, previous, verbosity=0)        # the previous release's schema
+                call_command("migrate", app, previous, verbosity=0)  # the previous release's schema
                 read_before = as_previous_release_reads(old_models)
-                serving = [p for p in ENDPOINTS + PAGES
-                           if session.get(f"{web.url}{p}", headers=auth, timeout=30).status_code == 200]
+                serving = [
+                    p
+                    for p in ENDPOINTS + PAGES
+                    if session.get(f"{web.url}{p}", headers=auth, timeout=30).status_code == 200
+                ]
                 assert "/healthz" in serving and len(serving) >= 3, (step, serving)
                 with Load(web, session, auth, serving, old_models) as load:
                     started = time.monotonic()
-                    migrate = subprocess.run([str(VENV_BIN / "python"), "manage.py", "migrate", "--noinput"],
-                                             cwd=BASE_DIR, env=child_env(), capture_output=True, text=True, timeout=300)
+                    migrate = subprocess.run(
+                        [str(VENV_BIN / "python"), "manage.py", "migrate", "--noinput"],
+                        cwd=BASE_DIR,
+                        env=child_env(),
+                        capture_output=True,
+                        text=True,
+                        timeout=300,
+                    )
                     took = time.monotonic() - started
                 read_after = as_previous_release_reads(old_models)
                 assert migrate.returncode == 0, migrate.stdout + migrate.stderr
                 assert f"Applying {app}.{latest}" in migrate.stdout, migrate.stdout
-                summary = (f"{app}.{latest} in {took:.1f} s: {load.requests} requests to {len(serving)} endpoints "
-                           f"(slowest {load.slowest:.2f} s), {load.writes} previous-release writes to "
-                           f"{[m.__name__ for m in old_models]}, {len(load.failures + load.write_failures)} failed")
+                summary = (
+                    f"{app}.{latest} in {took:.1f} s: {load.requests} requests to {len(serving)} endpoints "
+                    f"(slowest {load.slowest:.2f} s), {load.writes} previous-release writes to "
+                    f"{[m.__name__ for m in old_models]}, {len(load.failures + load.write_failures)} failed"
+                )
                 declared = getattr(loader.get_migration(app, latest), "needs_downtime", "")
-                if declared:  # deployed with the previous release stopped (docs/operations.md): applies, that is all
+                if (
+                    declared
+                ):  # deployed with the previous release stopped (docs/operations.md): applies, that is all
                     report.append(f"{summary} (declares needs_downtime)")
                     continue
-                advice = (f"{app}.{latest} is not safe to apply while the previous release runs: make it "
-                          "expand/contract, or declare needs_downtime = '<why>' in it (docs/operations.md)")
+                advice = (
+                    f"{app}.{latest} is not safe to apply while the previous release runs: make it "
+                    "expand/contract, or declare needs_downtime = '<why>' in it (docs/operations.md)"
+                )
                 assert not load.failures, (advice, load.failures[:5])
                 assert not load.write_failures, (advice, load.write_failures[:5])
                 # The previous release reads what it read before: no column changed its meaning under it.
                 for name, rows in read_before.items():
-                    changed = [{key: (old[key], new[key]) for key in old if old[key] != new[key]}
-                               for old, new in zip(rows, read_after[name], strict=True) if old != new]
+                    changed = [
+                        {key: (old[key], new[key]) for key in old if old[key] != new[key]}
+                        for old, new in zip(rows, read_after[name], strict=True)
+                        if old != new
+                    ]
                     assert not changed, (advice, f"{name} reads differently now (before, after)", changed[:2])
                 assert load.requests > len(serving) and (load.writes > 0 or not old_models), step
                 assert load.slowest < 10, f"{step}: a request waited {load.slowest:.1f} s on the migration"

@@ -45,7 +45,12 @@ from tests.support.telemetry import batch, reading
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 # Beat at test speed: a heartbeat (and so a lock renewal) every second, the lock lapses after three.
-FAST_BEAT = {"HEARTBEAT_SECONDS": 1, "RECOVERY_ADVANCE_SECONDS": 1, "FAULT_SWEEP_SECONDS": 1, "OUTBOX_SWEEP_SECONDS": 1}
+FAST_BEAT = {
+    "HEARTBEAT_SECONDS": 1,
+    "RECOVERY_ADVANCE_SECONDS": 1,
+    "FAULT_SWEEP_SECONDS": 1,
+    "OUTBOX_SWEEP_SECONDS": 1,
+}
 LOCK_SECONDS, RENEW_SECONDS = 3, 1
 # Every one-second entry of the schedule, and how long each message may wait (its `expires` option).
 EVERY_SECOND = {"jobs.recovery_advance": 2, "jobs.fault_sweep": 2, "controlplane.outbox_sweep": 2}
@@ -63,11 +68,13 @@ def sent_messages(client: redis.Redis) -> list[dict]:
         if headers["task"] not in EVERY_SECOND:
             continue
         expires = datetime.fromisoformat(headers["expires"])
-        sent.append({
-            "task": headers["task"],
-            "pid": int(headers["origin"].split("@")[0].removeprefix("gen")),
-            "at": (expires - timedelta(seconds=EVERY_SECOND[headers["task"]])).timestamp(),
-        })
+        sent.append(
+            {
+                "task": headers["task"],
+                "pid": int(headers["origin"].split("@")[0].removeprefix("gen")),
+                "at": (expires - timedelta(seconds=EVERY_SECOND[headers["task"]])).timestamp(),
+            }
+        )
     return sorted(sent, key=lambda message: message["at"])
 
 
@@ -89,16 +96,24 @@ def test_two_beats_schedule_once_and_the_survivor_takes_over_when_the_holder_die
     client = redis.Redis.from_url(private_redis.url)
     with celery_beat(tmp_path, "a", **env) as a, celery_beat(tmp_path, "b", **env) as b:
         beats = {a.pid: a, b.pid: b}
-        wait_for(lambda: started(a) and started(b) and holder_pid(client) in beats, 60,
-                 what=f"two beats, one holding the lock ({a.log.read_text()[-400:]} {b.log.read_text()[-400:]})")
-        time.sleep(1.5)                                   # both beats tick: the one holding and the one standing by
+        wait_for(
+            lambda: started(a) and started(b) and holder_pid(client) in beats,
+            60,
+            what=f"two beats, one holding the lock ({a.log.read_text()[-400:]} {b.log.read_text()[-400:]})",
+        )
+        time.sleep(1.5)  # both beats tick: the one holding and the one standing by
         window_start = time.time()
         time.sleep(8)
         window_end = time.time()
         holder = beats[holder_pid(client)]
         survivor = b if holder is a else a
         killed_at = kill_group(holder)
-        wait_for(lambda: holder_pid(client) == survivor.pid, LOCK_SECONDS + 5, 0.05, what="the survivor to take the lock")
+        wait_for(
+            lambda: holder_pid(client) == survivor.pid,
+            LOCK_SECONDS + 5,
+            0.05,
+            what="the survivor to take the lock",
+        )
         time.sleep(5)
         messages = sent_messages(client)
         assert survivor.poll() is None, survivor.log.read_text()[-2000:]
@@ -117,8 +132,10 @@ def test_two_beats_schedule_once_and_the_survivor_takes_over_when_the_holder_die
         first_after = min(t for t in times if t >= killed_at)
         # The survivor takes over within the lock's lifetime and one renewal interval.
         assert first_after - killed_at < LOCK_SECONDS + RENEW_SECONDS + 1.0, (task, first_after - killed_at)
-        print(f"{task}: {len(in_window)} sends in 8 s with two beats; first send {first_after - killed_at:.2f} s "
-              "after the holder was killed")
+        print(
+            f"{task}: {len(in_window)} sends in 8 s with two beats; first send {first_after - killed_at:.2f} s "
+            "after the holder was killed"
+        )
     # The one standing by sent nothing before it took the lock.
     assert "Sending due task" not in survivor.log.read_text().split("took the lock")[0]
 
@@ -130,7 +147,11 @@ def test_a_stopped_holder_hands_over_at_once_and_beats_survive_a_redis_restart(t
     try:
         with ExitStack() as stack:
             a = stack.enter_context(celery_beat(tmp_path, "a", **env))
-            wait_for(lambda: holder_pid(client) == a.pid, 60, what=f"beat a to take the lock ({a.log.read_text()[-400:]})")
+            wait_for(
+                lambda: holder_pid(client) == a.pid,
+                60,
+                what=f"beat a to take the lock ({a.log.read_text()[-400:]})",
+            )
             b = stack.enter_context(celery_beat(tmp_path, "b", **env))
             wait_for(lambda: started(b), 60, what="beat b")
             time.sleep(1.5)
@@ -150,10 +171,14 @@ def test_a_stopped_holder_hands_over_at_once_and_beats_survive_a_redis_restart(t
             time.sleep(2)
             server.start()
             restarted_at = time.time()
-            wait_for(lambda: holder_pid(client) in (b.pid, c.pid), 15, 0.05, what="a beat to take the new lock")
+            wait_for(
+                lambda: holder_pid(client) in (b.pid, c.pid), 15, 0.05, what="a beat to take the new lock"
+            )
             time.sleep(4)
             messages = sent_messages(client)
-            assert b.poll() is None and c.poll() is None, b.log.read_text()[-2000:] + c.log.read_text()[-2000:]
+            assert b.poll() is None and c.poll() is None, (
+                b.log.read_text()[-2000:] + c.log.read_text()[-2000:]
+            )
     finally:
         server.stop()
     print(f"handover after SIGTERM: {handover:.2f} s")
@@ -203,8 +228,12 @@ class EventReader(threading.Thread):
         return {a["action"] for a in batched + single if a["state"] == ActionState.SUCCEEDED}
 
 
-def test_two_web_processes_and_two_workers_handle_each_fault_exactly_once(tmp_path, settings, private_redis, tenant_a):
-    settings.REDIS_URL = private_redis.url  # the children's Redis (broker, channel layer, heartbeats, beat lock)
+def test_two_web_processes_and_two_workers_handle_each_fault_exactly_once(
+    tmp_path, settings, private_redis, tenant_a
+):
+    settings.REDIS_URL = (
+        private_redis.url
+    )  # the children's Redis (broker, channel layer, heartbeats, beat lock)
     cluster = protected_cluster(nodes=8, spares=4)
     jobs = [submit(cluster, tenant_a, gpus=16, checkpoint_interval=10**9) for _ in range(4)]
     failing = [JobAllocation.objects.filter(job=job).order_by("rank_start").first().node for job in jobs]
@@ -217,8 +246,13 @@ def test_two_web_processes_and_two_workers_handle_each_fault_exactly_once(tmp_pa
         web_b = stack.enter_context(uvicorn_server(tmp_path, **env))
         workers = [stack.enter_context(celery_worker(tmp_path, **env)) for _ in range(2)]
         beats = [stack.enter_context(celery_beat(tmp_path, name, **env)) for name in ("one", "two")]
-        ws = stack.enter_context(connect(f"ws://127.0.0.1:{web_b.port}/ws/events/",
-                                         additional_headers={"Authorization": header}, open_timeout=20))
+        ws = stack.enter_context(
+            connect(
+                f"ws://127.0.0.1:{web_b.port}/ws/events/",
+                additional_headers={"Authorization": header},
+                open_timeout=20,
+            )
+        )
         reader = EventReader(ws, ["fleet"])
         reader.start()
         stack.callback(reader.close)
@@ -229,26 +263,43 @@ def test_two_web_processes_and_two_workers_handle_each_fault_exactly_once(tmp_pa
         for i, node in enumerate(failing):
             first, second = (web_a, web_b) if i < 2 else (web_b, web_a)
             for server in (first, second):
-                response = requests.post(f"{server.url}/api/v1/faults/", json={"node": node.pk, "kind": "node_unreachable"},
-                                         headers={**auth, "Idempotency-Key": f"ops-{i}"}, timeout=20)
+                response = requests.post(
+                    f"{server.url}/api/v1/faults/",
+                    json={"node": node.pk, "kind": "node_unreachable"},
+                    headers={**auth, "Idempotency-Key": f"ops-{i}"},
+                    timeout=20,
+                )
                 assert response.status_code in (200, 201), response.text
                 reported.setdefault(i, []).append((server.port, response.status_code, response.json()["id"]))
 
         def settled():
             faults = FaultEvent.objects.filter(cluster=cluster)
             actions = RecoveryAction.objects.filter(cluster=cluster, job__isnull=False)
-            return (faults.count() == 4 and not faults.exclude(state=FaultState.HANDLED).exists()
-                    and actions.count() >= 4 and not actions.exclude(state=ActionState.SUCCEEDED).exists())
+            return (
+                faults.count() == 4
+                and not faults.exclude(state=FaultState.HANDLED).exists()
+                and actions.count() >= 4
+                and not actions.exclude(state=ActionState.SUCCEEDED).exists()
+            )
 
         wait_for(settled, 90, 0.5, what="every fault handled and every migration done")
-        migrations = set(RecoveryAction.objects.filter(cluster=cluster, job__isnull=False).values_list("pk", flat=True))
-        wait_for(lambda: reader.succeeded_actions() >= migrations, 20,
-                 what=f"web B's client to hear every migration succeed ({[e['kind'] for e in reader.events]})")
+        migrations = set(
+            RecoveryAction.objects.filter(cluster=cluster, job__isnull=False).values_list("pk", flat=True)
+        )
+        wait_for(
+            lambda: reader.succeeded_actions() >= migrations,
+            20,
+            what=f"web B's client to hear every migration succeed ({[e['kind'] for e in reader.events]})",
+        )
         listings = {}
         for server in (web_a, web_b):
             sent = time.time()
-            response = requests.get(f"{server.url}/api/v1/actions/", headers=auth, timeout=20,
-                                    params={"cluster": cluster.pk, "kind": ActionKind.LIVE_MIGRATION, "page_size": 500})
+            response = requests.get(
+                f"{server.url}/api/v1/actions/",
+                headers=auth,
+                timeout=20,
+                params={"cluster": cluster.pk, "kind": ActionKind.LIVE_MIGRATION, "page_size": 500},
+            )
             listings[server.port] = (sent, response.status_code, response.json())
         holders = [holder_pid(redis.Redis.from_url(private_redis.url))]
         logs = [worker.log.read_text() for worker in workers]
@@ -269,7 +320,7 @@ def test_two_web_processes_and_two_workers_handle_each_fault_exactly_once(tmp_pa
     # A websocket client on web B heard the faults reported through web A and what the workers did.
     heard = {e["url"] for e in reader.kinds("fault.reported")}
     assert heard == {f"/api/v1/faults/{pk}/" for pk in faults.values_list("pk", flat=True)}, heard
-    assert len(reader.kinds("fault.reported")) == 4        # a report joined to a fault is no new event
+    assert len(reader.kinds("fault.reported")) == 4  # a report joined to a fault is no new event
     # Both web processes answer from the one database alike: the finished migrations, each as the other lists it
     # (node-level drains may still be moving between the two requests, so the listing asks for migrations only).
     rows = list(actions.order_by("-planned_at", "-id").values_list("id", "state", "planned_at"))
@@ -287,33 +338,65 @@ def test_two_web_processes_and_two_workers_handle_each_fault_exactly_once(tmp_pa
     assert holder in beat_logs
     for pid, log in beat_logs.items():
         assert ("Sending due task" in log) == (pid == holder), log[-1500:]
-    print(f"tasks done per worker: {[log.count(' succeeded in ') for log in logs]}; "
-          f"events heard on web B: {len(reader.events)}")
+    print(
+        f"tasks done per worker: {[log.count(' succeeded in ') for log in logs]}; "
+        f"events heard on web B: {len(reader.events)}"
+    )
 
 
 # --- retention prunes while agents keep posting ----------------------------------------------------------------
+
 
 # table, time column, retention (seconds, from settings), rows seeded, SQL of one seeded row ({t} is its time).
 def retention_tables(cluster, nodes, gpu_id):
     raw = settings.TELEMETRY_RAW_RETENTION_HOURS * 3600
     history = settings.TELEMETRY_HISTORY_DAYS * 86400
     return [
-        (GPUSample, "ts", raw, 120_000, "INSERT INTO {table} (ts, gpu_id, temperature) SELECT {t}, %s, 50.0 FROM {series}",
-         [gpu_id]),
-        (IngestBatch, "received_at", raw, 2_000,
-         "INSERT INTO {table} (batch_id, cluster_id, received_at, readings, nics, events, facility, faults) "
-         "SELECT gen_random_uuid(), %s, {t}, 1, 0, 0, 0, 0 FROM {series}", [cluster.pk]),
-        (NodeMinute, "minute", history, 5_000,
-         "INSERT INTO {table} (node_id, minute, samples, temperature_sum, power_sum, utilization_sum) "
-         "SELECT %s, date_trunc('minute', {t}), 1, 50, 400, 90 FROM {series} "
-         "ON CONFLICT DO NOTHING", [nodes[0].pk]),
-        (Event, "created_at", settings.EVENT_RETENTION_DAYS * 86400, 20_000,
-         "INSERT INTO {table} (topic, seq, kind, payload, url, created_at, sent_at) "
-         "SELECT 'retention-test', g, 'test.old', '{{}}'::jsonb, '', {t}, {t} FROM {series}", []),
-        (AuditEntry, "created_at", settings.AUDIT_RETENTION_DAYS * 86400, 5_000,
-         "INSERT INTO {table} (created_at, actor_name, token_prefix, source, action, object_type, object_id, "
-         "object_repr, changes) SELECT {t}, '', '', 'system', 'test.old', 'test', '', '', '{{}}'::jsonb FROM {series}",
-         []),
+        (
+            GPUSample,
+            "ts",
+            raw,
+            120_000,
+            "INSERT INTO {table} (ts, gpu_id, temperature) SELECT {t}, %s, 50.0 FROM {series}",
+            [gpu_id],
+        ),
+        (
+            IngestBatch,
+            "received_at",
+            raw,
+            2_000,
+            "INSERT INTO {table} (batch_id, cluster_id, received_at, readings, nics, events, facility, faults) "
+            "SELECT gen_random_uuid(), %s, {t}, 1, 0, 0, 0, 0 FROM {series}",
+            [cluster.pk],
+        ),
+        (
+            NodeMinute,
+            "minute",
+            history,
+            5_000,
+            "INSERT INTO {table} (node_id, minute, samples, temperature_sum, power_sum, utilization_sum) "
+            "SELECT %s, date_trunc('minute', {t}), 1, 50, 400, 90 FROM {series} "
+            "ON CONFLICT DO NOTHING",
+            [nodes[0].pk],
+        ),
+        (
+            Event,
+            "created_at",
+            settings.EVENT_RETENTION_DAYS * 86400,
+            20_000,
+            "INSERT INTO {table} (topic, seq, kind, payload, url, created_at, sent_at) "
+            "SELECT 'retention-test', g, 'test.old', '{{}}'::jsonb, '', {t}, {t} FROM {series}",
+            [],
+        ),
+        (
+            AuditEntry,
+            "created_at",
+            settings.AUDIT_RETENTION_DAYS * 86400,
+            5_000,
+            "INSERT INTO {table} (created_at, actor_name, token_prefix, source, action, object_type, object_id, "
+            "object_repr, changes) SELECT {t}, '', '', 'system', 'test.old', 'test', '', '', '{{}}'::jsonb FROM {series}",
+            [],
+        ),
     ]
 
 
@@ -324,9 +407,15 @@ def seed_around_cutoff(model, column, retention, rows, sql, params, now) -> dict
     newest = now - retention * 0.75
     t = f"to_timestamp({oldest} + ({newest} - {oldest}) * g / {rows}.0)"
     with connection.cursor() as cursor:
-        cursor.execute(sql.format(table=model._meta.db_table, t=t, series=f"generate_series(0, {rows - 1}) AS g"), params)
-    return {pk: at.timestamp() for pk, at in model.objects.filter(**{f"{column}__lt": timezone.now() - timedelta(
-        seconds=retention * 0.5)}).values_list("pk", column)}
+        cursor.execute(
+            sql.format(table=model._meta.db_table, t=t, series=f"generate_series(0, {rows - 1}) AS g"), params
+        )
+    return {
+        pk: at.timestamp()
+        for pk, at in model.objects.filter(
+            **{f"{column}__lt": timezone.now() - timedelta(seconds=retention * 0.5)}
+        ).values_list("pk", column)
+    }
 
 
 def test_retention_prunes_while_agents_keep_posting(tmp_path):
@@ -337,8 +426,14 @@ def test_retention_prunes_while_agents_keep_posting(tmp_path):
     _, token = agent_token_create(actor=None, cluster=cluster, name="retention")
     now = time.time()
     seeded = {}
-    for model, column, retention, rows, sql, params in retention_tables(cluster, nodes, nodes[0].gpus.first().pk):
-        seeded[model] = (column, retention, seed_around_cutoff(model, column, retention, rows, sql, params, now))
+    for model, column, retention, rows, sql, params in retention_tables(
+        cluster, nodes, nodes[0].gpus.first().pk
+    ):
+        seeded[model] = (
+            column,
+            retention,
+            seed_around_cutoff(model, column, retention, rows, sql, params, now),
+        )
     ingest_from = timezone.now()
     posts, stop = [], threading.Event()
 
@@ -350,7 +445,10 @@ def test_retention_prunes_while_agents_keep_posting(tmp_path):
                 return
             node = nodes[i % len(nodes)]
             at = time.time()
-            body = batch(node.hostname, readings=[reading(g, at - 1) for g in range(8)] + [reading(g, at) for g in range(8)])
+            body = batch(
+                node.hostname,
+                readings=[reading(g, at - 1) for g in range(8)] + [reading(g, at) for g in range(8)],
+            )
             try:
                 response = session.post(f"{url}/api/v1/ingest/telemetry/", json=body, timeout=30)
                 posts.append((at, time.time(), response.status_code, response.json().get("readings")))
@@ -367,8 +465,12 @@ def test_retention_prunes_while_agents_keep_posting(tmp_path):
             retention_prune_task.delay()
             # Both by name: the worker may also run tasks an earlier test left queued in the suite's Redis.
             finished = re.compile(r"Task (telemetry|controlplane)\.retention_prune\[[^]]+\] succeeded in ")
-            wait_for(lambda: len(finished.findall(worker.log.read_text())) >= 2, 120, 0.2,
-                     what="both retention tasks to finish")
+            wait_for(
+                lambda: len(finished.findall(worker.log.read_text())) >= 2,
+                120,
+                0.2,
+                what="both retention tasks to finish",
+            )
             done = time.time()
             time.sleep(1)
         finally:
@@ -395,12 +497,23 @@ def test_retention_prunes_while_agents_keep_posting(tmp_path):
     # What was ingested meanwhile is all there.
     assert GPUSample.objects.filter(ts__gte=ingest_from - timedelta(seconds=5)).count() == readings
     assert IngestBatch.objects.filter(received_at__gte=ingest_from).count() == len(posts)
-    assert NodeMinute.objects.filter(minute__gte=ingest_from - timedelta(minutes=1)).aggregate(
-        n=Sum("samples"))["n"] == readings
-    reported = {name: (float(seconds), ast.literal_eval(counts)) for name, seconds, counts in
-                re.findall(r"Task (\S+retention_prune)\[[^]]+\] succeeded in ([\d.]+)s: (\{.*\})", log)}
+    assert (
+        NodeMinute.objects.filter(minute__gte=ingest_from - timedelta(minutes=1)).aggregate(n=Sum("samples"))[
+            "n"
+        ]
+        == readings
+    )
+    reported = {
+        name: (float(seconds), ast.literal_eval(counts))
+        for name, seconds, counts in re.findall(
+            r"Task (\S+retention_prune)\[[^]]+\] succeeded in ([\d.]+)s: (\{.*\})", log
+        )
+    }
     assert set(reported) == {"telemetry.retention_prune", "controlplane.retention_prune"}, log[-2000:]
     assert reported["telemetry.retention_prune"][1]["gpu_samples"] == len(seeded[GPUSample][2]) - len(
-        set(GPUSample.objects.filter(pk__in=seeded[GPUSample][2].keys()).values_list("pk", flat=True)))
-    print(f"ingest: {len(posts)} batches ({readings} readings) posted, {len(during)} while the prune ran "
-          f"({done - triggered:.1f} s); the tasks reported {reported}")
+        set(GPUSample.objects.filter(pk__in=seeded[GPUSample][2].keys()).values_list("pk", flat=True))
+    )
+    print(
+        f"ingest: {len(posts)} batches ({readings} readings) posted, {len(during)} while the prune ran "
+        f"({done - triggered:.1f} s); the tasks reported {reported}"
+    )

@@ -12,9 +12,20 @@ def test_schema_endpoint_serves_a_valid_openapi_document(api, users):
     schema = response.json()
     assert schema["openapi"].startswith("3.")
     paths = schema["paths"]
-    for path in ["/api/v1/tenants/", "/api/v1/clusters/", "/api/v1/jobs/", "/api/v1/faults/", "/api/v1/rollouts/",
-                 "/api/v1/ingest/telemetry/", "/api/v1/predictions/", "/api/v1/whatif/", "/api/v1/events/",
-                 "/api/v1/jobs/{id}/diagnosis/", "/api/v1/incidents/", "/api/v1/incidents/{id}/"]:
+    for path in [
+        "/api/v1/tenants/",
+        "/api/v1/clusters/",
+        "/api/v1/jobs/",
+        "/api/v1/faults/",
+        "/api/v1/rollouts/",
+        "/api/v1/ingest/telemetry/",
+        "/api/v1/predictions/",
+        "/api/v1/whatif/",
+        "/api/v1/events/",
+        "/api/v1/jobs/{id}/diagnosis/",
+        "/api/v1/incidents/",
+        "/api/v1/incidents/{id}/",
+    ]:
         assert path in paths, path
     # Incidents are read-only; the list filters as DESIGN says, the detail nests its faults, actions and ledger.
     assert set(paths["/api/v1/incidents/"]) == {"get"} and set(paths["/api/v1/incidents/{id}/"]) == {"get"}
@@ -23,11 +34,17 @@ def test_schema_endpoint_serves_a_valid_openapi_document(api, users):
     components = schema["components"]["schemas"]
     detail = components["IncidentDetail"]["properties"]
     assert {"faults", "actions", "ledger", "sources", "fault_count", "url"} <= set(detail)
-    assert set(components["IncidentLedger"]["properties"]) == {"gpu_hours_baseline", "gpu_hours_lost", "gpu_hours_saved",
-                                                               "gpu_hours_expected", "jobs"}
+    assert set(components["IncidentLedger"]["properties"]) == {
+        "gpu_hours_baseline",
+        "gpu_hours_lost",
+        "gpu_hours_saved",
+        "gpu_hours_expected",
+        "jobs",
+    }
     assert {"incident"} <= set(components["Fault"]["properties"])
     assert {"incident", "attempt", "previous", "deadline_at", "saving", "gpu_hours_expected"} <= set(
-        components["RecoveryAction"]["properties"])
+        components["RecoveryAction"]["properties"]
+    )
 
 
 @pytest.mark.django_db

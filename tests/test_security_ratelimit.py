@@ -90,12 +90,15 @@ def test_agent_tokens_issued_and_rotated_count_against_the_same_limit(api, users
     api.as_token(users["provider-admin"])
     first = api.post("/api/v1/agent-tokens/", {"cluster": cluster.pk, "name": "a0"}, format="json")
     assert first.status_code == 201
-    assert api.post("/api/v1/agent-tokens/", {"cluster": cluster.pk, "name": "a1"}, format="json").status_code == 201
+    assert (
+        api.post("/api/v1/agent-tokens/", {"cluster": cluster.pk, "name": "a1"}, format="json").status_code
+        == 201
+    )
     assert api.post(f"/api/v1/agent-tokens/{first.json()['id']}/rotate/").status_code == 201
     refused = api.post("/api/v1/agent-tokens/", {"cluster": cluster.pk, "name": "a2"}, format="json")
     assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
     assert api.post(f"/api/v1/agent-tokens/{first.json()['id']}/rotate/").status_code == 429
-    assert AgentToken.objects.filter(cluster=cluster).count() == 3      # two issued, one reissued by the rotation
+    assert AgentToken.objects.filter(cluster=cluster).count() == 3  # two issued, one reissued by the rotation
     assert api.get("/api/v1/agent-tokens/").status_code == 200
 
 

@@ -52,8 +52,13 @@ from tests.support.processes import (
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 # Beat at test speed: the sweeps (faults, outbox), recovery steps and rollout ticks every second.
-FAST = {"HEARTBEAT_SECONDS": 1, "RECOVERY_ADVANCE_SECONDS": 1, "FAULT_SWEEP_SECONDS": 1, "OUTBOX_SWEEP_SECONDS": 1,
-        "ROLLOUT_TICK_SECONDS": 1}
+FAST = {
+    "HEARTBEAT_SECONDS": 1,
+    "RECOVERY_ADVANCE_SECONDS": 1,
+    "FAULT_SWEEP_SECONDS": 1,
+    "OUTBOX_SWEEP_SECONDS": 1,
+    "ROLLOUT_TICK_SECONDS": 1,
+}
 CLOSED = (FaultState.HANDLED, FaultState.IGNORED)
 FINISHED = (ActionState.SUCCEEDED, ActionState.FAILED)
 
@@ -86,12 +91,16 @@ class LiveClient(threading.Thread):
         backoff = 0.5
         while not self.stop.is_set():
             try:
-                with connect(self.url, additional_headers={"Authorization": f"Bearer {self.token}"}, open_timeout=5,
-                             max_size=None) as ws:
+                with connect(
+                    self.url,
+                    additional_headers={"Authorization": f"Bearer {self.token}"},
+                    open_timeout=5,
+                    max_size=None,
+                ) as ws:
                     self.opened += 1
                     backoff = 0.5
                     self._listen(ws)
-            except Exception:   # refused, or the socket closed (or broke): reopen it, as the browser does
+            except Exception:  # refused, or the socket closed (or broke): reopen it, as the browser does
                 pass
             if not self.stop.is_set():
                 time.sleep(backoff)
@@ -129,7 +138,7 @@ class LiveClient(threading.Thread):
 
     def apply(self, name: str, event: dict, how: str) -> None:
         if event["seq"] <= self.last[name]:
-            return                                   # a duplicate, or already caught up
+            return  # a duplicate, or already caught up
         self.last[name] = event["seq"]
         self.seen[(name, event["seq"])] = (how, event["kind"])
 
@@ -146,13 +155,13 @@ class LiveClient(threading.Thread):
                         self.apply(name, event, "catch-up")
                     url = body.get("next")
                 break
-            except Exception:   # keep the queue and try again, as live.js does
+            except Exception:  # keep the queue and try again, as live.js does
                 self.failed_catch_ups += 1
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 8)
         waiting = sorted(self.queue.pop(name, []), key=lambda e: e["seq"])
         for index, event in enumerate(waiting):
-            if event["seq"] > self.last[name] + 1:      # still a gap: wait for the next catch-up
+            if event["seq"] > self.last[name] + 1:  # still a gap: wait for the next catch-up
                 self.queue[name] = waiting[index:]
                 return
             self.apply(name, event, "live")
@@ -165,8 +174,10 @@ class LiveClient(threading.Thread):
         """Every event of the client's topics written since the page rendered, from the database: its kind."""
         found = {}
         for name, start in self.start_seq.items():
-            found |= {(name, seq): kind for seq, kind in
-                      Event.objects.filter(topic=name, seq__gt=start).values_list("seq", "kind")}
+            found |= {
+                (name, seq): kind
+                for seq, kind in Event.objects.filter(topic=name, seq__gt=start).values_list("seq", "kind")
+            }
         return found
 
     def missing(self) -> set[tuple[str, int]]:
@@ -176,13 +187,19 @@ class LiveClient(threading.Thread):
         """Every event in the database was received, as what it is, and nothing else was."""
         expected = self.expected()
         assert not set(expected) - set(self.seen), sorted(set(expected) - set(self.seen))[:20]
-        wrong = {key: (kind, expected.get(key)) for key, (_, kind) in self.seen.items() if expected.get(key) != kind}
+        wrong = {
+            key: (kind, expected.get(key))
+            for key, (_, kind) in self.seen.items()
+            if expected.get(key) != kind
+        }
         assert not wrong, f"events received that the database does not hold: {wrong}"
 
     def summary(self) -> str:
         how = Counter(how for how, _ in self.seen.values())
-        return (f"{len(self.seen)} events ({how['live']} live, {how['catch-up']} caught up), socket opened "
-                f"{self.opened}x, {self.gaps} gaps seen, {self.failed_catch_ups} failed catch-ups")
+        return (
+            f"{len(self.seen)} events ({how['live']} live, {how['catch-up']} caught up), socket opened "
+            f"{self.opened}x, {self.gaps} gaps seen, {self.failed_catch_ups} failed catch-ups"
+        )
 
 
 class Storm:
@@ -200,7 +217,9 @@ class Storm:
 
     def start(self) -> "Storm":
         self.t0 = time.monotonic() + 0.2
-        self.threads = [threading.Thread(target=self._send, args=(i,), daemon=True) for i in range(len(self.reports))]
+        self.threads = [
+            threading.Thread(target=self._send, args=(i,), daemon=True) for i in range(len(self.reports))
+        ]
         for thread in self.threads:
             thread.start()
         return self
@@ -212,8 +231,9 @@ class Storm:
         while time.monotonic() < deadline:
             at = time.monotonic() - self.t0
             try:
-                response = requests.post(f"{self.url}/api/v1/faults/", json=self.reports[i], headers=headers,
-                                         timeout=15)
+                response = requests.post(
+                    f"{self.url}/api/v1/faults/", json=self.reports[i], headers=headers, timeout=15
+                )
             except requests.RequestException as error:
                 self.answers[i].append((at, type(error).__name__))
                 time.sleep(0.5)
@@ -224,7 +244,7 @@ class Storm:
                 return
             self.bodies[i].append(response.text[:300])
             if response.status_code < 500:
-                return                                   # refused: a 4xx is final
+                return  # refused: a 4xx is final
             time.sleep(0.5)
 
     def join(self, timeout: float = 90) -> None:
@@ -236,7 +256,9 @@ class Storm:
         return Counter(status for tries in self.answers.values() for _, status in tries)
 
     def first_tries_between(self, start: float, end: float) -> list[tuple[int, float, int | str]]:
-        return [(i, tries[0][0], tries[0][1]) for i, tries in self.answers.items() if start <= tries[0][0] < end]
+        return [
+            (i, tries[0][0], tries[0][1]) for i, tries in self.answers.items() if start <= tries[0][0] < end
+        ]
 
 
 class SupervisedWorker:
@@ -276,8 +298,11 @@ def storm_world(tenant, *, nodes: int = 32, jobs: int = 16):
 
 
 # The second fault on a node, by turns: a flapping link (degraded), an application Xid (restart), a degraded link.
-SECOND = [{"kind": "link_flap", "nic_name": "mlx5_1"}, {"kind": "gpu_xid", "xid": 13, "gpu_index": 0},
-          {"kind": "link_degraded", "nic_name": "mlx5_2"}]
+SECOND = [
+    {"kind": "link_flap", "nic_name": "mlx5_1"},
+    {"kind": "gpu_xid", "xid": 13, "gpu_index": 0},
+    {"kind": "link_degraded", "nic_name": "mlx5_2"},
+]
 
 
 def storm_reports(cluster, count: int) -> list[dict]:
@@ -296,21 +321,32 @@ def storm_reports(cluster, count: int) -> list[dict]:
 
 
 def topics_of(cluster, tenant, jobs, *extra: str) -> list[str]:
-    return ["fleet", f"cluster-{cluster.pk}", f"tenant-{tenant.pk}", *[f"job-{job.pk}" for job in jobs], *extra]
+    return [
+        "fleet",
+        f"cluster-{cluster.pk}",
+        f"tenant-{tenant.pk}",
+        *[f"job-{job.pk}" for job in jobs],
+        *extra,
+    ]
 
 
 def settled(fault_ids) -> bool:
     """Every fault closed, and every action it led to finished."""
     faults = FaultEvent.objects.filter(pk__in=fault_ids)
-    return (faults.count() == len(fault_ids) and not faults.exclude(state__in=CLOSED).exists()
-            and not RecoveryAction.objects.filter(fault__in=fault_ids).exclude(state__in=FINISHED).exists())
+    return (
+        faults.count() == len(fault_ids)
+        and not faults.exclude(state__in=CLOSED).exists()
+        and not RecoveryAction.objects.filter(fault__in=fault_ids).exclude(state__in=FINISHED).exists()
+    )
 
 
 def outcomes(storm: Storm, cluster) -> dict:
     """Check that every report has exactly one outcome; returns the figures."""
     ids = set(storm.ids.values())
     faults = FaultEvent.objects.filter(cluster=cluster)
-    assert set(faults.values_list("pk", flat=True)) == ids, "a fault was stored that no report was answered with"
+    assert set(faults.values_list("pk", flat=True)) == ids, (
+        "a fault was stored that no report was answered with"
+    )
     assert len(ids) == len(storm.ids), "two reports of different faults were merged into one"
     lost = [i for i in range(len(storm.reports)) if i not in storm.ids]
     closed = set(faults.filter(state__in=CLOSED, handled_at__isnull=False).values_list("pk", flat=True))
@@ -320,20 +356,29 @@ def outcomes(storm: Storm, cluster) -> dict:
     assert not doubled, f"a fault got two actions for one job: {doubled}"
     unfinished = list(actions.exclude(state__in=FINISHED).values_list("pk", "kind", "state"))
     assert not unfinished, unfinished
-    return {"injected": len(storm.reports), "lost": len(lost), "lost_reports": lost, "actions": actions.count(),
-            "states": Counter(faults.values_list("state", flat=True)),
-            "kinds": Counter(actions.values_list("kind", flat=True))}
+    return {
+        "injected": len(storm.reports),
+        "lost": len(lost),
+        "lost_reports": lost,
+        "actions": actions.count(),
+        "states": Counter(faults.values_list("state", flat=True)),
+        "kinds": Counter(actions.values_list("kind", flat=True)),
+    }
 
 
 def diagnose(storm: Storm, cluster, tmp_path) -> str:
     faults = FaultEvent.objects.filter(cluster=cluster)
     actions = RecoveryAction.objects.filter(cluster=cluster)
-    logs = "".join(f"\n--- {path.name}\n{path.read_text(errors='replace')[-3000:]}"
-                   for path in sorted(tmp_path.glob("*.log")))
-    return (f"reports answered {len(storm.ids)}/{len(storm.reports)}: {dict(storm.statuses())}; faults "
-            f"{Counter(faults.values_list('state', flat=True))}; actions "
-            f"{Counter(actions.values_list('state', flat=True))}"
-            f"{logs}")
+    logs = "".join(
+        f"\n--- {path.name}\n{path.read_text(errors='replace')[-3000:]}"
+        for path in sorted(tmp_path.glob("*.log"))
+    )
+    return (
+        f"reports answered {len(storm.ids)}/{len(storm.reports)}: {dict(storm.statuses())}; faults "
+        f"{Counter(faults.values_list('state', flat=True))}; actions "
+        f"{Counter(actions.values_list('state', flat=True))}"
+        f"{logs}"
+    )
 
 
 # --- 1. Redis restarted in the middle of a fault storm ----------------------------------------------------------
@@ -343,7 +388,7 @@ def test_redis_restart_during_a_fault_storm_loses_no_fault_and_no_event(tmp_path
     """60 faults at 5 a second through a real uvicorn; Redis (broker, channel layer, beat lock) is stopped 4 s in
     and started again, empty, 3 s later: the task messages queued in it are gone and the sweeps must find them."""
     server = PrivateRedis().start()
-    settings.REDIS_URL = server.url          # the children's Redis (and where celery_worker looks for heartbeats)
+    settings.REDIS_URL = server.url  # the children's Redis (and where celery_worker looks for heartbeats)
     env = {**FAST, "REDIS_URL": server.url}
     tenant = make_tenant()
     cluster, jobs = storm_world(tenant)
@@ -371,15 +416,19 @@ def test_redis_restart_during_a_fault_storm_loses_no_fault_and_no_event(tmp_path
             up_at = up - storm.t0
             storm.join()
             try:
-                wait_for(lambda: settled(storm.ids.values()) and len(storm.ids) == len(reports), 60, 0.3,
-                         what="every fault closed and every action finished")
+                wait_for(
+                    lambda: settled(storm.ids.values()) and len(storm.ids) == len(reports),
+                    60,
+                    0.3,
+                    what="every fault closed and every action finished",
+                )
             except TimeoutError:
                 print(diagnose(storm, cluster, tmp_path))
                 raise
             recovered = time.monotonic() - up
             wait_for(lambda: not client.missing(), 30, 0.3, what="the websocket client to hold every event")
             caught_up = time.monotonic() - up
-            processes.close()           # worker and beat stop: no more events; the client must still hold them all
+            processes.close()  # worker and beat stop: no more events; the client must still hold them all
             wait_for(lambda: not client.missing(), 15, 0.3, what="the websocket client to hold every event")
             client.check()
     finally:
@@ -387,12 +436,18 @@ def test_redis_restart_during_a_fault_storm_loses_no_fault_and_no_event(tmp_path
 
     figures = outcomes(storm, cluster)
     during = storm.first_tries_between(down_at, up_at)
-    print(f"\nRedis down {down_at:.1f}-{up_at:.1f} s into the storm; {len(during)} reports sent meanwhile, answered "
-          f"{Counter(s for _, _, s in during)}; every answer {dict(storm.statuses())}")
-    print(f"faults injected: {figures['injected']}, lost: {figures['lost']}; {figures['states']}; actions "
-          f"{dict(figures['kinds'])}")
-    print(f"recovered {recovered:.1f} s after Redis came back (every fault closed, every action done); client "
-          f"complete {caught_up:.1f} s after: {client.summary()}; the worker was restarted {worker.restarts}x")
+    print(
+        f"\nRedis down {down_at:.1f}-{up_at:.1f} s into the storm; {len(during)} reports sent meanwhile, answered "
+        f"{Counter(s for _, _, s in during)}; every answer {dict(storm.statuses())}"
+    )
+    print(
+        f"faults injected: {figures['injected']}, lost: {figures['lost']}; {figures['states']}; actions "
+        f"{dict(figures['kinds'])}"
+    )
+    print(
+        f"recovered {recovered:.1f} s after Redis came back (every fault closed, every action done); client "
+        f"complete {caught_up:.1f} s after: {client.summary()}; the worker was restarted {worker.restarts}x"
+    )
     assert figures["lost"] == 0, figures["lost_reports"]
     # The fault is stored before anything acts on it: with the broker away, the report is still a 201.
     assert during, "no report was sent while Redis was down"
@@ -411,9 +466,12 @@ def rollout_world(actor, count: int = 4):
     for cluster in targets:
         cluster.connection = {"apply_seconds": 0.5, "call_latency_seconds": 0.3}
         cluster.save(update_fields=["connection"])
-    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
-    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True},
-                            strategy={"batch_size": 1, "soak_seconds": 0})
+    v2 = version_create(
+        actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True
+    )
+    rollout = rollout_start(
+        actor=actor, version=v2, targets={"tracking": True}, strategy={"batch_size": 1, "soak_seconds": 0}
+    )
     return rollout, targets
 
 
@@ -433,7 +491,8 @@ def check_rollout(rollout, targets) -> None:
     rows = list(rollout.clusters.all())
     assert {row.cluster_id for row in rows} == {c.pk for c in targets}
     assert {row.status for row in rows} == {RolloutClusterStatus.SUCCEEDED}, [
-        (row.cluster_id, row.status, row.reason) for row in rows]
+        (row.cluster_id, row.status, row.reason) for row in rows
+    ]
     assert not any(row.open for row in rows), "a finished rollout still holds a cluster"
     batches = list(rollout.batches.order_by("index"))
     assert [b.status for b in batches] == [RolloutBatch.Status.PASSED] * len(targets)
@@ -479,12 +538,17 @@ def test_postgresql_stop_and_start_while_workers_run_loses_no_fault(tmp_path, se
                 processes = stack.enter_context(ExitStack())
                 worker = processes.enter_context(celery_worker(tmp_path, concurrency=2, **env))
                 beat = processes.enter_context(celery_beat(tmp_path, **env))
-                client = LiveClient(web.port, token, topics_of(cluster, tenant, jobs, f"rollout-{rollout.pk}"))
+                client = LiveClient(
+                    web.port, token, topics_of(cluster, tenant, jobs, f"rollout-{rollout.pk}")
+                )
                 client.start()
                 stack.callback(client.close)
                 assert client.subscribed.wait(20), "the websocket client never subscribed"
-                wait_for(lambda: Rollout.objects.get(pk=rollout.pk).state == RolloutState.RUNNING, 20,
-                         what="beat's tick to start the rollout")
+                wait_for(
+                    lambda: Rollout.objects.get(pk=rollout.pk).state == RolloutState.RUNNING,
+                    20,
+                    what="beat's tick to start the rollout",
+                )
 
                 storm = Storm(web.url, token, reports, rate=4.0, key="postgres").start()
                 time.sleep(3.2)
@@ -495,46 +559,66 @@ def test_postgresql_stop_and_start_while_workers_run_loses_no_fault(tmp_path, se
                 postgres.start()
                 up = time.monotonic()
                 up_at = up - storm.t0
-                connection.close()                      # this thread's session died with the server
+                connection.close()  # this thread's session died with the server
                 storm.join()
                 try:
-                    wait_for(lambda: settled(storm.ids.values()) and len(storm.ids) == len(reports), 60, 0.3,
-                             what="every fault closed and every action finished")
+                    wait_for(
+                        lambda: settled(storm.ids.values()) and len(storm.ids) == len(reports),
+                        60,
+                        0.3,
+                        what="every fault closed and every action finished",
+                    )
                     recovered = time.monotonic() - up
                     wait_for(lambda: rollout_done(rollout), 60, 0.5, what="the rollout to finish")
                     rolled_out = time.monotonic() - up
                 except TimeoutError:
                     print(diagnose(storm, cluster, tmp_path))
                     raise
-                wait_for(lambda: not client.missing(), 30, 0.3, what="the websocket client to hold every event")
+                wait_for(
+                    lambda: not client.missing(), 30, 0.3, what="the websocket client to hold every event"
+                )
                 caught_up = time.monotonic() - up
                 alive = {"worker": worker.poll() is None, "beat": beat.poll() is None}
                 processes.close()
-                wait_for(lambda: not client.missing(), 15, 0.3, what="the websocket client to hold every event")
+                wait_for(
+                    lambda: not client.missing(), 15, 0.3, what="the websocket client to hold every event"
+                )
                 client.check()
                 logs = web.output()
 
             figures = outcomes(storm, cluster)
             check_rollout(rollout, targets)
             during = storm.first_tries_between(down_at, up_at)
-            print(f"\nPostgreSQL down {down_at:.1f}-{up_at:.1f} s into the storm; {len(during)} reports sent "
-                  "meanwhile, "
-                  f"first answered {Counter(s for _, _, s in during)}; every answer {dict(storm.statuses())}; "
-                  f"/readyz while down: {readyz_down.status_code}")
-            print(f"faults injected: {figures['injected']}, lost: {figures['lost']}; {figures['states']}; actions "
-                  f"{dict(figures['kinds'])}")
-            print(f"recovered {recovered:.1f} s after PostgreSQL came back (every fault closed, every action done); "
-                  f"rollout finished {rolled_out:.1f} s after; client complete {caught_up:.1f} s after: "
-                  f"{client.summary()}")
+            print(
+                f"\nPostgreSQL down {down_at:.1f}-{up_at:.1f} s into the storm; {len(during)} reports sent "
+                "meanwhile, "
+                f"first answered {Counter(s for _, _, s in during)}; every answer {dict(storm.statuses())}; "
+                f"/readyz while down: {readyz_down.status_code}"
+            )
+            print(
+                f"faults injected: {figures['injected']}, lost: {figures['lost']}; {figures['states']}; actions "
+                f"{dict(figures['kinds'])}"
+            )
+            print(
+                f"recovered {recovered:.1f} s after PostgreSQL came back (every fault closed, every action done); "
+                f"rollout finished {rolled_out:.1f} s after; client complete {caught_up:.1f} s after: "
+                f"{client.summary()}"
+            )
             assert figures["lost"] == 0, figures["lost_reports"]
             assert alive == {"worker": True, "beat": True}, alive
             assert readyz_down.status_code == 503
             assert during, "no report was sent while PostgreSQL was down"
             # Each report stored once, however often it was retried.
-            assert set(FaultEvent.objects.filter(cluster=cluster).values_list("report_count", flat=True)) == {1}
-            refused = Counter(status for tries in storm.answers.values() for _, status in tries
-                              if status not in (200, 201))
-            assert set(refused) <= {503}, (refused, [b for bodies in storm.bodies.values() for b in bodies][:5])
+            assert set(FaultEvent.objects.filter(cluster=cluster).values_list("report_count", flat=True)) == {
+                1
+            }
+            refused = Counter(
+                status for tries in storm.answers.values() for _, status in tries if status not in (200, 201)
+            )
+            assert set(refused) <= {503}, (
+                refused,
+                [b for bodies in storm.bodies.values() for b in bodies][:5],
+            )
             assert "Traceback" not in logs, logs[-3000:]
     finally:
         redis_server.stop()
@@ -585,7 +669,7 @@ def test_a_worker_killed_mid_decision_and_before_its_relay_loses_nothing_and_act
             with celery_worker(tmp_path, **env) as first:
                 wait_for(lambda: lock_waiters() > 0, 30, what="the decision to block on the job rows")
                 kill_group(first)
-            holder.rollback()                       # the dead worker's session ends once it gets the rows
+            holder.rollback()  # the dead worker's session ends once it gets the rows
             wait_for(lambda: lock_waiters() == 0, 30, what="the dead worker's session to end")
             states = set(FaultEvent.objects.filter(pk__in=fault_ids).values_list("state", flat=True))
             assert states == {FaultState.NEW}, states
@@ -595,16 +679,24 @@ def test_a_worker_killed_mid_decision_and_before_its_relay_loses_nothing_and_act
             # 2. Killed after its commit, in the relay: Redis is frozen, so the relay hangs (for up to 30 s).
             holder.execute("SELECT id FROM jobs_job WHERE cluster_id = %s FOR UPDATE", [cluster.pk])
             with celery_worker(tmp_path, OUTBOX_RELAY_TIMEOUT=30, **env) as second:
-                wait_for(lambda: lock_waiters() > 0, 30,
-                         what="beat's fault sweep to hand the batch to the new worker")
+                wait_for(
+                    lambda: lock_waiters() > 0,
+                    30,
+                    what="beat's fault sweep to hand the batch to the new worker",
+                )
                 server.process.send_signal(signal.SIGSTOP)
                 stack.callback(lambda: server.process and server.process.send_signal(signal.SIGCONT))
                 holder.rollback()
-                wait_for(lambda: not FaultEvent.objects.filter(pk__in=fault_ids, state=FaultState.NEW).exists(), 30,
-                         what="the decision to commit")
+                wait_for(
+                    lambda: not FaultEvent.objects.filter(pk__in=fault_ids, state=FaultState.NEW).exists(),
+                    30,
+                    what="the decision to commit",
+                )
                 time.sleep(0.5)
                 decided = set(Event.objects.filter(kind="actions.decided").values_list("pk", flat=True))
-                unsent = set(Event.objects.filter(pk__in=decided, sent_at__isnull=True).values_list("pk", flat=True))
+                unsent = set(
+                    Event.objects.filter(pk__in=decided, sent_at__isnull=True).values_list("pk", flat=True)
+                )
                 kill_group(second)
             server.process.send_signal(signal.SIGCONT)
             resumed = time.monotonic()
@@ -613,13 +705,19 @@ def test_a_worker_killed_mid_decision_and_before_its_relay_loses_nothing_and_act
             processes = stack.enter_context(ExitStack())
             processes.enter_context(celery_worker(tmp_path, **env))
             try:
-                wait_for(lambda: settled(fault_ids), 60, 0.3, what="every fault closed and every action finished")
+                wait_for(
+                    lambda: settled(fault_ids), 60, 0.3, what="every fault closed and every action finished"
+                )
             except TimeoutError:
                 print(diagnose(storm, cluster, tmp_path))
                 raise
             recovered = time.monotonic() - resumed
-            wait_for(lambda: not Event.objects.filter(pk__in=decided, sent_at__isnull=True).exists(), 30, 0.3,
-                     what="the outbox sweep to send the dead worker's events")
+            wait_for(
+                lambda: not Event.objects.filter(pk__in=decided, sent_at__isnull=True).exists(),
+                30,
+                0.3,
+                what="the outbox sweep to send the dead worker's events",
+            )
             sent_again = time.monotonic() - resumed
             wait_for(lambda: not client.missing(), 30, 0.3, what="the websocket client to hold every event")
             caught_up = time.monotonic() - resumed
@@ -632,23 +730,32 @@ def test_a_worker_killed_mid_decision_and_before_its_relay_loses_nothing_and_act
         server.stop()
 
     figures = outcomes(storm, cluster)
-    print(f"\nfaults injected: {figures['injected']}, lost: {figures['lost']}; {figures['states']}; actions "
-          f"{dict(figures['kinds'])}; {len(unsent)} of {len(decided)} decision events unsent when the worker died")
-    print(f"after the kill: every fault closed {recovered:.1f} s, its events sent {sent_again:.1f} s, client "
-          f"complete {caught_up:.1f} s; {client.summary()}")
+    print(
+        f"\nfaults injected: {figures['injected']}, lost: {figures['lost']}; {figures['states']}; actions "
+        f"{dict(figures['kinds'])}; {len(unsent)} of {len(decided)} decision events unsent when the worker died"
+    )
+    print(
+        f"after the kill: every fault closed {recovered:.1f} s, its events sent {sent_again:.1f} s, client "
+        f"complete {caught_up:.1f} s; {client.summary()}"
+    )
     assert figures["lost"] == 0, figures["lost_reports"]
     # The second worker died with its decision committed and none of its events sent.
     assert decided and unsent == decided, (unsent, decided)
     # Decided once: one batch, one action per fault and job (each NIC down hits the one job on its node).
     assert Event.objects.filter(kind="actions.decided", topic=f"cluster-{cluster.pk}").count() == 1
     actions = RecoveryAction.objects.filter(cluster=cluster, job__isnull=False)
-    assert actions.count() == len(reports) and set(actions.values_list("state", flat=True)) == {ActionState.SUCCEEDED}
+    assert actions.count() == len(reports) and set(actions.values_list("state", flat=True)) == {
+        ActionState.SUCCEEDED
+    }
     # Each action carried out once on the cluster: one driver operation each, of its kind.
-    operations = Counter(SimulatedOperation.objects.filter(cluster=cluster)
-                         .filter(operation__in=["nic_failover", "migrate_worker"]).values_list("operation", flat=True))
+    operations = Counter(
+        SimulatedOperation.objects.filter(cluster=cluster)
+        .filter(operation__in=["nic_failover", "migrate_worker"])
+        .values_list("operation", flat=True)
+    )
     kinds = Counter(actions.values_list("kind", flat=True))
     expected = Counter({"nic_failover": kinds["nic_failover"], "migrate_worker": kinds["live_migration"]})
-    assert operations == +expected, (operations, kinds)   # (+: drops kinds the decision chose none of)
+    assert operations == +expected, (operations, kinds)  # (+: drops kinds the decision chose none of)
 
 
 # --- What the faults above found: each pinned by a focused test ---------------------------------------------------
@@ -665,16 +772,21 @@ def test_a_worker_with_a_task_in_hand_survives_a_redis_restart(tmp_path, setting
     holder = hold_jobs(cluster)
     try:
         with uvicorn_server(tmp_path, **env) as web, celery_worker(tmp_path, concurrency=2, **env) as worker:
-            response = requests.post(f"{web.url}/api/v1/faults/", json={"node": node.pk, "kind": "nic_down",
-                                     "nic_name": "mlx5_0", "source": "agent"},
-                                     headers={"Authorization": f"Bearer {operator_token()}"}, timeout=20)
+            response = requests.post(
+                f"{web.url}/api/v1/faults/",
+                json={"node": node.pk, "kind": "nic_down", "nic_name": "mlx5_0", "source": "agent"},
+                headers={"Authorization": f"Bearer {operator_token()}"},
+                timeout=20,
+            )
             assert response.status_code == 201, response.text
-            wait_for(lambda: lock_waiters() > 0, 30, what="the worker to hold the fault's task, unacknowledged")
+            wait_for(
+                lambda: lock_waiters() > 0, 30, what="the worker to hold the fault's task, unacknowledged"
+            )
             server.stop()
             time.sleep(1)
             server.start()
-            time.sleep(4)                        # the worker finds its broker connection gone and reconnects
-            holder.rollback()                    # the task finishes (a worker on its way out waits for it)
+            time.sleep(4)  # the worker finds its broker connection gone and reconnects
+            holder.rollback()  # the task finishes (a worker on its way out waits for it)
             time.sleep(3)
             alive = worker.poll() is None
             log = worker.log.read_text()
@@ -704,7 +816,9 @@ def test_quarantining_a_node_while_a_fault_is_reported_on_it_does_not_deadlock(t
                 lock_nodes([node.pk])
                 locked.set()
                 go.wait(20)
-                node_cordon(actor=None, node=Node.objects.get(pk=node.pk), reason="quarantine: 3 faults in an hour")
+                node_cordon(
+                    actor=None, node=Node.objects.get(pk=node.pk), reason="quarantine: 3 faults in an hour"
+                )
         except Exception as error:
             errors.append(f"decision: {error!r}")
         finally:
@@ -713,8 +827,12 @@ def test_quarantining_a_node_while_a_fault_is_reported_on_it_does_not_deadlock(t
     def report():
         locked.wait(20)
         try:
-            fault_ingest(source="agent", kind="nic_down", node=Node.objects.select_related("cluster").get(pk=node.pk),
-                         nic_name="mlx5_1")
+            fault_ingest(
+                source="agent",
+                kind="nic_down",
+                node=Node.objects.select_related("cluster").get(pk=node.pk),
+                nic_name="mlx5_1",
+            )
         except Exception as error:
             errors.append(f"report: {error!r}")
         finally:
@@ -741,13 +859,18 @@ def test_the_api_answers_503_while_the_database_is_unreachable(tmp_path, transac
     from tests.support.processes import free_port
 
     down = f"postgres://postgres@127.0.0.1:{free_port()}/lockstep"
-    headers = {"Authorization": "Bearer lsk_abcd1234_" + "s" * 43}    # well formed: only the database can tell
+    headers = {"Authorization": "Bearer lsk_abcd1234_" + "s" * 43}  # well formed: only the database can tell
     with uvicorn_server(tmp_path, DATABASE_URL=down) as web, ThreadPoolExecutor(3) as pool:
         # At once: each waits for the web process's connection pool (its timeout) before it is refused.
         calls = {
             "readyz": pool.submit(requests.get, f"{web.url}/readyz", timeout=30),
-            "report": pool.submit(requests.post, f"{web.url}/api/v1/faults/", json={"node": 1, "kind": "nic_down"},
-                                  headers=headers, timeout=30),
+            "report": pool.submit(
+                requests.post,
+                f"{web.url}/api/v1/faults/",
+                json={"node": 1, "kind": "nic_down"},
+                headers=headers,
+                timeout=30,
+            ),
             "list": pool.submit(requests.get, f"{web.url}/api/v1/faults/", headers=headers, timeout=30),
         }
         answers = {what: call.result() for what, call in calls.items()}

@@ -35,36 +35,69 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lockstep-agent",
         description="Send this node's GPU, NIC and facility telemetry to Lockstep (docs/agent.md).",
     )
-    parser.add_argument("--url", default=env("LOCKSTEP_URL"), help="control plane base URL, or the full ingest URL [LOCKSTEP_URL]")
-    parser.add_argument("--token", default=env("LOCKSTEP_TOKEN"), help="the cluster's agent token [LOCKSTEP_TOKEN]")
     parser.add_argument(
-        "--node", default=env("LOCKSTEP_NODE") or socket.gethostname(), help="this node's hostname in Lockstep [LOCKSTEP_NODE, else the hostname]"
+        "--url",
+        default=env("LOCKSTEP_URL"),
+        help="control plane base URL, or the full ingest URL [LOCKSTEP_URL]",
     )
     parser.add_argument(
-        "--interval", type=float, default=_env_float("LOCKSTEP_INTERVAL", 10.0), help="seconds between batches [LOCKSTEP_INTERVAL, 10]"
+        "--token", default=env("LOCKSTEP_TOKEN"), help="the cluster's agent token [LOCKSTEP_TOKEN]"
+    )
+    parser.add_argument(
+        "--node",
+        default=env("LOCKSTEP_NODE") or socket.gethostname(),
+        help="this node's hostname in Lockstep [LOCKSTEP_NODE, else the hostname]",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=_env_float("LOCKSTEP_INTERVAL", 10.0),
+        help="seconds between batches [LOCKSTEP_INTERVAL, 10]",
     )
     parser.add_argument("--once", action="store_true", help="collect and send one batch, then exit")
-    parser.add_argument("--count", type=int, default=0, help="stop after this many batches (0: run until stopped)")
-    parser.add_argument("--dry-run", action="store_true", help="print each batch as JSON on stdout instead of sending it")
+    parser.add_argument(
+        "--count", type=int, default=0, help="stop after this many batches (0: run until stopped)"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print each batch as JSON on stdout instead of sending it"
+    )
     parser.add_argument(
         "--spool-dir",
         default=env("LOCKSTEP_SPOOL_DIR", "/var/lib/lockstep-agent"),
         help="where undelivered batches wait [LOCKSTEP_SPOOL_DIR, /var/lib/lockstep-agent]",
     )
-    parser.add_argument("--require-gpus", action="store_true", help="exit with status 2 when NVML or GPUs are missing")
-    parser.add_argument("--no-gpus", action="store_true", help="do not load NVML at all (NIC and facility telemetry only)")
-    parser.add_argument("--sysfs-root", default=env("LOCKSTEP_SYSFS_ROOT", "/sys"), help="sysfs mount [LOCKSTEP_SYSFS_ROOT, /sys]")
-    parser.add_argument("--include-virtual-nics", action="store_true", help="also report interfaces without a device (lo, bridges)")
+    parser.add_argument(
+        "--require-gpus", action="store_true", help="exit with status 2 when NVML or GPUs are missing"
+    )
+    parser.add_argument(
+        "--no-gpus", action="store_true", help="do not load NVML at all (NIC and facility telemetry only)"
+    )
+    parser.add_argument(
+        "--sysfs-root",
+        default=env("LOCKSTEP_SYSFS_ROOT", "/sys"),
+        help="sysfs mount [LOCKSTEP_SYSFS_ROOT, /sys]",
+    )
+    parser.add_argument(
+        "--include-virtual-nics",
+        action="store_true",
+        help="also report interfaces without a device (lo, bridges)",
+    )
     parser.add_argument(
         "--redfish-url",
         action="append",
         default=[u for u in (env("LOCKSTEP_REDFISH_URL") or "").split(",") if u],
         help="this node's BMC Redfish base URL; repeatable [LOCKSTEP_REDFISH_URL, comma-separated]",
     )
-    parser.add_argument("--redfish-username", default=env("LOCKSTEP_REDFISH_USERNAME"), help="[LOCKSTEP_REDFISH_USERNAME]")
-    parser.add_argument("--redfish-password", default=env("LOCKSTEP_REDFISH_PASSWORD"), help="[LOCKSTEP_REDFISH_PASSWORD]")
     parser.add_argument(
-        "--facility-config", default=env("LOCKSTEP_FACILITY_CONFIG"), help="JSON file of BMCs, CDUs and PDUs to poll [LOCKSTEP_FACILITY_CONFIG]"
+        "--redfish-username", default=env("LOCKSTEP_REDFISH_USERNAME"), help="[LOCKSTEP_REDFISH_USERNAME]"
+    )
+    parser.add_argument(
+        "--redfish-password", default=env("LOCKSTEP_REDFISH_PASSWORD"), help="[LOCKSTEP_REDFISH_PASSWORD]"
+    )
+    parser.add_argument(
+        "--facility-config",
+        default=env("LOCKSTEP_FACILITY_CONFIG"),
+        help="JSON file of BMCs, CDUs and PDUs to poll [LOCKSTEP_FACILITY_CONFIG]",
     )
     parser.add_argument(
         "--facility-interval",
@@ -80,11 +113,17 @@ def build_parser() -> argparse.ArgumentParser:
         "runs); 0: off [LOCKSTEP_METRICS_PORT, 0]",
     )
     parser.add_argument(
-        "--metrics-address", default=env("LOCKSTEP_METRICS_ADDRESS", "0.0.0.0"), help="address /metrics listens on [LOCKSTEP_METRICS_ADDRESS, 0.0.0.0]"
+        "--metrics-address",
+        default=env("LOCKSTEP_METRICS_ADDRESS", "0.0.0.0"),
+        help="address /metrics listens on [LOCKSTEP_METRICS_ADDRESS, 0.0.0.0]",
     )
-    parser.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout towards the control plane, seconds")
+    parser.add_argument(
+        "--timeout", type=float, default=10.0, help="HTTP timeout towards the control plane, seconds"
+    )
     parser.add_argument("--retries", type=int, default=3, help="attempts per batch before it is spooled")
-    parser.add_argument("--backoff", type=float, default=1.0, help="first retry delay, seconds; doubles up to --max-backoff")
+    parser.add_argument(
+        "--backoff", type=float, default=1.0, help="first retry delay, seconds; doubles up to --max-backoff"
+    )
     parser.add_argument("--max-backoff", type=float, default=60.0)
     parser.add_argument("--log-level", default=env("LOCKSTEP_LOG_LEVEL", "INFO"))
     parser.add_argument("--version", action="version", version=f"lockstep-agent {__version__}")
@@ -99,7 +138,13 @@ def _facility_collector(args):
         sources.extend(load_sources(args.facility_config, default_node=args.node))
     for url in args.redfish_url:
         sources.append(
-            RedfishSource(url=url, scope="node", target=args.node, username=args.redfish_username, password=args.redfish_password)
+            RedfishSource(
+                url=url,
+                scope="node",
+                target=args.node,
+                username=args.redfish_username,
+                password=args.redfish_password,
+            )
         )
     return FacilityCollector(sources) if sources else None
 
@@ -126,7 +171,11 @@ class _Sources:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="lockstep-agent %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="lockstep-agent %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     if not args.dry_run and not args.url:
         print("lockstep-agent: --url (or LOCKSTEP_URL) is required unless --dry-run", file=sys.stderr)
         return EXIT_USAGE

@@ -88,7 +88,9 @@ class _Client:
         try:
             import redfish
         except ImportError as error:  # pragma: no cover - the extra is installed with the agent in tests
-            raise RedfishError("the redfish package is not installed: pip install 'lockstep-agent[redfish]'") from error
+            raise RedfishError(
+                "the redfish package is not installed: pip install 'lockstep-agent[redfish]'"
+            ) from error
         try:
             self._client = redfish.redfish_client(
                 base_url=source.url,
@@ -202,30 +204,47 @@ class FacilityCollector:
             if thermal:
                 points.extend(self._thermal(client.get(thermal), source, uri))
             elif _link(chassis, "ThermalSubsystem"):
-                points.extend(self._thermal_subsystem(client, client.get(_link(chassis, "ThermalSubsystem")), source, uri))
+                points.extend(
+                    self._thermal_subsystem(
+                        client, client.get(_link(chassis, "ThermalSubsystem")), source, uri
+                    )
+                )
             if power:
                 points.extend(self._power(client.get(power), source, uri))
             else:
                 if _link(chassis, "PowerSubsystem"):
-                    points.extend(self._power_subsystem(client, client.get(_link(chassis, "PowerSubsystem")), source, uri))
+                    points.extend(
+                        self._power_subsystem(
+                            client, client.get(_link(chassis, "PowerSubsystem")), source, uri
+                        )
+                    )
                 if _link(chassis, "EnvironmentMetrics"):
                     value = _reading(client.get(_link(chassis, "EnvironmentMetrics")).get("PowerWatts"))
                     if value is not None:
-                        points.append(self._point(source, uri, "power_draw_watts", value, sensor="EnvironmentMetrics"))
+                        points.append(
+                            self._point(source, uri, "power_draw_watts", value, sensor="EnvironmentMetrics")
+                        )
         return points
 
-    def _thermal_subsystem(self, client: _Client, subsystem: dict, source: RedfishSource, device: str) -> list[dict]:
+    def _thermal_subsystem(
+        self, client: _Client, subsystem: dict, source: RedfishSource, device: str
+    ) -> list[dict]:
         points = []
         metrics = _link(subsystem, "ThermalMetrics")
         if metrics:
             thermal = client.get(metrics)
             summary = thermal.get("TemperatureSummaryCelsius") or {}
-            for key, metric in (("Intake", "inlet_temperature_celsius"), ("Exhaust", "exhaust_temperature_celsius")):
+            for key, metric in (
+                ("Intake", "inlet_temperature_celsius"),
+                ("Exhaust", "exhaust_temperature_celsius"),
+            ):
                 value = _reading(summary.get(key))
                 if value is None and key == "Intake":
                     value = _reading(summary.get("Ambient"))
                 if value is not None:
-                    points.append(self._point(source, device, metric, value, sensor=f"TemperatureSummaryCelsius/{key}"))
+                    points.append(
+                        self._point(source, device, metric, value, sensor=f"TemperatureSummaryCelsius/{key}")
+                    )
             for item in thermal.get("TemperatureReadingsCelsius") or []:
                 value = _reading(item)
                 if value is not None:
@@ -239,12 +258,25 @@ class FacilityCollector:
             speed = fan.get("SpeedPercent") or {}
             name = fan.get("Name") or fan.get("Id")
             if _reading(speed) is not None:
-                points.append(self._point(source, device, "fan_speed_percent", _reading(speed), sensor=name, item=fan))
+                points.append(
+                    self._point(source, device, "fan_speed_percent", _reading(speed), sensor=name, item=fan)
+                )
             if _reading(speed.get("SpeedRPM")) is not None:
-                points.append(self._point(source, device, "fan_speed_rpm", _reading(speed.get("SpeedRPM")), sensor=name, item=fan))
+                points.append(
+                    self._point(
+                        source,
+                        device,
+                        "fan_speed_rpm",
+                        _reading(speed.get("SpeedRPM")),
+                        sensor=name,
+                        item=fan,
+                    )
+                )
         return points
 
-    def _power_subsystem(self, client: _Client, subsystem: dict, source: RedfishSource, device: str) -> list[dict]:
+    def _power_subsystem(
+        self, client: _Client, subsystem: dict, source: RedfishSource, device: str
+    ) -> list[dict]:
         points = []
         supplies = _link(subsystem, "PowerSupplies")
         for member in client.get(supplies).get("Members", []) if supplies else []:
@@ -258,7 +290,10 @@ class FacilityCollector:
             metrics = _link(supply, "Metrics")
             if metrics:
                 values = client.get(metrics)
-                for redfish_name, metric in (("InputPowerWatts", "psu_input_watts"), ("OutputPowerWatts", "psu_output_watts")):
+                for redfish_name, metric in (
+                    ("InputPowerWatts", "psu_input_watts"),
+                    ("OutputPowerWatts", "psu_output_watts"),
+                ):
                     value = _reading(values.get(redfish_name))
                     if value is not None:
                         points.append(self._point(source, device, metric, value, sensor=name, item=supply))
@@ -270,7 +305,11 @@ class FacilityCollector:
             value = _reading(item.get("ReadingCelsius"))
             if value is None or _status(item)[0] == "Absent":
                 continue
-            points.append(self._point(source, device, _temperature_metric(item), value, sensor=item.get("Name"), item=item))
+            points.append(
+                self._point(
+                    source, device, _temperature_metric(item), value, sensor=item.get("Name"), item=item
+                )
+            )
         for item in thermal.get("Fans", []):
             if _status(item)[0] == "Absent":
                 continue
@@ -281,7 +320,11 @@ class FacilityCollector:
             if value is None:
                 continue
             metric = "fan_speed_percent" if units == "Percent" else "fan_speed_rpm"
-            points.append(self._point(source, device, metric, value, sensor=item.get("Name") or item.get("FanName"), item=item))
+            points.append(
+                self._point(
+                    source, device, metric, value, sensor=item.get("Name") or item.get("FanName"), item=item
+                )
+            )
         return points
 
     def _power(self, power: dict, source: RedfishSource, device: str) -> list[dict]:
@@ -289,7 +332,9 @@ class FacilityCollector:
         for item in power.get("PowerControl", []):
             value = _reading(item.get("PowerConsumedWatts"))
             if value is not None:
-                points.append(self._point(source, device, "power_draw_watts", value, sensor=item.get("Name"), item=item))
+                points.append(
+                    self._point(source, device, "power_draw_watts", value, sensor=item.get("Name"), item=item)
+                )
         for item in power.get("PowerSupplies", []):
             state, health = _status(item)
             name = item.get("Name") or item.get("MemberId")
@@ -313,7 +358,10 @@ class FacilityCollector:
         unit = client.get(source.path)
         device = unit.get("@odata.id", source.path)
         points = []
-        for loop, key in (("primary", "PrimaryCoolantConnectors"), ("secondary", "SecondaryCoolantConnectors")):
+        for loop, key in (
+            ("primary", "PrimaryCoolantConnectors"),
+            ("secondary", "SecondaryCoolantConnectors"),
+        ):
             link = (unit.get(key) or {}).get("@odata.id")
             if not link:
                 continue
@@ -330,7 +378,9 @@ class FacilityCollector:
                 ):
                     value = _reading(connector.get(redfish_name))
                     if value is not None:
-                        points.append(self._point(source, device, metric, value * scale, sensor=sensor, item=connector))
+                        points.append(
+                            self._point(source, device, metric, value * scale, sensor=sensor, item=connector)
+                        )
         return points
 
     # --- rack PDU: mains circuits and metrics ------------------------------------------------------------------
@@ -347,17 +397,32 @@ class FacilityCollector:
             name = circuit.get("Id") or circuit.get("Name")
             value = _reading(circuit.get("CurrentAmps"))
             if value is not None:
-                points.append(self._point(source, device, "pdu_current_amperes", value, sensor=name, item=circuit))
+                points.append(
+                    self._point(source, device, "pdu_current_amperes", value, sensor=name, item=circuit)
+                )
             for line, excerpt in sorted((circuit.get("PolyPhaseCurrentAmps") or {}).items()):
                 value = _reading(excerpt)
                 if value is not None:
-                    points.append(self._point(source, device, "pdu_current_amperes", value, sensor=f"{name}/{line}", item=circuit))
+                    points.append(
+                        self._point(
+                            source,
+                            device,
+                            "pdu_current_amperes",
+                            value,
+                            sensor=f"{name}/{line}",
+                            item=circuit,
+                        )
+                    )
             value = _reading(circuit.get("Voltage"))
             if value is not None:
-                points.append(self._point(source, device, "pdu_voltage_volts", value, sensor=name, item=circuit))
+                points.append(
+                    self._point(source, device, "pdu_voltage_volts", value, sensor=name, item=circuit)
+                )
             value = _reading(circuit.get("PowerWatts"))
             if value is not None:
-                points.append(self._point(source, device, "pdu_power_watts", value, sensor=name, item=circuit))
+                points.append(
+                    self._point(source, device, "pdu_power_watts", value, sensor=name, item=circuit)
+                )
         metrics = (pdu.get("Metrics") or {}).get("@odata.id")
         if metrics:
             value = _reading(client.get(metrics).get("PowerWatts"))

@@ -119,7 +119,9 @@ class GPUCollector:
                 continue
             self.devices.append(_Device(index=index, handle=handle, uuid=uuid, model=model))
         if not self.devices:
-            raise GPUUnavailable("no_gpus", "NVML is loaded but sees no GPU" if count == 0 else "NVML cannot open any GPU")
+            raise GPUUnavailable(
+                "no_gpus", "NVML is loaded but sees no GPU" if count == 0 else "NVML cannot open any GPU"
+            )
         self._register_xid_events()
 
     def _register_xid_events(self) -> None:
@@ -132,7 +134,9 @@ class GPUCollector:
             return
         for device in self.devices:
             try:
-                nvml.nvmlDeviceRegisterEvents(device.handle, nvml.nvmlEventTypeXidCriticalError, self.event_set)
+                nvml.nvmlDeviceRegisterEvents(
+                    device.handle, nvml.nvmlEventTypeXidCriticalError, self.event_set
+                )
             except nvml.NVMLError as error:
                 log.warning("GPU %d does not report Xid events through NVML: %s", device.index, error)
 
@@ -237,12 +241,17 @@ class GPUCollector:
         except nvml.NVMLError as error:
             log.debug("GPU %d: memory not available: %s", device.index, error)
 
-        corrected, uncorrected = nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        corrected, uncorrected = (
+            nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+            nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        )
         volatile, aggregate = nvml.NVML_VOLATILE_ECC, nvml.NVML_AGGREGATE_ECC
         read("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", nvml.nvmlDeviceGetTotalEccErrors, handle, corrected, volatile)
         read("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", nvml.nvmlDeviceGetTotalEccErrors, handle, uncorrected, volatile)
         read("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", nvml.nvmlDeviceGetTotalEccErrors, handle, corrected, aggregate)
-        read("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", nvml.nvmlDeviceGetTotalEccErrors, handle, uncorrected, aggregate)
+        read(
+            "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", nvml.nvmlDeviceGetTotalEccErrors, handle, uncorrected, aggregate
+        )
 
         # Page retirement (pre-Ampere); Ampere and later remap rows instead and report NOT_SUPPORTED here.
         read(
@@ -269,7 +278,10 @@ class GPUCollector:
         except nvml.NVMLError as error:
             log.debug("GPU %d: remapped rows not available: %s", device.index, error)
 
-        reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        reasons = (
+            getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
         read("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", reasons, handle, convert=int)
 
         fields.update(self._field_values(device))
@@ -283,7 +295,9 @@ class GPUCollector:
 
     def _field_values(self, device: _Device) -> dict[str, float | int]:
         nvml = self.nvml
-        wanted = [(getattr(nvml, constant), name) for constant, name in _FIELD_VALUES if hasattr(nvml, constant)]
+        wanted = [
+            (getattr(nvml, constant), name) for constant, name in _FIELD_VALUES if hasattr(nvml, constant)
+        ]
         if not wanted or not hasattr(nvml, "nvmlDeviceGetFieldValues"):
             return {}
         try:

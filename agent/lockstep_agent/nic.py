@@ -96,14 +96,23 @@ class NICCollector:
         for device in sorted(ib_dir.iterdir()) if ib_dir.is_dir() else []:
             netdevs = sorted(p.name for p in (device / "device" / "net").glob("*"))
             ports_dir = device / "ports"
-            ports = sorted(ports_dir.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else 0) if ports_dir.is_dir() else []
+            ports = (
+                sorted(ports_dir.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else 0)
+                if ports_dir.is_dir()
+                else []
+            )
             for port in ports:
                 # A multi-port HCA function usually has one netdev per port; match them in order.
                 position = ports.index(port)
                 netdev = netdevs[position] if position < len(netdevs) else None
                 entry = nics.get(netdev) if netdev else None
                 if entry is None:
-                    entry = {"ts": now, "name": netdev or f"{device.name}:{port.name}", "kind": "infiniband", "fields": {}}
+                    entry = {
+                        "ts": now,
+                        "name": netdev or f"{device.name}:{port.name}",
+                        "kind": "infiniband",
+                        "fields": {},
+                    }
                     if netdev:
                         entry["netdev"] = netdev
                     nics[entry["name"]] = entry

@@ -28,21 +28,29 @@ log = logging.getLogger("lockstep_agent.progress")
 class ProgressReporter:
     """Sends ``POST /api/v1/jobs/<id>/progress/`` with a job token from a daemon thread."""
 
-    def __init__(self, url: str, job_id: int | str, token: str, *, min_interval: float = 10.0, timeout: float = 5.0):
+    def __init__(
+        self, url: str, job_id: int | str, token: str, *, min_interval: float = 10.0, timeout: float = 5.0
+    ):
         self.endpoint = f"{url.rstrip('/')}/api/v1/jobs/{int(job_id)}/progress/"
         self.token = token
         self.min_interval = min_interval
         self.timeout = timeout
         self.sent = 0
         self.failed = 0
-        self.answer: dict = {}   # Lockstep's answer to the last report (``write_through``: it is moving the job)
+        self.answer: dict = {}  # Lockstep's answer to the last report (``write_through``: it is moving the job)
         self._last = 0.0
         self._queue: queue.Queue[dict | None] = queue.Queue(maxsize=100)
         self._thread = threading.Thread(target=self._run, name="lockstep-progress", daemon=True)
         self._thread.start()
 
-    def report(self, iteration: int, *, step_seconds: float | None = None, checkpoint: bool = False,
-               force: bool = False) -> bool:
+    def report(
+        self,
+        iteration: int,
+        *,
+        step_seconds: float | None = None,
+        checkpoint: bool = False,
+        force: bool = False,
+    ) -> bool:
         """Queue a report; returns whether it was queued (skipped when too soon after the last, unless a
         checkpoint or ``force``, or when the queue is full)."""
         now = time.monotonic()
@@ -65,8 +73,12 @@ class ProgressReporter:
             time.sleep(0.01)
 
     def _send(self, body: dict) -> None:
-        request = urllib.request.Request(self.endpoint, data=json.dumps(body).encode(), method="POST", headers={
-            "Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.endpoint,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=self.timeout) as response:
             answer = json.loads(response.read() or b"{}")
         self.answer = answer if isinstance(answer, dict) else {}
@@ -94,11 +106,14 @@ def _reporter() -> ProgressReporter | None:
     global _default
     with _lock:
         if _default is None:
-            url, job, token = (os.environ.get(name) for name in ("LOCKSTEP_URL", "LOCKSTEP_JOB_ID", "LOCKSTEP_JOB_TOKEN"))
+            url, job, token = (
+                os.environ.get(name) for name in ("LOCKSTEP_URL", "LOCKSTEP_JOB_ID", "LOCKSTEP_JOB_TOKEN")
+            )
             if not (url and job and token) or os.environ.get("RANK", "0") != "0":
                 return None
-            _default = ProgressReporter(url, job, token,
-                                        min_interval=float(os.environ.get("LOCKSTEP_PROGRESS_INTERVAL", "10")))
+            _default = ProgressReporter(
+                url, job, token, min_interval=float(os.environ.get("LOCKSTEP_PROGRESS_INTERVAL", "10"))
+            )
         return _default
 
 

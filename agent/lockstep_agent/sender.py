@@ -88,7 +88,9 @@ class Sender:
         if 200 <= status < 300 or status == 409:
             return Outcome.SENT, None
         if status in _REJECTED_STATUSES:
-            log.error("control plane rejected batch %s (%d): %s", batch["batch_id"], status, response.text[:2000])
+            log.error(
+                "control plane rejected batch %s (%d): %s", batch["batch_id"], status, response.text[:2000]
+            )
             self.spool.reject(batch, f"HTTP {status}: {response.text[:2000]}")
             return Outcome.REJECTED, None
         log.warning("control plane answered %d for batch %s; will retry", status, batch["batch_id"])
@@ -112,7 +114,9 @@ class Sender:
                 time.sleep(min(self.max_backoff, retry_after or self.backoff * 2**attempt))
         self.spool.append(batch)
         self._schedule_replay(None)
-        log.warning("batch %s spooled in %s until the control plane answers", batch["batch_id"], self.spool.path)
+        log.warning(
+            "batch %s spooled in %s until the control plane answers", batch["batch_id"], self.spool.path
+        )
         return outcome
 
     def drain(self, *, force: bool = False) -> int:
@@ -135,7 +139,9 @@ class Sender:
 
     def _schedule_replay(self, retry_after: float | None) -> None:
         self._replay_delay = min(self.max_backoff, max(self.backoff, self._replay_delay * 2))
-        self._next_replay_at = time.monotonic() + (retry_after if retry_after is not None else self._replay_delay)
+        self._next_replay_at = time.monotonic() + (
+            retry_after if retry_after is not None else self._replay_delay
+        )
 
 
 def _retry_after(response: requests.Response) -> float | None:

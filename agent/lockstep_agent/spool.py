@@ -104,7 +104,11 @@ class Spool:
                 try:
                     yield offset, json.loads(line)
                 except ValueError:
-                    log.error("spool: an unreadable line at byte %d; set aside in %s", offset - len(line), self.rejected_path)
+                    log.error(
+                        "spool: an unreadable line at byte %d; set aside in %s",
+                        offset - len(line),
+                        self.rejected_path,
+                    )
                     self._set_aside(line.decode(errors="replace").rstrip("\n"), "unreadable spool line")
                     self.commit(offset)
 

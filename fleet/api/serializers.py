@@ -27,8 +27,16 @@ class RollupField(serializers.SerializerMethodField):
 class FleetSerializer(serializers.ModelSerializer):
     class Meta:
         model = Fleet
-        fields = ["id", "name", "description", "automation", "max_cordoned_nodes", "max_draining_nodes",
-                  "max_disrupted_percent", "created_at"]
+        fields = [
+            "id",
+            "name",
+            "description",
+            "automation",
+            "max_cordoned_nodes",
+            "max_draining_nodes",
+            "max_disrupted_percent",
+            "created_at",
+        ]
         read_only_fields = ["id", "created_at"]
         extra_kwargs = {"name": {"validators": []}}
 
@@ -50,12 +58,39 @@ class ClusterSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Cluster
-        fields = ["id", "name", "fleet", "dedicated_tenant", "region", "tier", "labels", "kind", "driver",
-                  "connection", "restart_overhead_minutes", "automation", "max_concurrent_migrations",
-                  "max_migrations_per_leaf", "blueprint_version", "track_latest", "pinned_reason", "status",
-                  "reachability", "reachability_changed_at", "created_at"]
-        read_only_fields = ["id", "blueprint_version", "track_latest", "pinned_reason", "status", "reachability",
-                            "reachability_changed_at", "created_at"]
+        fields = [
+            "id",
+            "name",
+            "fleet",
+            "dedicated_tenant",
+            "region",
+            "tier",
+            "labels",
+            "kind",
+            "driver",
+            "connection",
+            "restart_overhead_minutes",
+            "automation",
+            "max_concurrent_migrations",
+            "max_migrations_per_leaf",
+            "blueprint_version",
+            "track_latest",
+            "pinned_reason",
+            "status",
+            "reachability",
+            "reachability_changed_at",
+            "created_at",
+        ]
+        read_only_fields = [
+            "id",
+            "blueprint_version",
+            "track_latest",
+            "pinned_reason",
+            "status",
+            "reachability",
+            "reachability_changed_at",
+            "created_at",
+        ]
         extra_kwargs = {"name": {"validators": []}}
 
     def get_status(self, cluster) -> dict | None:
@@ -86,8 +121,10 @@ class ClusterOutlineSerializer(serializers.Serializer):
 
 # A cluster in full, or the outline of a shared one (tenant users): the schema of what the cluster endpoints answer.
 ClusterOrOutlineSerializer = PolymorphicProxySerializer(
-    component_name="ClusterOrOutline", serializers=[ClusterSerializer, ClusterOutlineSerializer],
-    resource_type_field_name=None)
+    component_name="ClusterOrOutline",
+    serializers=[ClusterSerializer, ClusterOutlineSerializer],
+    resource_type_field_name=None,
+)
 
 
 class GPUSerializer(serializers.ModelSerializer):
@@ -108,8 +145,22 @@ class NodeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Node
-        fields = ["id", "cluster", "hostname", "rack", "leaf_switch", "spine_switch", "gpu_model", "state", "taints",
-                  "risk_score", "state_reason", "state_changed_at", "gpus", "nics"]
+        fields = [
+            "id",
+            "cluster",
+            "hostname",
+            "rack",
+            "leaf_switch",
+            "spine_switch",
+            "gpu_model",
+            "state",
+            "taints",
+            "risk_score",
+            "state_reason",
+            "state_changed_at",
+            "gpus",
+            "nics",
+        ]
         read_only_fields = fields
 
 
@@ -126,8 +177,16 @@ class BlueprintSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Blueprint
-        fields = ["id", "name", "description", "auto_rollout", "default_strategy", "drift_mode", "latest_active",
-                  "created_at"]
+        fields = [
+            "id",
+            "name",
+            "description",
+            "auto_rollout",
+            "default_strategy",
+            "drift_mode",
+            "latest_active",
+            "created_at",
+        ]
         read_only_fields = ["id", "latest_active", "created_at"]
         extra_kwargs = {"name": {"validators": []}}
 
@@ -150,8 +209,19 @@ class VersionSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = BlueprintVersion
-        fields = ["number", "state", "parent", "addons", "node_software", "policy", "notes", "created_at",
-                  "activated_at", "disabled_at", "clusters"]
+        fields = [
+            "number",
+            "state",
+            "parent",
+            "addons",
+            "node_software",
+            "policy",
+            "notes",
+            "created_at",
+            "activated_at",
+            "disabled_at",
+            "clusters",
+        ]
         read_only_fields = fields
 
     def get_clusters(self, version) -> int:
@@ -183,8 +253,18 @@ class RolloutBatchSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = RolloutBatch
-        fields = ["index", "canary", "status", "started_at", "soak_until", "finished_at", "faults_before",
-                  "faults_after", "gate", "counts"]
+        fields = [
+            "index",
+            "canary",
+            "status",
+            "started_at",
+            "soak_until",
+            "finished_at",
+            "faults_before",
+            "faults_after",
+            "gate",
+            "counts",
+        ]
 
     def get_counts(self, batch) -> dict:
         return self.context.get("counts", {}).get(batch.index, {})
@@ -192,25 +272,56 @@ class RolloutBatchSerializer(serializers.ModelSerializer):
 
 class RolloutClusterSerializer(serializers.ModelSerializer):
     name = serializers.CharField(source="cluster.name", read_only=True)
-    previous_version = serializers.IntegerField(source="previous_version.number", default=None, read_only=True)
+    previous_version = serializers.IntegerField(
+        source="previous_version.number", default=None, read_only=True
+    )
 
     class Meta:
         model = RolloutCluster
-        fields = ["cluster", "name", "batch_index", "status", "previous_version", "applied_at", "deadline_at",
-                  "healthy_at", "finished_at", "reason", "rolled_back_at"]
+        fields = [
+            "cluster",
+            "name",
+            "batch_index",
+            "status",
+            "previous_version",
+            "applied_at",
+            "deadline_at",
+            "healthy_at",
+            "finished_at",
+            "reason",
+            "rolled_back_at",
+        ]
 
 
 class RolloutSerializer(serializers.ModelSerializer):
     blueprint = serializers.CharField(source="version.blueprint.name", read_only=True)
     # The number a rollout is started with and a version is addressed by (versions/{number}/), not a row id.
-    version = serializers.IntegerField(source="version.number", read_only=True,
-                                       help_text="the blueprint version's number (1, 2, 3…)")
+    version = serializers.IntegerField(
+        source="version.number", read_only=True, help_text="the blueprint version's number (1, 2, 3…)"
+    )
 
     class Meta:
         model = Rollout
-        fields = ["id", "blueprint", "version", "state", "targets", "canary", "batch_size",
-                  "batch_percent", "max_failures", "progress_deadline_seconds", "soak_seconds", "change_window",
-                  "auto_rollback", "current_batch", "reason", "created_at", "started_at", "finished_at"]
+        fields = [
+            "id",
+            "blueprint",
+            "version",
+            "state",
+            "targets",
+            "canary",
+            "batch_size",
+            "batch_percent",
+            "max_failures",
+            "progress_deadline_seconds",
+            "soak_seconds",
+            "change_window",
+            "auto_rollback",
+            "current_batch",
+            "reason",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
         read_only_fields = fields
 
 
@@ -226,7 +337,9 @@ class RolloutDetailSerializer(RolloutSerializer):
 class RolloutCreateSerializer(serializers.Serializer):
     blueprint = serializers.IntegerField(min_value=1)
     version = serializers.IntegerField(min_value=1, help_text="the version number within the blueprint")
-    targets = serializers.JSONField(help_text='{"fleet": id} | {"labels": {...}} | {"clusters": [...]} | {"tracking": true}')
+    targets = serializers.JSONField(
+        help_text='{"fleet": id} | {"labels": {...}} | {"clusters": [...]} | {"tracking": true}'
+    )
     strategy = serializers.JSONField(required=False, default=dict)
 
 
@@ -237,12 +350,29 @@ class RolloutActionSerializer(serializers.Serializer):
 class DriftFindingSerializer(serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     # Declared: a read-only model field loses allow_blank, and the schema's enum then lacks the "" of an open finding.
-    resolution = serializers.ChoiceField(choices=DriftFinding.Resolution.choices, allow_blank=True, read_only=True,
-                                         help_text="empty while the finding is open")
+    resolution = serializers.ChoiceField(
+        choices=DriftFinding.Resolution.choices,
+        allow_blank=True,
+        read_only=True,
+        help_text="empty while the finding is open",
+    )
 
     class Meta:
         model = DriftFinding
-        fields = ["id", "cluster", "cluster_name", "addon", "kind", "diff", "detected_at", "last_seen_at",
-                  "resolved_at", "resolution", "correction_attempts", "last_correction_at", "last_correction_error",
-                  "gave_up_at"]
+        fields = [
+            "id",
+            "cluster",
+            "cluster_name",
+            "addon",
+            "kind",
+            "diff",
+            "detected_at",
+            "last_seen_at",
+            "resolved_at",
+            "resolution",
+            "correction_attempts",
+            "last_correction_at",
+            "last_correction_error",
+            "gave_up_at",
+        ]
         read_only_fields = fields

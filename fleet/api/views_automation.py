@@ -17,7 +17,9 @@ class AutomationSwitchSerializer(serializers.Serializer):
         help_text="active; dry-run (everything decides and records only); paused (nothing acts)",
     )
     reason = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
-    changed_by = serializers.CharField(read_only=True, source="changed_by.username", default=None, allow_null=True)
+    changed_by = serializers.CharField(
+        read_only=True, source="changed_by.username", default=None, allow_null=True
+    )
     changed_at = serializers.DateTimeField(read_only=True, allow_null=True)
 
 
@@ -26,7 +28,9 @@ class AutomationSwitchView(APIView):
     rollout steps. Every cluster runs at the strictest of its own mode, its fleet's and this one."""
 
     def _provider(self, request):
-        require(principal(request.user).is_provider, "only provider roles see the provider-wide automation switch")
+        require(
+            principal(request.user).is_provider, "only provider roles see the provider-wide automation switch"
+        )
 
     @extend_schema(responses={200: AutomationSwitchSerializer, 403: ErrorSerializer})
     def get(self, request):

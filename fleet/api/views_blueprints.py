@@ -103,8 +103,13 @@ class BlueprintViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedV
         version = services.version_disable(actor=request.user, version=self._version(number))
         return Response(VersionSerializer(version).data)
 
-    @extend_schema(parameters=[OpenApiParameter("from", OpenApiTypes.INT, required=True),
-                               OpenApiParameter("to", OpenApiTypes.INT, required=True)], responses={200: dict})
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("from", OpenApiTypes.INT, required=True),
+            OpenApiParameter("to", OpenApiTypes.INT, required=True),
+        ],
+        responses={200: dict},
+    )
     @action(detail=True, methods=["get"])
     def diff(self, request, pk=None):
         """What changed between two versions: add-ons added, removed and changed; node software; policy."""
@@ -122,10 +127,16 @@ class BlueprintViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedV
         return Response(version_diff(found[numbers["from"]], found[numbers["to"]]))
 
     # The document is one YAML mapping (docs/fleet.md, YAML), so its schema is an object in either direction.
-    @extend_schema(request={"application/yaml": OpenApiTypes.OBJECT},
-                   responses={(200, "application/yaml"): OpenApiTypes.OBJECT})
-    @action(detail=True, methods=["get", "put"], parser_classes=[YAMLTextParser, JSONParser],
-            renderer_classes=[JSONRenderer, YAMLTextRenderer])
+    @extend_schema(
+        request={"application/yaml": OpenApiTypes.OBJECT},
+        responses={(200, "application/yaml"): OpenApiTypes.OBJECT},
+    )
+    @action(
+        detail=True,
+        methods=["get", "put"],
+        parser_classes=[YAMLTextParser, JSONParser],
+        renderer_classes=[JSONRenderer, YAMLTextRenderer],
+    )
     def yaml(self, request, pk=None):
         """The whole blueprint as one YAML document; PUT applies a document of the same shape (all or nothing)."""
         blueprint = self.get_object()

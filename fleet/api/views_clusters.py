@@ -44,8 +44,12 @@ class FleetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewS
         body = FleetSerializer(fleet).data
         if self.principal.is_provider:
             rollup = fleet_status(fleet.pk)
-            body["status"] = {"sync": rollup.sync, "health": rollup.health, "ready": rollup.ready,
-                              "total": rollup.total}
+            body["status"] = {
+                "sync": rollup.sync,
+                "health": rollup.health,
+                "ready": rollup.ready,
+                "total": rollup.total,
+            }
         return Response(body)
 
     def create(self, request):
@@ -133,7 +137,9 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedVie
         blueprint = selectors.blueprint_list(user=request.user).filter(pk=values.pop("blueprint")).first()
         if blueprint is None:
             raise ServiceError("no such blueprint", field="blueprint")
-        cluster = services.cluster_assign(actor=request.user, cluster=self._full(pk), blueprint=blueprint, **values)
+        cluster = services.cluster_assign(
+            actor=request.user, cluster=self._full(pk), blueprint=blueprint, **values
+        )
         return Response(ClusterSerializer(cluster, context={"statuses": cluster_status([cluster.pk])}).data)
 
 
@@ -152,7 +158,9 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSe
     def partial_update(self, request, pk=None):
         data = NodeWriteSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        node = node_set_taints(actor=request.user, node=self.get_object(), taints=data.validated_data["taints"])
+        node = node_set_taints(
+            actor=request.user, node=self.get_object(), taints=data.validated_data["taints"]
+        )
         return Response(NodeSerializer(node).data)
 
     def _act(self, request, operation: Operation, service):

@@ -55,18 +55,23 @@ class RolloutViewSet(mixins.ListModelMixin, ScopedViewSet):
         data = RolloutCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
-        version = selectors.blueprint_version(user=request.user, blueprint_id=values["blueprint"], number=values["version"])
+        version = selectors.blueprint_version(
+            user=request.user, blueprint_id=values["blueprint"], number=values["version"]
+        )
         if version is None:
             raise ServiceError("no such version of that blueprint", field="version")
-        rollout = services.rollout_start(actor=request.user, version=version, targets=values["targets"],
-                                         strategy=values["strategy"])
+        rollout = services.rollout_start(
+            actor=request.user, version=version, targets=values["targets"], strategy=values["strategy"]
+        )
         return Response(rollout_body(rollout, user=request.user), status=status.HTTP_201_CREATED)
 
     def _act(self, request, service, with_reason=True):
         data = RolloutActionSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         kwargs = {"reason": data.validated_data["reason"]} if with_reason else {}
-        return Response(rollout_body(service(actor=request.user, rollout=self.get_object(), **kwargs), user=request.user))
+        return Response(
+            rollout_body(service(actor=request.user, rollout=self.get_object(), **kwargs), user=request.user)
+        )
 
     @extend_schema(request=RolloutActionSerializer, responses=RolloutDetailSerializer)
     @action(detail=True, methods=["post"])

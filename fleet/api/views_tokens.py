@@ -17,7 +17,7 @@ from tenancy.permissions import IsProvider
 
 class ClusterTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
     permission_classes = [*ScopedViewSet.permission_classes, IsProvider]
-    throttle_classes = [TokenCreateThrottle]     # issuing is limited to TOKEN_CREATE_RATE per user
+    throttle_classes = [TokenCreateThrottle]  # issuing is limited to TOKEN_CREATE_RATE per user
     filterset_fields = ["cluster"]
     http_method_names = ["get", "post", "delete", "head", "options"]
 

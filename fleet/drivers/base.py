@@ -154,8 +154,11 @@ def driver_class(name: str) -> type[ClusterDriver]:
     from fleet.drivers.simulated import SimulatedDriver
     from fleet.drivers.slurm import SlurmDriver
 
-    return {DriverName.SIMULATED: SimulatedDriver, DriverName.KUBERNETES: KubernetesDriver,
-            DriverName.SLURM: SlurmDriver}[name]
+    return {
+        DriverName.SIMULATED: SimulatedDriver,
+        DriverName.KUBERNETES: KubernetesDriver,
+        DriverName.SLURM: SlurmDriver,
+    }[name]
 
 
 def driver_for(cluster) -> ClusterDriver:

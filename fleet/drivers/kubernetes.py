@@ -29,9 +29,14 @@ from fleet.specs import NODE_SOFTWARE, NODE_SOFTWARE_PREFIX, SEMVER
 
 NODE_SOFTWARE_LABEL = "lockstep.io/node-software."
 HELM_HEALTH = {
-    "deployed": HealthStatus.HEALTHY, "failed": HealthStatus.DEGRADED, "pending-install": HealthStatus.PROGRESSING,
-    "pending-upgrade": HealthStatus.PROGRESSING, "pending-rollback": HealthStatus.PROGRESSING,
-    "uninstalling": HealthStatus.PROGRESSING, "superseded": HealthStatus.UNKNOWN, "unknown": HealthStatus.UNKNOWN,
+    "deployed": HealthStatus.HEALTHY,
+    "failed": HealthStatus.DEGRADED,
+    "pending-install": HealthStatus.PROGRESSING,
+    "pending-upgrade": HealthStatus.PROGRESSING,
+    "pending-rollback": HealthStatus.PROGRESSING,
+    "uninstalling": HealthStatus.PROGRESSING,
+    "superseded": HealthStatus.UNKNOWN,
+    "unknown": HealthStatus.UNKNOWN,
 }
 
 
@@ -65,22 +70,33 @@ def _core_api(connection: dict):
         return client.CoreV1Api()
     if not connection.get("kubeconfig"):
         raise DriverError("the cluster has no kubeconfig in its connection settings")
-    api_client = config.new_client_from_config(config_file=connection["kubeconfig"], context=connection.get("context"))
+    api_client = config.new_client_from_config(
+        config_file=connection["kubeconfig"], context=connection.get("context")
+    )
     return client.CoreV1Api(api_client)
 
 
 def split_chart(chart_field: str) -> tuple[str, str]:
     """``gpu-operator-v24.9.0`` → (``gpu-operator``, ``v24.9.0``): helm list joins name and version with a dash."""
     for i, char in enumerate(chart_field):
-        if char == "-" and SEMVER.match(chart_field[i + 1:]):
-            return chart_field[:i], chart_field[i + 1:]
+        if char == "-" and SEMVER.match(chart_field[i + 1 :]):
+            return chart_field[:i], chart_field[i + 1 :]
     return chart_field, ""
 
 
 class KubernetesDriver(ClusterDriver):
     name = "kubernetes"
-    supports = frozenset({Operation.APPLY_ADDON, Operation.REMOVE_ADDON, Operation.OBSERVE_ADDONS, Operation.CORDON,
-                          Operation.UNCORDON, Operation.DRAIN, Operation.TAINT})
+    supports = frozenset(
+        {
+            Operation.APPLY_ADDON,
+            Operation.REMOVE_ADDON,
+            Operation.OBSERVE_ADDONS,
+            Operation.CORDON,
+            Operation.UNCORDON,
+            Operation.DRAIN,
+            Operation.TAINT,
+        }
+    )
     # Replaced in tests (there is no live cluster and no helm binary where Lockstep is tested).
     core_api_factory: Callable = staticmethod(_core_api)
     runner: Runner = staticmethod(run_command)
@@ -113,7 +129,9 @@ class KubernetesDriver(ClusterDriver):
     def _check(self, result: CommandResult, what: str) -> CommandResult:
         if result.returncode != 0:
             message = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["failed"]
-            transient = any(s in result.stderr for s in ("timeout", "connection refused", "i/o timeout", "EOF"))
+            transient = any(
+                s in result.stderr for s in ("timeout", "connection refused", "i/o timeout", "EOF")
+            )
             raise DriverError(f"{what}: {message[0]}", transient=transient)
         return result
 
@@ -128,9 +146,20 @@ class KubernetesDriver(ClusterDriver):
         else:
             args += [chart] + (["--repo", repo] if repo else [])
         namespace = addon.get("namespace") or "default"
-        args += ["--version", str(addon["version"]), "--namespace", namespace, "--create-namespace",
-                 "--values", "-", "--output", "json"]
-        self._check(self._helm(*args, stdin=json.dumps(addon.get("values") or {})), f"helm upgrade {addon['name']}")
+        args += [
+            "--version",
+            str(addon["version"]),
+            "--namespace",
+            namespace,
+            "--create-namespace",
+            "--values",
+            "-",
+            "--output",
+            "json",
+        ]
+        self._check(
+            self._helm(*args, stdin=json.dumps(addon.get("values") or {})), f"helm upgrade {addon['name']}"
+        )
         return OperationResult(handle=f"helm:{namespace}/{addon['name']}", detail="helm upgrade --install")
 
     def remove_addon(self, name: str, namespace: str = "") -> OperationResult:
@@ -142,17 +171,28 @@ class KubernetesDriver(ClusterDriver):
         return OperationResult(handle=f"helm:{namespace or 'default'}/{name}", detail="helm uninstall")
 
     def observe_addons(self) -> list[ObservedState]:
-        releases = json.loads(self._check(self._helm("list", "--all-namespaces", "--output", "json"),
-                                          "helm list").stdout or "[]")
+        releases = json.loads(
+            self._check(self._helm("list", "--all-namespaces", "--output", "json"), "helm list").stdout
+            or "[]"
+        )
         found = []
         for release in releases:
             name, namespace = release["name"], release.get("namespace", "")
-            values = self._check(self._helm("get", "values", name, "--namespace", namespace, "--output", "json"),
-                                 f"helm get values {name}")
+            values = self._check(
+                self._helm("get", "values", name, "--namespace", namespace, "--output", "json"),
+                f"helm get values {name}",
+            )
             chart, version = split_chart(release.get("chart", ""))
-            found.append(ObservedState(name=name, chart=chart, version=version, namespace=namespace,
-                                       values=json.loads(values.stdout or "null") or {},
-                                       health=HELM_HEALTH.get(release.get("status", "unknown"), HealthStatus.UNKNOWN)))
+            found.append(
+                ObservedState(
+                    name=name,
+                    chart=chart,
+                    version=version,
+                    namespace=namespace,
+                    values=json.loads(values.stdout or "null") or {},
+                    health=HELM_HEALTH.get(release.get("status", "unknown"), HealthStatus.UNKNOWN),
+                )
+            )
         return found + self._observe_node_software()
 
     def _observe_node_software(self) -> list[ObservedState]:
@@ -167,8 +207,13 @@ class KubernetesDriver(ClusterDriver):
         out = []
         for component, versions in sorted(seen.items()):
             single = len(versions) == 1
-            out.append(ObservedState(name=NODE_SOFTWARE_PREFIX + component, version=versions.pop() if single else "mixed",
-                                     health=HealthStatus.HEALTHY if single else HealthStatus.PROGRESSING))
+            out.append(
+                ObservedState(
+                    name=NODE_SOFTWARE_PREFIX + component,
+                    version=versions.pop() if single else "mixed",
+                    health=HealthStatus.HEALTHY if single else HealthStatus.PROGRESSING,
+                )
+            )
         return out
 
     # --- nodes ----------------------------------------------------------------------------------------------
@@ -178,29 +223,36 @@ class KubernetesDriver(ClusterDriver):
         try:
             return call()
         except ApiException as error:
-            raise DriverError(f"{what}: {error.status} {error.reason}",
-                              transient=error.status in (429, 500, 502, 503, 504)) from error
+            raise DriverError(
+                f"{what}: {error.status} {error.reason}", transient=error.status in (429, 500, 502, 503, 504)
+            ) from error
 
     def cordon(self, node) -> OperationResult:
         self._call(lambda: self.core.patch_node(node.hostname, {"spec": {"unschedulable": True}}), "cordon")
         return OperationResult(handle=f"node:{node.hostname}", detail="cordoned")
 
     def uncordon(self, node) -> OperationResult:
-        self._call(lambda: self.core.patch_node(node.hostname, {"spec": {"unschedulable": False}}), "uncordon")
+        self._call(
+            lambda: self.core.patch_node(node.hostname, {"spec": {"unschedulable": False}}), "uncordon"
+        )
         return OperationResult(handle=f"node:{node.hostname}", detail="uncordoned")
 
     def taint(self, node, key: str, value: str, effect: str) -> OperationResult:
         current = self._call(lambda: self.core.read_node(node.hostname), "read node")
-        taints = [{"key": t.key, "value": t.value, "effect": t.effect}
-                  for t in (getattr(current.spec, "taints", None) or [])]
+        taints = [
+            {"key": t.key, "value": t.value, "effect": t.effect}
+            for t in (getattr(current.spec, "taints", None) or [])
+        ]
         wanted = {"key": key, "value": value, "effect": effect}
         taints = [t for t in taints if (t["key"], t["effect"]) != (key, effect)] + [wanted]
         self._call(lambda: self.core.patch_node(node.hostname, {"spec": {"taints": taints}}), "taint")
         return OperationResult(handle=f"node:{node.hostname}", detail=f"tainted {key}={value}:{effect}")
 
     def _evictable(self, hostname: str) -> list:
-        pods = self._call(lambda: self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={hostname}"),
-                          "list pods").items
+        pods = self._call(
+            lambda: self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={hostname}"),
+            "list pods",
+        ).items
         keep = []
         for pod in pods:
             meta = pod.metadata
@@ -231,11 +283,13 @@ class KubernetesDriver(ClusterDriver):
                 if error.status == 429:
                     refused.append(f"{namespace}/{name}")
                     continue
-                raise DriverError(f"evict {namespace}/{name}: {error.status} {error.reason}",
-                                  transient=error.status >= 500) from error
+                raise DriverError(
+                    f"evict {namespace}/{name}: {error.status} {error.reason}", transient=error.status >= 500
+                ) from error
         if refused:
-            raise DriverError(f"a PodDisruptionBudget refused evicting {', '.join(refused)}; retry later",
-                              transient=True)
+            raise DriverError(
+                f"a PodDisruptionBudget refused evicting {', '.join(refused)}; retry later", transient=True
+            )
         return OperationResult(handle=f"drain:{node.hostname}", detail="evictions requested")
 
     def drain_done(self, node) -> bool:
@@ -252,5 +306,7 @@ class KubernetesDriver(ClusterDriver):
                 return "failed"
             status = json.loads(result.stdout).get("info", {}).get("status", "unknown")
             health = HELM_HEALTH.get(status, HealthStatus.UNKNOWN)
-            return {HealthStatus.HEALTHY: "succeeded", HealthStatus.PROGRESSING: "running"}.get(health, "failed")
+            return {HealthStatus.HEALTHY: "succeeded", HealthStatus.PROGRESSING: "running"}.get(
+                health, "failed"
+            )
         return "succeeded"

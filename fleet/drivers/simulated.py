@@ -41,8 +41,15 @@ DEFAULTS = {
     "health_check_seconds": 5.0,
 }
 
-RECOVERY_OPERATIONS = frozenset({Operation.NIC_FAILOVER, Operation.MIGRATE_WORKER, Operation.GPU_RESET,
-                                 Operation.RESTART_FROM_CHECKPOINT, Operation.RESTORE_FROM_SNAPSHOT})
+RECOVERY_OPERATIONS = frozenset(
+    {
+        Operation.NIC_FAILOVER,
+        Operation.MIGRATE_WORKER,
+        Operation.GPU_RESET,
+        Operation.RESTART_FROM_CHECKPOINT,
+        Operation.RESTORE_FROM_SNAPSHOT,
+    }
+)
 # Operations a queued failure can name: the recovery operations and the health check of a repaired node (which
 # chance never fails: ``recovery_failure_probability`` covers recovery operations only).
 FAILABLE_OPERATIONS = RECOVERY_OPERATIONS | {Operation.HEALTH_CHECK}
@@ -72,7 +79,10 @@ def _change_connection(cluster, change):
     from fleet.models import Cluster
 
     with transaction.atomic():
-        stored = Cluster.objects.select_for_update(no_key=True).only("connection").get(pk=cluster.pk).connection or {}
+        stored = (
+            Cluster.objects.select_for_update(no_key=True).only("connection").get(pk=cluster.pk).connection
+            or {}
+        )
         connection = copy.deepcopy(stored)
         result = change(connection)
         if connection != stored:
@@ -105,8 +115,14 @@ class SimulatedDriver(ClusterDriver):
         self._reachable()
         fails = operation in FAILABLE_OPERATIONS and self._recovery_fails(operation)
         done_at = timezone.now() + timedelta(seconds=float(seconds))
-        row = SimulatedOperation.objects.create(cluster=self.cluster, operation=operation.value, target=target,
-                                                params=params, done_at=done_at, fails=fails)
+        row = SimulatedOperation.objects.create(
+            cluster=self.cluster,
+            operation=operation.value,
+            target=target,
+            params=params,
+            done_at=done_at,
+            fails=fails,
+        )
         return OperationResult(handle=f"sim-{row.pk}", done_at=done_at, detail=f"{operation.value} {target}")
 
     def _recovery_fails(self, operation: Operation) -> bool:
@@ -131,8 +147,15 @@ class SimulatedDriver(ClusterDriver):
 
         def take(connection: dict) -> str | None:
             pending = connection.get(PENDING_FAILURES) or []
-            entry = next((item for item in pending if operation.value in (item.get("operations") or ())
-                          or (not item.get("operations") and operation in RECOVERY_OPERATIONS)), None)
+            entry = next(
+                (
+                    item
+                    for item in pending
+                    if operation.value in (item.get("operations") or ())
+                    or (not item.get("operations") and operation in RECOVERY_OPERATIONS)
+                ),
+                None,
+            )
             if entry is None:
                 return None
             entry["count"] -= 1
@@ -149,7 +172,9 @@ class SimulatedDriver(ClusterDriver):
         from fleet.models import SimulatedOperation
 
         self._reachable()
-        row = SimulatedOperation.objects.filter(pk=int(handle.removeprefix("sim-")), cluster=self.cluster).first()
+        row = SimulatedOperation.objects.filter(
+            pk=int(handle.removeprefix("sim-")), cluster=self.cluster
+        ).first()
         if row is None:
             return "failed"
         if row.fails:
@@ -160,16 +185,24 @@ class SimulatedDriver(ClusterDriver):
         from fleet.models import SimulatedOperation
 
         self._reachable()
-        ids = {handle: int(handle.removeprefix("sim-")) for handle in handles if handle.startswith("sim-")
-               and handle.removeprefix("sim-").isdigit()}
-        rows = {row.pk: row for row in SimulatedOperation.objects.filter(pk__in=ids.values(), cluster=self.cluster)
-                .only("pk", "fails", "done_at")}
+        ids = {
+            handle: int(handle.removeprefix("sim-"))
+            for handle in handles
+            if handle.startswith("sim-") and handle.removeprefix("sim-").isdigit()
+        }
+        rows = {
+            row.pk: row
+            for row in SimulatedOperation.objects.filter(pk__in=ids.values(), cluster=self.cluster).only(
+                "pk", "fails", "done_at"
+            )
+        }
         now = timezone.now()
         statuses = {}
         for handle in handles:
             row = rows.get(ids.get(handle))
-            statuses[handle] = ("failed" if row is None or row.fails else
-                                "succeeded" if row.done_at <= now else "running")
+            statuses[handle] = (
+                "failed" if row is None or row.fails else "succeeded" if row.done_at <= now else "running"
+            )
         return statuses
 
     # add-ons
@@ -189,10 +222,16 @@ class SimulatedDriver(ClusterDriver):
         ready_at = now + timedelta(seconds=float(self.setting("apply_seconds")))
         failed = addon.get("chart", "") in (self.setting("bad_charts") or [])
         SimulatedAddon.objects.update_or_create(
-            cluster=self.cluster, name=addon["name"],
-            defaults={"chart": addon.get("chart", ""), "version": str(addon.get("version", "")),
-                      "namespace": addon.get("namespace", ""), "values": addon.get("values") or {},
-                      "ready_at": ready_at, "failed": failed},
+            cluster=self.cluster,
+            name=addon["name"],
+            defaults={
+                "chart": addon.get("chart", ""),
+                "version": str(addon.get("version", "")),
+                "namespace": addon.get("namespace", ""),
+                "values": addon.get("values") or {},
+                "ready_at": ready_at,
+                "failed": failed,
+            },
         )
         return OperationResult(handle=f"addon-{self.cluster.pk}-{addon['name']}", done_at=ready_at)
 
@@ -218,13 +257,23 @@ class SimulatedDriver(ClusterDriver):
                 raise DriverError(f"cluster {cluster.name} is unreachable", transient=True)
         now = timezone.now()
         found: dict[int, list[ObservedState]] = {cluster.pk: [] for cluster in clusters}
-        rows = SimulatedAddon.objects.filter(cluster_id__in=found.keys()).order_by("cluster_id", "name").values_list(
-            "cluster_id", "name", "chart", "version", "namespace", "values", "ready_at", "failed")
+        rows = (
+            SimulatedAddon.objects.filter(cluster_id__in=found.keys())
+            .order_by("cluster_id", "name")
+            .values_list(
+                "cluster_id", "name", "chart", "version", "namespace", "values", "ready_at", "failed"
+            )
+        )
         healthy, progressing, degraded = HealthStatus.HEALTHY, HealthStatus.PROGRESSING, HealthStatus.DEGRADED
-        for cluster_id, name, chart, version, namespace, values, ready_at, failed in rows.iterator(chunk_size=5000):
+        for cluster_id, name, chart, version, namespace, values, ready_at, failed in rows.iterator(
+            chunk_size=5000
+        ):
             health = degraded if failed else (healthy if ready_at <= now else progressing)
-            found[cluster_id].append(ObservedState(name=name, chart=chart, version=version, namespace=namespace,
-                                                   values=values, health=health))
+            found[cluster_id].append(
+                ObservedState(
+                    name=name, chart=chart, version=version, namespace=namespace, values=values, health=health
+                )
+            )
         return found
 
     # nodes: the simulated cluster carries the change out at once; Lockstep's Node row records the state.
@@ -241,8 +290,13 @@ class SimulatedDriver(ClusterDriver):
         from fleet.models import SimulatedOperation
 
         self._reachable()
-        last = (SimulatedOperation.objects.filter(cluster=self.cluster, operation=Operation.DRAIN.value,
-                                                  target=node.hostname).order_by("-started_at", "-pk").first())
+        last = (
+            SimulatedOperation.objects.filter(
+                cluster=self.cluster, operation=Operation.DRAIN.value, target=node.hostname
+            )
+            .order_by("-started_at", "-pk")
+            .first()
+        )
         return last is None or (last.done_at <= timezone.now() and not last.fails)
 
     def taint(self, node, key: str, value: str, effect: str) -> OperationResult:
@@ -250,27 +304,50 @@ class SimulatedDriver(ClusterDriver):
 
     # fault tolerance
     def fail_over_nic(self, node, nic_name: str, to_nic_name: str) -> OperationResult:
-        return self._operation(Operation.NIC_FAILOVER, f"{node.hostname}/{nic_name}",
-                               self.setting("nic_failover_seconds"), to=to_nic_name)
+        return self._operation(
+            Operation.NIC_FAILOVER,
+            f"{node.hostname}/{nic_name}",
+            self.setting("nic_failover_seconds"),
+            to=to_nic_name,
+        )
 
     def migrate_worker(self, job_ref: str, from_node, to_node, gpus: int) -> OperationResult:
-        return self._operation(Operation.MIGRATE_WORKER, job_ref, self.setting("migration_pause_seconds"),
-                               source=from_node.hostname, destination=to_node.hostname, gpus=gpus)
+        return self._operation(
+            Operation.MIGRATE_WORKER,
+            job_ref,
+            self.setting("migration_pause_seconds"),
+            source=from_node.hostname,
+            destination=to_node.hostname,
+            gpus=gpus,
+        )
 
     def reset_gpu(self, node, gpu_index: int) -> OperationResult:
-        return self._operation(Operation.GPU_RESET, f"{node.hostname}/gpu{gpu_index}", self.setting("gpu_reset_seconds"))
+        return self._operation(
+            Operation.GPU_RESET, f"{node.hostname}/gpu{gpu_index}", self.setting("gpu_reset_seconds")
+        )
 
     def restart_from_checkpoint(self, job_ref: str, exclude=(), nodes=()) -> OperationResult:
-        return self._operation(Operation.RESTART_FROM_CHECKPOINT, job_ref, self.setting("restart_seconds"),
-                               **({"exclude": sorted(exclude)} if exclude else {}))
+        return self._operation(
+            Operation.RESTART_FROM_CHECKPOINT,
+            job_ref,
+            self.setting("restart_seconds"),
+            **({"exclude": sorted(exclude)} if exclude else {}),
+        )
 
     def snapshot(self, job_ref: str, gpus: int) -> OperationResult:
-        seconds = float(self.setting("snapshot_base_seconds")) + float(self.setting("snapshot_seconds_per_gpu")) * gpus
+        seconds = (
+            float(self.setting("snapshot_base_seconds"))
+            + float(self.setting("snapshot_seconds_per_gpu")) * gpus
+        )
         return self._operation(Operation.SNAPSHOT, job_ref, seconds, gpus=gpus)
 
     def restore_from_snapshot(self, job_ref: str, snapshot_ref: str, exclude=(), nodes=()) -> OperationResult:
-        return self._operation(Operation.RESTORE_FROM_SNAPSHOT, job_ref, self.setting("migration_pause_seconds"),
-                               snapshot=snapshot_ref)
+        return self._operation(
+            Operation.RESTORE_FROM_SNAPSHOT,
+            job_ref,
+            self.setting("migration_pause_seconds"),
+            snapshot=snapshot_ref,
+        )
 
     # validation
     def health_check(self, node) -> OperationResult:
@@ -298,11 +375,23 @@ def simulate_drift(cluster, *, addon: str | None = None, kind: str = "version", 
     if kind == "extra":
         name = addon or "rogue-exporter"
         SimulatedAddon.objects.update_or_create(
-            cluster=cluster, name=name,
-            defaults={"chart": name, "version": version or "0.1.0", "namespace": "default", "values": {},
-                      "ready_at": now, "failed": False})
+            cluster=cluster,
+            name=name,
+            defaults={
+                "chart": name,
+                "version": version or "0.1.0",
+                "namespace": "default",
+                "values": {},
+                "ready_at": now,
+                "failed": False,
+            },
+        )
         return f"installed {name} on {cluster.name}"
-    rows = SimulatedAddon.objects.filter(cluster=cluster).exclude(name__startswith="node-software.").order_by("name")
+    rows = (
+        SimulatedAddon.objects.filter(cluster=cluster)
+        .exclude(name__startswith="node-software.")
+        .order_by("name")
+    )
     row = rows.filter(name=addon).first() if addon else rows.first()
     if row is None:
         raise DriverError(f"cluster {cluster.name} carries no add-on {addon or ''}".strip())
@@ -319,7 +408,9 @@ def simulate_drift(cluster, *, addon: str | None = None, kind: str = "version", 
     return f"{kind} drift on {cluster.name}/{row.name}"
 
 
-def fail_next_recovery(cluster, *, count: int = 1, operations: list[str] | None = None, how: str = "fail") -> str:
+def fail_next_recovery(
+    cluster, *, count: int = 1, operations: list[str] | None = None, how: str = "fail"
+) -> str:
     """Make the simulated cluster's next ``count`` recovery operations (of ``operations``, values of Operation;
     None: any recovery operation) fail: ``how="fail"`` starts them and reports them failed when their status is
     asked, as a migration failing partway; ``how="refuse"`` makes the driver call raise a non-transient

@@ -5,6 +5,19 @@ from fleet.models.observed import ObservedAddon, SimulatedAddon, SimulatedOperat
 from fleet.models.rollouts import Rollout, RolloutBatch, RolloutCluster
 
 __all__ = [
-    "GPU", "NIC", "AutomationSwitch", "Blueprint", "BlueprintVersion", "Cluster", "DriftFinding", "Fleet", "Node", "ObservedAddon",
-    "Rollout", "RolloutBatch", "RolloutCluster", "SimulatedAddon", "SimulatedOperation",
+    "GPU",
+    "NIC",
+    "AutomationSwitch",
+    "Blueprint",
+    "BlueprintVersion",
+    "Cluster",
+    "DriftFinding",
+    "Fleet",
+    "Node",
+    "ObservedAddon",
+    "Rollout",
+    "RolloutBatch",
+    "RolloutCluster",
+    "SimulatedAddon",
+    "SimulatedOperation",
 ]

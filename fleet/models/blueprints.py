@@ -32,8 +32,14 @@ class BlueprintVersion(models.Model):
     blueprint = models.ForeignKey(Blueprint, on_delete=models.CASCADE, related_name="versions")
     number = models.PositiveIntegerField()
     state = models.CharField(max_length=10, choices=VersionState.choices, default=VersionState.DRAFT)
-    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children",
-                               help_text="a golden base version this one overrides")
+    parent = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="children",
+        help_text="a golden base version this one overrides",
+    )
     # [{"name", "repo", "chart", "version", "namespace", "values": {}}]
     addons = models.JSONField(default=list, blank=True)
     # {"gpu_driver": "550.90.07", "cuda": "12.4", "nccl": "2.21.5", "nccl_net_plugin": "1.9", "nic_firmware": "28.39.1002"}
@@ -41,8 +47,9 @@ class BlueprintVersion(models.Model):
     # {"protection": {"nic_failover": true, "live_migration": true}, "risk_threshold": 0.8, "disruption": {...}}
     policy = models.JSONField(default=dict, blank=True)
     notes = models.TextField(blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
-                                   related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     activated_at = models.DateTimeField(null=True, blank=True)
     disabled_at = models.DateTimeField(null=True, blank=True)

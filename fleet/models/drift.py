@@ -25,15 +25,20 @@ class DriftFinding(models.Model):
     correction_attempts = models.PositiveIntegerField(default=0)
     last_correction_at = models.DateTimeField(null=True, blank=True)
     last_correction_error = models.CharField(max_length=300, blank=True)
-    gave_up_at = models.DateTimeField(null=True, blank=True, help_text="corrections kept failing: reported, not retried")
+    gave_up_at = models.DateTimeField(
+        null=True, blank=True, help_text="corrections kept failing: reported, not retried"
+    )
 
     tenant_scope = "cluster__dedicated_tenant_id"
 
     class Meta:
         ordering = ["-detected_at", "-id"]
         constraints = [
-            models.UniqueConstraint(fields=["cluster", "addon", "kind"], condition=Q(resolved_at__isnull=True),
-                                    name="one_open_finding_per_cluster_addon_kind"),
+            models.UniqueConstraint(
+                fields=["cluster", "addon", "kind"],
+                condition=Q(resolved_at__isnull=True),
+                name="one_open_finding_per_cluster_addon_kind",
+            ),
         ]
         indexes = [models.Index(fields=["cluster", "resolved_at"])]
 

@@ -36,7 +36,9 @@ class AutomationSwitch(models.Model):
 
     mode = models.CharField(max_length=10, choices=AutomationMode.choices, default=AutomationMode.ACTIVE)
     reason = models.CharField(max_length=300, blank=True)
-    changed_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     changed_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self):
@@ -54,14 +56,17 @@ class Fleet(models.Model):
 
     name = models.CharField(max_length=100, unique=True)
     description = models.TextField(blank=True)
-    automation = models.CharField(max_length=10, choices=AutomationMode.choices, default=AutomationMode.ACTIVE)
+    automation = models.CharField(
+        max_length=10, choices=AutomationMode.choices, default=AutomationMode.ACTIVE
+    )
     # Fleet-wide caps on disruption: how many nodes may be cordoned or draining at once.
     max_cordoned_nodes = models.PositiveIntegerField(default=64)
     max_draining_nodes = models.PositiveIntegerField(default=16)
     # The circuit breaker: at most this share of the fleet's nodes cordoned or draining at once (at least one node
     # may always be); a cordon or drain over it is refused like one over the caps above, and waits.
     max_disrupted_percent = models.PositiveSmallIntegerField(
-        default=20, db_default=20, validators=[MinValueValidator(1), MaxValueValidator(100)])
+        default=20, db_default=20, validators=[MinValueValidator(1), MaxValueValidator(100)]
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -89,12 +94,19 @@ class Cluster(models.Model):
     # pages or the API. Drivers read the plain dict.
     connection = EncryptedJSONField(default=dict, blank=True)
     restart_overhead_minutes = models.FloatField(
-        default=DEFAULT_RESTART_OVERHEAD_MINUTES, validators=[MinValueValidator(0), MaxValueValidator(24 * 60)]
+        default=DEFAULT_RESTART_OVERHEAD_MINUTES,
+        validators=[MinValueValidator(0), MaxValueValidator(24 * 60)],
     )
-    automation = models.CharField(max_length=10, choices=AutomationMode.choices, default=AutomationMode.ACTIVE)
+    automation = models.CharField(
+        max_length=10, choices=AutomationMode.choices, default=AutomationMode.ACTIVE
+    )
     reachability = models.CharField(
-        max_length=12, choices=Reachability.choices, default=Reachability.REACHABLE, db_default=Reachability.REACHABLE,
-        help_text="whether Lockstep hears the cluster's nodes: unreachable when half of them went silent at once")
+        max_length=12,
+        choices=Reachability.choices,
+        default=Reachability.REACHABLE,
+        db_default=Reachability.REACHABLE,
+        help_text="whether Lockstep hears the cluster's nodes: unreachable when half of them went silent at once",
+    )
     reachability_changed_at = models.DateTimeField(null=True, blank=True)
     max_concurrent_migrations = models.PositiveIntegerField(default=8)
     max_migrations_per_leaf = models.PositiveIntegerField(default=4)
@@ -103,7 +115,11 @@ class Cluster(models.Model):
         "fleet.Blueprint", null=True, blank=True, on_delete=models.PROTECT, related_name="clusters"
     )
     blueprint_version = models.ForeignKey(
-        "fleet.BlueprintVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="clusters",
+        "fleet.BlueprintVersion",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="clusters",
         help_text="the version the cluster should carry now",
     )
     track_latest = models.BooleanField(default=False)
@@ -154,7 +170,9 @@ class Node(models.Model):
 
     class Meta:
         ordering = ["cluster_id", "hostname"]
-        constraints = [models.UniqueConstraint(fields=["cluster", "hostname"], name="node_hostname_unique_per_cluster")]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "hostname"], name="node_hostname_unique_per_cluster")
+        ]
         indexes = [models.Index(fields=["cluster", "state"]), models.Index(fields=["cluster", "leaf_switch"])]
 
     def __str__(self):

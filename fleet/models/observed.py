@@ -51,7 +51,9 @@ class SimulatedAddon(models.Model):
 class SimulatedOperation(models.Model):
     """A long operation the simulated driver is carrying out (NIC failover, migration, snapshot…)."""
 
-    cluster = models.ForeignKey("fleet.Cluster", on_delete=models.CASCADE, related_name="simulated_operations")
+    cluster = models.ForeignKey(
+        "fleet.Cluster", on_delete=models.CASCADE, related_name="simulated_operations"
+    )
     operation = models.CharField(max_length=40)
     target = models.CharField(max_length=200)
     params = models.JSONField(default=dict, blank=True)

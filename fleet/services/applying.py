@@ -11,8 +11,13 @@ def supports_addons(cluster: Cluster) -> bool:
     return Operation.APPLY_ADDON in ops and Operation.REMOVE_ADDON in ops
 
 
-def apply_version(*, cluster: Cluster, version: BlueprintVersion | None, previous: BlueprintVersion | None,
-                  node_software: bool = True) -> list[str]:
+def apply_version(
+    *,
+    cluster: Cluster,
+    version: BlueprintVersion | None,
+    previous: BlueprintVersion | None,
+    node_software: bool = True,
+) -> list[str]:
     """Apply what ``version`` carries that ``previous`` did not (or carried differently), and remove what only
     ``previous`` carried. Node-software components are left out unless ``node_software`` (their nodes must have
     been drained first). Returns the names applied or removed; raises DriverError if the cluster refuses."""

@@ -42,8 +42,10 @@ def automation_switch_set(*, actor, mode: str, reason: str = "") -> AutomationSw
     topic."""
     allowed = automation_modes_for(actor)
     require(bool(allowed), "only provider roles may throw the provider-wide automation switch")
-    require(mode not in AutomationMode.values or mode in allowed,
-            f"an operator may dry-run or pause automation; only the provider admin sets it {mode}")
+    require(
+        mode not in AutomationMode.values or mode in allowed,
+        f"an operator may dry-run or pause automation; only the provider admin sets it {mode}",
+    )
     if mode not in AutomationMode.values:
         raise ServiceError(f"one of {', '.join(AutomationMode.values)}", field="mode")
     switch, _ = AutomationSwitch.objects.select_for_update().get_or_create(pk=1)

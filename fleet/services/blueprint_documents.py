@@ -22,7 +22,9 @@ CONTENT = ("addons", "node_software", "policy", "notes")
 def _content(entry: dict, i: int) -> dict:
     return {
         "addons": clean_addons(entry.get("addons") or [], field=f"versions[{i}].addons"),
-        "node_software": clean_node_software(entry.get("node_software") or {}, field=f"versions[{i}].node_software"),
+        "node_software": clean_node_software(
+            entry.get("node_software") or {}, field=f"versions[{i}].node_software"
+        ),
         "policy": clean_policy(entry.get("policy") or {}, field=f"versions[{i}].policy"),
         "notes": entry.get("notes") or "",
     }
@@ -37,8 +39,11 @@ def blueprint_apply(*, actor, document: dict, expect_name: str | None = None) ->
     name = document["name"]
     if expect_name is not None and name != expect_name:
         raise ServiceError(f"the document describes {name}, not {expect_name}", field="name")
-    meta = {key: document[key] for key in ("description", "auto_rollout", "drift_mode", "default_strategy")
-            if key in document}
+    meta = {
+        key: document[key]
+        for key in ("description", "auto_rollout", "drift_mode", "default_strategy")
+        if key in document
+    }
     blueprint = Blueprint.objects.filter(name=name).first()
     done = []
     if blueprint is None:
@@ -67,8 +72,10 @@ def blueprint_apply(*, actor, document: dict, expect_name: str | None = None) ->
             if entry.get("parent") != parent:
                 changed.append("parent")
             if changed:
-                raise ServiceError(f"version {number} is {version.state} and immutable; add a new version instead",
-                                   field=f"versions[{i}].{changed[0]}")
+                raise ServiceError(
+                    f"version {number} is {version.state} and immutable; add a new version instead",
+                    field=f"versions[{i}].{changed[0]}",
+                )
         if state == VersionState.ACTIVE and version.state == VersionState.DRAFT:
             version_activate(actor=actor, version=version)
             done.append(f"activated version {number}")
@@ -78,6 +85,8 @@ def blueprint_apply(*, actor, document: dict, expect_name: str | None = None) ->
             version_disable(actor=actor, version=version)
             done.append(f"disabled version {number}")
         elif state == VersionState.DRAFT and version.state != VersionState.DRAFT:
-            raise ServiceError(f"version {number} is {version.state}; it cannot go back to draft",
-                               field=f"versions[{i}].state")
+            raise ServiceError(
+                f"version {number} is {version.state}; it cannot go back to draft",
+                field=f"versions[{i}].state",
+            )
     return blueprint, done

@@ -15,9 +15,29 @@ from fleet.services.blueprints import latest_active
 from fleet.services.observation import observe, record
 from fleet.services.publishing import publish
 
-FLEET_FIELDS = ("name", "description", "automation", "max_cordoned_nodes", "max_draining_nodes", "max_disrupted_percent")
-CLUSTER_FIELDS = ("fleet", "name", "dedicated_tenant", "region", "tier", "labels", "kind", "driver", "connection",
-                  "restart_overhead_minutes", "automation", "max_concurrent_migrations", "max_migrations_per_leaf")
+FLEET_FIELDS = (
+    "name",
+    "description",
+    "automation",
+    "max_cordoned_nodes",
+    "max_draining_nodes",
+    "max_disrupted_percent",
+)
+CLUSTER_FIELDS = (
+    "fleet",
+    "name",
+    "dedicated_tenant",
+    "region",
+    "tier",
+    "labels",
+    "kind",
+    "driver",
+    "connection",
+    "restart_overhead_minutes",
+    "automation",
+    "max_concurrent_migrations",
+    "max_migrations_per_leaf",
+)
 
 
 def _cluster_url(cluster: Cluster) -> str:
@@ -52,8 +72,11 @@ def fleet_update(*, actor, fleet: Fleet, **fields) -> Fleet:
     _save_unique(fleet, "name")
     if changes:
         audit_record(actor=actor, action="fleet.update", target=fleet, changes=changes)
-        publish("fleet.updated", {"fleet": fleet.pk, "name": fleet.name, "fields": sorted(changes)},
-                f"/api/v1/fleets/{fleet.pk}/")
+        publish(
+            "fleet.updated",
+            {"fleet": fleet.pk, "name": fleet.name, "fields": sorted(changes)},
+            f"/api/v1/fleets/{fleet.pk}/",
+        )
     return fleet
 
 
@@ -68,13 +91,19 @@ def fleet_delete(*, actor, fleet: Fleet) -> None:
 
 def _check_credentials(actor, fields: dict) -> None:
     # No actor (a command, a task) is the system itself.
-    require("connection" not in fields or principal(actor).is_provider_admin
-            or not getattr(actor, "is_authenticated", False),
-            "only the provider admin may set cluster credentials", field="connection")
+    require(
+        "connection" not in fields
+        or principal(actor).is_provider_admin
+        or not getattr(actor, "is_authenticated", False),
+        "only the provider admin may set cluster credentials",
+        field="connection",
+    )
     if "connection" in fields and not isinstance(fields["connection"], dict):
         raise ServiceError("must be a mapping", field="connection")
-    if "labels" in fields and (not isinstance(fields["labels"], dict)
-                               or not all(isinstance(v, str) for v in fields["labels"].values())):
+    if "labels" in fields and (
+        not isinstance(fields["labels"], dict)
+        or not all(isinstance(v, str) for v in fields["labels"].values())
+    ):
         raise ServiceError("a mapping of label to string value", field="labels")
 
 
@@ -84,10 +113,19 @@ def cluster_create(*, actor, **fields) -> Cluster:
     _check_credentials(actor, fields)
     cluster = Cluster(**fields)
     _save_unique(cluster, "name")
-    audit_record(actor=actor, action="cluster.create", target=cluster, tenant_id=cluster.dedicated_tenant_id,
-                 changes={k: str(v) for k, v in fields.items() if k != "connection"})
-    publish("cluster.created", {"cluster": cluster.pk, "name": cluster.name}, _cluster_url(cluster),
-            clusters=[cluster.pk])
+    audit_record(
+        actor=actor,
+        action="cluster.create",
+        target=cluster,
+        tenant_id=cluster.dedicated_tenant_id,
+        changes={k: str(v) for k, v in fields.items() if k != "connection"},
+    )
+    publish(
+        "cluster.created",
+        {"cluster": cluster.pk, "name": cluster.name},
+        _cluster_url(cluster),
+        clusters=[cluster.pk],
+    )
     return cluster
 
 
@@ -104,10 +142,19 @@ def cluster_update(*, actor, cluster: Cluster, **fields) -> Cluster:
         setattr(cluster, key, value)
     _save_unique(cluster, "name")
     if changes:
-        audit_record(actor=actor, action="cluster.update", target=cluster, tenant_id=cluster.dedicated_tenant_id,
-                     changes=changes)
-        publish("cluster.updated", {"cluster": cluster.pk, "name": cluster.name, "fields": sorted(changes)},
-                _cluster_url(cluster), clusters=[cluster.pk])
+        audit_record(
+            actor=actor,
+            action="cluster.update",
+            target=cluster,
+            tenant_id=cluster.dedicated_tenant_id,
+            changes=changes,
+        )
+        publish(
+            "cluster.updated",
+            {"cluster": cluster.pk, "name": cluster.name, "fields": sorted(changes)},
+            _cluster_url(cluster),
+            clusters=[cluster.pk],
+        )
     return cluster
 
 
@@ -116,20 +163,32 @@ def cluster_delete(*, actor, cluster: Cluster) -> None:
     if RolloutCluster.objects.filter(cluster=cluster, open=True).exists():
         raise ServiceError("the cluster is in an unfinished rollout", status=409)
     audit_record(actor=actor, action="cluster.delete", target=cluster, tenant_id=cluster.dedicated_tenant_id)
-    publish("cluster.deleted", {"cluster": cluster.pk, "name": cluster.name}, _cluster_url(cluster),
-            clusters=[cluster.pk])
+    publish(
+        "cluster.deleted",
+        {"cluster": cluster.pk, "name": cluster.name},
+        _cluster_url(cluster),
+        clusters=[cluster.pk],
+    )
     cluster.delete()
 
 
 @transaction.atomic
-def cluster_assign(*, actor, cluster: Cluster, blueprint: Blueprint, version: int | None = None,
-                   track_latest: bool = False, reason: str = "") -> Cluster:
+def cluster_assign(
+    *,
+    actor,
+    cluster: Cluster,
+    blueprint: Blueprint,
+    version: int | None = None,
+    track_latest: bool = False,
+    reason: str = "",
+) -> Cluster:
     """Pin the cluster to an active version of ``blueprint``, or let it track the blueprint's latest active
     version (which also clears a rollback's pin). The cluster is reconciled to it after commit."""
     cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
     if RolloutCluster.objects.filter(cluster=cluster, open=True).exists():
-        raise ServiceError("the cluster is in an unfinished rollout; wait for it or cancel it", field="cluster",
-                           status=409)
+        raise ServiceError(
+            "the cluster is in an unfinished rollout; wait for it or cancel it", field="cluster", status=409
+        )
     if track_latest == (version is not None):
         raise ServiceError("give a version to pin, or track_latest: true", field="version")
     if track_latest:
@@ -140,22 +199,47 @@ def cluster_assign(*, actor, cluster: Cluster, blueprint: Blueprint, version: in
         target = blueprint.versions.filter(number=version).first()
         if target is None:
             raise ServiceError(f"blueprint {blueprint.name} has no version {version}", field="version")
-        if target.state == VersionState.DRAFT or (target.state == VersionState.DISABLED
-                                                  and cluster.blueprint_version_id != target.pk):
-            raise ServiceError(f"version {version} is {target.state}; only active versions can be assigned",
-                               field="version")
+        if target.state == VersionState.DRAFT or (
+            target.state == VersionState.DISABLED and cluster.blueprint_version_id != target.pk
+        ):
+            raise ServiceError(
+                f"version {version} is {target.state}; only active versions can be assigned", field="version"
+            )
     previous = cluster.blueprint_version
-    before = {"blueprint_version": str(previous) if previous else None, "track_latest": cluster.track_latest,
-              "pinned_reason": cluster.pinned_reason}
+    before = {
+        "blueprint_version": str(previous) if previous else None,
+        "track_latest": cluster.track_latest,
+        "pinned_reason": cluster.pinned_reason,
+    }
     cluster.blueprint, cluster.blueprint_version, cluster.track_latest = blueprint, target, track_latest
     cluster.pinned_reason = "" if track_latest else (reason or "pinned by an operator")[:300]
     cluster.save(update_fields=["blueprint", "blueprint_version", "track_latest", "pinned_reason"])
-    audit_record(actor=actor, action="cluster.assign", target=cluster, tenant_id=cluster.dedicated_tenant_id,
-                 changes={"before": before, "after": {"blueprint_version": str(target), "track_latest": track_latest,
-                                                      "pinned_reason": cluster.pinned_reason}})
-    publish("cluster.assigned", {"cluster": cluster.pk, "name": cluster.name, "blueprint": blueprint.name,
-                                 "version": target.number, "track_latest": track_latest}, _cluster_url(cluster),
-            clusters=[cluster.pk])
+    audit_record(
+        actor=actor,
+        action="cluster.assign",
+        target=cluster,
+        tenant_id=cluster.dedicated_tenant_id,
+        changes={
+            "before": before,
+            "after": {
+                "blueprint_version": str(target),
+                "track_latest": track_latest,
+                "pinned_reason": cluster.pinned_reason,
+            },
+        },
+    )
+    publish(
+        "cluster.assigned",
+        {
+            "cluster": cluster.pk,
+            "name": cluster.name,
+            "blueprint": blueprint.name,
+            "version": target.number,
+            "track_latest": track_latest,
+        },
+        _cluster_url(cluster),
+        clusters=[cluster.pk],
+    )
     if previous != target:
         from fleet.tasks import cluster_reconcile_task
 
@@ -186,8 +270,17 @@ def cluster_reconcile(*, actor, cluster: Cluster) -> dict:
 
     record({cluster.pk: checks}, set(), timezone.now())
     result = {"corrected": done, "failed": failed, "in_sync": not any(c.kind for c in checks)}
-    audit_record(actor=actor, action="cluster.reconcile", target=cluster, tenant_id=cluster.dedicated_tenant_id,
-                 changes=result)
-    publish("cluster.reconciled", {"cluster": cluster.pk, "name": cluster.name, **result}, _cluster_url(cluster),
-            clusters=[cluster.pk])
+    audit_record(
+        actor=actor,
+        action="cluster.reconcile",
+        target=cluster,
+        tenant_id=cluster.dedicated_tenant_id,
+        changes=result,
+    )
+    publish(
+        "cluster.reconciled",
+        {"cluster": cluster.pk, "name": cluster.name, **result},
+        _cluster_url(cluster),
+        clusters=[cluster.pk],
+    )
     return result

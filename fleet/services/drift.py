@@ -48,8 +48,13 @@ def drift_sweep_request(*, actor) -> None:
     """Queue a sweep of every cluster now (an operator asked: the audit trail says who)."""
     from fleet.tasks import drift_sweep_task
 
-    audit_record(actor=actor, action="drift.sweep_requested", object_type="fleet.cluster", object_id="*",
-                 changes={"clusters": "all"})
+    audit_record(
+        actor=actor,
+        action="drift.sweep_requested",
+        object_type="fleet.cluster",
+        object_id="*",
+        changes={"clusters": "all"},
+    )
     drift_sweep_task.delay()
 
 
@@ -58,8 +63,13 @@ def drift_sweep_now(*, actor) -> SweepReport:
     findings opened and resolved, corrections made, held or recorded as dry-run). Audited with those counts; a
     sweep already running elsewhere makes this one skip (``skipped``)."""
     report = drift_sweep()
-    audit_record(actor=actor, action="drift.sweep", object_type="fleet.cluster", object_id="*",
-                 changes=report.as_dict())
+    audit_record(
+        actor=actor,
+        action="drift.sweep",
+        object_type="fleet.cluster",
+        object_id="*",
+        changes=report.as_dict(),
+    )
     return report
 
 
@@ -77,17 +87,32 @@ def drift_sweep(*, cluster_ids: list[int] | None = None, now=None) -> SweepRepor
     whose findings changed (its events) or that is corrected."""
     now = now or timezone.now()
     report = SweepReport()
-    clusters = Cluster.objects.filter(blueprint_version__isnull=False).select_related("blueprint", "fleet").only(
-        "id", "name", "driver", "connection", "blueprint_version_id", "dedicated_tenant_id", "blueprint__drift_mode",
-        "automation", "fleet__automation")
+    clusters = (
+        Cluster.objects.filter(blueprint_version__isnull=False)
+        .select_related("blueprint", "fleet")
+        .only(
+            "id",
+            "name",
+            "driver",
+            "connection",
+            "blueprint_version_id",
+            "dedicated_tenant_id",
+            "blueprint__drift_mode",
+            "automation",
+            "fleet__automation",
+        )
+    )
     if cluster_ids is not None:
         clusters = clusters.filter(pk__in=cluster_ids)
     clusters = list(clusters)
     observed, errors = observe(clusters)
     versions = load_versions({c.blueprint_version_id for c in clusters})
     desired_by_version = {vid: desired_state(v) for vid, v in versions.items()}
-    checks = {c.pk: compare(desired_by_version[c.blueprint_version_id], observed[c.pk])
-              for c in clusters if c.pk in observed}
+    checks = {
+        c.pk: compare(desired_by_version[c.blueprint_version_id], observed[c.pk])
+        for c in clusters
+        if c.pk in observed
+    }
     report.clusters, report.unreachable = len(clusters), sorted(errors)
     report.checks = sum(len(found) for found in checks.values())
     with transaction.atomic(), batched():
@@ -96,29 +121,55 @@ def drift_sweep(*, cluster_ids: list[int] | None = None, now=None) -> SweepRepor
             return report
         record(checks, set(errors), now)
         changed = _findings(checks, now, report)
-        correcting = [c for c in clusters if c.pk in checks and c.blueprint.drift_mode == DriftMode.CORRECT
-                      and any(check.kind for check in checks[c.pk])]
+        correcting = [
+            c
+            for c in clusters
+            if c.pk in checks
+            and c.blueprint.drift_mode == DriftMode.CORRECT
+            and any(check.kind for check in checks[c.pk])
+        ]
         if correcting:
             provider = provider_automation()
             modes = {c.pk: c.automation_under(provider) for c in correcting}
-            _correct([c for c in correcting if modes[c.pk] == AutomationMode.ACTIVE], checks, now, report, changed)
-            _hold([c for c in correcting if modes[c.pk] != AutomationMode.ACTIVE], modes, checks, now, report,
-                  changed)
+            _correct(
+                [c for c in correcting if modes[c.pk] == AutomationMode.ACTIVE], checks, now, report, changed
+            )
+            _hold(
+                [c for c in correcting if modes[c.pk] != AutomationMode.ACTIVE],
+                modes,
+                checks,
+                now,
+                report,
+                changed,
+            )
         for cluster_id, summary in changed.items():
-            publish("drift.changed", {"cluster": cluster_id, **summary}, f"/api/v1/drift/?cluster={cluster_id}",
-                    clusters=[cluster_id])
+            publish(
+                "drift.changed",
+                {"cluster": cluster_id, **summary},
+                f"/api/v1/drift/?cluster={cluster_id}",
+                clusters=[cluster_id],
+            )
     return report
 
 
 def _findings(checks: dict, now, report: SweepReport) -> dict[int, dict]:
     """Open findings for new drift, refresh the ones still seen, resolve the ones gone. Returns per-cluster
     summaries of what changed."""
-    open_rows = {(f.cluster_id, f.addon, f.kind): f for f in DriftFinding.objects.filter(
-        cluster_id__in=list(checks), resolved_at__isnull=True)}
-    current = {(cid, check.name, check.kind): check for cid, found in checks.items() for check in found if check.kind}
+    open_rows = {
+        (f.cluster_id, f.addon, f.kind): f
+        for f in DriftFinding.objects.filter(cluster_id__in=list(checks), resolved_at__isnull=True)
+    }
+    current = {
+        (cid, check.name, check.kind): check for cid, found in checks.items() for check in found if check.kind
+    }
     changed: dict[int, dict] = defaultdict(lambda: {"opened": [], "resolved": []})
-    new = [DriftFinding(cluster_id=key[0], addon=key[1], kind=key[2], diff=check.diff, detected_at=now,
-                        last_seen_at=now) for key, check in current.items() if key not in open_rows]
+    new = [
+        DriftFinding(
+            cluster_id=key[0], addon=key[1], kind=key[2], diff=check.diff, detected_at=now, last_seen_at=now
+        )
+        for key, check in current.items()
+        if key not in open_rows
+    ]
     if new:
         DriftFinding.objects.bulk_create(new)
     for finding in new:
@@ -134,7 +185,11 @@ def _findings(checks: dict, now, report: SweepReport) -> dict[int, dict]:
     gone = [f for key, f in open_rows.items() if key not in current]
     by_resolution = defaultdict(list)
     for finding in gone:
-        how = DriftFinding.Resolution.CORRECTED if finding.correction_attempts else DriftFinding.Resolution.CONVERGED
+        how = (
+            DriftFinding.Resolution.CORRECTED
+            if finding.correction_attempts
+            else DriftFinding.Resolution.CONVERGED
+        )
         by_resolution[how].append(finding.pk)
         changed[finding.cluster_id]["resolved"].append(f"{finding.addon}: {finding.kind} ({how})")
     for how, ids in by_resolution.items():
@@ -152,8 +207,11 @@ def _correct(clusters: list[Cluster], checks: dict, now, report: SweepReport, ch
         findings[finding.cluster_id][finding.addon] = finding
     for cluster in clusters:
         mine = findings[cluster.pk]
-        todo = [c for c in checks[cluster.pk] if c.kind and not is_node_software(c.name)
-                and c.name in mine and mine[c.name].gave_up_at is None]
+        todo = [
+            c
+            for c in checks[cluster.pk]
+            if c.kind and not is_node_software(c.name) and c.name in mine and mine[c.name].gave_up_at is None
+        ]
         over = [c for c in todo if mine[c.name].correction_attempts >= limit]
         todo = [c for c in todo if c not in over]
         for check in over:
@@ -162,9 +220,13 @@ def _correct(clusters: list[Cluster], checks: dict, now, report: SweepReport, ch
             finding.save(update_fields=["gave_up_at"])
             report.gave_up += 1
             changed[cluster.pk].setdefault("gave_up", []).append(check.name)
-            audit_record(actor=None, action="drift.correction_gave_up", target=finding,
-                         tenant_id=cluster.dedicated_tenant_id,
-                         changes={"attempts": finding.correction_attempts, "error": finding.last_correction_error})
+            audit_record(
+                actor=None,
+                action="drift.correction_gave_up",
+                target=finding,
+                tenant_id=cluster.dedicated_tenant_id,
+                changes={"attempts": finding.correction_attempts, "error": finding.last_correction_error},
+            )
         if not todo:
             continue
         done, failed = converge(cluster=cluster, checks=todo)
@@ -178,25 +240,38 @@ def _correct(clusters: list[Cluster], checks: dict, now, report: SweepReport, ch
         changed[cluster.pk]["corrected"] = done
         if failed:
             changed[cluster.pk]["correction_failed"] = sorted(failed)
-        audit_record(actor=None, action="drift.correct", target=cluster, tenant_id=cluster.dedicated_tenant_id,
-                     changes={"corrected": done, "failed": failed})
+        audit_record(
+            actor=None,
+            action="drift.correct",
+            target=cluster,
+            tenant_id=cluster.dedicated_tenant_id,
+            changes={"corrected": done, "failed": failed},
+        )
 
 
-def _hold(clusters: list[Cluster], modes: dict[int, str], checks: dict, now, report: SweepReport,
-          changed: dict) -> None:
+def _hold(
+    clusters: list[Cluster], modes: dict[int, str], checks: dict, now, report: SweepReport, changed: dict
+) -> None:
     """Drift that automation would correct, on clusters in dry-run or paused: dry-run records what it would
     re-apply (the finding's note, audit, the event), paused notes that it holds. Nothing is re-applied."""
     findings = defaultdict(dict)
-    for finding in DriftFinding.objects.filter(cluster__in=clusters, resolved_at__isnull=True, gave_up_at__isnull=True):
+    for finding in DriftFinding.objects.filter(
+        cluster__in=clusters, resolved_at__isnull=True, gave_up_at__isnull=True
+    ):
         findings[finding.cluster_id][finding.addon] = finding
     for cluster in clusters:
         mine = findings[cluster.pk]
-        todo = [c.name for c in checks[cluster.pk] if c.kind and not is_node_software(c.name) and c.name in mine]
+        todo = [
+            c.name for c in checks[cluster.pk] if c.kind and not is_node_software(c.name) and c.name in mine
+        ]
         if not todo:
             continue
         dry_run = modes[cluster.pk] == AutomationMode.DRY_RUN
-        note = ("dry run: would re-apply the desired state" if dry_run else
-                "held: automation is paused (provider-wide, or on the cluster or its fleet)")
+        note = (
+            "dry run: would re-apply the desired state"
+            if dry_run
+            else "held: automation is paused (provider-wide, or on the cluster or its fleet)"
+        )
         notes = [mine[name] for name in todo if mine[name].last_correction_error != note]
         for finding in notes:
             finding.last_correction_error = note
@@ -206,8 +281,13 @@ def _hold(clusters: list[Cluster], modes: dict[int, str], checks: dict, now, rep
             report.would_correct += len(todo)
             if notes:
                 changed[cluster.pk]["would_correct"] = sorted(todo)
-                audit_record(actor=None, action="drift.correct", target=cluster, tenant_id=cluster.dedicated_tenant_id,
-                             changes={"dry_run": True, "would_correct": sorted(todo)})
+                audit_record(
+                    actor=None,
+                    action="drift.correct",
+                    target=cluster,
+                    tenant_id=cluster.dedicated_tenant_id,
+                    changes={"dry_run": True, "would_correct": sorted(todo)},
+                )
         else:
             report.held += len(todo)
             if notes:

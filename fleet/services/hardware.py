@@ -28,19 +28,27 @@ def gpus_mark(*, marks: Iterable[tuple[int, int, str, str]]) -> int:
     """Set the health of GPUs given as ``(node id, GPU index, health, reason)``; the reason is cut to the field's
     length, and a GPU listed twice takes its last mark. One UPDATE for the whole list. Returns how many GPUs were
     written (an unknown node or index is skipped). Raises ValueError for a health that is not a ``GPUHealth``."""
-    last = {(node_id, index): (GPUHealth(health).value, reason[:HEALTH_REASON_LENGTH])
-            for node_id, index, health, reason in marks}
+    last = {
+        (node_id, index): (GPUHealth(health).value, reason[:HEALTH_REASON_LENGTH])
+        for node_id, index, health, reason in marks
+    }
     if not last:
         return 0
     if connection.vendor == "postgresql":
         # Four arrays rather than a CASE per row: the statement's text and its cost to build do not grow with
         # the list (Django's CASE WHEN compiling is what controlplane/bulk.py measured as the slow part).
         table, quote = GPU._meta.db_table, connection.ops.quote_name
-        sql = (f"UPDATE {quote(table)} AS g SET health = v.health, health_reason = v.reason "
-               "FROM unnest(%s::bigint[], %s::smallint[], %s::text[], %s::text[]) AS v(node_id, index, health, reason) "
-               'WHERE g.node_id = v.node_id AND g."index" = v.index')
-        params = [[key[0] for key in last], [key[1] for key in last],
-                  [value[0] for value in last.values()], [value[1] for value in last.values()]]
+        sql = (
+            f"UPDATE {quote(table)} AS g SET health = v.health, health_reason = v.reason "
+            "FROM unnest(%s::bigint[], %s::smallint[], %s::text[], %s::text[]) AS v(node_id, index, health, reason) "
+            'WHERE g.node_id = v.node_id AND g."index" = v.index'
+        )
+        params = [
+            [key[0] for key in last],
+            [key[1] for key in last],
+            [value[0] for value in last.values()],
+            [value[1] for value in last.values()],
+        ]
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.rowcount
@@ -48,14 +56,17 @@ def gpus_mark(*, marks: Iterable[tuple[int, int, str, str]]) -> int:
     groups: dict[tuple[str, str], list[Q]] = {}
     for (node_id, index), value in last.items():
         groups.setdefault(value, []).append(Q(node_id=node_id, index=index))
-    return sum(GPU.objects.filter(functools.reduce(operator.or_, which)).update(health=health, health_reason=reason)
-               for (health, reason), which in sorted(groups.items()))
+    return sum(
+        GPU.objects.filter(functools.reduce(operator.or_, which)).update(health=health, health_reason=reason)
+        for (health, reason), which in sorted(groups.items())
+    )
 
 
 def node_gpus_mark(*, node_id: int, health: str, reason: str) -> int:
     """Set the health of every GPU of a node (a repaired node's GPUs count as healthy again). Returns how many."""
-    return GPU.objects.filter(node_id=node_id).update(health=GPUHealth(health).value,
-                                                      health_reason=reason[:HEALTH_REASON_LENGTH])
+    return GPU.objects.filter(node_id=node_id).update(
+        health=GPUHealth(health).value, health_reason=reason[:HEALTH_REASON_LENGTH]
+    )
 
 
 def nic_links_set(*, links: Iterable[tuple[int, str]], state: str) -> int:
@@ -67,15 +78,18 @@ def nic_links_set(*, links: Iterable[tuple[int, str]], state: str) -> int:
         return 0
     if connection.vendor == "postgresql":
         table, quote = NIC._meta.db_table, connection.ops.quote_name
-        sql = (f"UPDATE {quote(table)} AS n SET link_state = %s "
-               "FROM unnest(%s::bigint[], %s::text[]) AS v(node_id, name) "
-               "WHERE n.node_id = v.node_id AND n.name = v.name")
+        sql = (
+            f"UPDATE {quote(table)} AS n SET link_state = %s "
+            "FROM unnest(%s::bigint[], %s::text[]) AS v(node_id, name) "
+            "WHERE n.node_id = v.node_id AND n.name = v.name"
+        )
         pairs = sorted(which)
         with connection.cursor() as cursor:
             cursor.execute(sql, [state, [p[0] for p in pairs], [p[1] for p in pairs]])
             return cursor.rowcount
-    return NIC.objects.filter(functools.reduce(operator.or_, (Q(node_id=n, name=name) for n, name in which))).update(
-        link_state=state)
+    return NIC.objects.filter(
+        functools.reduce(operator.or_, (Q(node_id=n, name=name) for n, name in which))
+    ).update(link_state=state)
 
 
 def node_nic_links_set(*, node_id: int, state: str) -> int:
@@ -95,8 +109,11 @@ def nodes_mark_seen_sql(*, node_ids: Collection[int], at: datetime) -> tuple[str
     """The PostgreSQL UPDATE ``nodes_mark_seen`` runs, and its parameters, for a caller that folds it into one
     combined statement of its own (telemetry ingest's data-modifying WITH). Its text does not depend on how many
     nodes there are."""
-    return (f"UPDATE {connection.ops.quote_name(Node._meta.db_table)} SET last_seen_at = %s "
-            "WHERE id = ANY(%s::bigint[])", [at, list(node_ids)])
+    return (
+        f"UPDATE {connection.ops.quote_name(Node._meta.db_table)} SET last_seen_at = %s "
+        "WHERE id = ANY(%s::bigint[])",
+        [at, list(node_ids)],
+    )
 
 
 def nodes_mark_seen(*, node_ids: Collection[int], at: datetime | None = None) -> int:
@@ -115,5 +132,7 @@ def nodes_mark_seen(*, node_ids: Collection[int], at: datetime | None = None) ->
 def nodes_set_risk(*, scores: dict[int, float], at: datetime) -> int:
     """Record the risk sweep's scores, ``{node id: score}``, as of ``at`` (the planner reads them from the node, so
     jobs needs no telemetry import). One statement per thousand nodes. Returns how many were written."""
-    return update_rows([Node(pk=node_id, risk_score=score, risk_updated_at=at) for node_id, score in scores.items()],
-                       ["risk_score", "risk_updated_at"])
+    return update_rows(
+        [Node(pk=node_id, risk_score=score, risk_updated_at=at) for node_id, score in scores.items()],
+        ["risk_score", "risk_updated_at"],
+    )

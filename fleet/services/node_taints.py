@@ -42,7 +42,12 @@ def node_set_taints(*, actor, node: Node, taints) -> Node:
         raise ServiceError(f"the cluster refused: {error}", status=503 if error.transient else 409) from error
     old, node.taints = node.taints, taints
     node.save(update_fields=["taints"])
-    audit_record(actor=actor, action="node.taint", target=node, tenant_id=node.cluster.dedicated_tenant_id,
-                 changes={"taints": [old, taints]})
+    audit_record(
+        actor=actor,
+        action="node.taint",
+        target=node,
+        tenant_id=node.cluster.dedicated_tenant_id,
+        changes={"taints": [old, taints]},
+    )
     _publish(node, "node.tainted", taints=taints)
     return node

@@ -39,24 +39,33 @@ def record(checks: dict[int, list[AddonCheck]], unreachable: set[int], now) -> i
     cluster's ``last_observed_at`` is set in one UPDATE; unreachable clusters' rows become Unknown on both axes.
     """
     cluster_ids = set(checks) | unreachable
-    existing = {(row["cluster_id"], row["name"]): row for row in ObservedAddon.objects.filter(
-        cluster_id__in=cluster_ids).values("id", "cluster_id", "name", "chart", "version", "namespace", "values",
-                                           "sync", "health")}
+    existing = {
+        (row["cluster_id"], row["name"]): row
+        for row in ObservedAddon.objects.filter(cluster_id__in=cluster_ids).values(
+            "id", "cluster_id", "name", "chart", "version", "namespace", "values", "sync", "health"
+        )
+    }
     upserts, keep = [], set()
     for cluster_id, cluster_checks in checks.items():
         for check in cluster_checks:
             have, want = check.observed, check.desired or {}
-            row = {"chart": have.chart if have else want.get("chart", ""),
-                   "version": have.version if have else "",
-                   "namespace": have.namespace if have else want.get("namespace", ""),
-                   "values": have.values if have else {}, "sync": check.sync, "health": check.health}
+            row = {
+                "chart": have.chart if have else want.get("chart", ""),
+                "version": have.version if have else "",
+                "namespace": have.namespace if have else want.get("namespace", ""),
+                "values": have.values if have else {},
+                "sync": check.sync,
+                "health": check.health,
+            }
             keep.add((cluster_id, check.name))
             old = existing.get((cluster_id, check.name))
             if old is None or any(old[key] != value for key, value in row.items()):
                 upserts.append(ObservedAddon(cluster_id=cluster_id, name=check.name, observed_at=now, **row))
     if upserts:
         ObservedAddon.objects.bulk_create(
-            upserts, update_conflicts=True, unique_fields=["cluster", "name"],
+            upserts,
+            update_conflicts=True,
+            unique_fields=["cluster", "name"],
             update_fields=["chart", "version", "namespace", "values", "sync", "health", "observed_at"],
         )
     gone = [row["id"] for key, row in existing.items() if key[0] in checks and key not in keep]
@@ -66,5 +75,6 @@ def record(checks: dict[int, list[AddonCheck]], unreachable: set[int], now) -> i
         Cluster.objects.filter(pk__in=list(checks)).update(last_observed_at=now)
     if unreachable:
         ObservedAddon.objects.filter(cluster_id__in=unreachable).update(
-            sync=SyncStatus.UNKNOWN, health=HealthStatus.UNKNOWN, observed_at=now)
+            sync=SyncStatus.UNKNOWN, health=HealthStatus.UNKNOWN, observed_at=now
+        )
     return len(upserts)

@@ -23,7 +23,9 @@ def fleet_topics(cluster_ids: Iterable[int] = (), rollout_id: int | None = None)
     return names
 
 
-def publish(kind: str, payload: dict, url: str, *, clusters: Iterable[int] = (), rollout: int | None = None) -> None:
+def publish(
+    kind: str, payload: dict, url: str, *, clusters: Iterable[int] = (), rollout: int | None = None
+) -> None:
     publish_topics(fleet_topics(clusters, rollout), kind, payload, url)
 
 
@@ -48,7 +50,10 @@ def batched():
         yield
     finally:
         _batch.reset(token)
-    entries = [(name, i, kind, payload, url) for i, (topics, kind, payload, url) in enumerate(batch)
-               for name in dict.fromkeys(topics)]
+    entries = [
+        (name, i, kind, payload, url)
+        for i, (topics, kind, payload, url) in enumerate(batch)
+        for name in dict.fromkeys(topics)
+    ]
     for name, _, kind, payload, url in sorted(entries, key=lambda entry: (entry[0], entry[1])):
         events.publish([name], kind, payload, url=url)

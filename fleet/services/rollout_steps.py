@@ -86,8 +86,13 @@ def rollout_step(*, rollout_id: int, now=None) -> str:
 def _start_next_batch(rollout: Rollout, now) -> str:
     batch = rollout.batches.filter(index__gt=rollout.current_batch).order_by("index").first()
     if batch is None:
-        _move(rollout, RolloutState.SUCCEEDED, actor=None, reason="every batch passed its health gate",
-              action="rollout.succeed")
+        _move(
+            rollout,
+            RolloutState.SUCCEEDED,
+            actor=None,
+            reason="every batch passed its health gate",
+            action="rollout.succeed",
+        )
         return "succeeded"
     if not in_change_window(rollout.change_window, now):
         if rollout.reason != "waiting for the change window":
@@ -100,9 +105,14 @@ def _start_next_batch(rollout: Rollout, now) -> str:
     batch.status, batch.started_at = BatchStatus.PROGRESSING, now
     batch.save(update_fields=["status", "started_at"])
     rollout.clusters.filter(batch_index=batch.index, status=Status.TO_APPLY).update(
-        deadline_at=now + timedelta(seconds=rollout.progress_deadline_seconds))
-    publish("rollout.batch_started", {"rollout": rollout.pk, "batch": batch.index, "canary": batch.canary},
-            rollout_url(rollout), rollout=rollout.pk)
+        deadline_at=now + timedelta(seconds=rollout.progress_deadline_seconds)
+    )
+    publish(
+        "rollout.batch_started",
+        {"rollout": rollout.pk, "batch": batch.index, "canary": batch.canary},
+        rollout_url(rollout),
+        rollout=rollout.pk,
+    )
     _advance(rollout, batch, now)
     return "batch-started"
 
@@ -112,15 +122,29 @@ def _finish(row: RolloutCluster, status: str, reason: str, now) -> None:
         release_drained_nodes(row)
     row.status, row.reason, row.finished_at = status, reason[:500], now
     row.save(update_fields=["status", "reason", "finished_at", "healthy_at"])
-    publish("rollout.cluster", {"rollout": row.rollout_id, "cluster": row.cluster_id, "batch": row.batch_index,
-                                "status": status, "reason": reason[:200]},
-            rollout_url(row.rollout), clusters=[row.cluster_id], rollout=row.rollout_id)
+    publish(
+        "rollout.cluster",
+        {
+            "rollout": row.rollout_id,
+            "cluster": row.cluster_id,
+            "batch": row.batch_index,
+            "status": status,
+            "reason": reason[:200],
+        },
+        rollout_url(row.rollout),
+        clusters=[row.cluster_id],
+        rollout=row.rollout_id,
+    )
 
 
 def _advance(rollout: Rollout, batch: RolloutBatch, now) -> str:
     """Apply the batch's waiting clusters, then observe the ones in flight."""
-    rows = list(rollout.clusters.filter(batch_index=batch.index).exclude(status__in=DONE_CLUSTER_STATES)
-                .select_related("cluster__fleet", "previous_version").order_by("cluster_id"))
+    rows = list(
+        rollout.clusters.filter(batch_index=batch.index)
+        .exclude(status__in=DONE_CLUSTER_STATES)
+        .select_related("cluster__fleet", "previous_version")
+        .order_by("cluster_id")
+    )
     for row in rows:
         row.rollout = rollout
         if row.status == Status.TO_APPLY:
@@ -137,9 +161,12 @@ def _advance(rollout: Rollout, batch: RolloutBatch, now) -> str:
     batch.status = BatchStatus.SOAKING
     batch.soak_until = now + timedelta(seconds=rollout.soak_seconds)
     batch.save(update_fields=["status", "soak_until"])
-    publish("rollout.batch_soaking", {"rollout": rollout.pk, "batch": batch.index,
-                                      "soak_until": batch.soak_until.isoformat()}, rollout_url(rollout),
-            rollout=rollout.pk)
+    publish(
+        "rollout.batch_soaking",
+        {"rollout": rollout.pk, "batch": batch.index, "soak_until": batch.soak_until.isoformat()},
+        rollout_url(rollout),
+        rollout=rollout.pk,
+    )
     return "batch-soaking"
 
 
@@ -153,21 +180,37 @@ def _apply(rollout: Rollout, row: RolloutCluster, now) -> None:
         return
     new_software = version.effective_node_software()
     old_software = row.previous_version.effective_node_software() if row.previous_version else {}
-    mode = cluster.effective_automation   # its own, its fleet's and the provider's (dry-run there too)
+    mode = cluster.effective_automation  # its own, its fleet's and the provider's (dry-run there too)
     if mode == AutomationMode.PAUSED:
         # Held where it stands; pausing is no failure, so the progress deadline is held off while it lasts.
-        row.reason, row.deadline_at = CLUSTER_PAUSED, now + timedelta(seconds=rollout.progress_deadline_seconds)
+        row.reason, row.deadline_at = (
+            CLUSTER_PAUSED,
+            now + timedelta(seconds=rollout.progress_deadline_seconds),
+        )
         row.save(update_fields=["reason", "deadline_at"])
         return
     if mode == AutomationMode.DRY_RUN:
-        would = {"blueprint_version": [str(row.previous_version) if row.previous_version else None, str(version)],
-                 "node_software": new_software if new_software != old_software else "unchanged",
-                 "nodes_to_drain": cluster.nodes.filter(state=NodeState.READY).count()
-                 if new_software != old_software else 0}
-        audit_record(actor=None, action="rollout.cluster_apply", target=cluster, tenant_id=cluster.dedicated_tenant_id,
-                     changes={"rollout": rollout.pk, "dry_run": True, "would": would})
-        _finish(row, Status.SKIPPED, f"dry run: would apply {version}"
-                f"{' with node software ' + str(new_software) if new_software != old_software else ''}; nothing changed", now)
+        would = {
+            "blueprint_version": [str(row.previous_version) if row.previous_version else None, str(version)],
+            "node_software": new_software if new_software != old_software else "unchanged",
+            "nodes_to_drain": cluster.nodes.filter(state=NodeState.READY).count()
+            if new_software != old_software
+            else 0,
+        }
+        audit_record(
+            actor=None,
+            action="rollout.cluster_apply",
+            target=cluster,
+            tenant_id=cluster.dedicated_tenant_id,
+            changes={"rollout": rollout.pk, "dry_run": True, "would": would},
+        )
+        _finish(
+            row,
+            Status.SKIPPED,
+            f"dry run: would apply {version}"
+            f"{' with node software ' + str(new_software) if new_software != old_software else ''}; nothing changed",
+            now,
+        )
         return
     if new_software != old_software and not _roll_nodes(rollout, row, cluster, now):
         return
@@ -185,27 +228,55 @@ def _apply(rollout: Rollout, row: RolloutCluster, now) -> None:
     cluster.save(update_fields=["blueprint", "blueprint_version"])
     row.status, row.applied_at, row.reason = Status.PROGRESSING, now, ""
     row.save(update_fields=["status", "applied_at", "reason"])
-    audit_record(actor=None, action="rollout.cluster_apply", target=cluster, tenant_id=cluster.dedicated_tenant_id,
-                 changes={"rollout": rollout.pk, "blueprint_version": [
-                     str(row.previous_version) if row.previous_version else None, str(version)], "applied": applied})
-    publish("rollout.cluster", {"rollout": rollout.pk, "cluster": cluster.pk, "name": cluster.name,
-                                "batch": row.batch_index, "status": row.status, "version": version.number},
-            rollout_url(rollout), clusters=[cluster.pk], rollout=rollout.pk)
+    audit_record(
+        actor=None,
+        action="rollout.cluster_apply",
+        target=cluster,
+        tenant_id=cluster.dedicated_tenant_id,
+        changes={
+            "rollout": rollout.pk,
+            "blueprint_version": [str(row.previous_version) if row.previous_version else None, str(version)],
+            "applied": applied,
+        },
+    )
+    publish(
+        "rollout.cluster",
+        {
+            "rollout": rollout.pk,
+            "cluster": cluster.pk,
+            "name": cluster.name,
+            "batch": row.batch_index,
+            "status": row.status,
+            "version": version.number,
+        },
+        rollout_url(rollout),
+        clusters=[cluster.pk],
+        rollout=rollout.pk,
+    )
 
 
 def revert_step(rollout: Rollout, now) -> str:
     """A rolled-back rollout's remaining work: put back the previous node software on the clusters it changed,
     node by node, drained within the previous version's budget and never under a protected job that cannot move;
     each cluster's node software is pinned back once its last node is done."""
-    rows = list(rollout.clusters.filter(reverting=True).select_related("previous_version").order_by("cluster_id"))
+    rows = list(
+        rollout.clusters.filter(reverting=True).select_related("previous_version").order_by("cluster_id")
+    )
     if not rows:
         return "idle"
     for row in rows:
-        cluster = Cluster.objects.select_for_update(of=("self",)).select_related("fleet").get(pk=row.cluster_id)
+        cluster = (
+            Cluster.objects.select_for_update(of=("self",)).select_related("fleet").get(pk=row.cluster_id)
+        )
         mode = cluster.effective_automation
         if mode != AutomationMode.ACTIVE:
-            held = CLUSTER_PAUSED if mode == AutomationMode.PAUSED else (
-                f"dry run: would put node software {row.previous_version} back node by node; nothing changed")
+            held = (
+                CLUSTER_PAUSED
+                if mode == AutomationMode.PAUSED
+                else (
+                    f"dry run: would put node software {row.previous_version} back node by node; nothing changed"
+                )
+            )
             if row.reason != held:
                 row.reason = held[:500]
                 row.save(update_fields=["reason"])
@@ -218,14 +289,32 @@ def revert_step(rollout: Rollout, now) -> str:
             row.reason = f"waiting: {error}"[:500]
             row.save(update_fields=["reason"])
             continue
-        row.reverting, row.reason = False, f"rolled back; node software {row.previous_version} back in place"[:500]
+        row.reverting, row.reason = (
+            False,
+            f"rolled back; node software {row.previous_version} back in place"[:500],
+        )
         row.save(update_fields=["reverting", "reason"])
-        audit_record(actor=None, action="rollout.cluster_revert", target=cluster, tenant_id=cluster.dedicated_tenant_id,
-                     changes={"rollout": rollout.pk, "node_software": str(row.previous_version)})
-        publish("rollout.cluster", {"rollout": rollout.pk, "cluster": cluster.pk, "name": cluster.name,
-                                    "batch": row.batch_index, "status": "reverted", "version":
-                                    row.previous_version.number if row.previous_version else None},
-                rollout_url(rollout), clusters=[cluster.pk], rollout=rollout.pk)
+        audit_record(
+            actor=None,
+            action="rollout.cluster_revert",
+            target=cluster,
+            tenant_id=cluster.dedicated_tenant_id,
+            changes={"rollout": rollout.pk, "node_software": str(row.previous_version)},
+        )
+        publish(
+            "rollout.cluster",
+            {
+                "rollout": rollout.pk,
+                "cluster": cluster.pk,
+                "name": cluster.name,
+                "batch": row.batch_index,
+                "status": "reverted",
+                "version": row.previous_version.number if row.previous_version else None,
+            },
+            rollout_url(rollout),
+            clusters=[cluster.pk],
+            rollout=rollout.pk,
+        )
     return "reverting"
 
 
@@ -236,7 +325,9 @@ def _roll_nodes(rollout: Rollout, row: RolloutCluster, cluster: Cluster, now, ta
     from fleet.services.nodes import node_drain, node_uncordon
 
     target = target if target is not None else rollout.version
-    budget = int(target.effective_policy().get("disruption", {}).get("max_unavailable_nodes", 1)) if target else 1
+    budget = (
+        int(target.effective_policy().get("disruption", {}).get("max_unavailable_nodes", 1)) if target else 1
+    )
     done, draining = set(row.nodes_updated), set(row.nodes_draining)
     driver = driver_for(cluster)
     waiting = ""
@@ -274,13 +365,18 @@ def _roll_nodes(rollout: Rollout, row: RolloutCluster, cluster: Cluster, now, ta
     total = Node.objects.filter(cluster=cluster).count()
     row.nodes_updated, row.nodes_draining = sorted(done), sorted(draining)
     complete = not draining and len(done) >= total
-    row.reason = "" if complete else (waiting or f"node software: {len(done)}/{total} nodes updated, "
-                                                 f"{len(draining)} draining")[:500]
+    row.reason = (
+        ""
+        if complete
+        else (waiting or f"node software: {len(done)}/{total} nodes updated, {len(draining)} draining")[:500]
+    )
     row.save(update_fields=["nodes_updated", "nodes_draining", "reason"])
     return complete
 
 
-def _observe_rows(rollout: Rollout, rows: list[RolloutCluster], now, found: dict | None = None) -> dict[int, bool]:
+def _observe_rows(
+    rollout: Rollout, rows: list[RolloutCluster], now, found: dict | None = None
+) -> dict[int, bool]:
     """Observe the rows' clusters once; settle each: Succeeded when InSync and Healthy, Failed when Degraded,
     TimedOut past its deadline. Returns {cluster id: ready}; ``found`` receives each cluster's checks."""
     if not rows:
@@ -306,7 +402,12 @@ def _observe_rows(rollout: Rollout, rows: list[RolloutCluster], now, found: dict
             _finish(row, Status.FAILED, f"degraded: {', '.join(degraded)}", now)
         elif row.deadline_at and now >= row.deadline_at:
             waiting = [f"{c.name} {c.sync}/{c.health}" for c in found or [] if not c.ready]
-            _finish(row, Status.TIMED_OUT, f"not healthy by the deadline: {', '.join(waiting[:5]) or errors.get(row.cluster_id, '')}", now)
+            _finish(
+                row,
+                Status.TIMED_OUT,
+                f"not healthy by the deadline: {', '.join(waiting[:5]) or errors.get(row.cluster_id, '')}",
+                now,
+            )
     return ready
 
 
@@ -314,8 +415,9 @@ def _soak(rollout: Rollout, batch: RolloutBatch, now) -> str:
     """While soaking every cluster of the batch must stay healthy: a Degraded or Missing add-on fails it, drift
     that is only out of sync is reported and waited for (up to the progress deadline after the soak). At the end
     the fault-rate gate compares the batch's hardware faults since it started with the window before."""
-    rows = list(rollout.clusters.filter(batch_index=batch.index, status=Status.SUCCEEDED)
-                .select_related("cluster"))
+    rows = list(
+        rollout.clusters.filter(batch_index=batch.index, status=Status.SUCCEEDED).select_related("cluster")
+    )
     for row in rows:
         row.rollout = rollout
     found: dict = {}
@@ -328,21 +430,36 @@ def _soak(rollout: Rollout, batch: RolloutBatch, now) -> str:
                 row.reason = "InSync and Healthy (the drift converged)"
                 row.save(update_fields=["reason"])
             continue
-        broken = [f"{c.name} {c.health}" for c in checks or [] if c.health in BROKEN_HEALTH
-                  and not is_node_software(c.name)]
+        broken = [
+            f"{c.name} {c.health}"
+            for c in checks or []
+            if c.health in BROKEN_HEALTH and not is_node_software(c.name)
+        ]
         if broken:
             _finish(row, Status.FAILED, f"lost health while soaking: {', '.join(broken[:5])}", now)
             continue
         drifting.append(row)
-        waiting = [f"{c.name} {c.sync}/{c.health}" + (f" ({c.kind})" if c.kind else "")
-                   for c in checks or [] if not c.ready] or ["not observed"]
+        waiting = [
+            f"{c.name} {c.sync}/{c.health}" + (f" ({c.kind})" if c.kind else "")
+            for c in checks or []
+            if not c.ready
+        ] or ["not observed"]
         reason = f"drift while soaking: {', '.join(waiting[:5])}; the batch waits for it to converge"[:500]
         if row.reason != reason:
             row.reason = reason
             row.save(update_fields=["reason"])
-            publish("rollout.drift", {"rollout": rollout.pk, "cluster": row.cluster_id, "batch": batch.index,
-                                      "reason": reason[:200]}, rollout_url(rollout), clusters=[row.cluster_id],
-                    rollout=rollout.pk)
+            publish(
+                "rollout.drift",
+                {
+                    "rollout": rollout.pk,
+                    "cluster": row.cluster_id,
+                    "batch": batch.index,
+                    "reason": reason[:200],
+                },
+                rollout_url(rollout),
+                clusters=[row.cluster_id],
+                rollout=rollout.pk,
+            )
     if _budget_spent(rollout, now):
         return "stopped"
     if now < batch.soak_until:
@@ -351,8 +468,13 @@ def _soak(rollout: Rollout, batch: RolloutBatch, now) -> str:
         if now < batch.soak_until + timedelta(seconds=rollout.progress_deadline_seconds):
             return "waiting-for-convergence"
         for row in drifting:
-            _finish(row, Status.FAILED, f"drift did not converge within {rollout.progress_deadline_seconds}s after "
-                                        f"the soak: {row.reason.removeprefix('drift while soaking: ')}", now)
+            _finish(
+                row,
+                Status.FAILED,
+                f"drift did not converge within {rollout.progress_deadline_seconds}s after "
+                f"the soak: {row.reason.removeprefix('drift while soaking: ')}",
+                now,
+            )
         if _budget_spent(rollout, now):
             return "stopped"
     cluster_ids = [row.cluster_id for row in rows if ready.get(row.cluster_id)]
@@ -371,8 +493,12 @@ def _soak(rollout: Rollout, batch: RolloutBatch, now) -> str:
     batch.gate = f"healthy for {rollout.soak_seconds}s; {result.describe()}"[:300]
     batch.status, batch.finished_at = BatchStatus.PASSED, now
     batch.save(update_fields=["status", "finished_at", "faults_before", "faults_after", "gate"])
-    publish("rollout.batch_passed", {"rollout": rollout.pk, "batch": batch.index, "gate": batch.gate},
-            rollout_url(rollout), rollout=rollout.pk)
+    publish(
+        "rollout.batch_passed",
+        {"rollout": rollout.pk, "batch": batch.index, "gate": batch.gate},
+        rollout_url(rollout),
+        rollout=rollout.pk,
+    )
     return "batch-passed"
 
 
@@ -382,11 +508,13 @@ def _budget_spent(rollout: Rollout, now) -> bool:
     if failed <= rollout.max_failures:
         return False
     RolloutBatch.objects.filter(rollout=rollout, index=rollout.current_batch).exclude(
-        status=BatchStatus.PASSED).update(status=BatchStatus.FAILED, finished_at=now)
+        status=BatchStatus.PASSED
+    ).update(status=BatchStatus.FAILED, finished_at=now)
     reason = f"{failed} clusters failed (budget {rollout.max_failures})"
     _release_open_drains(rollout)
-    rollout.clusters.filter(status=Status.TO_APPLY).update(status=Status.SKIPPED, reason="rollout stopped",
-                                                           finished_at=now)
+    rollout.clusters.filter(status=Status.TO_APPLY).update(
+        status=Status.SKIPPED, reason="rollout stopped", finished_at=now
+    )
     _move(rollout, RolloutState.FAILED, actor=None, reason=reason, action="rollout.fail")
     if rollout.auto_rollback:
         roll_back_locked(rollout, actor=None, reason=f"automatic: {reason}")

@@ -39,20 +39,27 @@ def _target_clusters(version: BlueprintVersion, targets) -> list[dict]:
     """The clusters a target names, as dicts of the few fields a start needs (one query)."""
     if not isinstance(targets, dict) or len(targets) != 1:
         raise ServiceError("exactly one of fleet, labels, clusters or tracking", field="targets")
-    (kind, value), = targets.items()
+    ((kind, value),) = targets.items()
     fields = ("id", "name", "blueprint_id", "blueprint_version_id", "track_latest")
     clusters = Cluster.objects.all()
     if kind == "clusters":
-        if not isinstance(value, list) or not value or not all(
-                isinstance(v, int | str) and not isinstance(v, bool) for v in value):
+        if (
+            not isinstance(value, list)
+            or not value
+            or not all(isinstance(v, int | str) and not isinstance(v, bool) for v in value)
+        ):
             raise ServiceError("a non-empty list of cluster ids or names", field="targets.clusters")
         ids = [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
         names = [v for v in value if isinstance(v, str)]
-        found = list(clusters.filter(pk__in=ids).values(*fields)) + list(clusters.filter(name__in=names).values(*fields))
+        found = list(clusters.filter(pk__in=ids).values(*fields)) + list(
+            clusters.filter(name__in=names).values(*fields)
+        )
         known = {c["id"] for c in found} | {c["name"] for c in found}
         missing = [v for v in value if v not in known]
         if missing:
-            raise ServiceError(f"no such clusters: {', '.join(map(str, missing[:10]))}", field="targets.clusters")
+            raise ServiceError(
+                f"no such clusters: {', '.join(map(str, missing[:10]))}", field="targets.clusters"
+            )
         return list({c["id"]: c for c in found}.values())
     # Fleet, label and tracking targets never move a cluster pinned to another version or on another blueprint.
     movable = clusters.filter(blueprint_id__in=[version.blueprint_id, None])
@@ -72,7 +79,9 @@ def _target_clusters(version: BlueprintVersion, targets) -> list[dict]:
             raise ServiceError("true: the blueprint's tracking clusters", field="targets.tracking")
         chosen = clusters.filter(blueprint_id=version.blueprint_id, track_latest=True)
     else:
-        raise ServiceError(f"unknown target {kind!r}; one of fleet, labels, clusters, tracking", field="targets")
+        raise ServiceError(
+            f"unknown target {kind!r}; one of fleet, labels, clusters, tracking", field="targets"
+        )
     found = list(chosen.values(*fields))
     return [c for c in found if c["track_latest"] or c["blueprint_version_id"] is None or kind == "tracking"]
 
@@ -81,7 +90,7 @@ def _batches(cluster_ids: list[int], canary_ids: list[int], strategy: dict) -> l
     rest = [c for c in cluster_ids if c not in set(canary_ids)]
     size = strategy["batch_size"] or max(1, math.ceil(len(cluster_ids) * strategy["batch_percent"] / 100))
     waves = [canary_ids] if canary_ids else []
-    return waves + [rest[i:i + size] for i in range(0, len(rest), size)]
+    return waves + [rest[i : i + size] for i in range(0, len(rest), size)]
 
 
 def _canaries(strategy: dict, found: list[dict]) -> list[int]:
@@ -91,8 +100,9 @@ def _canaries(strategy: dict, found: list[dict]) -> list[int]:
     by_key = {c["name"]: c["id"] for c in found} | {c["id"]: c["id"] for c in found}
     missing = [c for c in canary if c not in by_key]
     if missing:
-        raise ServiceError(f"canaries must be among the targets: {', '.join(map(str, missing))}",
-                           field="strategy.canary")
+        raise ServiceError(
+            f"canaries must be among the targets: {', '.join(map(str, missing))}", field="strategy.canary"
+        )
     return list(dict.fromkeys(by_key[c] for c in canary))
 
 
@@ -113,19 +123,24 @@ class RolloutPlan:
         return [[by_id[cid] for cid in wave] for wave in self.waves]
 
 
-def rollout_plan(*, version: BlueprintVersion, targets: dict, strategy: dict | None = None,
-                 skip_busy: bool = False) -> RolloutPlan:
+def rollout_plan(
+    *, version: BlueprintVersion, targets: dict, strategy: dict | None = None, skip_busy: bool = False
+) -> RolloutPlan:
     """The clusters and batches a rollout of ``version`` to ``targets`` would touch, refused exactly as
     ``rollout_start`` refuses (400 naming the field); writes nothing, so a page can preview a start."""
     if version.state != VersionState.ACTIVE:
-        raise ServiceError(f"version {version.number} is {version.state}; only an active version rolls out",
-                           field="version")
+        raise ServiceError(
+            f"version {version.number} is {version.state}; only an active version rolls out", field="version"
+        )
     strategy = clean_strategy(strategy)
     found = sorted(_target_clusters(version, targets), key=lambda c: c["name"])
     if not found:
         raise ServiceError("the targets match no cluster", field="targets")
-    busy = dict(RolloutCluster.objects.filter(open=True, cluster_id__in=[c["id"] for c in found])
-                .values_list("cluster_id", "rollout_id"))
+    busy = dict(
+        RolloutCluster.objects.filter(open=True, cluster_id__in=[c["id"] for c in found]).values_list(
+            "cluster_id", "rollout_id"
+        )
+    )
     if busy and not skip_busy:
         names = [c["name"] for c in found if c["id"] in busy][:10]
         raise ServiceError(f"already in an unfinished rollout: {', '.join(names)}", field="targets")
@@ -139,8 +154,9 @@ def rollout_plan(*, version: BlueprintVersion, targets: dict, strategy: dict | N
 
 @transaction.atomic
 @batched_events
-def rollout_start(*, actor, version: BlueprintVersion, targets: dict, strategy: dict | None = None,
-                  skip_busy: bool = False) -> Rollout:
+def rollout_start(
+    *, actor, version: BlueprintVersion, targets: dict, strategy: dict | None = None, skip_busy: bool = False
+) -> Rollout:
     """Write a rollout, its batches and one row per cluster; the beat-driven step starts the first batch.
 
     Refused with 400 naming the field: a version that is not active, targets matching no cluster, a cluster
@@ -148,35 +164,84 @@ def rollout_start(*, actor, version: BlueprintVersion, targets: dict, strategy: 
     """
     version = BlueprintVersion.objects.select_related("blueprint").get(pk=version.pk)
     plan = rollout_plan(version=version, targets=targets, strategy=strategy, skip_busy=skip_busy)
-    strategy, ready, busy, canary_ids, waves = (plan.strategy, plan.ready, plan.busy, plan.canary_ids, plan.waves)
+    strategy, ready, busy, canary_ids, waves = (
+        plan.strategy,
+        plan.ready,
+        plan.busy,
+        plan.canary_ids,
+        plan.waves,
+    )
     rollout = Rollout.objects.create(
-        version=version, targets=targets, canary=canary_ids, batch_size=strategy["batch_size"],
-        batch_percent=strategy["batch_percent"], max_failures=strategy["max_failures"],
-        progress_deadline_seconds=strategy["progress_deadline_seconds"], soak_seconds=strategy["soak_seconds"],
-        change_window=strategy["change_window"], auto_rollback=strategy["auto_rollback"],
+        version=version,
+        targets=targets,
+        canary=canary_ids,
+        batch_size=strategy["batch_size"],
+        batch_percent=strategy["batch_percent"],
+        max_failures=strategy["max_failures"],
+        progress_deadline_seconds=strategy["progress_deadline_seconds"],
+        soak_seconds=strategy["soak_seconds"],
+        change_window=strategy["change_window"],
+        auto_rollback=strategy["auto_rollback"],
         created_by=actor if getattr(actor, "is_authenticated", False) else None,
     )
-    RolloutBatch.objects.bulk_create([RolloutBatch(rollout=rollout, index=i, canary=bool(canary_ids) and i == 0)
-                                      for i in range(len(waves))])
+    RolloutBatch.objects.bulk_create(
+        [
+            RolloutBatch(rollout=rollout, index=i, canary=bool(canary_ids) and i == 0)
+            for i in range(len(waves))
+        ]
+    )
     by_id = {c["id"]: c for c in ready}
-    rows = [RolloutCluster(rollout=rollout, cluster_id=cid, batch_index=i,
-                           previous_version_id=by_id[cid]["blueprint_version_id"],
-                           previous_track_latest=by_id[cid]["track_latest"])
-            for i, wave in enumerate(waves) for cid in wave]
-    rows += [RolloutCluster(rollout=rollout, cluster_id=cid, batch_index=len(waves) - 1, open=False,
-                            status=RolloutClusterStatus.SKIPPED, reason=f"already in rollout #{other}")
-             for cid, other in busy.items()]
+    rows = [
+        RolloutCluster(
+            rollout=rollout,
+            cluster_id=cid,
+            batch_index=i,
+            previous_version_id=by_id[cid]["blueprint_version_id"],
+            previous_track_latest=by_id[cid]["track_latest"],
+        )
+        for i, wave in enumerate(waves)
+        for cid in wave
+    ]
+    rows += [
+        RolloutCluster(
+            rollout=rollout,
+            cluster_id=cid,
+            batch_index=len(waves) - 1,
+            open=False,
+            status=RolloutClusterStatus.SKIPPED,
+            reason=f"already in rollout #{other}",
+        )
+        for cid, other in busy.items()
+    ]
     try:
         with transaction.atomic():
             RolloutCluster.objects.bulk_create(rows, batch_size=5000)
     except IntegrityError as error:  # a concurrent start took one of these clusters first
         raise ServiceError("a targeted cluster was just put into another rollout", field="targets") from error
-    audit_record(actor=actor, action="rollout.start", target=rollout,
-                 changes={"version": str(version), "targets": targets, "strategy": strategy,
-                          "clusters": len(ready), "batches": len(waves)})
-    publish("rollout.created", {"rollout": rollout.pk, "version": str(version), "clusters": len(ready),
-                                "batches": len(waves), "state": rollout.state}, rollout_url(rollout),
-            rollout=rollout.pk)
+    audit_record(
+        actor=actor,
+        action="rollout.start",
+        target=rollout,
+        changes={
+            "version": str(version),
+            "targets": targets,
+            "strategy": strategy,
+            "clusters": len(ready),
+            "batches": len(waves),
+        },
+    )
+    publish(
+        "rollout.created",
+        {
+            "rollout": rollout.pk,
+            "version": str(version),
+            "clusters": len(ready),
+            "batches": len(waves),
+            "state": rollout.state,
+        },
+        rollout_url(rollout),
+        rollout=rollout.pk,
+    )
     _queue_step(rollout.pk)
     return rollout
 
@@ -194,7 +259,9 @@ def release_drained_nodes(row: RolloutCluster) -> None:
 
     for node in Node.objects.filter(pk__in=row.nodes_draining or []):
         try:
-            node_uncordon(actor=None, node=node, reason=f"rollout #{row.rollout_id} stopped before updating it")
+            node_uncordon(
+                actor=None, node=node, reason=f"rollout #{row.rollout_id} stopped before updating it"
+            )
         except ServiceError:
             continue
     if row.nodes_draining:
@@ -208,26 +275,46 @@ def _release_open_drains(rollout: Rollout) -> None:
 
 
 def _locked(rollout: Rollout) -> Rollout:
-    return Rollout.objects.select_for_update(of=("self",)).select_related("version__blueprint").get(pk=rollout.pk)
+    return (
+        Rollout.objects.select_for_update(of=("self",))
+        .select_related("version__blueprint")
+        .get(pk=rollout.pk)
+    )
 
 
 def _move(rollout: Rollout, state: str, *, actor, reason: str, action: str) -> Rollout:
     if not rollout.may_become(state):
-        raise ServiceError(f"rollout #{rollout.pk} is {rollout.state}; it cannot become {state}", field="state",
-                           status=409)
+        raise ServiceError(
+            f"rollout #{rollout.pk} is {rollout.state}; it cannot become {state}", field="state", status=409
+        )
     old = rollout.state
     rollout.state = state
     rollout.reason = (reason or rollout.reason)[:500]
-    if state in (RolloutState.SUCCEEDED, RolloutState.FAILED, RolloutState.CANCELLED, RolloutState.ROLLED_BACK):
+    if state in (
+        RolloutState.SUCCEEDED,
+        RolloutState.FAILED,
+        RolloutState.CANCELLED,
+        RolloutState.ROLLED_BACK,
+    ):
         rollout.finished_at = rollout.finished_at or timezone.now()
         rollout.clusters.filter(open=True).update(open=False)
-        rollout.batches.filter(status__in=[RolloutBatch.Status.PROGRESSING, RolloutBatch.Status.SOAKING,
-                                           RolloutBatch.Status.WAITING]).update(
-            status=RolloutBatch.Status.STOPPED, finished_at=rollout.finished_at)
+        rollout.batches.filter(
+            status__in=[
+                RolloutBatch.Status.PROGRESSING,
+                RolloutBatch.Status.SOAKING,
+                RolloutBatch.Status.WAITING,
+            ]
+        ).update(status=RolloutBatch.Status.STOPPED, finished_at=rollout.finished_at)
     rollout.save(update_fields=["state", "reason", "finished_at"])
-    audit_record(actor=actor, action=action, target=rollout, changes={"state": [old, state], "reason": reason})
-    publish(f"rollout.{state.lower()}", {"rollout": rollout.pk, "state": state, "previous": old, "reason": reason},
-            rollout_url(rollout), rollout=rollout.pk)
+    audit_record(
+        actor=actor, action=action, target=rollout, changes={"state": [old, state], "reason": reason}
+    )
+    publish(
+        f"rollout.{state.lower()}",
+        {"rollout": rollout.pk, "state": state, "previous": old, "reason": reason},
+        rollout_url(rollout),
+        rollout=rollout.pk,
+    )
     return rollout
 
 
@@ -238,8 +325,13 @@ def rollout_pause(*, actor, rollout: Rollout, reason: str = "") -> Rollout:
     rollout = _locked(rollout)
     if rollout.state == RolloutState.PAUSED:
         return rollout
-    return _move(rollout, RolloutState.PAUSED, actor=actor, reason=reason or "paused by an operator",
-                 action="rollout.pause")
+    return _move(
+        rollout,
+        RolloutState.PAUSED,
+        actor=actor,
+        reason=reason or "paused by an operator",
+        action="rollout.pause",
+    )
 
 
 @transaction.atomic
@@ -252,9 +344,11 @@ def rollout_resume(*, actor, rollout: Rollout) -> Rollout:
     now = timezone.now()
     deadline = now + timezone.timedelta(seconds=rollout.progress_deadline_seconds)
     rollout.clusters.filter(batch_index=rollout.current_batch).exclude(status__in=DONE_CLUSTER_STATES).update(
-        deadline_at=deadline)
-    RolloutBatch.objects.filter(rollout=rollout, index=rollout.current_batch, status=RolloutBatch.Status.SOAKING
-                                ).update(soak_until=now + timezone.timedelta(seconds=rollout.soak_seconds))
+        deadline_at=deadline
+    )
+    RolloutBatch.objects.filter(
+        rollout=rollout, index=rollout.current_batch, status=RolloutBatch.Status.SOAKING
+    ).update(soak_until=now + timezone.timedelta(seconds=rollout.soak_seconds))
     rollout = _move(rollout, RolloutState.RUNNING, actor=actor, reason="resumed", action="rollout.resume")
     _queue_step(rollout.pk)
     return rollout
@@ -269,9 +363,15 @@ def rollout_cancel(*, actor, rollout: Rollout, reason: str = "") -> Rollout:
         return rollout
     _release_open_drains(rollout)
     rollout.clusters.filter(status=RolloutClusterStatus.TO_APPLY).update(
-        status=RolloutClusterStatus.SKIPPED, reason="rollout cancelled", finished_at=timezone.now())
-    return _move(rollout, RolloutState.CANCELLED, actor=actor, reason=reason or "cancelled by an operator",
-                 action="rollout.cancel")
+        status=RolloutClusterStatus.SKIPPED, reason="rollout cancelled", finished_at=timezone.now()
+    )
+    return _move(
+        rollout,
+        RolloutState.CANCELLED,
+        actor=actor,
+        reason=reason or "cancelled by an operator",
+        action="rollout.cancel",
+    )
 
 
 @transaction.atomic
@@ -288,13 +388,17 @@ def rollout_rollback(*, actor, rollout: Rollout, reason: str = "") -> Rollout:
 def roll_back_locked(rollout: Rollout, *, actor, reason: str) -> Rollout:
     """The rollback itself, for a rollout row the caller has locked (the step calls it on a spent budget)."""
     if not rollout.may_become(RolloutState.ROLLED_BACK):
-        raise ServiceError(f"rollout #{rollout.pk} is {rollout.state}; it cannot be rolled back", field="state",
-                           status=409)
+        raise ServiceError(
+            f"rollout #{rollout.pk} is {rollout.state}; it cannot be rolled back", field="state", status=409
+        )
     now = timezone.now()
     version = rollout.version
     _release_open_drains(rollout)
-    rows = list(rollout.clusters.filter(applied_at__isnull=False, rolled_back_at__isnull=True)
-                .select_related("cluster", "previous_version"))
+    rows = list(
+        rollout.clusters.filter(applied_at__isnull=False, rolled_back_at__isnull=True).select_related(
+            "cluster", "previous_version"
+        )
+    )
     failures = {}
     for row in rows:
         cluster = Cluster.objects.select_for_update().get(pk=row.cluster_id)
@@ -319,14 +423,33 @@ def roll_back_locked(rollout: Rollout, *, actor, reason: str) -> Rollout:
         row.reason = (f"{row.reason}; " if row.reason else "") + f"rolled back: {reason}"
         row.reason = row.reason[:500]
         row.save(update_fields=["rolled_back_at", "reason"])
-        audit_record(actor=actor, action="cluster.rollback", target=cluster, tenant_id=cluster.dedicated_tenant_id,
-                     changes={"blueprint_version": [str(version), str(previous) if previous else None],
-                              "track_latest": [row.previous_track_latest, False], "reason": reason})
-        publish("cluster.rolled_back", {"rollout": rollout.pk, "cluster": cluster.pk, "name": cluster.name,
-                                        "version": previous.number if previous else None, "reason": reason},
-                f"/api/v1/clusters/{cluster.pk}/", clusters=[cluster.pk], rollout=rollout.pk)
+        audit_record(
+            actor=actor,
+            action="cluster.rollback",
+            target=cluster,
+            tenant_id=cluster.dedicated_tenant_id,
+            changes={
+                "blueprint_version": [str(version), str(previous) if previous else None],
+                "track_latest": [row.previous_track_latest, False],
+                "reason": reason,
+            },
+        )
+        publish(
+            "cluster.rolled_back",
+            {
+                "rollout": rollout.pk,
+                "cluster": cluster.pk,
+                "name": cluster.name,
+                "version": previous.number if previous else None,
+                "reason": reason,
+            },
+            f"/api/v1/clusters/{cluster.pk}/",
+            clusters=[cluster.pk],
+            rollout=rollout.pk,
+        )
     rollout.clusters.filter(status=RolloutClusterStatus.TO_APPLY).update(
-        status=RolloutClusterStatus.SKIPPED, reason="rollout rolled back", finished_at=now)
+        status=RolloutClusterStatus.SKIPPED, reason="rollout rolled back", finished_at=now
+    )
     if failures:
         reason = f"{reason} (could not reach: {', '.join(sorted(failures))})"
     return _move(rollout, RolloutState.ROLLED_BACK, actor=actor, reason=reason, action="rollout.rollback")

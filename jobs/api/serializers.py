@@ -29,10 +29,31 @@ class JobSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Job
-        fields = ["id", "name", "tenant", "cluster", "cluster_name", "gpus", "simulated", "reports_progress", "state", "state_reason", "iteration",
-                  "seconds_per_iteration", "checkpoint_interval", "last_checkpoint_iteration", "total_iterations",
-                  "slowdown", "degraded_until", "protected", "protection_reason", "allocations", "created_at",
-                  "started_at", "ended_at"]
+        fields = [
+            "id",
+            "name",
+            "tenant",
+            "cluster",
+            "cluster_name",
+            "gpus",
+            "simulated",
+            "reports_progress",
+            "state",
+            "state_reason",
+            "iteration",
+            "seconds_per_iteration",
+            "checkpoint_interval",
+            "last_checkpoint_iteration",
+            "total_iterations",
+            "slowdown",
+            "degraded_until",
+            "protected",
+            "protection_reason",
+            "allocations",
+            "created_at",
+            "started_at",
+            "ended_at",
+        ]
 
     def get_iteration(self, job) -> int:
         return job.iteration_now()
@@ -79,14 +100,20 @@ class JobSerializer(serializers.ModelSerializer):
 class JobSubmitSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
     cluster = serializers.IntegerField(min_value=1)
-    tenant = serializers.IntegerField(min_value=1, required=False, help_text="provider roles: the tenant it runs for")
+    tenant = serializers.IntegerField(
+        min_value=1, required=False, help_text="provider roles: the tenant it runs for"
+    )
     gpus = serializers.IntegerField(min_value=1, max_value=100_000)
     gpus_per_node = serializers.IntegerField(min_value=1, max_value=64, default=8)
     seconds_per_iteration = serializers.FloatField(min_value=0.001, max_value=86400, default=1.0)
     checkpoint_interval = serializers.IntegerField(min_value=1, max_value=10**9, default=1000)
     total_iterations = serializers.IntegerField(min_value=1, max_value=10**12, required=False)
-    hostnames = serializers.ListField(child=serializers.CharField(max_length=100), required=False, max_length=4096,
-                                      help_text="for a job on a real cluster: the hosts it runs on")
+    hostnames = serializers.ListField(
+        child=serializers.CharField(max_length=100),
+        required=False,
+        max_length=4096,
+        help_text="for a job on a real cluster: the hosts it runs on",
+    )
     gpu_model = serializers.CharField(max_length=30, required=False)
 
 
@@ -98,17 +125,41 @@ class ProgressSerializer(serializers.Serializer):
 
 class FaultSerializer(serializers.ModelSerializer):
     hostname = serializers.CharField(source="node.hostname", read_only=True)
-    incident = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True,
-                                                  help_text="the failure this report is of")
+    incident = serializers.PrimaryKeyRelatedField(
+        read_only=True, allow_null=True, help_text="the failure this report is of"
+    )
 
     class Meta:
         model = FaultEvent
-        fields = ["id", "kind", "xid", "severity", "cluster", "node", "hostname", "gpu_index", "nic_name", "rack",
-                  "sources", "report_count", "detected_at", "received_at", "last_reported_at", "state", "state_reason",
-                  "handled_at", "triage", "needs_human", "details", "incident"]
+        fields = [
+            "id",
+            "kind",
+            "xid",
+            "severity",
+            "cluster",
+            "node",
+            "hostname",
+            "gpu_index",
+            "nic_name",
+            "rack",
+            "sources",
+            "report_count",
+            "detected_at",
+            "received_at",
+            "last_reported_at",
+            "state",
+            "state_reason",
+            "handled_at",
+            "triage",
+            "needs_human",
+            "details",
+            "incident",
+        ]
 
 
-@extend_schema_field({"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string", "minLength": 1, "maxLength": 100}]})
+@extend_schema_field(
+    {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string", "minLength": 1, "maxLength": 100}]}
+)
 class IdOrNameField(serializers.Field):
     """A row named by its id (an integer, or a string of digits) or by its name (any other string)."""
 
@@ -134,10 +185,13 @@ class IdOrNameField(serializers.Field):
 
 class FaultReportSerializer(serializers.Serializer):
     node = IdOrNameField(required=False, help_text="the node: its id, or its hostname")
-    hostname = serializers.CharField(max_length=100, required=False,
-                                     help_text="the node's hostname (instead of node)")
-    cluster = IdOrNameField(required=False, help_text="the node's cluster, id or name: needed only when the "
-                                                      "hostname is on several clusters")
+    hostname = serializers.CharField(
+        max_length=100, required=False, help_text="the node's hostname (instead of node)"
+    )
+    cluster = IdOrNameField(
+        required=False,
+        help_text="the node's cluster, id or name: needed only when the hostname is on several clusters",
+    )
     kind = serializers.ChoiceField(choices=FaultKind.choices)
     source = serializers.ChoiceField(choices=FaultSource.choices, default=FaultSource.API)
     xid = serializers.IntegerField(min_value=0, max_value=100_000, required=False, allow_null=True)
@@ -149,7 +203,9 @@ class FaultReportSerializer(serializers.Serializer):
 
     def validate(self, data):
         if "node" in data and "hostname" in data:
-            raise serializers.ValidationError({"hostname": ["name the node once: node or hostname, not both"]})
+            raise serializers.ValidationError(
+                {"hostname": ["name the node once: node or hostname, not both"]}
+            )
         if "node" not in data and "hostname" not in data:
             raise serializers.ValidationError({"node": ["name the node: its id or hostname"]})
         if data["kind"] == FaultKind.GPU_XID and data.get("xid") is None:
@@ -158,20 +214,58 @@ class FaultReportSerializer(serializers.Serializer):
 
 
 class RecoveryActionSerializer(serializers.ModelSerializer):
-    incident = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True,
-                                                  help_text="the failure this action answers")
-    previous = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True,
-                                                  help_text="the attempt this one replaced")
+    incident = serializers.PrimaryKeyRelatedField(
+        read_only=True, allow_null=True, help_text="the failure this action answers"
+    )
+    previous = serializers.PrimaryKeyRelatedField(
+        read_only=True, allow_null=True, help_text="the attempt this one replaced"
+    )
 
     class Meta:
         model = RecoveryAction
-        fields = ["id", "fault", "incident", "job", "cluster", "kind", "state", "dry_run", "attempt", "previous",
-                  "node", "to_node", "gpu_index", "to_gpu_index", "nic_name", "to_nic_name", "snapshot", "detected_at",
-                  "planned_at", "started_at", "done_at", "deadline_at", "ended_at", "gpus", "pause_seconds",
-                  "work_lost_seconds", "degraded_seconds", "slowdown", "snapshot_overhead_seconds", "restore_iteration",
-                  "gpu_hours_lost",
-                  "gpu_hours_baseline", "gpu_hours_saved", "saving", "gpu_hours_expected", "gpu_hours_at_stake",
-                  "reason", "alternatives", "estimate", "failed_back_at", "error"]
+        fields = [
+            "id",
+            "fault",
+            "incident",
+            "job",
+            "cluster",
+            "kind",
+            "state",
+            "dry_run",
+            "attempt",
+            "previous",
+            "node",
+            "to_node",
+            "gpu_index",
+            "to_gpu_index",
+            "nic_name",
+            "to_nic_name",
+            "snapshot",
+            "detected_at",
+            "planned_at",
+            "started_at",
+            "done_at",
+            "deadline_at",
+            "ended_at",
+            "gpus",
+            "pause_seconds",
+            "work_lost_seconds",
+            "degraded_seconds",
+            "slowdown",
+            "snapshot_overhead_seconds",
+            "restore_iteration",
+            "gpu_hours_lost",
+            "gpu_hours_baseline",
+            "gpu_hours_saved",
+            "saving",
+            "gpu_hours_expected",
+            "gpu_hours_at_stake",
+            "reason",
+            "alternatives",
+            "estimate",
+            "failed_back_at",
+            "error",
+        ]
 
 
 class IncidentSerializer(serializers.ModelSerializer):
@@ -182,8 +276,24 @@ class IncidentSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Incident
-        fields = ["id", "cluster", "node", "hostname", "scope", "nic_name", "kind", "xid", "state", "opened_at",
-                  "last_reported_at", "resolved_at", "report_count", "fault_count", "sources", "url"]
+        fields = [
+            "id",
+            "cluster",
+            "node",
+            "hostname",
+            "scope",
+            "nic_name",
+            "kind",
+            "xid",
+            "state",
+            "opened_at",
+            "last_reported_at",
+            "resolved_at",
+            "report_count",
+            "fault_count",
+            "sources",
+            "url",
+        ]
         read_only_fields = fields
 
     def get_fault_count(self, incident) -> int:
@@ -199,16 +309,40 @@ class IncidentSerializer(serializers.ModelSerializer):
 class IncidentFaultSerializer(serializers.ModelSerializer):
     class Meta:
         model = FaultEvent
-        fields = ["id", "kind", "xid", "gpu_index", "nic_name", "sources", "report_count", "detected_at", "state",
-                  "state_reason"]
+        fields = [
+            "id",
+            "kind",
+            "xid",
+            "gpu_index",
+            "nic_name",
+            "sources",
+            "report_count",
+            "detected_at",
+            "state",
+            "state_reason",
+        ]
         read_only_fields = fields
 
 
 class IncidentActionSerializer(serializers.ModelSerializer):
     class Meta:
         model = RecoveryAction
-        fields = ["id", "kind", "state", "job", "attempt", "previous", "to_node", "error", "gpu_hours_baseline",
-                  "gpu_hours_lost", "gpu_hours_saved", "saving", "gpu_hours_expected", "ended_at"]
+        fields = [
+            "id",
+            "kind",
+            "state",
+            "job",
+            "attempt",
+            "previous",
+            "to_node",
+            "error",
+            "gpu_hours_baseline",
+            "gpu_hours_lost",
+            "gpu_hours_saved",
+            "saving",
+            "gpu_hours_expected",
+            "ended_at",
+        ]
         read_only_fields = fields
 
 
@@ -237,12 +371,30 @@ class IncidentDetailSerializer(IncidentSerializer):
 
 
 class SnapshotSerializer(serializers.ModelSerializer):
-    seconds = serializers.FloatField(read_only=True, allow_null=True, help_text="how long it took; null while it runs")
+    seconds = serializers.FloatField(
+        read_only=True, allow_null=True, help_text="how long it took; null while it runs"
+    )
 
     class Meta:
         model = JobSnapshot
-        fields = ["id", "job", "kind", "state", "reason", "iteration", "started_at", "done_at", "ended_at", "seconds",
-                  "error", "size_bytes", "locations", "stalled_ranks", "note", "overhead_seconds"]
+        fields = [
+            "id",
+            "job",
+            "kind",
+            "state",
+            "reason",
+            "iteration",
+            "started_at",
+            "done_at",
+            "ended_at",
+            "seconds",
+            "error",
+            "size_bytes",
+            "locations",
+            "stalled_ranks",
+            "note",
+            "overhead_seconds",
+        ]
 
 
 class SnapshotLocationSerializer(serializers.Serializer):
@@ -269,15 +421,25 @@ class SnapshotReportSerializer(serializers.Serializer):
 
     kind = serializers.ChoiceField(choices=[c for c in SnapshotKind.choices if c[0] != SnapshotKind.PLATFORM])
     iteration = serializers.IntegerField(min_value=0, max_value=2**62)
-    seconds = serializers.FloatField(min_value=0, max_value=30 * 86400, required=False, allow_null=True,
-                                     help_text="measured: capture + replication, restore, or how long a rank hangs")
+    seconds = serializers.FloatField(
+        min_value=0,
+        max_value=30 * 86400,
+        required=False,
+        allow_null=True,
+        help_text="measured: capture + replication, restore, or how long a rank hangs",
+    )
     bytes = serializers.IntegerField(min_value=0, max_value=2**62, required=False, allow_null=True)
     overhead_seconds = serializers.FloatField(
-        min_value=0, max_value=30 * 86400, required=False, allow_null=True,
-        help_text="training time its snapshots cost since its previous report (in the training thread)")
+        min_value=0,
+        max_value=30 * 86400,
+        required=False,
+        allow_null=True,
+        help_text="training time its snapshots cost since its previous report (in the training thread)",
+    )
     locations = SnapshotLocationSerializer(many=True, required=False, max_length=1024)
-    stalled_ranks = serializers.ListField(child=serializers.IntegerField(min_value=0, max_value=10_000_000),
-                                          required=False, max_length=4096)
+    stalled_ranks = serializers.ListField(
+        child=serializers.IntegerField(min_value=0, max_value=10_000_000), required=False, max_length=4096
+    )
     note = serializers.CharField(max_length=300, required=False, allow_blank=True)
 
     def validate(self, attrs):

@@ -53,42 +53,61 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
 
     def get_authenticators(self):
         # progress/ and snapshots/ also take the job's own token; everything else the usual bearer and session.
-        request = getattr(self, "request", None)   # None while drf-spectacular builds the schema
+        request = getattr(self, "request", None)  # None while drf-spectacular builds the schema
         if getattr(self, "action", None) in ("progress", "snapshots") or (
-                request is not None and request.path.endswith(("/progress/", "/snapshots/"))):
+            request is not None and request.path.endswith(("/progress/", "/snapshots/"))
+        ):
             return [JobTokenAuthentication(), BearerTokenAuthentication(), SessionAuthentication()]
         return super().get_authenticators()
 
     @extend_schema(request=JobSubmitSerializer, responses=JobSerializer)
     def create(self, request):
         who = self.principal
-        require(who.may_submit_jobs(who.tenant_id), "you may not submit jobs")   # before reading any input
+        require(who.may_submit_jobs(who.tenant_id), "you may not submit jobs")  # before reading any input
         data = JobSubmitSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
         if who.is_provider:
             if "tenant" not in values:
-                raise exceptions.ValidationError({"tenant": ["provider roles name the tenant the job runs for"]})
+                raise exceptions.ValidationError(
+                    {"tenant": ["provider roles name the tenant the job runs for"]}
+                )
             tenant = tenant_list(user=request.user).filter(pk=values["tenant"]).first()
             if tenant is None:
                 raise exceptions.ValidationError({"tenant": ["no such tenant"]})
         else:
-            tenant = get_object_or_404(tenant_list(user=request.user), pk=who.tenant_id) if who.tenant_id else None
-        require(tenant is not None and who.may_submit_jobs(tenant.pk), "you may not submit jobs for this tenant")
+            tenant = (
+                get_object_or_404(tenant_list(user=request.user), pk=who.tenant_id) if who.tenant_id else None
+            )
+        require(
+            tenant is not None and who.may_submit_jobs(tenant.pk), "you may not submit jobs for this tenant"
+        )
         # Of the clusters the reader may know of (its own and the shared ones), one that may run the tenant's jobs.
         cluster = fleet_selectors.cluster_catalog(user=request.user).filter(pk=values["cluster"]).first()
         if cluster is None or cluster.dedicated_tenant_id not in (None, tenant.pk):
             raise exceptions.ValidationError({"cluster": ["no such cluster for this tenant"]})
         # Naming hosts claims them: on a shared cluster only provider roles (or the cluster's launcher) may.
-        require(not values.get("hostnames") or who.is_provider or cluster.dedicated_tenant_id == tenant.pk,
-                "only provider roles register jobs on named hosts of a shared cluster")
+        require(
+            not values.get("hostnames") or who.is_provider or cluster.dedicated_tenant_id == tenant.pk,
+            "only provider roles register jobs on named hosts of a shared cluster",
+        )
         job, token = job_services.job_submit(
-            actor=request.user, tenant=tenant, cluster=cluster, name=values["name"], gpus=values["gpus"],
-            gpus_per_node=values["gpus_per_node"], seconds_per_iteration=values["seconds_per_iteration"],
-            checkpoint_interval=values["checkpoint_interval"], total_iterations=values.get("total_iterations"),
-            hostnames=values.get("hostnames"), gpu_model=values.get("gpu_model"))
-        body = JobSerializer(selectors.job_list(user=request.user).prefetch_related("allocations__node").get(pk=job.pk),
-                             context={}).data
+            actor=request.user,
+            tenant=tenant,
+            cluster=cluster,
+            name=values["name"],
+            gpus=values["gpus"],
+            gpus_per_node=values["gpus_per_node"],
+            seconds_per_iteration=values["seconds_per_iteration"],
+            checkpoint_interval=values["checkpoint_interval"],
+            total_iterations=values.get("total_iterations"),
+            hostnames=values.get("hostnames"),
+            gpu_model=values.get("gpu_model"),
+        )
+        body = JobSerializer(
+            selectors.job_list(user=request.user).prefetch_related("allocations__node").get(pk=job.pk),
+            context={},
+        ).data
         return Response({**body, "token": token}, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=JobSerializer)
@@ -99,9 +118,19 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
         job = job_services.job_cancel(actor=request.user, job=job)
         return Response(JobSerializer(job, context={}).data)
 
-    @extend_schema(request=ProgressSerializer, responses=inline_serializer("ProgressResult", {
-        "id": serializers.IntegerField(), "state": serializers.CharField(), "iteration": serializers.IntegerField(),
-        "last_checkpoint_iteration": serializers.IntegerField(), "write_through": serializers.BooleanField()}))
+    @extend_schema(
+        request=ProgressSerializer,
+        responses=inline_serializer(
+            "ProgressResult",
+            {
+                "id": serializers.IntegerField(),
+                "state": serializers.CharField(),
+                "iteration": serializers.IntegerField(),
+                "last_checkpoint_iteration": serializers.IntegerField(),
+                "write_through": serializers.BooleanField(),
+            },
+        ),
+    )
     @action(detail=True, methods=["post"])
     def progress(self, request, pk=None):
         """The job reports its progress: with its job token, or as a user who may submit its tenant's jobs."""
@@ -117,13 +146,27 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
         from jobs.services.moves import write_through_requested
 
         # ``write_through``: Lockstep is moving the job off a node; its protection runtime writes through and holds.
-        return Response({"id": job.pk, "state": job.state, "iteration": job.iteration,
-                         "last_checkpoint_iteration": job.last_checkpoint_iteration,
-                         "write_through": write_through_requested(job)})
+        return Response(
+            {
+                "id": job.pk,
+                "state": job.state,
+                "iteration": job.iteration,
+                "last_checkpoint_iteration": job.last_checkpoint_iteration,
+                "write_through": write_through_requested(job),
+            }
+        )
 
-    @extend_schema(responses=OpenApiTypes.OBJECT, parameters=[OpenApiParameter(
-        "range", OpenApiTypes.STR, enum=list(RANGES),
-        description="only the last 15 min, 6 h, 7 d or 30 d (the job's whole life without it)")])
+    @extend_schema(
+        responses=OpenApiTypes.OBJECT,
+        parameters=[
+            OpenApiParameter(
+                "range",
+                OpenApiTypes.STR,
+                enum=list(RANGES),
+                description="only the last 15 min, 6 h, 7 d or 30 d (the job's whole life without it)",
+            )
+        ],
+    )
     @action(detail=True, methods=["get"])
     def timeline(self, request, pk=None):
         """Phases, faults, actions, snapshots, iterations against the restart-from-checkpoint counterfactual."""
@@ -134,11 +177,14 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
         return Response(figures.job_timeline(self.get_object(), since=since))
 
     @extend_schema(methods=["GET"], request=None, responses=SnapshotSerializer(many=True))
-    @extend_schema(methods=["POST"], request=SnapshotReportSerializer,
-                   responses={201: SnapshotSerializer, 503: ErrorSerializer},
-                   description="As a provider role (no body): take a platform snapshot through the driver. With the "
-                               "job's token: report what its protection runtime did (a restore point, a restore, a "
-                               "disk fallback, a hang).")
+    @extend_schema(
+        methods=["POST"],
+        request=SnapshotReportSerializer,
+        responses={201: SnapshotSerializer, 503: ErrorSerializer},
+        description="As a provider role (no body): take a platform snapshot through the driver. With the "
+        "job's token: report what its protection runtime did (a restore point, a restore, a "
+        "disk fallback, a hang).",
+    )
     @action(detail=True, methods=["get", "post"], pagination_class=None, filter_backends=[])
     def snapshots(self, request, pk=None):
         if isinstance(request.auth, JobToken):
@@ -155,7 +201,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
             require(self.principal.may_operate, "only provider roles take snapshots")
             snapshot = snapshot_take(actor=request.user, job=job)
             return Response(SnapshotSerializer(snapshot).data, status=status.HTTP_201_CREATED)
-        return Response(SnapshotSerializer(selectors.snapshot_list(user=request.user, job=job)[:200], many=True).data)
+        return Response(
+            SnapshotSerializer(selectors.snapshot_list(user=request.user, job=job)[:200], many=True).data
+        )
 
 
 class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
@@ -175,8 +223,16 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedVi
         return IncidentDetailSerializer if getattr(self, "action", None) == "retrieve" else IncidentSerializer
 
 
-@extend_schema(parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,
-                                            description="makes retries of a POST safe")])
+@extend_schema(
+    parameters=[
+        OpenApiParameter(
+            "Idempotency-Key",
+            OpenApiTypes.STR,
+            OpenApiParameter.HEADER,
+            description="makes retries of a POST safe",
+        )
+    ]
+)
 class FaultViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
     """Fault events. POST reports one (provider roles); reports of the same fault merge into one event."""
 
@@ -186,25 +242,39 @@ class FaultViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewS
     def selector(self, *, user):
         return selectors.fault_list(user=user)
 
-    @extend_schema(request=FaultReportSerializer, responses={
-        201: OpenApiResponse(FaultSerializer, description="a new fault event"),
-        200: OpenApiResponse(FaultSerializer, description="a report of a fault already recorded (merged into it)")})
+    @extend_schema(
+        request=FaultReportSerializer,
+        responses={
+            201: OpenApiResponse(FaultSerializer, description="a new fault event"),
+            200: OpenApiResponse(
+                FaultSerializer, description="a report of a fault already recorded (merged into it)"
+            ),
+        },
+    )
     def create(self, request):
         require(self.principal.may_operate, "only provider roles report faults")
         data = FaultReportSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
-        node = self._reported_node(node=values.pop("node", None), hostname=values.pop("hostname", None),
-                                   cluster=values.pop("cluster", None))
+        node = self._reported_node(
+            node=values.pop("node", None),
+            hostname=values.pop("hostname", None),
+            cluster=values.pop("cluster", None),
+        )
         key = (request.headers.get("Idempotency-Key") or "").strip() or None
         if key and len(key) > 200:
             raise exceptions.ValidationError({"Idempotency-Key": ["at most 200 characters"]})
-        fault, created = fault_services.fault_ingest(node=node, idempotency_key=key, actor=request.user, **values)
+        fault, created = fault_services.fault_ingest(
+            node=node, idempotency_key=key, actor=request.user, **values
+        )
         body = FaultSerializer(fault).data
-        return Response({**body, "created": created}, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        return Response(
+            {**body, "created": created}, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )
 
-
-    def _reported_node(self, *, node: int | str | None, hostname: str | None, cluster: int | str | None) -> Node:
+    def _reported_node(
+        self, *, node: int | str | None, hostname: str | None, cluster: int | str | None
+    ) -> Node:
         """The node a report names: by id, or by hostname (with its cluster where several clusters have it)."""
         # Only what intake reads (the hot path of fault reports: every column of a node and its cluster costs).
         nodes = fleet_selectors.node_list(user=self.request.user).only(*fault_services.INGEST_NODE_FIELDS)
@@ -214,17 +284,28 @@ class FaultViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewS
             hostname = node if node is not None else hostname
             nodes = nodes.filter(hostname=hostname)
         if cluster is not None:
-            nodes = nodes.filter(cluster_id=cluster) if isinstance(cluster, int) else nodes.filter(cluster__name=cluster)
+            nodes = (
+                nodes.filter(cluster_id=cluster)
+                if isinstance(cluster, int)
+                else nodes.filter(cluster__name=cluster)
+            )
         found = list(nodes[:2])
         field = "hostname" if node is None else "node"
         if not found:
             where = f" on cluster {cluster}" if cluster is not None else ""
-            raise exceptions.ValidationError({field: [f"no node named {hostname}{where}" if hostname else "no such node"]})
+            raise exceptions.ValidationError(
+                {field: [f"no node named {hostname}{where}" if hostname else "no such node"]}
+            )
         if len(found) > 1:
             clusters = sorted(nodes.values_list("cluster__name", flat=True))
-            raise exceptions.ValidationError({field: [
-                f"hostname {hostname} is on several clusters ({', '.join(clusters)}): name its cluster "
-                f"(\"cluster\": id or name) or give the node's id"]})
+            raise exceptions.ValidationError(
+                {
+                    field: [
+                        f"hostname {hostname} is on several clusters ({', '.join(clusters)}): name its cluster "
+                        f'("cluster": id or name) or give the node\'s id'
+                    ]
+                }
+            )
         return found[0]
 
     @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
@@ -249,11 +330,21 @@ class RecoveryActionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Sc
         return selectors.action_list(user=user)
 
 
-@extend_schema(parameters=[
-    OpenApiParameter("group", OpenApiTypes.STR, enum=list(figures.GROUPS), description="totals per job, cluster, tenant or fleet"),
-    OpenApiParameter("bucket", OpenApiTypes.STR, enum=list(figures.BUCKETS), description="time buckets of the series"),
-    OpenApiParameter("hours", OpenApiTypes.INT, description="only the last N hours"),
-], responses=OpenApiTypes.OBJECT)
+@extend_schema(
+    parameters=[
+        OpenApiParameter(
+            "group",
+            OpenApiTypes.STR,
+            enum=list(figures.GROUPS),
+            description="totals per job, cluster, tenant or fleet",
+        ),
+        OpenApiParameter(
+            "bucket", OpenApiTypes.STR, enum=list(figures.BUCKETS), description="time buckets of the series"
+        ),
+        OpenApiParameter("hours", OpenApiTypes.INT, description="only the last N hours"),
+    ],
+    responses=OpenApiTypes.OBJECT,
+)
 class StatsViewSet(ScopedViewSet):
     """GPU-hours saved, lost and at baseline, faults and actions: totals per group and over time. Tenant users
     get their own jobs' figures (per job or tenant); fleet and cluster figures are for provider roles."""
@@ -268,8 +359,10 @@ class StatsViewSet(ScopedViewSet):
             raise exceptions.ValidationError({"group": [f"one of {', '.join(figures.GROUPS)}"]})
         if bucket not in figures.BUCKETS:
             raise exceptions.ValidationError({"bucket": [f"one of {', '.join(figures.BUCKETS)}"]})
-        require(group not in ("fleet", "cluster") or self.principal.is_provider,
-                "fleet and cluster figures are for provider roles")
+        require(
+            group not in ("fleet", "cluster") or self.principal.is_provider,
+            "fleet and cluster figures are for provider roles",
+        )
         since = None
         if request.query_params.get("hours"):
             try:
@@ -279,6 +372,12 @@ class StatsViewSet(ScopedViewSet):
             except ValueError as error:
                 raise exceptions.ValidationError({"hours": ["a whole number of hours, 1 to 8784"]}) from error
             since = timezone.now() - timedelta(hours=hours)
-        return Response(figures.gpu_hours_stats(actions=self.get_queryset(),
-                                                faults=selectors.job_fault_list(user=request.user),
-                                                group=group, bucket=bucket, since=since))
+        return Response(
+            figures.gpu_hours_stats(
+                actions=self.get_queryset(),
+                faults=selectors.job_fault_list(user=request.user),
+                group=group,
+                bucket=bucket,
+                since=since,
+            )
+        )

@@ -5,6 +5,18 @@ from jobs.models.jobs import Job, JobAllocation, JobPhase, JobProgress, JobSnaps
 from jobs.models.launchers import LauncherCredential, SlurmJob
 
 __all__ = [
-    "FaultEvent", "Incident", "Job", "JobAllocation", "JobPhase", "JobProgress", "JobSnapshot", "JobToken", "LauncherCredential", "NodeEscalation",
-    "RecoveryAction", "RecoveryEstimate", "SlurmJob", "SpareBooking",
+    "FaultEvent",
+    "Incident",
+    "Job",
+    "JobAllocation",
+    "JobPhase",
+    "JobProgress",
+    "JobSnapshot",
+    "JobToken",
+    "LauncherCredential",
+    "NodeEscalation",
+    "RecoveryAction",
+    "RecoveryEstimate",
+    "SlurmJob",
+    "SpareBooking",
 ]

@@ -36,8 +36,14 @@ class FaultEvent(models.Model):
     # A digest of the report the idempotency key came with: a retry carries the same, another report is refused.
     request_digest = models.CharField(max_length=64, null=True, blank=True)
     details = models.JSONField(default=dict, blank=True)
-    incident = models.ForeignKey("jobs.Incident", null=True, blank=True, on_delete=models.SET_NULL,
-                                 related_name="faults", help_text="the failure this report is of")
+    incident = models.ForeignKey(
+        "jobs.Incident",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="faults",
+        help_text="the failure this report is of",
+    )
 
     tenant_scope = "cluster__dedicated_tenant_id"
 

@@ -34,18 +34,25 @@ class Job(models.Model):
     gpus = models.PositiveIntegerField()
     simulated = models.BooleanField(default=True)
     state = models.CharField(max_length=12, choices=JobState.choices, default=JobState.PENDING)
-    state_reason = models.CharField(max_length=300, blank=True, db_default="", help_text="why it failed, when it did")
+    state_reason = models.CharField(
+        max_length=300, blank=True, db_default="", help_text="why it failed, when it did"
+    )
     seconds_per_iteration = models.FloatField(default=1.0)
-    checkpoint_interval = models.PositiveIntegerField(default=1000, help_text="iterations between checkpoints")
+    checkpoint_interval = models.PositiveIntegerField(
+        default=1000, help_text="iterations between checkpoints"
+    )
     iteration = models.PositiveBigIntegerField(default=0)
     iteration_at = models.DateTimeField(default=timezone.now)
     last_checkpoint_iteration = models.PositiveBigIntegerField(default=0)
     last_checkpoint_at = models.DateTimeField(null=True, blank=True)
     total_iterations = models.PositiveBigIntegerField(null=True, blank=True)
-    slowdown = models.FloatField(default=0.0, help_text="fraction of speed lost while degraded (0 = full speed)")
+    slowdown = models.FloatField(
+        default=0.0, help_text="fraction of speed lost while degraded (0 = full speed)"
+    )
     degraded_until = models.DateTimeField(null=True, blank=True)
-    submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
-                                     related_name="+")
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
@@ -105,10 +112,17 @@ class JobAllocation(models.Model):
 
     class Meta:
         ordering = ["job_id", "rank_start"]
-        indexes = [models.Index(fields=["node"], condition=Q(released_at__isnull=True), name="allocation_active_node")]
+        indexes = [
+            models.Index(
+                fields=["node"], condition=Q(released_at__isnull=True), name="allocation_active_node"
+            )
+        ]
         constraints = [
-            models.UniqueConstraint(fields=["job", "rank_start"], condition=Q(released_at__isnull=True),
-                                    name="allocation_rank_unique_while_active"),
+            models.UniqueConstraint(
+                fields=["job", "rank_start"],
+                condition=Q(released_at__isnull=True),
+                name="allocation_rank_unique_while_active",
+            ),
         ]
 
     def __str__(self):
@@ -137,8 +151,9 @@ class JobPhase(models.Model):
         ordering = ["job_id", "started_at", "id"]
         # The open phases (one or two a job), which every decision and completion ends by job and kind: without
         # it PostgreSQL ended a batch's phases with a scan of every phase ever recorded (a growing table).
-        indexes = [models.Index(fields=["job", "kind"], condition=Q(ended_at__isnull=True),
-                                name="jobphase_open_idx")]
+        indexes = [
+            models.Index(fields=["job", "kind"], condition=Q(ended_at__isnull=True), name="jobphase_open_idx")
+        ]
 
     def __str__(self):
         return f"job {self.job_id} {self.kind} from {self.started_at:%H:%M:%S}"
@@ -176,16 +191,26 @@ class JobSnapshot(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
     error = models.CharField(max_length=300, blank=True)
     # What the job's protection runtime reported (kind other than platform): measured, not estimated.
-    kind = models.CharField(max_length=16, choices=SnapshotKind.choices, default=SnapshotKind.PLATFORM,
-                            db_default=SnapshotKind.PLATFORM)
+    kind = models.CharField(
+        max_length=16,
+        choices=SnapshotKind.choices,
+        default=SnapshotKind.PLATFORM,
+        db_default=SnapshotKind.PLATFORM,
+    )
     size_bytes = models.PositiveBigIntegerField(null=True, blank=True, help_text="bytes of state, all ranks")
-    locations = models.JSONField(default=list, db_default=[], blank=True, help_text="where each rank's copies live")
-    stalled_ranks = models.JSONField(default=list, db_default=[], blank=True, help_text="a hang: the ranks that stalled")
+    locations = models.JSONField(
+        default=list, db_default=[], blank=True, help_text="where each rank's copies live"
+    )
+    stalled_ranks = models.JSONField(
+        default=list, db_default=[], blank=True, help_text="a hang: the ranks that stalled"
+    )
     note = models.CharField(max_length=300, blank=True, db_default="")
     overhead_seconds = models.FloatField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="training time the runtime's snapshots cost since its previous report (capture and waiting for "
-                  "replication, in the training thread, slowest rank)")
+        "replication, in the training thread, slowest rank)",
+    )
 
     tenant_scope = "job__tenant_id"
 

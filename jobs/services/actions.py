@@ -25,13 +25,16 @@ from jobs.services.publishing import publish_action
 log = logging.getLogger(__name__)
 
 
-
 def deadline_after(estimate_seconds: float) -> timedelta:
     """How long an action may take before it counts as failed (timed out): the larger of
     RECOVERY_DEADLINE_FACTOR × its estimate and the estimate + RECOVERY_DEADLINE_EXTRA_SECONDS."""
     estimate = max(0.0, estimate_seconds)
-    return timedelta(seconds=max(settings.RECOVERY_DEADLINE_FACTOR * estimate,
-                                 estimate + settings.RECOVERY_DEADLINE_EXTRA_SECONDS))
+    return timedelta(
+        seconds=max(
+            settings.RECOVERY_DEADLINE_FACTOR * estimate, estimate + settings.RECOVERY_DEADLINE_EXTRA_SECONDS
+        )
+    )
+
 
 # Which driver call carries out each kind of action.
 CALLS = {
@@ -40,18 +43,27 @@ CALLS = {
     ActionKind.LIVE_MIGRATION: lambda d, a: d.migrate_worker(a.job.ref, a.node, a.to_node, _gpus_on(a)),
     ActionKind.PROACTIVE_MIGRATION: lambda d, a: d.migrate_worker(a.job.ref, a.node, a.to_node, _gpus_on(a)),
     ActionKind.GPU_RESET: lambda d, a: d.reset_gpu(a.node, a.gpu_index or 0),
-    ActionKind.RESTORE_FROM_SNAPSHOT: lambda d, a: d.restore_from_snapshot(a.job.ref, a.snapshot.handle if a.snapshot else ""),
+    ActionKind.RESTORE_FROM_SNAPSHOT: lambda d, a: d.restore_from_snapshot(
+        a.job.ref, a.snapshot.handle if a.snapshot else ""
+    ),
     ActionKind.RESTART_FROM_CHECKPOINT: lambda d, a: d.restart_from_checkpoint(a.job.ref),
 }
 
 
 def _gpus_on(action: RecoveryAction) -> int:
-    allocation = JobAllocation.objects.filter(job_id=action.job_id, node_id=action.node_id, released_at__isnull=True).first()
+    allocation = JobAllocation.objects.filter(
+        job_id=action.job_id, node_id=action.node_id, released_at__isnull=True
+    ).first()
     return allocation.gpu_count if allocation else 1
 
 
-def start_through_driver(action: RecoveryAction, cluster: Cluster, budget: placement.Budget | None,
-                         taken: set[int] | None = None, pool: placement.SparePool | None = None) -> str:
+def start_through_driver(
+    action: RecoveryAction,
+    cluster: Cluster,
+    budget: placement.Budget | None,
+    taken: set[int] | None = None,
+    pool: placement.SparePool | None = None,
+) -> str:
     """Ask the driver to carry out a planned action, the migration budget permitting, and set the action's fields
     in memory (the caller writes them). Returns ``"started"`` (and counts it in ``budget``), ``"waiting"`` (over
     the budget, or a transient driver error: it stays planned and ``error`` says why) or ``"refused"`` (``error``
@@ -61,7 +73,7 @@ def start_through_driver(action: RecoveryAction, cluster: Cluster, budget: place
     decision passes its own spare ``pool`` (read and locked once for all its actions; a storm's 64 restarts would
     otherwise each read the spares afresh, twice, and wait for their locks each time)."""
     moves = []
-    if action.kind in WHOLE_JOB_KINDS:      # it comes back off every failed or quarantined node
+    if action.kind in WHOLE_JOB_KINDS:  # it comes back off every failed or quarantined node
         taken = taken if taken is not None else set()
         pool = pool if pool is not None else placement.SparePool(cluster)
         moves, problem = [], "no dead node"
@@ -78,8 +90,10 @@ def start_through_driver(action: RecoveryAction, cluster: Cluster, budget: place
     if action.kind in BUDGETED_KINDS:
         leaf = action.to_node.leaf_switch if action.to_node_id else ""
         if not budget.room(leaf):
-            action.error = (f"waiting for the migration budget ({budget.cluster_running}/{budget.cluster_cap} in the "
-                            f"cluster, {budget.leaf_running.get(leaf, 0)}/{budget.leaf_cap} on {leaf or 'the leaf'})")
+            action.error = (
+                f"waiting for the migration budget ({budget.cluster_running}/{budget.cluster_cap} in the "
+                f"cluster, {budget.leaf_running.get(leaf, 0)}/{budget.leaf_cap} on {leaf or 'the leaf'})"
+            )
             return "waiting"
     call = CALLS.get(action.kind)
     now = timezone.now()
@@ -94,16 +108,26 @@ def start_through_driver(action: RecoveryAction, cluster: Cluster, budget: place
                 # The node is gone even when Lockstep may not take it out of service yet (a fleet-wide cap).
                 exclude.add(action.node.hostname)
             exclude = sorted(exclude)
-            nodes = [h for h in _placed_hosts(action, moves) if h not in exclude] if action.kind in WHOLE_JOB_KINDS else []
+            nodes = (
+                [h for h in _placed_hosts(action, moves) if h not in exclude]
+                if action.kind in WHOLE_JOB_KINDS
+                else []
+            )
             if action.kind == ActionKind.RESTART_FROM_CHECKPOINT:
-                result = driver_for(cluster).restart_from_checkpoint(action.job.ref, exclude=exclude, nodes=nodes)
+                result = driver_for(cluster).restart_from_checkpoint(
+                    action.job.ref, exclude=exclude, nodes=nodes
+                )
             elif action.kind == ActionKind.PROACTIVE_MIGRATION and _asks_write_through(cluster):
                 from jobs.services.moves import move_ask
 
-                result = move_ask(action)   # written through first, then relaunched (jobs.services.moves)
+                result = move_ask(action)  # written through first, then relaunched (jobs.services.moves)
             elif action.kind == ActionKind.RESTORE_FROM_SNAPSHOT:
                 result = driver_for(cluster).restore_from_snapshot(
-                    action.job.ref, action.snapshot.handle if action.snapshot else "", exclude=exclude, nodes=nodes)
+                    action.job.ref,
+                    action.snapshot.handle if action.snapshot else "",
+                    exclude=exclude,
+                    nodes=nodes,
+                )
             else:
                 result = call(driver_for(cluster), action)
             result_handle, done_at = result.handle, result.done_at or now
@@ -132,7 +156,9 @@ def _placed_hosts(action: RecoveryAction, moves: list) -> list[str]:
     the caller then excludes without a spare for it is left to the scheduler to fill (Slurm: ``ReqNodeList`` names
     the nodes the job must have, and it adds others up to its node count)."""
     moved = {allocation.pk: spare.hostname for allocation, spare in moves}
-    allocations = JobAllocation.objects.filter(job_id=action.job_id, released_at__isnull=True).select_related("node")
+    allocations = JobAllocation.objects.filter(job_id=action.job_id, released_at__isnull=True).select_related(
+        "node"
+    )
     return list(dict.fromkeys(moved.get(a.pk, a.node.hostname) for a in allocations.order_by("rank_start")))
 
 
@@ -174,12 +200,34 @@ def fail_many(actions: list[RecoveryAction], errors: dict[int, str], *, baseline
         if baseline_moves:
             # Its time is inside the next attempt's pause (one clock per recovery): nothing of its own to book.
             action.moved_baseline = action.gpu_hours_baseline
-            action.gpu_hours_baseline = action.gpu_hours_lost = action.pause_seconds = action.work_lost_seconds = 0.0
-    update_rows(actions, ["state", "error", "ended_at", "gpu_hours_saved", "gpu_hours_baseline", "gpu_hours_lost",
-                          "pause_seconds", "work_lost_seconds"])
+            action.gpu_hours_baseline = action.gpu_hours_lost = action.pause_seconds = (
+                action.work_lost_seconds
+            ) = 0.0
+    update_rows(
+        actions,
+        [
+            "state",
+            "error",
+            "ended_at",
+            "gpu_hours_saved",
+            "gpu_hours_baseline",
+            "gpu_hours_lost",
+            "pause_seconds",
+            "work_lost_seconds",
+        ],
+    )
     placement.release_many(actions)
-    audit_record_many([audit_entry(actor=None, action="recovery.fail", target=action,
-                                   tenant_id=action.job.tenant_id if action.job_id else None,
-                                   changes={"error": action.error}) for action in actions])
+    audit_record_many(
+        [
+            audit_entry(
+                actor=None,
+                action="recovery.fail",
+                target=action,
+                tenant_id=action.job.tenant_id if action.job_id else None,
+                changes={"error": action.error},
+            )
+            for action in actions
+        ]
+    )
     for action in actions:
         publish_action(action, "action.failed")

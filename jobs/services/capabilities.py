@@ -36,5 +36,7 @@ def supported_operations(cluster) -> frozenset[str]:
     if Operation.RESTORE_FROM_SNAPSHOT in ops:
         kinds.add("restore_from_snapshot")
     if Operation.RELAUNCH_WITHOUT_NODE in ops:
-        kinds.add("proactive_migration")   # written through, then relaunched without the node (jobs.services.moves)
+        kinds.add(
+            "proactive_migration"
+        )  # written through, then relaunched without the node (jobs.services.moves)
     return frozenset(kinds)

@@ -48,8 +48,13 @@ from jobs.models import FaultEvent, JobAllocation, NodeEscalation, RecoveryActio
 from jobs.services.publishing import cluster_topics, publish_action
 from jobs.triage import FaultVerdict
 
-OPEN_STAGES = (EscalationStage.QUARANTINED, EscalationStage.DRAINING, EscalationStage.REMEDIATING,
-               EscalationStage.REPAIRED, EscalationStage.VALIDATED)
+OPEN_STAGES = (
+    EscalationStage.QUARANTINED,
+    EscalationStage.DRAINING,
+    EscalationStage.REMEDIATING,
+    EscalationStage.REPAIRED,
+    EscalationStage.VALIDATED,
+)
 
 
 def _strikes(escalation: NodeEscalation, now: datetime) -> list[str]:
@@ -60,10 +65,19 @@ def _strikes(escalation: NodeEscalation, now: datetime) -> list[str]:
 
 def _publish(escalation: NodeEscalation, kind: str) -> None:
     node = escalation.node
-    events.publish(cluster_topics(node.cluster_id, node.cluster.dedicated_tenant_id), kind,
-                   {"node": node.pk, "hostname": node.hostname, "stage": escalation.stage, "reason": escalation.reason,
-                    "needs_human": escalation.needs_human, "blocked": escalation.blocked},
-                   url=f"/api/v1/nodes/{node.pk}/")
+    events.publish(
+        cluster_topics(node.cluster_id, node.cluster.dedicated_tenant_id),
+        kind,
+        {
+            "node": node.pk,
+            "hostname": node.hostname,
+            "stage": escalation.stage,
+            "reason": escalation.reason,
+            "needs_human": escalation.needs_human,
+            "blocked": escalation.blocked,
+        },
+        url=f"/api/v1/nodes/{node.pk}/",
+    )
 
 
 def _node_step(escalation: NodeEscalation, kind: str, *, handle: str = "", done_at=None) -> RecoveryAction:
@@ -72,21 +86,39 @@ def _node_step(escalation: NodeEscalation, kind: str, *, handle: str = "", done_
     return _node_steps([escalation], kind, handle=handle, done_at=done_at)[0]
 
 
-def _node_steps(escalations: list[NodeEscalation], kind: str, *, handle: str = "", done_at=None
-                ) -> list[RecoveryAction]:
+def _node_steps(
+    escalations: list[NodeEscalation], kind: str, *, handle: str = "", done_at=None
+) -> list[RecoveryAction]:
     """``_node_step`` for many ladders at once, in their order: a step already recorded for a ladder's fault is
     kept, the rest are created in one statement; each is published."""
     if not escalations:
         return []
     now = timezone.now()
-    found = {(a.fault_id, a.node_id): a for a in RecoveryAction.objects.filter(
-        fault_id__in={e.fault_id for e in escalations if e.fault_id}, job=None, kind=kind).select_related("cluster")}
-    missing = {e.pk: RecoveryAction(
-        fault=e.fault, job=None, kind=kind, node=e.node, cluster=e.node.cluster,
-        detected_at=min(e.fault.detected_at, now) if e.fault else now,
-        state=ActionState.SUCCEEDED if not handle else ActionState.RUNNING, planned_at=now, started_at=now,
-        ended_at=None if handle else now, handle=handle, done_at=done_at, reason=e.reason)
-        for e in escalations if not e.fault_id or (e.fault_id, e.node_id) not in found}
+    found = {
+        (a.fault_id, a.node_id): a
+        for a in RecoveryAction.objects.filter(
+            fault_id__in={e.fault_id for e in escalations if e.fault_id}, job=None, kind=kind
+        ).select_related("cluster")
+    }
+    missing = {
+        e.pk: RecoveryAction(
+            fault=e.fault,
+            job=None,
+            kind=kind,
+            node=e.node,
+            cluster=e.node.cluster,
+            detected_at=min(e.fault.detected_at, now) if e.fault else now,
+            state=ActionState.SUCCEEDED if not handle else ActionState.RUNNING,
+            planned_at=now,
+            started_at=now,
+            ended_at=None if handle else now,
+            handle=handle,
+            done_at=done_at,
+            reason=e.reason,
+        )
+        for e in escalations
+        if not e.fault_id or (e.fault_id, e.node_id) not in found
+    }
     RecoveryAction.objects.bulk_create(list(missing.values()))
     steps = [missing.get(e.pk) or found[(e.fault_id, e.node_id)] for e in escalations]
     for action in steps:
@@ -100,8 +132,12 @@ def ladders_for(node_ids) -> dict[int, NodeEscalation]:
     if not ids:
         return {}
     NodeEscalation.objects.bulk_create([NodeEscalation(node_id=pk) for pk in ids], ignore_conflicts=True)
-    return {row.node_id: row for row in NodeEscalation.objects.select_for_update(no_key=True).filter(node_id__in=ids)
-            .order_by("node_id")}
+    return {
+        row.node_id: row
+        for row in NodeEscalation.objects.select_for_update(no_key=True)
+        .filter(node_id__in=ids)
+        .order_by("node_id")
+    }
 
 
 @dataclass(frozen=True)
@@ -115,10 +151,16 @@ class LadderStep:
 STRIKE_FIELDS = ["stage", "strikes", "needs_human", "updated_at"]
 
 
-def on_fault(*, fault: FaultEvent, verdict: FaultVerdict, cluster, dry_run: bool,
-             ladders: dict[int, NodeEscalation] | None = None,
-             strikes: list[NodeEscalation] | None = None,
-             quarantines: list[NodeEscalation] | None = None) -> "LadderStep":
+def on_fault(
+    *,
+    fault: FaultEvent,
+    verdict: FaultVerdict,
+    cluster,
+    dry_run: bool,
+    ladders: dict[int, NodeEscalation] | None = None,
+    strikes: list[NodeEscalation] | None = None,
+    quarantines: list[NodeEscalation] | None = None,
+) -> "LadderStep":
     """Record the fault on its node's ladder; quarantine (cordon) the node when the fault is fatal to a
     device or the node, or when strikes add up. Returns what happened (``LadderStep``).
 
@@ -131,7 +173,9 @@ def on_fault(*, fault: FaultEvent, verdict: FaultVerdict, cluster, dry_run: bool
     now = timezone.now()
     escalation = (ladders or {}).get(fault.node_id)
     if escalation is None:
-        escalation, _ = NodeEscalation.objects.select_for_update(no_key=True).get_or_create(node_id=fault.node_id)
+        escalation, _ = NodeEscalation.objects.select_for_update(no_key=True).get_or_create(
+            node_id=fault.node_id
+        )
     escalation.node = fault.node
     if escalation.stage in OPEN_STAGES or escalation.stage == EscalationStage.FAILED:
         return LadderStep(text=f"ladder already at {escalation.stage}")
@@ -150,8 +194,11 @@ def on_fault(*, fault: FaultEvent, verdict: FaultVerdict, cluster, dry_run: bool
     escalation.fault = fault
     escalation.gpu_index = fault.gpu_index
     escalation.remediation = verdict.remediation
-    escalation.reason = (verdict.explanation if fatal else
-                         f"{len(escalation.strikes)} faults within {settings.ESCALATION_WINDOW_SECONDS} s")[:300]
+    escalation.reason = (
+        verdict.explanation
+        if fatal
+        else f"{len(escalation.strikes)} faults within {settings.ESCALATION_WINDOW_SECONDS} s"
+    )[:300]
     if dry_run:
         escalation.save()
         return LadderStep(quarantined=True, text="quarantined (dry run: the node was not cordoned)")
@@ -164,8 +211,17 @@ def on_fault(*, fault: FaultEvent, verdict: FaultVerdict, cluster, dry_run: bool
     return LadderStep(quarantined=True, text=quarantine_many([escalation])[escalation.node_id])
 
 
-QUARANTINE_FIELDS = ["stage", "strikes", "needs_human", "fault", "gpu_index", "remediation", "reason", "blocked",
-                     "updated_at"]
+QUARANTINE_FIELDS = [
+    "stage",
+    "strikes",
+    "needs_human",
+    "fault",
+    "gpu_index",
+    "remediation",
+    "reason",
+    "blocked",
+    "updated_at",
+]
 
 
 def quarantine_many(escalations: list[NodeEscalation]) -> dict[int, str]:
@@ -194,13 +250,28 @@ class Presence:
     @classmethod
     def of(cls, node_ids) -> "Presence":
         jobs: dict[int, list[int]] = {}
-        for node_id, job_id in (JobAllocation.objects.filter(node_id__in=node_ids, released_at__isnull=True,
-                                                             job__state__in=(JobState.RUNNING, JobState.RECOVERING))
-                                .values_list("node_id", "job_id").distinct().order_by("node_id", "job_id")):
+        for node_id, job_id in (
+            JobAllocation.objects.filter(
+                node_id__in=node_ids,
+                released_at__isnull=True,
+                job__state__in=(JobState.RUNNING, JobState.RECOVERING),
+            )
+            .values_list("node_id", "job_id")
+            .distinct()
+            .order_by("node_id", "job_id")
+        ):
             jobs.setdefault(node_id, []).append(job_id)
-        moving = {node_id for node_id, job_id in RecoveryAction.objects.filter(
-            node_id__in=list(jobs), job__isnull=False, state__in=ACTIVE_ACTION_STATES).values_list("node_id", "job_id")
-            if job_id in jobs[node_id]} if jobs else set()
+        moving = (
+            {
+                node_id
+                for node_id, job_id in RecoveryAction.objects.filter(
+                    node_id__in=list(jobs), job__isnull=False, state__in=ACTIVE_ACTION_STATES
+                ).values_list("node_id", "job_id")
+                if job_id in jobs[node_id]
+            }
+            if jobs
+            else set()
+        )
         return cls(jobs, moving)
 
 
@@ -239,8 +310,13 @@ def _health_check(escalation: NodeEscalation, node: Node) -> str:
         escalation.done_at, escalation.check_passed_at = result.done_at, None
         escalation.has_agent = node.last_seen_at is not None
         escalation.blocked = "health check running"
-        _evidence(escalation, "health_check", "started",
-                  f"{driver.name} driver, handle {result.handle}" + (" (the node has an agent)" if escalation.has_agent else ""))
+        _evidence(
+            escalation,
+            "health_check",
+            "started",
+            f"{driver.name} driver, handle {result.handle}"
+            + (" (the node has an agent)" if escalation.has_agent else ""),
+        )
     if escalation.done_at and escalation.done_at > timezone.now():
         return "checking"
     try:
@@ -257,8 +333,11 @@ def _health_check(escalation: NodeEscalation, node: Node) -> str:
     escalation.check_passed_at = now
     _evidence(escalation, "health_check", "passed", f"handle {escalation.check_handle}", at=now)
     escalation.stage = EscalationStage.VALIDATED
-    escalation.blocked = (f"waits for {settings.ESCALATION_CLEAN_TELEMETRY_SECONDS} s of clean telemetry"
-                          if escalation.has_agent else "")
+    escalation.blocked = (
+        f"waits for {settings.ESCALATION_CLEAN_TELEMETRY_SECONDS} s of clean telemetry"
+        if escalation.has_agent
+        else ""
+    )
     return "validated"
 
 
@@ -268,8 +347,13 @@ def _clean_telemetry(escalation: NodeEscalation, node: Node) -> str:
     agent stayed silent twice the window."""
     window = timedelta(seconds=settings.ESCALATION_CLEAN_TELEMETRY_SECONDS)
     since = escalation.check_passed_at or escalation.check_started_at or timezone.now()
-    fault = (FaultEvent.objects.filter(node=node, detected_at__gte=escalation.check_started_at or since,
-                                       kind__in=NODE_HARDWARE_KINDS).order_by("detected_at").first())
+    fault = (
+        FaultEvent.objects.filter(
+            node=node, detected_at__gte=escalation.check_started_at or since, kind__in=NODE_HARDWARE_KINDS
+        )
+        .order_by("detected_at")
+        .first()
+    )
     if fault is not None:
         detail = f"fault {fault.pk} ({fault.kind}) at {fault.detected_at.isoformat()} after the health check"
         _evidence(escalation, "telemetry", "failed", detail)
@@ -279,15 +363,21 @@ def _clean_telemetry(escalation: NodeEscalation, node: Node) -> str:
     now = timezone.now()
     seen = node.last_seen_at
     if now >= since + window and seen is not None and seen >= since + window:
-        _evidence(escalation, "telemetry", "clean",
-                  f"reported until {seen.isoformat()}, no hardware fault for {int(window.total_seconds())} s after the check")
+        _evidence(
+            escalation,
+            "telemetry",
+            "clean",
+            f"reported until {seen.isoformat()}, no hardware fault for {int(window.total_seconds())} s after the check",
+        )
         return ""
     if now >= since + 2 * window and (seen is None or seen < since + window):
         detail = f"no telemetry since {seen.isoformat() if seen else 'never'} (health check passed {since.isoformat()})"
         _evidence(escalation, "telemetry", "silent", detail)
         return _back_to_failed(escalation, node, detail)
-    escalation.blocked = (f"waits for clean telemetry until {(since + window).isoformat()}"
-                          f" (last report {seen.isoformat() if seen else 'none yet'})")[:300]
+    escalation.blocked = (
+        f"waits for clean telemetry until {(since + window).isoformat()}"
+        f" (last report {seen.isoformat() if seen else 'none yet'})"
+    )[:300]
     return "waiting"
 
 
@@ -298,9 +388,11 @@ def _cordon_ladders(ladders: list[NodeEscalation]) -> tuple[list[Node], dict[int
     """Cordon the quarantined ladders' nodes (``ladder.node``) in one call, within the fleet's caps: a ladder
     whose cordon is refused says why it waits, the others record the cordon as their step. Returns the nodes as
     they now are and the refusals by node id."""
-    now_nodes, refused = node_services.nodes_cordon(actor=None, nodes=[ladder.node for ladder in ladders],
-                                                    reasons={ladder.node_id: f"quarantine: {ladder.reason}"
-                                                             for ladder in ladders})
+    now_nodes, refused = node_services.nodes_cordon(
+        actor=None,
+        nodes=[ladder.node for ladder in ladders],
+        reasons={ladder.node_id: f"quarantine: {ladder.reason}" for ladder in ladders},
+    )
     for ladder in ladders:
         error = refused.get(ladder.node_id)
         ladder.blocked = f"cordon waits: {error.detail}"[:300] if error else ""
@@ -328,8 +420,11 @@ def _quarantined_steps(ladders: list[NodeEscalation], nodes: dict[int, Node]) ->
             outcome[ladder.pk] = "blocked"
     ready = [ladder for ladder in ready if ladder.pk not in outcome]
     if ready:
-        _, refused = node_services.nodes_drain(actor=None, nodes=[nodes[ladder.node_id] for ladder in ready],
-                                               reasons={ladder.node_id: f"drain: {ladder.reason}" for ladder in ready})
+        _, refused = node_services.nodes_drain(
+            actor=None,
+            nodes=[nodes[ladder.node_id] for ladder in ready],
+            reasons={ladder.node_id: f"drain: {ladder.reason}" for ladder in ready},
+        )
         for ladder in ready:
             if ladder.node_id in refused:
                 ladder.blocked = f"drain waits: {refused[ladder.node_id].detail}"[:300]
@@ -358,8 +453,9 @@ def _step(escalation: NodeEscalation, node: Node | None = None) -> str:
             _node_step(escalation, ActionKind.GPU_RESET, handle=result.handle, done_at=result.done_at)
             escalation.stage, escalation.blocked = EscalationStage.REMEDIATING, ""
             return "remediating"
-        node_services.node_mark_failed(actor=None, node=node, reason=f"needs {escalation.remediation or 'a human'}: "
-                                                                      f"{escalation.reason}")
+        node_services.node_mark_failed(
+            actor=None, node=node, reason=f"needs {escalation.remediation or 'a human'}: {escalation.reason}"
+        )
         escalation.stage, escalation.needs_human = EscalationStage.FAILED, True
         escalation.blocked = f"waits for a repair ({escalation.remediation or 'a human'}); then POST repaired"
         return "failed"
@@ -373,8 +469,12 @@ def _step(escalation: NodeEscalation, node: Node | None = None) -> str:
             return "blocked"
         if status == "running":
             return "running"
-        RecoveryAction.objects.filter(handle=escalation.handle, job__isnull=True, state=ActionState.RUNNING).update(
-            state=ActionState.SUCCEEDED if status == "succeeded" else ActionState.FAILED, ended_at=timezone.now())
+        RecoveryAction.objects.filter(
+            handle=escalation.handle, job__isnull=True, state=ActionState.RUNNING
+        ).update(
+            state=ActionState.SUCCEEDED if status == "succeeded" else ActionState.FAILED,
+            ended_at=timezone.now(),
+        )
         if status == "succeeded":
             gpus_mark(marks=[(node.pk, escalation.gpu_index, GPUHealth.HEALTHY, "reset")])
             _evidence(escalation, "repaired", "ok", f"GPU {escalation.gpu_index} reset ({escalation.handle})")
@@ -390,7 +490,9 @@ def _step(escalation: NodeEscalation, node: Node | None = None) -> str:
         if waiting := _clean_telemetry(escalation, node):
             return waiting
         try:
-            node_services.node_return_to_service(actor=None, node=node, reason="validated by health check", as_spare=True)
+            node_services.node_return_to_service(
+                actor=None, node=node, reason="validated by health check", as_spare=True
+            )
         except ServiceError as error:
             escalation.blocked = f"return waits: {error.detail}"[:300]
             return "blocked"
@@ -409,9 +511,11 @@ def escalation_advance(*, cluster_ids: list[int] | None = None) -> int:
     """Move every open ladder one step (beat). Returns how many moved."""
     if provider_automation() == AutomationMode.PAUSED:
         return 0
-    rows = (NodeEscalation.objects.filter(stage__in=OPEN_STAGES)
-            .exclude(node__cluster__automation=AutomationMode.PAUSED)
-            .exclude(node__cluster__fleet__automation=AutomationMode.PAUSED))
+    rows = (
+        NodeEscalation.objects.filter(stage__in=OPEN_STAGES)
+        .exclude(node__cluster__automation=AutomationMode.PAUSED)
+        .exclude(node__cluster__fleet__automation=AutomationMode.PAUSED)
+    )
     if cluster_ids is not None:
         rows = rows.filter(node__cluster_id__in=cluster_ids)
     found = list(rows.order_by("node__cluster_id", "pk").values_list("pk", "node__cluster_id")[:500])
@@ -419,7 +523,7 @@ def escalation_advance(*, cluster_ids: list[int] | None = None) -> int:
     for cluster_id in sorted({cluster for _, cluster in found}):
         ids = [pk for pk, cluster in found if cluster == cluster_id]
         for start in range(0, len(ids), LADDERS_PER_TRANSACTION):
-            moved += _advance_ladders(cluster_id, ids[start:start + LADDERS_PER_TRANSACTION])
+            moved += _advance_ladders(cluster_id, ids[start : start + LADDERS_PER_TRANSACTION])
     return moved
 
 
@@ -435,8 +539,14 @@ def _advance_ladders(cluster_id: int, ids: list[int]) -> int:
     from jobs.placement import lock_cluster, lock_nodes
 
     lock_cluster(cluster_id)
-    ladders = [ladder for ladder in NodeEscalation.objects.select_for_update(skip_locked=True, no_key=True, of=("self",))
-               .select_related("fault").filter(pk__in=ids).order_by("pk") if ladder.stage in OPEN_STAGES]
+    ladders = [
+        ladder
+        for ladder in NodeEscalation.objects.select_for_update(skip_locked=True, no_key=True, of=("self",))
+        .select_related("fault")
+        .filter(pk__in=ids)
+        .order_by("pk")
+        if ladder.stage in OPEN_STAGES
+    ]
     lock_nodes([ladder.node_id for ladder in ladders])
     nodes = Node.objects.select_related("cluster__fleet").in_bulk([ladder.node_id for ladder in ladders])
     before = {ladder.pk: ladder.stage for ladder in ladders}
@@ -445,16 +555,24 @@ def _advance_ladders(cluster_id: int, ids: list[int]) -> int:
         for ladder in ladders:
             ladder.node = nodes[ladder.node_id]
         # the quarantined ladders together (their cordons and drains: one call of each node service), then the rest
-        _quarantined_steps([ladder for ladder in ladders if ladder.stage == EscalationStage.QUARANTINED], nodes)
+        _quarantined_steps(
+            [ladder for ladder in ladders if ladder.stage == EscalationStage.QUARANTINED], nodes
+        )
         for escalation in ladders:
             if before[escalation.pk] != EscalationStage.QUARANTINED:
                 _step(escalation, nodes[escalation.node_id])
             escalation.updated_at = now
             before_stage = before[escalation.pk]
             if escalation.stage != before_stage:
-                entries.append(audit_entry(actor=None, action="node.escalation", target=escalation.node,
-                                           tenant_id=escalation.node.cluster.dedicated_tenant_id,
-                                           changes={"stage": [before_stage, escalation.stage]}))
+                entries.append(
+                    audit_entry(
+                        actor=None,
+                        action="node.escalation",
+                        target=escalation.node,
+                        tenant_id=escalation.node.cluster.dedicated_tenant_id,
+                        changes={"stage": [before_stage, escalation.stage]},
+                    )
+                )
                 _publish(escalation, "node.escalation")
         update_rows(ladders, LADDER_FIELDS)
         audit_record_many(entries)
@@ -471,12 +589,21 @@ def escalation_repaired(*, actor, node: Node, reason: str = "") -> NodeEscalatio
         raise ServiceError("the node is not waiting for a repair", status=409)
     node_gpus_mark(node_id=node.pk, health=GPUHealth.HEALTHY, reason=reason or "repaired")
     node_nic_links_set(node_id=node.pk, state=LinkState.UP)
-    escalation.stage, escalation.blocked, escalation.node = EscalationStage.REPAIRED, "waits for its health check", node
+    escalation.stage, escalation.blocked, escalation.node = (
+        EscalationStage.REPAIRED,
+        "waits for its health check",
+        node,
+    )
     escalation.check_handle, escalation.check_started_at, escalation.check_passed_at = "", None, None
     _evidence(escalation, "repaired", "ok", reason or "marked repaired")
     escalation.save()
-    audit_record(actor=actor, action="node.repaired", target=node, tenant_id=node.cluster.dedicated_tenant_id,
-                 changes={"reason": reason})
+    audit_record(
+        actor=actor,
+        action="node.repaired",
+        target=node,
+        tenant_id=node.cluster.dedicated_tenant_id,
+        changes={"reason": reason},
+    )
     _publish(escalation, "node.escalation")
     return escalation
 

@@ -22,13 +22,15 @@ MEASURES = {
 }
 # A degraded stretch (failover or run degraded → failback) measures how long a link stays bad.
 DEGRADED_MEASURES = {"nic": "nic_degraded_seconds", "degraded": "link_degraded_seconds"}
-DURATIONS = frozenset(MEASURES.values()) | frozenset(DEGRADED_MEASURES.values())   # what is ever measured
-WEIGHT = 0.3     # of each new measurement in the running average
+DURATIONS = frozenset(MEASURES.values()) | frozenset(DEGRADED_MEASURES.values())  # what is ever measured
+WEIGHT = 0.3  # of each new measurement in the running average
 
 
 def defaults() -> Estimates:
-    return Estimates(nic_degraded_seconds=float(settings.NIC_REPAIR_SECONDS),
-                     link_degraded_seconds=float(settings.LINK_DEGRADED_SECONDS))
+    return Estimates(
+        nic_degraded_seconds=float(settings.NIC_REPAIR_SECONDS),
+        link_degraded_seconds=float(settings.LINK_DEGRADED_SECONDS),
+    )
 
 
 def estimates_for(cluster) -> Estimates:
@@ -39,7 +41,8 @@ def estimates_for(cluster) -> Estimates:
     needed = settings.RECOVERY_ESTIMATE_MIN_SAMPLES
     values, basis = {}, {}
     for kind, samples, seconds in RecoveryEstimate.objects.filter(cluster_id=cluster.pk).values_list(
-            "kind", "samples", "seconds"):
+        "kind", "samples", "seconds"
+    ):
         if kind not in DURATIONS:
             continue
         if samples >= needed:
@@ -55,7 +58,10 @@ def chosen_with(estimates: Estimates, kind: str, impact: str) -> dict:
     names = [MEASURES[kind]] if kind in MEASURES else []
     if kind == ActionKind.NIC_FAILOVER:
         names.append(DEGRADED_MEASURES["degraded" if impact == "degraded" else "nic"])
-    return {name: {"seconds": round(getattr(estimates, name), 3), "basis": estimates.basis_of(name)} for name in names}
+    return {
+        name: {"seconds": round(getattr(estimates, name), 3), "basis": estimates.basis_of(name)}
+        for name in names
+    }
 
 
 def estimates_record(measured: list[tuple[int, str, float]]) -> None:
@@ -67,14 +73,24 @@ def estimates_record(measured: list[tuple[int, str, float]]) -> None:
         return
     now = timezone.now()
     keys = {(c, name) for c, name, _ in measured}
-    rows = {(r.cluster_id, r.kind): r for r in RecoveryEstimate.objects.select_for_update().filter(
-        cluster_id__in={c for c, _ in keys}, kind__in={n for _, n in keys})}
+    rows = {
+        (r.cluster_id, r.kind): r
+        for r in RecoveryEstimate.objects.select_for_update().filter(
+            cluster_id__in={c for c, _ in keys}, kind__in={n for _, n in keys}
+        )
+    }
     for cluster_id, name, seconds in measured:
         row = rows.get((cluster_id, name))
         if row is None:
-            row = rows[cluster_id, name] = RecoveryEstimate(cluster_id=cluster_id, kind=name, samples=0, seconds=seconds)
+            row = rows[cluster_id, name] = RecoveryEstimate(
+                cluster_id=cluster_id, kind=name, samples=0, seconds=seconds
+            )
         row.seconds = seconds if row.samples == 0 else row.seconds + WEIGHT * (seconds - row.seconds)
         row.samples += 1
         row.last_seconds, row.updated_at = seconds, now
-    RecoveryEstimate.objects.bulk_create(list(rows.values()), update_conflicts=True, unique_fields=["cluster", "kind"],
-                                         update_fields=["samples", "seconds", "last_seconds", "updated_at"])
+    RecoveryEstimate.objects.bulk_create(
+        list(rows.values()),
+        update_conflicts=True,
+        unique_fields=["cluster", "kind"],
+        update_fields=["samples", "seconds", "last_seconds", "updated_at"],
+    )

@@ -38,8 +38,11 @@ def _attempts(action: RecoveryAction) -> list[RecoveryAction]:
     """This recovery's attempts so far, the newest first (a short chain: each failed attempt adds one)."""
     chain = [action]
     while chain[-1].previous_id and len(chain) < 50:
-        chain.append(RecoveryAction.objects.only("pk", "kind", "to_node_id", "previous_id", "attempt")
-                     .get(pk=chain[-1].previous_id))
+        chain.append(
+            RecoveryAction.objects.only("pk", "kind", "to_node_id", "previous_id", "attempt").get(
+                pk=chain[-1].previous_id
+            )
+        )
     return chain
 
 
@@ -57,18 +60,27 @@ def fail_and_fall_back(cluster, failures: list[tuple[RecoveryAction, str]]) -> l
     # One context for the lot, read after they failed: the next attempts share its spare pool as a decision's
     # recoveries do (a spare handed to one is not handed to another), and the cluster is read once, not per job.
     ctx = Context.of(cluster, dry_run=False)
-    return [nxt for nxt in (recovery_fall_back(action=action, cluster=cluster, ctx=ctx) for action in with_next)
-            if nxt]
+    return [
+        nxt
+        for nxt in (recovery_fall_back(action=action, cluster=cluster, ctx=ctx) for action in with_next)
+        if nxt
+    ]
 
 
-def recovery_fall_back(*, action: RecoveryAction, cluster, ctx: Context | None = None) -> RecoveryAction | None:
+def recovery_fall_back(
+    *, action: RecoveryAction, cluster, ctx: Context | None = None
+) -> RecoveryAction | None:
     """Plan (and start, back-off permitting) the attempt after ``action``, which has just failed, or end the
     recovery: the job Failed after its restarts, or running on when nothing is left to try. The failed attempt's
     baseline (set aside by ``fail_many(baseline_moves=True)``) goes to the next attempt, or back to it when there
     is none. ``ctx``: the context shared by the attempts that fail together (else one of its own)."""
     from jobs.services.jobs import job_fail
 
-    job = Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant").get(pk=action.job_id)
+    job = (
+        Job.objects.select_for_update(of=("self",), no_key=True)
+        .select_related("tenant")
+        .get(pk=action.job_id)
+    )
     baseline = getattr(action, "moved_baseline", action.gpu_hours_baseline)
     if job.state not in (JobState.RUNNING, JobState.RECOVERING) or action.fault_id is None:
         _keep_baseline(action, baseline)
@@ -80,30 +92,53 @@ def recovery_fall_back(*, action: RecoveryAction, cluster, ctx: Context | None =
         _keep_baseline(action, baseline)
         job_fail(job=job, reason=f"restart from checkpoint failed {restarts} times; last: {action.error}")
         return None
-    excluded = {kind for kind, n in tried.items()
-                if kind != ActionKind.RESTART_FROM_CHECKPOINT
-                and not (kind in (ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION) and n < SPARES_TRIED)}
+    excluded = {
+        kind
+        for kind, n in tried.items()
+        if kind != ActionKind.RESTART_FROM_CHECKPOINT
+        and not (kind in (ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION) and n < SPARES_TRIED)
+    }
     retry_at = None
     if action.kind == ActionKind.RESTART_FROM_CHECKPOINT:
         excluded |= {k for k in ActionKind.values if k != ActionKind.RESTART_FROM_CHECKPOINT}
         retry_at = action.ended_at + retry_backoff(restarts)
-    allocations = list(JobAllocation.objects.filter(job=job, released_at__isnull=True).select_related("node")
-                       .order_by("rank_start"))
+    allocations = list(
+        JobAllocation.objects.filter(job=job, released_at__isnull=True)
+        .select_related("node")
+        .order_by("rank_start")
+    )
     here = [a for a in allocations if a.node_id == action.node_id] or allocations
     if not here:
         _keep_baseline(action, baseline)
         return None
     impact = Impact(action.impact or Impact.RESTART)
     ctx = ctx or Context.of(cluster, dry_run=False)
-    others = RecoveryAction.objects.filter(job=job, dry_run=False, state__in=ACTIVE_ACTION_STATES).exclude(pk=action.pk)
-    retry = Retry(previous=action, baseline=baseline, excluded=frozenset(excluded), retry_at=retry_at,
-                  spare_exclude=frozenset(a.to_node_id for a in chain if a.to_node_id))
+    others = RecoveryAction.objects.filter(job=job, dry_run=False, state__in=ACTIVE_ACTION_STATES).exclude(
+        pk=action.pk
+    )
+    retry = Retry(
+        previous=action,
+        baseline=baseline,
+        excluded=frozenset(excluded),
+        retry_at=retry_at,
+        spare_exclude=frozenset(a.to_node_id for a in chain if a.to_node_id),
+    )
     # A failed NIC failover beside the job's own recovery may only be followed by another failover.
-    hit = Hit(job=job, fault=action.fault, impact=impact, allocation=here[0], retry=retry,
-              link=action.kind in LINK_KINDS, only_link=action.kind in LINK_KINDS and
-              others.exclude(kind__in=LINK_KINDS).exists())
-    nxt, note = plan_hit(ctx, hit, snapshots=snapshots_of([job]).get(job.pk, []),
-                         healthy_nics=healthy_nics_of([here[0].node_id]).get(here[0].node_id, []))
+    hit = Hit(
+        job=job,
+        fault=action.fault,
+        impact=impact,
+        allocation=here[0],
+        retry=retry,
+        link=action.kind in LINK_KINDS,
+        only_link=action.kind in LINK_KINDS and others.exclude(kind__in=LINK_KINDS).exists(),
+    )
+    nxt, note = plan_hit(
+        ctx,
+        hit,
+        snapshots=snapshots_of([job]).get(job.pk, []),
+        healthy_nics=healthy_nics_of([here[0].node_id]).get(here[0].node_id, []),
+    )
     if nxt is None:
         # Nothing left to do (a proactive move with no other spare: the job stays where it is, at risk).
         _keep_baseline(action, baseline)
@@ -125,7 +160,7 @@ def recovery_fall_back(*, action: RecoveryAction, cluster, ctx: Context | None =
     if booking:
         placement.book_many([booking])
     if nxt.state == ActionState.RUNNING:
-        after_start(nxt)    # a proactive move stops its job as it starts
+        after_start(nxt)  # a proactive move stops its job as it starts
     if job.state == JobState.RUNNING and nxt.kind != ActionKind.PROACTIVE_MIGRATION:
         job.iteration, job.iteration_at, job.state = job.iteration_now(ctx.now), ctx.now, JobState.RECOVERING
         job.save(update_fields=["iteration", "iteration_at", "state"])

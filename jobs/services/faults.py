@@ -28,21 +28,34 @@ from jobs.triage import FaultVerdict, classify_fault
 log = logging.getLogger(__name__)
 
 DEFAULT_SEVERITY = {
-    FaultKind.NODE_UNREACHABLE: Severity.CRITICAL, FaultKind.GPU_XID: Severity.CRITICAL,
-    FaultKind.ECC_UNCORRECTABLE: Severity.CRITICAL, FaultKind.NIC_DOWN: Severity.CRITICAL,
+    FaultKind.NODE_UNREACHABLE: Severity.CRITICAL,
+    FaultKind.GPU_XID: Severity.CRITICAL,
+    FaultKind.ECC_UNCORRECTABLE: Severity.CRITICAL,
+    FaultKind.NIC_DOWN: Severity.CRITICAL,
     FaultKind.NVLINK_ERROR: Severity.CRITICAL,
 }
 
 
 # The node fields fault_ingest reads, for callers that load the node just for it (the API's intake).
-INGEST_NODE_FIELDS = ("id", "hostname", "rack", "cluster_id", "cluster__id", "cluster__name", "cluster__dedicated_tenant_id")
+INGEST_NODE_FIELDS = (
+    "id",
+    "hostname",
+    "rack",
+    "cluster_id",
+    "cluster__id",
+    "cluster__name",
+    "cluster__dedicated_tenant_id",
+)
 
 
-def correlation_key(*, node_id: int, kind: str, gpu_index: int | None, nic_name: str | None, xid: int | None,
-                    job=None) -> str:
+def correlation_key(
+    *, node_id: int, kind: str, gpu_index: int | None, nic_name: str | None, xid: int | None, job=None
+) -> str:
     """What joins reports of one fault: its node, device (a GPU, a NIC, or for a job's own failure the job), kind and
     code."""
-    device = f"gpu{gpu_index}" if gpu_index is not None else (nic_name or (f"job{job}" if job is not None else ""))
+    device = (
+        f"gpu{gpu_index}" if gpu_index is not None else (nic_name or (f"job{job}" if job is not None else ""))
+    )
     return f"{node_id}:{device}:{kind}:{'' if xid is None else xid}"
 
 
@@ -57,7 +70,7 @@ def _advisory_lock(key: str) -> None:
 
 
 # --- intake bounds (issue 25): what one report may carry, and what a stored fault may grow to -----------------------
-MAX_DETAILS_BYTES = 16 * 1024   # a report's details, and a fault's merged details, as JSON
+MAX_DETAILS_BYTES = 16 * 1024  # a report's details, and a fault's merged details, as JSON
 
 
 def _details_size(details: dict) -> int:
@@ -66,14 +79,22 @@ def _details_size(details: dict) -> int:
 
 def _request_digest(**report) -> str:
     """What an idempotency key is bound to: the report as its caller sent it (a retry sends the same)."""
-    return hashlib.sha256(json.dumps(report, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(report, sort_keys=True, separators=(",", ":"), default=str).encode()
+    ).hexdigest()
+
+
 # --- end of intake bounds -------------------------------------------------------------------------------------------
 
 
 def _merge(fault_id: int, *, source: str, details: dict | None, now: datetime) -> FaultEvent:
     """Another report of a stored fault: it adds its source, and its incident counts it. Its details join the
     fault's while they stay within MAX_DETAILS_BYTES; past that the fault keeps what it had and says so."""
-    fault = FaultEvent.objects.select_for_update(of=("self",), no_key=True).select_related("node").get(pk=fault_id)
+    fault = (
+        FaultEvent.objects.select_for_update(of=("self",), no_key=True)
+        .select_related("node")
+        .get(pk=fault_id)
+    )
     incident_report(incident_id=fault.incident_id, now=now)
     if source not in fault.sources:
         fault.sources = [*fault.sources, source]
@@ -116,8 +137,11 @@ def _bounded(*, source: str, details, detected_at, now: datetime) -> tuple[dict 
     oldest = now - timedelta(hours=settings.TELEMETRY_RAW_RETENTION_HOURS)
     if detected_at is not None and detected_at < oldest:
         if source not in (FaultSource.ALERTMANAGER, FaultSource.HEARTBEAT):
-            raise ServiceError(f"detected_at is older than the raw-retention period "
-                               f"({settings.TELEMETRY_RAW_RETENTION_HOURS} h)", field="detected_at")
+            raise ServiceError(
+                f"detected_at is older than the raw-retention period "
+                f"({settings.TELEMETRY_RAW_RETENTION_HOURS} h)",
+                field="detected_at",
+            )
         # An alert Alertmanager kept firing for days, a node silent since before an outage: clamped and noted.
         details = {**(details or {}), "detected_at_clamped_from": detected_at.isoformat()}
         detected_at = oldest
@@ -129,20 +153,52 @@ def _bounded(*, source: str, details, detected_at, now: datetime) -> tuple[dict 
 
 def _key_of(*, node, kind: str, gpu_index, nic_name, xid, details) -> str:
     job = (details or {}).get("job") if kind in JOB_FAULT_KINDS and isinstance(details, dict) else None
-    return correlation_key(node_id=node.pk, kind=kind, gpu_index=gpu_index, nic_name=nic_name, xid=xid,
-                           job=job if isinstance(job, int) else None)
+    return correlation_key(
+        node_id=node.pk,
+        kind=kind,
+        gpu_index=gpu_index,
+        nic_name=nic_name,
+        xid=xid,
+        job=job if isinstance(job, int) else None,
+    )
 
 
-def _new_fault(*, source: str, kind: str, node, gpu_index, nic_name, xid, severity, detected_at, details, key: str,
-               now: datetime, idempotency_key: str | None = None, digest: str | None = None) -> tuple[FaultEvent, FaultVerdict]:
+def _new_fault(
+    *,
+    source: str,
+    kind: str,
+    node,
+    gpu_index,
+    nic_name,
+    xid,
+    severity,
+    detected_at,
+    details,
+    key: str,
+    now: datetime,
+    idempotency_key: str | None = None,
+    digest: str | None = None,
+) -> tuple[FaultEvent, FaultVerdict]:
     """A new fault, unsaved; and its triage's verdict. The caller joins it to its node's incident."""
     verdict = classify_fault(kind, xid=xid, details=details)
     fault = FaultEvent(
-        kind=kind, xid=xid, severity=severity or DEFAULT_SEVERITY.get(kind, Severity.WARNING),
-        cluster_id=node.cluster_id, node=node, gpu_index=gpu_index, nic_name=nic_name or "",
-        rack=node.rack, sources=[source], detected_at=detected_at, received_at=now,
-        last_reported_at=now, triage=verdict.as_dict(), needs_human=verdict.needs_human,
-        correlation_key=key, idempotency_key=idempotency_key or None, details=details or {},
+        kind=kind,
+        xid=xid,
+        severity=severity or DEFAULT_SEVERITY.get(kind, Severity.WARNING),
+        cluster_id=node.cluster_id,
+        node=node,
+        gpu_index=gpu_index,
+        nic_name=nic_name or "",
+        rack=node.rack,
+        sources=[source],
+        detected_at=detected_at,
+        received_at=now,
+        last_reported_at=now,
+        triage=verdict.as_dict(),
+        needs_human=verdict.needs_human,
+        correlation_key=key,
+        idempotency_key=idempotency_key or None,
+        details=details or {},
         request_digest=digest if idempotency_key else None,
     )
     return fault, verdict
@@ -154,30 +210,61 @@ def _announce(faults: list[tuple[FaultEvent, str, str, int | None]], *, actor) -
     commit once per cluster. Each item is (fault, source, triage explanation, the cluster's dedicated tenant)."""
     if not faults:
         return
-    audit_record_many([audit_entry(actor=actor, action="fault.ingest", target=fault, tenant_id=tenant_id,
-                                   changes={"source": source, "kind": fault.kind, "xid": fault.xid, "triage": why})
-                       for fault, source, why, tenant_id in faults])
+    audit_record_many(
+        [
+            audit_entry(
+                actor=actor,
+                action="fault.ingest",
+                target=fault,
+                tenant_id=tenant_id,
+                changes={"source": source, "kind": fault.kind, "xid": fault.xid, "triage": why},
+            )
+            for fault, source, why, tenant_id in faults
+        ]
+    )
     jobs: dict[int, list[str]] = {}
-    for node_id, job_id, job_cluster_id, job_tenant_id in (
-            JobAllocation.objects.filter(node_id__in={fault.node_id for fault, *_ in faults}, released_at__isnull=True)
-            .values_list("node_id", "job_id", "job__cluster_id", "job__tenant_id")):
+    for node_id, job_id, job_cluster_id, job_tenant_id in JobAllocation.objects.filter(
+        node_id__in={fault.node_id for fault, *_ in faults}, released_at__isnull=True
+    ).values_list("node_id", "job_id", "job__cluster_id", "job__tenant_id"):
         jobs.setdefault(node_id, []).extend(job_topics_of(job_id, job_cluster_id, job_tenant_id))
     clusters = {}
     for fault, *_ in faults:
         clusters.setdefault(fault.cluster_id, fault.pk)
     # Queue the handling first, then relay the events: the decision should not wait for the relay.
-    transaction.on_commit(lambda: [_enqueue(fault_id, cluster_id) for cluster_id, fault_id in clusters.items()])
-    events.publish_many([(cluster_topics(fault.cluster_id, tenant_id) + jobs.get(fault.node_id, []), "fault.reported",
-                          fault_payload(fault), f"/api/v1/faults/{fault.pk}/") for fault, _, _, tenant_id in faults])
+    transaction.on_commit(
+        lambda: [_enqueue(fault_id, cluster_id) for cluster_id, fault_id in clusters.items()]
+    )
+    events.publish_many(
+        [
+            (
+                cluster_topics(fault.cluster_id, tenant_id) + jobs.get(fault.node_id, []),
+                "fault.reported",
+                fault_payload(fault),
+                f"/api/v1/faults/{fault.pk}/",
+            )
+            for fault, _, _, tenant_id in faults
+        ]
+    )
 
 
 def _tenant_of(node) -> int | None:
     return node.cluster.dedicated_tenant_id if hasattr(node, "cluster") else None
 
 
-def fault_ingest(*, source: str, kind: str, node, gpu_index: int | None = None, nic_name: str | None = None,
-                 xid: int | None = None, severity: str = "", detected_at=None, details: dict | None = None,
-                 idempotency_key: str | None = None, actor=None) -> tuple[FaultEvent, bool]:
+def fault_ingest(
+    *,
+    source: str,
+    kind: str,
+    node,
+    gpu_index: int | None = None,
+    nic_name: str | None = None,
+    xid: int | None = None,
+    severity: str = "",
+    detected_at=None,
+    details: dict | None = None,
+    idempotency_key: str | None = None,
+    actor=None,
+) -> tuple[FaultEvent, bool]:
     """Store a fault report durably, before anything acts on it, and queue its handling on commit.
 
     Returns (fault, created). ``created`` is False when the report joined an existing fault: one with the
@@ -187,8 +274,17 @@ def fault_ingest(*, source: str, kind: str, node, gpu_index: int | None = None, 
     """
     _validate(source, kind, severity, gpu_index, nic_name, node)
     now = timezone.now()
-    digest = _request_digest(source=source, kind=kind, node=node.pk, gpu_index=gpu_index, nic_name=nic_name or "",
-                             xid=xid, severity=severity, detected_at=detected_at, details=details or {})
+    digest = _request_digest(
+        source=source,
+        kind=kind,
+        node=node.pk,
+        gpu_index=gpu_index,
+        nic_name=nic_name or "",
+        xid=xid,
+        severity=severity,
+        detected_at=detected_at,
+        details=details or {},
+    )
     details, detected_at = _bounded(source=source, details=details, detected_at=detected_at, now=now)
     key = _key_of(node=node, kind=kind, gpu_index=gpu_index, nic_name=nic_name, xid=xid, details=details)
     with transaction.atomic():
@@ -196,25 +292,41 @@ def fault_ingest(*, source: str, kind: str, node, gpu_index: int | None = None, 
         # Reports of one node are serialised (its faults merge, its incident folds them) by one lock per node.
         _advisory_lock(idempotency_key or f"node:{node.pk}")
         if idempotency_key:
-            existing, bound_to = (FaultEvent.objects.filter(idempotency_key=idempotency_key)
-                                  .values_list("pk", "request_digest").first() or (None, ""))
+            existing, bound_to = FaultEvent.objects.filter(idempotency_key=idempotency_key).values_list(
+                "pk", "request_digest"
+            ).first() or (None, "")
             if existing is not None:
                 if bound_to and bound_to != digest:
                     raise ServiceError("this Idempotency-Key was used for a different report", status=409)
                 return _merge(existing, source=source, details=details, now=now), False
             _advisory_lock(f"node:{node.pk}")
         window = timedelta(seconds=settings.FAULT_CORRELATION_SECONDS)
-        existing = (FaultEvent.objects.filter(correlation_key=key, received_at__gte=now - window)
-                    .order_by("-received_at").values_list("pk", flat=True).first())
+        existing = (
+            FaultEvent.objects.filter(correlation_key=key, received_at__gte=now - window)
+            .order_by("-received_at")
+            .values_list("pk", flat=True)
+            .first()
+        )
         if existing is not None:
             return _merge(existing, source=source, details=details, now=now), False
         try:
             # The node's lock already serialises reports with this key; the savepoint only guards other writers.
             with transaction.atomic(savepoint=bool(idempotency_key)):
-                fault, verdict = _new_fault(source=source, kind=kind, node=node, gpu_index=gpu_index,
-                                            nic_name=nic_name, xid=xid, severity=severity, detected_at=detected_at,
-                                            details=details, key=key, now=now, idempotency_key=idempotency_key,
-                                            digest=digest)
+                fault, verdict = _new_fault(
+                    source=source,
+                    kind=kind,
+                    node=node,
+                    gpu_index=gpu_index,
+                    nic_name=nic_name,
+                    xid=xid,
+                    severity=severity,
+                    detected_at=detected_at,
+                    details=details,
+                    key=key,
+                    now=now,
+                    idempotency_key=idempotency_key,
+                    digest=digest,
+                )
                 incident_join(fault=fault, fatal=verdict.out_of_service, now=now)
                 fault.save(force_insert=True)
         except IntegrityError:
@@ -238,7 +350,9 @@ class FaultReport(NamedTuple):
     details: dict | None = None
 
 
-def fault_ingest_many(*, source: str, reports: list[FaultReport], actor=None) -> list[tuple[FaultEvent, bool]]:
+def fault_ingest_many(
+    *, source: str, reports: list[FaultReport], actor=None
+) -> list[tuple[FaultEvent, bool]]:
     """``fault_ingest`` for several reports at once (an agent's batch: a node's eight NICs going down together), in
     one transaction: the same rules and the same result for each report, in order, but its devices checked, its
     nodes locked, its correlated faults looked up, its new faults stored, audited and published together, and their
@@ -249,23 +363,37 @@ def fault_ingest_many(*, source: str, reports: list[FaultReport], actor=None) ->
     prepared = []
     for report in reports:
         _validate_values(source, report.kind, report.severity)
-        details, detected_at = _bounded(source=source, details=report.details, detected_at=report.detected_at, now=now)
-        key = _key_of(node=report.node, kind=report.kind, gpu_index=report.gpu_index, nic_name=report.nic_name,
-                      xid=report.xid, details=details)
+        details, detected_at = _bounded(
+            source=source, details=report.details, detected_at=report.detected_at, now=now
+        )
+        key = _key_of(
+            node=report.node,
+            kind=report.kind,
+            gpu_index=report.gpu_index,
+            nic_name=report.nic_name,
+            xid=report.xid,
+            details=details,
+        )
         prepared.append((report, details, detected_at, key))
     _devices_exist([report for report, *_ in prepared])
     results: list[tuple[FaultEvent, bool] | None] = []
     with transaction.atomic():
         immediate_constraints()
-        for node_id in sorted({report.node.pk for report in reports}):   # in one order: two batches never cross
+        for node_id in sorted(
+            {report.node.pk for report in reports}
+        ):  # in one order: two batches never cross
             _advisory_lock(f"node:{node_id}")
         window = timedelta(seconds=settings.FAULT_CORRELATION_SECONDS)
         existing: dict[str, int] = {}
-        for correlation, pk in (FaultEvent.objects.filter(correlation_key__in={key for *_, key in prepared},
-                                                          received_at__gte=now - window)
-                                .order_by("received_at").values_list("correlation_key", "pk")):
-            existing[correlation] = pk   # the latest of each key, as fault_ingest takes
-        pending: list[tuple[int, FaultEvent, FaultVerdict]] = []     # (index in results, new fault, its triage)
+        for correlation, pk in (
+            FaultEvent.objects.filter(
+                correlation_key__in={key for *_, key in prepared}, received_at__gte=now - window
+            )
+            .order_by("received_at")
+            .values_list("correlation_key", "pk")
+        ):
+            existing[correlation] = pk  # the latest of each key, as fault_ingest takes
+        pending: list[tuple[int, FaultEvent, FaultVerdict]] = []  # (index in results, new fault, its triage)
         stored: list[tuple[FaultEvent, str, str, int | None]] = []
 
         def store_pending():
@@ -283,13 +411,23 @@ def fault_ingest_many(*, source: str, reports: list[FaultReport], actor=None) ->
 
         for report, details, detected_at, key in prepared:
             if any(fault.correlation_key == key for _, fault, _ in pending):
-                store_pending()    # a second report of a fault this batch opened merges into the stored row
+                store_pending()  # a second report of a fault this batch opened merges into the stored row
             if key in existing:
                 results.append((_merge(existing[key], source=source, details=details, now=now), False))
                 continue
-            fault, verdict = _new_fault(source=source, kind=report.kind, node=report.node, gpu_index=report.gpu_index,
-                                        nic_name=report.nic_name, xid=report.xid, severity=report.severity,
-                                        detected_at=detected_at, details=details, key=key, now=now)
+            fault, verdict = _new_fault(
+                source=source,
+                kind=report.kind,
+                node=report.node,
+                gpu_index=report.gpu_index,
+                nic_name=report.nic_name,
+                xid=report.xid,
+                severity=report.severity,
+                detected_at=detected_at,
+                details=details,
+                key=key,
+                now=now,
+            )
             pending.append((len(results), fault, verdict))
             results.append(None)
         store_pending()
@@ -302,17 +440,27 @@ def _devices_exist(reports: list[FaultReport]) -> None:
     gpus = {(r.node.pk, r.gpu_index) for r in reports if r.gpu_index is not None}
     nics = {(r.node.pk, r.nic_name) for r in reports if r.nic_name}
     if gpus:
-        found = set(GPU.objects.filter(node_id__in={n for n, _ in gpus}, index__in={i for _, i in gpus})
-                    .values_list("node_id", "index"))
+        found = set(
+            GPU.objects.filter(node_id__in={n for n, _ in gpus}, index__in={i for _, i in gpus}).values_list(
+                "node_id", "index"
+            )
+        )
         for report in reports:
             if report.gpu_index is not None and (report.node.pk, report.gpu_index) not in found:
-                raise ServiceError(f"node {report.node.hostname} has no GPU {report.gpu_index}", field="gpu_index")
+                raise ServiceError(
+                    f"node {report.node.hostname} has no GPU {report.gpu_index}", field="gpu_index"
+                )
     if nics:
-        found = set(NIC.objects.filter(node_id__in={n for n, _ in nics}, name__in={name for _, name in nics})
-                    .values_list("node_id", "name"))
+        found = set(
+            NIC.objects.filter(
+                node_id__in={n for n, _ in nics}, name__in={name for _, name in nics}
+            ).values_list("node_id", "name")
+        )
         for report in reports:
             if report.nic_name and (report.node.pk, report.nic_name) not in found:
-                raise ServiceError(f"node {report.node.hostname} has no NIC {report.nic_name}", field="nic_name")
+                raise ServiceError(
+                    f"node {report.node.hostname} has no NIC {report.nic_name}", field="nic_name"
+                )
 
 
 def _pending_key(cluster_id: int) -> str:
@@ -332,11 +480,13 @@ def _enqueue(fault_id: int, cluster_id: int | None = None) -> None:
         try:
             if not cache.add(_pending_key(cluster_id), fault_id, timeout=settings.FAULT_SWEEP_SECONDS):
                 return
-        except Exception as error:  # Redis away: queue anyway (the broker is likely away too; the sweep covers it)
+        except (
+            Exception
+        ) as error:  # Redis away: queue anyway (the broker is likely away too; the sweep covers it)
             log.debug("fault-handle mark for cluster %s not set: %r", cluster_id, error)
         queue(fault_handle_task, fault_id, cluster_id)
         return
-    queue(fault_handle_task, fault_id)   # the broker away: the fault is stored, and the fault sweep queues it
+    queue(fault_handle_task, fault_id)  # the broker away: the fault is stored, and the fault sweep queues it
 
 
 def _forget_pending(cluster_id: int) -> None:
@@ -362,8 +512,12 @@ def fault_handle(*, fault_id: int, cluster_id: int | None = None) -> list[int]:
         _forget_pending(cluster_id)
     if decided:
         # Committed: faults stored while it decided found the mark set and queued nothing; the next handling is theirs.
-        waiting = (FaultEvent.objects.filter(cluster_id=cluster_id, state=FaultState.NEW).order_by("received_at")
-                   .values_list("pk", flat=True).first())
+        waiting = (
+            FaultEvent.objects.filter(cluster_id=cluster_id, state=FaultState.NEW)
+            .order_by("received_at")
+            .values_list("pk", flat=True)
+            .first()
+        )
         if waiting is not None:
             _enqueue(waiting, cluster_id)
     return created
@@ -377,7 +531,9 @@ def _handle(cluster_id: int) -> tuple[list[int], bool]:
     with transaction.atomic():
         # Faults whose rows are locked are being decided right now (in another handler's batch): that handler settles
         # them, or rolls back and leaves them new for the sweep. Waiting for them would only queue up.
-        new = _skip_locked(FaultEvent.objects.filter(cluster_id=cluster_id, state=FaultState.NEW).order_by("received_at"))
+        new = _skip_locked(
+            FaultEvent.objects.filter(cluster_id=cluster_id, state=FaultState.NEW).order_by("received_at")
+        )
         first = new.first()
         if first is None:
             return [], False
@@ -391,7 +547,9 @@ def _handle(cluster_id: int) -> tuple[list[int], bool]:
         faults = list(new.exclude(pk=first.pk)[:199])
         # Every event of the decision (its cordons, ladders and actions) is written at its end, in one statement.
         with events.gathered():
-            return decide(cluster=cluster, faults=[first, *faults], dry_run=mode == AutomationMode.DRY_RUN), True
+            return decide(
+                cluster=cluster, faults=[first, *faults], dry_run=mode == AutomationMode.DRY_RUN
+            ), True
 
 
 def fault_sweep(*, min_age_seconds: float | None = None) -> int:
@@ -405,12 +563,17 @@ def fault_sweep(*, min_age_seconds: float | None = None) -> int:
 
     from fleet.models import AutomationSwitch
 
-    rows = (FaultEvent.objects.filter(state=FaultState.NEW, received_at__lte=cutoff)
-            .exclude(cluster__automation=AutomationMode.PAUSED).exclude(cluster__fleet__automation=AutomationMode.PAUSED)
-            .exclude(Exists(AutomationSwitch.objects.filter(mode=AutomationMode.PAUSED)))   # the provider switch
-            .values("cluster_id").annotate(oldest=Min("id")).order_by("oldest").values_list("oldest", flat=True))
+    rows = (
+        FaultEvent.objects.filter(state=FaultState.NEW, received_at__lte=cutoff)
+        .exclude(cluster__automation=AutomationMode.PAUSED)
+        .exclude(cluster__fleet__automation=AutomationMode.PAUSED)
+        .exclude(Exists(AutomationSwitch.objects.filter(mode=AutomationMode.PAUSED)))  # the provider switch
+        .values("cluster_id")
+        .annotate(oldest=Min("id"))
+        .order_by("oldest")
+        .values_list("oldest", flat=True)
+    )
     ids = list(rows)
     for fault_id in ids:
-        _enqueue(fault_id)   # whatever the mark says: this is what catches a lost message
+        _enqueue(fault_id)  # whatever the mark says: this is what catches a lost message
     return len(ids)
-

@@ -79,8 +79,13 @@ def incident_join(*, fault: FaultEvent, fatal: bool, now: datetime) -> int:
     and widening its scope as the rules say (a stale one is resolved first); sets ``fault.incident_id`` (the
     caller saves the fault) and returns it. The caller holds the node's lock."""
     join = _join_in_one_statement if connection.vendor == "postgresql" else _join_with_the_orm
-    fault.incident_id = join(fault, on_one_nic=fault.kind in NIC_KINDS and bool(fault.nic_name),
-                             rank=severity_rank(fault.kind, fatal=fatal), fatal=fatal, now=now)
+    fault.incident_id = join(
+        fault,
+        on_one_nic=fault.kind in NIC_KINDS and bool(fault.nic_name),
+        rank=severity_rank(fault.kind, fatal=fatal),
+        fatal=fatal,
+        now=now,
+    )
     return fault.incident_id
 
 
@@ -100,57 +105,125 @@ def incident_join_many(*, faults: list[tuple[FaultEvent, bool]], now: datetime) 
     worst = ranks.index(min(ranks))
     nics = {fault.nic_name if fault.kind in NIC_KINDS and fault.nic_name else None for fault, _ in faults}
     decisive, fatal = faults[worst]
-    incident_id = _execute_join(faults[0][0], on_one_nic=len(nics) == 1 and None not in nics, rank=ranks[worst],
-                                kind=decisive.kind, xid=decisive.xid, fatal=fatal,
-                                detected=min(fault.detected_at for fault, _ in faults), count=len(faults), now=now)
+    incident_id = _execute_join(
+        faults[0][0],
+        on_one_nic=len(nics) == 1 and None not in nics,
+        rank=ranks[worst],
+        kind=decisive.kind,
+        xid=decisive.xid,
+        fatal=fatal,
+        detected=min(fault.detected_at for fault, _ in faults),
+        count=len(faults),
+        now=now,
+    )
     for fault, _ in faults:
         fault.incident_id = incident_id
     return incident_id
 
 
-def _join_in_one_statement(fault: FaultEvent, *, on_one_nic: bool, rank: int, fatal: bool, now: datetime) -> int:
-    return _execute_join(fault, on_one_nic=on_one_nic, rank=rank, kind=fault.kind, xid=fault.xid, fatal=fatal,
-                         detected=fault.detected_at, count=1, now=now)
+def _join_in_one_statement(
+    fault: FaultEvent, *, on_one_nic: bool, rank: int, fatal: bool, now: datetime
+) -> int:
+    return _execute_join(
+        fault,
+        on_one_nic=on_one_nic,
+        rank=rank,
+        kind=fault.kind,
+        xid=fault.xid,
+        fatal=fatal,
+        detected=fault.detected_at,
+        count=1,
+        now=now,
+    )
 
 
-def _execute_join(fault: FaultEvent, *, on_one_nic: bool, rank: int, kind: str, xid, fatal: bool, detected,
-                  count: int, now: datetime) -> int:
+def _execute_join(
+    fault: FaultEvent,
+    *,
+    on_one_nic: bool,
+    rank: int,
+    kind: str,
+    xid,
+    fatal: bool,
+    detected,
+    count: int,
+    now: datetime,
+) -> int:
     sql = JOIN_SQL.format(incident=Incident._meta.db_table, action=RecoveryAction._meta.db_table)
     with connection.cursor() as cursor:
-        cursor.execute(sql, {"node": fault.node_id, "cluster": fault.cluster_id, "cutoff": now - _window(), "now": now,
-                             "detected": detected, "one_nic": on_one_nic, "nic": fault.nic_name, "rank": rank,
-                             "kind": kind, "xid": xid, "fatal": fatal, "count": count})
+        cursor.execute(
+            sql,
+            {
+                "node": fault.node_id,
+                "cluster": fault.cluster_id,
+                "cutoff": now - _window(),
+                "now": now,
+                "detected": detected,
+                "one_nic": on_one_nic,
+                "nic": fault.nic_name,
+                "rank": rank,
+                "kind": kind,
+                "xid": xid,
+                "fatal": fatal,
+                "count": count,
+            },
+        )
         return cursor.fetchone()[0]
 
 
 def _join_with_the_orm(fault: FaultEvent, *, on_one_nic: bool, rank: int, fatal: bool, now: datetime) -> int:
     """``JOIN_SQL``'s rules, statement by statement (SQLite, the embedded default)."""
-    incident = (Incident.objects.select_for_update(of=("self",), no_key=True)
-                .filter(node_id=fault.node_id, state=IncidentState.OPEN).order_by("-pk").first())
+    incident = (
+        Incident.objects.select_for_update(of=("self",), no_key=True)
+        .filter(node_id=fault.node_id, state=IncidentState.OPEN)
+        .order_by("-pk")
+        .first()
+    )
     if incident is not None and not incident_is_open(incident, now):
         incident_resolve(incident=incident, at=now)
         incident = None
     if incident is None:
         return Incident.objects.create(
-            cluster_id=fault.cluster_id, node_id=fault.node_id,
-            scope=IncidentScope.NIC if on_one_nic else IncidentScope.NODE, nic_name=fault.nic_name if on_one_nic else "",
-            kind=fault.kind, xid=fault.xid, fatal=fatal, rank=rank, opened_at=fault.detected_at, last_reported_at=now).pk
+            cluster_id=fault.cluster_id,
+            node_id=fault.node_id,
+            scope=IncidentScope.NIC if on_one_nic else IncidentScope.NODE,
+            nic_name=fault.nic_name if on_one_nic else "",
+            kind=fault.kind,
+            xid=fault.xid,
+            fatal=fatal,
+            rank=rank,
+            opened_at=fault.detected_at,
+            last_reported_at=now,
+        ).pk
     if incident.scope == IncidentScope.NIC and not (on_one_nic and fault.nic_name == incident.nic_name):
-        incident.scope, incident.nic_name = IncidentScope.NODE, ""   # several NICs, or the node itself
+        incident.scope, incident.nic_name = IncidentScope.NODE, ""  # several NICs, or the node itself
     if rank < incident.rank:
         incident.kind, incident.xid, incident.fatal, incident.rank = fault.kind, fault.xid, fatal, rank
     incident.report_count += 1
     incident.last_reported_at = now
     incident.opened_at = min(incident.opened_at, fault.detected_at)
-    incident.save(update_fields=["scope", "nic_name", "kind", "xid", "fatal", "rank", "report_count", "last_reported_at",
-                                 "opened_at"])
+    incident.save(
+        update_fields=[
+            "scope",
+            "nic_name",
+            "kind",
+            "xid",
+            "fatal",
+            "rank",
+            "report_count",
+            "last_reported_at",
+            "opened_at",
+        ]
+    )
     return incident.pk
 
 
 def incident_report(*, incident_id: int | None, now: datetime) -> None:
     """Another report of a fault already stored (merged into it): its incident counts it and stays open."""
     if incident_id is not None:
-        Incident.objects.filter(pk=incident_id).update(report_count=F("report_count") + 1, last_reported_at=now)
+        Incident.objects.filter(pk=incident_id).update(
+            report_count=F("report_count") + 1, last_reported_at=now
+        )
 
 
 def incident_resolve(*, incident: Incident, at: datetime) -> None:

@@ -26,14 +26,22 @@ def job_token_create(*, job: Job) -> str:
 
 def _pick_nodes(cluster: Cluster, nodes_needed: int, gpu_model: str | None) -> list[Node]:
     busy = busy_node_ids(cluster.pk)
-    rows = (Node.objects.filter(cluster=cluster, state=NodeState.READY).exclude(pk__in=busy)
-            .exclude(gpus__health__in=[GPUHealth.FAILED, GPUHealth.DEGRADED]).order_by("leaf_switch", "hostname"))
+    rows = (
+        Node.objects.filter(cluster=cluster, state=NodeState.READY)
+        .exclude(pk__in=busy)
+        .exclude(gpus__health__in=[GPUHealth.FAILED, GPUHealth.DEGRADED])
+        .order_by("leaf_switch", "hostname")
+    )
     if gpu_model:
         rows = rows.filter(gpu_model=gpu_model)
     picked = list(rows.distinct()[:nodes_needed])
     if len(picked) < nodes_needed:
-        raise ServiceError(f"cluster {cluster.name} has {len(picked)} free ready nodes; the job needs {nodes_needed} "
-                           f"node{'s' if nodes_needed != 1 else ''} for its GPUs", field="gpus", status=409)
+        raise ServiceError(
+            f"cluster {cluster.name} has {len(picked)} free ready nodes; the job needs {nodes_needed} "
+            f"node{'s' if nodes_needed != 1 else ''} for its GPUs",
+            field="gpus",
+            status=409,
+        )
     return picked
 
 
@@ -42,23 +50,41 @@ def _registered_nodes(cluster: Cluster, hostnames: list[str]) -> list[Node]:
     allocation of another job (a job registered on hosts it does not run on would see their faults and compete
     for their spares). The caller holds the cluster's row lock, so two registrations cannot both take a host."""
     if cluster.driver == DriverName.SIMULATED:
-        raise ServiceError("a simulated cluster places its jobs itself: leave hostnames out", field="hostnames")
+        raise ServiceError(
+            "a simulated cluster places its jobs itself: leave hostnames out", field="hostnames"
+        )
     ids = list(Node.objects.filter(cluster=cluster, hostname__in=hostnames).values_list("pk", flat=True))
     if len(ids) != len(set(hostnames)):
         raise ServiceError("unknown host names on this cluster", field="hostnames")
     order = {name: position for position, name in enumerate(dict.fromkeys(hostnames))}
     nodes = sorted(lock_nodes(ids).values(), key=lambda node: order[node.hostname])
-    held = sorted(JobAllocation.objects.filter(node_id__in=ids, released_at__isnull=True)
-                  .values_list("node__hostname", flat=True).distinct())
+    held = sorted(
+        JobAllocation.objects.filter(node_id__in=ids, released_at__isnull=True)
+        .values_list("node__hostname", flat=True)
+        .distinct()
+    )
     if held:
-        raise ServiceError(f"hosts held by another job: {', '.join(held[:20])}", field="hostnames", status=409)
+        raise ServiceError(
+            f"hosts held by another job: {', '.join(held[:20])}", field="hostnames", status=409
+        )
     return nodes
 
 
 @transaction.atomic
-def job_submit(*, actor, tenant, cluster: Cluster, name: str, gpus: int, gpus_per_node: int = 8,
-               seconds_per_iteration: float = 1.0, checkpoint_interval: int = 1000, total_iterations: int | None = None,
-               hostnames: list[str] | None = None, gpu_model: str | None = None) -> tuple[Job, str]:
+def job_submit(
+    *,
+    actor,
+    tenant,
+    cluster: Cluster,
+    name: str,
+    gpus: int,
+    gpus_per_node: int = 8,
+    seconds_per_iteration: float = 1.0,
+    checkpoint_interval: int = 1000,
+    total_iterations: int | None = None,
+    hostnames: list[str] | None = None,
+    gpu_model: str | None = None,
+) -> tuple[Job, str]:
     """Start a job: on a simulated cluster Lockstep places it on free ready nodes; a job on a real cluster is
     registered by its launcher with the hostnames it runs on. Returns (job, job token shown once)."""
     if gpus < 1 or gpus_per_node < 1:
@@ -77,23 +103,41 @@ def job_submit(*, actor, tenant, cluster: Cluster, name: str, gpus: int, gpus_pe
         per_node = min(gpus, gpus_per_node)
         nodes = _pick_nodes(cluster, math.ceil(gpus / per_node), gpu_model)
     now = timezone.now()
-    job = Job.objects.create(tenant=tenant, cluster=cluster, name=name, gpus=gpus, simulated=not hostnames,
-                             state=JobState.RUNNING, seconds_per_iteration=seconds_per_iteration,
-                             checkpoint_interval=checkpoint_interval, total_iterations=total_iterations,
-                             iteration_at=now, started_at=now, submitted_by=actor if getattr(actor, "pk", None) else None)
+    job = Job.objects.create(
+        tenant=tenant,
+        cluster=cluster,
+        name=name,
+        gpus=gpus,
+        simulated=not hostnames,
+        state=JobState.RUNNING,
+        seconds_per_iteration=seconds_per_iteration,
+        checkpoint_interval=checkpoint_interval,
+        total_iterations=total_iterations,
+        iteration_at=now,
+        started_at=now,
+        submitted_by=actor if getattr(actor, "pk", None) else None,
+    )
     rank, left = 0, gpus
     allocations = []
     for node in nodes:
         count = min(per_node, left)
-        allocations.append(JobAllocation(job=job, node=node, gpu_indices=list(range(count)), rank_start=rank,
-                                         rank_end=rank + count - 1))
+        allocations.append(
+            JobAllocation(
+                job=job, node=node, gpu_indices=list(range(count)), rank_start=rank, rank_end=rank + count - 1
+            )
+        )
         rank, left = rank + count, left - count
     JobAllocation.objects.bulk_create(allocations)
     phase_start(job, JobPhaseKind.RUNNING, reason="submitted", at=now)
     record_progress(job, at=now, iteration=0)
     raw = job_token_create(job=job)
-    audit_record(actor=actor, action="job.submit", target=job, tenant_id=tenant.pk,
-                 changes={"gpus": gpus, "cluster": cluster.name, "nodes": len(nodes)})
+    audit_record(
+        actor=actor,
+        action="job.submit",
+        target=job,
+        tenant_id=tenant.pk,
+        changes={"gpus": gpus, "cluster": cluster.name, "nodes": len(nodes)},
+    )
     publish_job(job, "job.submitted")
     return job, raw
 
@@ -107,7 +151,9 @@ def _stop(job: Job, state: str, *, reason: str) -> str:
     old, job.state, job.ended_at = job.state, state, now
     job.save(update_fields=["iteration", "iteration_at", "state", "ended_at"])
     JobAllocation.objects.filter(job=job, released_at__isnull=True).update(released_at=now)
-    active = list(RecoveryAction.objects.filter(job=job, state__in=ACTIVE_ACTION_STATES).select_related("job"))
+    active = list(
+        RecoveryAction.objects.filter(job=job, state__in=ACTIVE_ACTION_STATES).select_related("job")
+    )
     fail_many(active, {action.pk: reason for action in active})
     phase_end(job, at=now)
     record_progress(job, at=now, iteration=job.iteration)
@@ -121,7 +167,13 @@ def job_cancel(*, actor, job: Job) -> Job:
     if job.state not in ACTIVE_JOB_STATES:
         raise ServiceError(f"job {job.pk} is already {job.state}", status=409)
     old = _stop(job, JobState.CANCELLED, reason="the job was cancelled")
-    audit_record(actor=actor, action="job.cancel", target=job, tenant_id=job.tenant_id, changes={"state": [old, job.state]})
+    audit_record(
+        actor=actor,
+        action="job.cancel",
+        target=job,
+        tenant_id=job.tenant_id,
+        changes={"state": [old, job.state]},
+    )
     publish_job(job, "job.state")
     return job
 
@@ -132,15 +184,21 @@ def job_fail(*, job: Job, reason: str) -> Job:
     job.state_reason = reason[:300]
     job.save(update_fields=["state_reason"])
     old = _stop(job, JobState.FAILED, reason=f"the job failed: {reason}")
-    audit_record(actor=None, action="job.fail", target=job, tenant_id=job.tenant_id,
-                 changes={"state": [old, job.state], "reason": reason})
+    audit_record(
+        actor=None,
+        action="job.fail",
+        target=job,
+        tenant_id=job.tenant_id,
+        changes={"state": [old, job.state], "reason": reason},
+    )
     publish_job(job, "job.state", reason=reason)
     return job
 
 
 @transaction.atomic
-def job_progress(*, job: Job, iteration: int, step_seconds: float | None = None, checkpoint: bool = False,
-                 actor=None) -> Job:
+def job_progress(
+    *, job: Job, iteration: int, step_seconds: float | None = None, checkpoint: bool = False, actor=None
+) -> Job:
     """A job reports its own progress: the iteration it reached, its step time, and whether it just saved a
     checkpoint. The planner and the ledger then work from the job's own figures."""
     if iteration < 0:
@@ -155,15 +213,29 @@ def job_progress(*, job: Job, iteration: int, step_seconds: float | None = None,
     job.iteration, job.iteration_at = iteration, now
     if step_seconds:
         # A moving average, so one slow step does not swing the planner's estimates.
-        job.seconds_per_iteration = 0.8 * job.seconds_per_iteration + 0.2 * step_seconds if job.progress.exists() else step_seconds
+        job.seconds_per_iteration = (
+            0.8 * job.seconds_per_iteration + 0.2 * step_seconds if job.progress.exists() else step_seconds
+        )
     if checkpoint:
         job.last_checkpoint_iteration, job.last_checkpoint_at = iteration, now
     if job.simulated:
-        job.simulated = False   # once a job reports, its own figures replace the clock
-    job.save(update_fields=["iteration", "iteration_at", "seconds_per_iteration", "last_checkpoint_iteration",
-                            "last_checkpoint_at", "simulated"])
+        job.simulated = False  # once a job reports, its own figures replace the clock
+    job.save(
+        update_fields=[
+            "iteration",
+            "iteration_at",
+            "seconds_per_iteration",
+            "last_checkpoint_iteration",
+            "last_checkpoint_at",
+            "simulated",
+        ]
+    )
     record_progress(job, at=now, iteration=iteration, step_seconds=step_seconds, checkpoint=checkpoint)
     # Progress is frequent: it goes to the job's own topic only.
-    events.publish([events.topic("job", job.pk)], "job.progress",
-                   job_payload(job, checkpoint=checkpoint, step_seconds=step_seconds), url=f"/api/v1/jobs/{job.pk}/")
+    events.publish(
+        [events.topic("job", job.pk)],
+        "job.progress",
+        job_payload(job, checkpoint=checkpoint, step_seconds=step_seconds),
+        url=f"/api/v1/jobs/{job.pk}/",
+    )
     return job

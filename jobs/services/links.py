@@ -35,8 +35,11 @@ def _clean(links: dict[tuple[int, str], object], now) -> set[tuple[int, str]]:
     clean = {link for link, ok in evidence.items() if ok}
     silent = [link for link in links if link not in evidence and now - links[link] >= window]
     if silent:
-        up = set(NIC.objects.filter(node_id__in={n for n, _ in silent}, link_state=LinkState.UP)
-                 .values_list("node_id", "name"))
+        up = set(
+            NIC.objects.filter(node_id__in={n for n, _ in silent}, link_state=LinkState.UP).values_list(
+                "node_id", "name"
+            )
+        )
         clean |= {link for link in silent if link in up}
     return clean
 
@@ -44,17 +47,27 @@ def _clean(links: dict[tuple[int, str], object], now) -> set[tuple[int, str]]:
 def links_fail_back(*, now=None) -> int:
     """Fail back every job whose degrading link is healthy again; returns how many links were failed back."""
     now = now or timezone.now()
-    phases = list(JobPhase.objects.filter(kind=JobPhaseKind.DEGRADED, ended_at__isnull=True, node__isnull=False)
-                  .exclude(nic_name="").values_list("job_id", "node_id", "nic_name", "started_at"))
-    failovers = list(RecoveryAction.objects.filter(kind=ActionKind.NIC_FAILOVER, state=ActionState.SUCCEEDED,
-                                                   dry_run=False, failed_back_at__isnull=True)
-                     .values_list("job_id", "node_id", "nic_name", "ended_at"))
+    phases = list(
+        JobPhase.objects.filter(kind=JobPhaseKind.DEGRADED, ended_at__isnull=True, node__isnull=False)
+        .exclude(nic_name="")
+        .values_list("job_id", "node_id", "nic_name", "started_at")
+    )
+    failovers = list(
+        RecoveryAction.objects.filter(
+            kind=ActionKind.NIC_FAILOVER,
+            state=ActionState.SUCCEEDED,
+            dry_run=False,
+            failed_back_at__isnull=True,
+        ).values_list("job_id", "node_id", "nic_name", "ended_at")
+    )
     links: dict[tuple[int, str], object] = {}
     for _, node_id, nic_name, since in phases + failovers:
         if node_id and nic_name and since:
             links[node_id, nic_name] = min(since, links.get((node_id, nic_name), since))
     clean = _clean(links, now)
-    jobs = sorted({job_id for job_id, node_id, nic_name, _ in phases + failovers if (node_id, nic_name) in clean})
+    jobs = sorted(
+        {job_id for job_id, node_id, nic_name, _ in phases + failovers if (node_id, nic_name) in clean}
+    )
     done = 0
     for job_id in jobs:
         with transaction.atomic():
@@ -63,12 +76,25 @@ def links_fail_back(*, now=None) -> int:
 
 
 def _fail_back_job(job_id: int, clean: set[tuple[int, str]], now) -> int:
-    job = Job.objects.select_for_update(of=("self",), no_key=True).select_related("cluster").filter(pk=job_id).first()
+    job = (
+        Job.objects.select_for_update(of=("self",), no_key=True)
+        .select_related("cluster")
+        .filter(pk=job_id)
+        .first()
+    )
     if job is None:
         return 0
-    mine = list(RecoveryAction.objects.select_for_update(of=("self",), no_key=True).select_related("node")
-                .filter(job=job, kind=ActionKind.NIC_FAILOVER, state=ActionState.SUCCEEDED, dry_run=False,
-                        failed_back_at__isnull=True))
+    mine = list(
+        RecoveryAction.objects.select_for_update(of=("self",), no_key=True)
+        .select_related("node")
+        .filter(
+            job=job,
+            kind=ActionKind.NIC_FAILOVER,
+            state=ActionState.SUCCEEDED,
+            dry_run=False,
+            failed_back_at__isnull=True,
+        )
+    )
     phase = JobPhase.objects.filter(job=job, kind=JobPhaseKind.DEGRADED, ended_at__isnull=True).first()
     measured, back, done = [], set(), 0
     for action in mine:
@@ -78,21 +104,37 @@ def _fail_back_job(job_id: int, clean: set[tuple[int, str]], now) -> int:
         try:
             driver_for(job.cluster).fail_over_nic(action.node, action.to_nic_name, action.nic_name)
         except DriverError as error:
-            log.warning("failback of job %s to %s failed: %s; it stays degraded", job.pk, action.nic_name, error)
+            log.warning(
+                "failback of job %s to %s failed: %s; it stays degraded", job.pk, action.nic_name, error
+            )
             continue
         seconds = max(0.0, (now - (action.ended_at or now)).total_seconds())
         action.failed_back_at, action.degraded_seconds = now, seconds
-        action.gpu_hours_lost = actual_gpu_hours(gpus=action.gpus, pause_seconds=action.pause_seconds,
-                                                 work_lost_seconds=action.work_lost_seconds,
-                                                 degraded_seconds=seconds, slowdown=action.slowdown)
+        action.gpu_hours_lost = actual_gpu_hours(
+            gpus=action.gpus,
+            pause_seconds=action.pause_seconds,
+            work_lost_seconds=action.work_lost_seconds,
+            degraded_seconds=seconds,
+            slowdown=action.slowdown,
+        )
         action.gpu_hours_saved = action.gpu_hours_baseline - action.gpu_hours_lost
         action.save(update_fields=["failed_back_at", "degraded_seconds", "gpu_hours_lost", "gpu_hours_saved"])
-        measured.append((job.cluster_id, DEGRADED_MEASURES["degraded" if action.impact == "degraded" else "nic"], seconds))
-        audit_record(actor=None, action="recovery.failback", target=action, tenant_id=job.tenant_id,
-                     changes={"nic": action.nic_name, "degraded_seconds": round(seconds, 1)})
-        events.publish(job_topics(job), "action.failed_back",
-                       {**action_payload(action), "summary": f"failed back to {action.nic_name} after {seconds:.0f} s"},
-                       url=f"/api/v1/actions/{action.pk}/")
+        measured.append(
+            (job.cluster_id, DEGRADED_MEASURES["degraded" if action.impact == "degraded" else "nic"], seconds)
+        )
+        audit_record(
+            actor=None,
+            action="recovery.failback",
+            target=action,
+            tenant_id=job.tenant_id,
+            changes={"nic": action.nic_name, "degraded_seconds": round(seconds, 1)},
+        )
+        events.publish(
+            job_topics(job),
+            "action.failed_back",
+            {**action_payload(action), "summary": f"failed back to {action.nic_name} after {seconds:.0f} s"},
+            url=f"/api/v1/actions/{action.pk}/",
+        )
         back.add(link)
         done += 1
     remaining = [a for a in mine if a.failed_back_at is None]
@@ -100,16 +142,27 @@ def _fail_back_job(job_id: int, clean: set[tuple[int, str]], now) -> int:
     if phase is not None and not remaining and (phase_link in clean or phase_link in back):
         if phase_link not in back:
             # The job ran on the degraded link itself: it measured how long a grey link stays bad.
-            measured.append((job.cluster_id, DEGRADED_MEASURES["degraded"], (now - phase.started_at).total_seconds()))
+            measured.append(
+                (job.cluster_id, DEGRADED_MEASURES["degraded"], (now - phase.started_at).total_seconds())
+            )
             done += 1
         job.iteration, job.iteration_at = job.iteration_now(now), now
         job.slowdown, job.degraded_until = 0.0, now
         job.save(update_fields=["iteration", "iteration_at", "slowdown", "degraded_until"])
         phase_end(job, [JobPhaseKind.DEGRADED], at=now)
         back.add(phase_link)
-        events.publish(job_topics(job), "job.failed_back",
-                       {"job": job.pk, "name": job.name, "state": job.state, "at": now.isoformat(),
-                        "summary": f"{phase.nic_name} healthy again: full speed"}, url=f"/api/v1/jobs/{job.pk}/")
+        events.publish(
+            job_topics(job),
+            "job.failed_back",
+            {
+                "job": job.pk,
+                "name": job.name,
+                "state": job.state,
+                "at": now.isoformat(),
+                "summary": f"{phase.nic_name} healthy again: full speed",
+            },
+            url=f"/api/v1/jobs/{job.pk}/",
+        )
     if back:
         hardware.nic_links_set(links=back, state=LinkState.UP)
     estimates_record(measured)

@@ -20,8 +20,12 @@ def phase_family(kind: str) -> list[str]:
 def phase_start(job: Job, kind: str, reason: str = "", at=None) -> None:
     """End the open phase of this kind family and open a new one."""
     at = at or timezone.now()
-    phases_switch(at=at, ended=[(job.pk, phase_family(kind))],
-                  started=[JobPhase(job=job, kind=kind, started_at=at, reason=reason[:200])], progress=[])
+    phases_switch(
+        at=at,
+        ended=[(job.pk, phase_family(kind))],
+        started=[JobPhase(job=job, kind=kind, started_at=at, reason=reason[:200])],
+        progress=[],
+    )
 
 
 def phase_end(job: Job, kinds=None, at=None) -> None:
@@ -31,16 +35,18 @@ def phase_end(job: Job, kinds=None, at=None) -> None:
     rows.update(ended_at=at or timezone.now())
 
 
-def phases_switch(*, at, ended: list[tuple[int, list[str]]], started: list[JobPhase],
-                  progress: list[JobProgress]) -> None:
+def phases_switch(
+    *, at, ended: list[tuple[int, list[str]]], started: list[JobPhase], progress: list[JobProgress]
+) -> None:
     """For a batch of jobs at once: end their open phases of the given kinds (``(job id, kinds)``), open the
     ``started`` phases and record ``progress``. A decision and a batch of completions do all three for every
     job they touch; on PostgreSQL it is one statement (two data-modifying CTEs and an INSERT)."""
     pairs = [(job_id, kind) for job_id, kinds in ended for kind in kinds]
     if connection.vendor != "postgresql":
         if pairs:
-            JobPhase.objects.filter(functools.reduce(operator.or_, [Q(job_id=j, kind=k) for j, k in pairs]),
-                                    ended_at__isnull=True).update(ended_at=at)
+            JobPhase.objects.filter(
+                functools.reduce(operator.or_, [Q(job_id=j, kind=k) for j, k in pairs]), ended_at__isnull=True
+            ).update(ended_at=at)
         JobPhase.objects.bulk_create(started)
         JobProgress.objects.bulk_create(progress)
         return
@@ -54,15 +60,33 @@ def phases_switch(*, at, ended: list[tuple[int, list[str]]], started: list[JobPh
             f"%s::bigint[], %s::text[])) "
             f"INSERT INTO {points} (job_id, at, iteration, step_seconds, checkpoint) "
             f"SELECT * FROM unnest(%s::bigint[], %s::timestamptz[], %s::bigint[], %s::float8[], %s::bool[])",
-            [at, [j for j, _ in pairs], [k for _, k in pairs],
-             [p.job_id for p in started], [p.kind for p in started], [p.started_at for p in started],
-             [p.ended_at for p in started], [p.reason for p in started], [p.node_id for p in started],
-             [p.nic_name for p in started],
-             [p.job_id for p in progress], [p.at for p in progress], [p.iteration for p in progress],
-             [p.step_seconds for p in progress], [p.checkpoint for p in progress]])
+            [
+                at,
+                [j for j, _ in pairs],
+                [k for _, k in pairs],
+                [p.job_id for p in started],
+                [p.kind for p in started],
+                [p.started_at for p in started],
+                [p.ended_at for p in started],
+                [p.reason for p in started],
+                [p.node_id for p in started],
+                [p.nic_name for p in started],
+                [p.job_id for p in progress],
+                [p.at for p in progress],
+                [p.iteration for p in progress],
+                [p.step_seconds for p in progress],
+                [p.checkpoint for p in progress],
+            ],
+        )
 
 
-def record_progress(job: Job, *, at=None, iteration: int | None = None, step_seconds=None, checkpoint=False) -> None:
-    JobProgress.objects.create(job=job, at=at or timezone.now(),
-                               iteration=job.iteration_now(at) if iteration is None else iteration,
-                               step_seconds=step_seconds, checkpoint=checkpoint)
+def record_progress(
+    job: Job, *, at=None, iteration: int | None = None, step_seconds=None, checkpoint=False
+) -> None:
+    JobProgress.objects.create(
+        job=job,
+        at=at or timezone.now(),
+        iteration=job.iteration_now(at) if iteration is None else iteration,
+        step_seconds=step_seconds,
+        checkpoint=checkpoint,
+    )

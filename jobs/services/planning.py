@@ -35,8 +35,16 @@ from jobs.services.estimates import chosen_with, estimates_for
 # beside it (the one-recovery-per-job constraint leaves it out).
 LINK_KINDS = frozenset({ActionKind.NIC_FAILOVER})
 LINK_IMPACTS = (Impact.NIC, Impact.DEGRADED)
-JOB_KINDS = frozenset({ActionKind.INTRA_NODE_MIGRATION, ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION,
-                       ActionKind.GPU_RESET, ActionKind.RESTORE_FROM_SNAPSHOT, ActionKind.RESTART_FROM_CHECKPOINT})
+JOB_KINDS = frozenset(
+    {
+        ActionKind.INTRA_NODE_MIGRATION,
+        ActionKind.LIVE_MIGRATION,
+        ActionKind.PROACTIVE_MIGRATION,
+        ActionKind.GPU_RESET,
+        ActionKind.RESTORE_FROM_SNAPSHOT,
+        ActionKind.RESTART_FROM_CHECKPOINT,
+    }
+)
 
 
 @dataclass
@@ -51,19 +59,26 @@ class Context:
     protected: bool
     overhead: float
     spares: placement.SparePool
-    budget: placement.Budget | None = None   # read when a recovery first needs a spare node
-    queued: int = 0                          # budgeted moves this decision queued
+    budget: placement.Budget | None = None  # read when a recovery first needs a spare node
+    queued: int = 0  # budgeted moves this decision queued
     booked: set[int] = field(default_factory=set)
-    verdict: object = None                   # the cluster's protection verdict (simulated jobs)
+    verdict: object = None  # the cluster's protection verdict (simulated jobs)
     by_job: dict[int, bool] = field(default_factory=dict)
 
     @classmethod
     def of(cls, cluster, *, dry_run: bool) -> "Context":
         verdict = protection_of(cluster, max_age=2.0)
-        return cls(cluster=cluster, now=timezone.now(), dry_run=dry_run, estimates=estimates_for(cluster),
-                   supports=supported_operations(cluster), protected=verdict.protected,
-                   overhead=cluster.restart_overhead_minutes * 60.0, spares=placement.SparePool(cluster),
-                   verdict=verdict)
+        return cls(
+            cluster=cluster,
+            now=timezone.now(),
+            dry_run=dry_run,
+            estimates=estimates_for(cluster),
+            supports=supported_operations(cluster),
+            protected=verdict.protected,
+            overhead=cluster.restart_overhead_minutes * 60.0,
+            spares=placement.SparePool(cluster),
+            verdict=verdict,
+        )
 
     def protected_for(self, job: Job, at: datetime) -> bool:
         """Whether this job is protected when its fault was detected: the cluster's verdict for a simulated job;
@@ -71,29 +86,42 @@ class Context:
         if job.simulated:
             return self.protected
         if job.pk not in self.by_job:
-            self.by_job[job.pk] = job_protection(job, at=min(at, self.now), cluster_verdict=self.verdict).protected
+            self.by_job[job.pk] = job_protection(
+                job, at=min(at, self.now), cluster_verdict=self.verdict
+            ).protected
         return self.by_job[job.pk]
 
     def spare_for(self, node, gpus: int, exclude=frozenset()) -> tuple[object, float]:
         """The spare node for a worker leaving ``node``, and the wait for the budget to move it there."""
         if self.budget is None:
             self.budget = placement.migration_budget(self.cluster)
-        wait = replace(self.budget, queued=self.budget.queued + self.queued).wait_seconds(self.estimates.migration_pause)
+        wait = replace(self.budget, queued=self.budget.queued + self.queued).wait_seconds(
+            self.estimates.migration_pause
+        )
         return self.spares.pick(near=node, gpus=gpus, exclude=self.booked | set(exclude)), wait
 
 
 def snapshots_of(jobs) -> dict[int, list[JobSnapshot]]:
     found: dict[int, list[JobSnapshot]] = {}
     with_snapshots = [job.pk for job in jobs if getattr(job, "has_snapshots", True)]
-    for snapshot in JobSnapshot.objects.filter(job_id__in=with_snapshots, state="succeeded") if with_snapshots else ():
+    for snapshot in (
+        JobSnapshot.objects.filter(job_id__in=with_snapshots, state="succeeded") if with_snapshots else ()
+    ):
         found.setdefault(snapshot.job_id, []).append(snapshot)
     return found
 
 
 def healthy_nics_of(node_ids) -> dict[int, list[str]]:
     found: dict[int, list[str]] = {}
-    for node_id, name in (NIC.objects.filter(node_id__in=set(node_ids), link_state=LinkState.UP).order_by("rail")
-                          .values_list("node_id", "name")) if node_ids else ():
+    for node_id, name in (
+        (
+            NIC.objects.filter(node_id__in=set(node_ids), link_state=LinkState.UP)
+            .order_by("rail")
+            .values_list("node_id", "name")
+        )
+        if node_ids
+        else ()
+    ):
         found.setdefault(node_id, []).append(name)
     return found
 
@@ -104,15 +132,19 @@ class Hit:
     most severe faults), and one link hit per NIC of a node that lost one, answered beside it."""
 
     job: Job
-    fault: FaultEvent            # the most severe: the action is recorded against it
+    fault: FaultEvent  # the most severe: the action is recorded against it
     impact: Impact
-    allocation: JobAllocation    # the worker it hit
+    allocation: JobAllocation  # the worker it hit
     link: bool = False
-    nodes: set[int] = field(default_factory=set)        # the nodes whose workers its recovery stops
-    only_link: bool = False      # the job has a recovery of its own: answer this one with a failover, or not at all
+    nodes: set[int] = field(default_factory=set)  # the nodes whose workers its recovery stops
+    only_link: bool = (
+        False  # the job has a recovery of its own: answer this one with a failover, or not at all
+    )
     retry: "Retry | None" = None
-    booked_by: RecoveryAction | None = None   # the incident's recovery of this job that already booked the baseline
-    stayed: "Plan | None" = None   # staying put was cheapest (a degraded link run degraded): the plan says why
+    booked_by: RecoveryAction | None = (
+        None  # the incident's recovery of this job that already booked the baseline
+    )
+    stayed: "Plan | None" = None  # staying put was cheapest (a degraded link run degraded): the plan says why
 
 
 @dataclass(frozen=True)
@@ -120,14 +152,22 @@ class Retry:
     """What a new attempt carries over from the one it replaces (failed, timed out or superseded)."""
 
     previous: RecoveryAction
-    baseline: float                             # the recovery's baseline, booked once
-    excluded: frozenset[str] = frozenset()     # kinds that failed for this recovery
+    baseline: float  # the recovery's baseline, booked once
+    excluded: frozenset[str] = frozenset()  # kinds that failed for this recovery
     spare_exclude: frozenset[int] = frozenset()  # spares already tried
     retry_at: datetime | None = None
 
 
-def facts_of(job: Job, allocation: JobAllocation, impact: Impact, fault: FaultEvent, protected: bool,
-           overhead: float, snapshots: list[JobSnapshot], now) -> tuple[JobFacts, JobSnapshot | None]:
+def facts_of(
+    job: Job,
+    allocation: JobAllocation,
+    impact: Impact,
+    fault: FaultEvent,
+    protected: bool,
+    overhead: float,
+    snapshots: list[JobSnapshot],
+    now,
+) -> tuple[JobFacts, JobSnapshot | None]:
     at = min(fault.detected_at, now)
     iteration = job.iteration_now(at)
     checkpoint = job.checkpoint_iteration_now(at)
@@ -143,12 +183,24 @@ def facts_of(job: Job, allocation: JobAllocation, impact: Impact, fault: FaultEv
         snapshot = max(runtime, key=lambda s: s.iteration)
         since_snapshot = min(since_checkpoint, (iteration - snapshot.iteration) * job.seconds_per_iteration)
     affected = 1 if impact == Impact.DEVICE else allocation.gpu_count
-    return JobFacts(gpus=job.gpus, gpus_affected=affected, seconds_since_checkpoint=since_checkpoint,
-                    protected=protected, restart_overhead_seconds=overhead, seconds_since_snapshot=since_snapshot), snapshot
+    return JobFacts(
+        gpus=job.gpus,
+        gpus_affected=affected,
+        seconds_since_checkpoint=since_checkpoint,
+        protected=protected,
+        restart_overhead_seconds=overhead,
+        seconds_since_snapshot=since_snapshot,
+    ), snapshot
 
 
-def plan_hit(ctx: Context, hit: Hit, *, snapshots: list[JobSnapshot], healthy_nics: list[str],
-             spare_gpus: list[int] | None = None) -> tuple[RecoveryAction | None, str]:
+def plan_hit(
+    ctx: Context,
+    hit: Hit,
+    *,
+    snapshots: list[JobSnapshot],
+    healthy_nics: list[str],
+    spare_gpus: list[int] | None = None,
+) -> tuple[RecoveryAction | None, str]:
     """Plan and place the one recovery for a hit (not yet written): the cheapest feasible option, its spare, GPU,
     NIC or restore point. With ``hit.retry`` it is the next attempt of a recovery: the kinds that failed are out,
     and it keeps the recovery's clock and baseline; with ``hit.booked_by`` another action of the incident booked
@@ -156,22 +208,37 @@ def plan_hit(ctx: Context, hit: Hit, *, snapshots: list[JobSnapshot], healthy_ni
     note. ``spare_gpus``: the node's spare GPUs, when the caller read them for many hits at once."""
     job, fault, allocation, retry = hit.job, hit.fault, hit.allocation, hit.retry
     node, now = allocation.node, ctx.now
-    facts, snapshot = facts_of(job, allocation, hit.impact, fault, ctx.protected_for(job, fault.detected_at),
-                               ctx.overhead, snapshots, now)
+    facts, snapshot = facts_of(
+        job,
+        allocation,
+        hit.impact,
+        fault,
+        ctx.protected_for(job, fault.detected_at),
+        ctx.overhead,
+        snapshots,
+        now,
+    )
     stake = gpu_hours_at_stake(facts)
     if hit.impact != Impact.DEVICE or not facts.protected:
         spare_gpus = []
     elif spare_gpus is None:
         spare_gpus = placement.spare_gpus_on_node(node)
     spare_nic = next((n for n in healthy_nics if n != fault.nic_name), None)
-    situation = Situation(impact=hit.impact, healthy_nic=spare_nic is not None, spare_gpus_on_node=len(spare_gpus),
-                          gpu_reset=(fault.triage or {}).get("remediation") == "gpu_reset",
-                          risk=max(node.risk_score, 0.5), supports=ctx.supports,
-                          excluded=(retry.excluded if retry else frozenset()) | (JOB_KINDS if hit.only_link else frozenset()))
+    situation = Situation(
+        impact=hit.impact,
+        healthy_nic=spare_nic is not None,
+        spare_gpus_on_node=len(spare_gpus),
+        gpu_reset=(fault.triage or {}).get("remediation") == "gpu_reset",
+        risk=max(node.risk_score, 0.5),
+        supports=ctx.supports,
+        excluded=(retry.excluded if retry else frozenset()) | (JOB_KINDS if hit.only_link else frozenset()),
+    )
     found = []
 
     def look_up() -> tuple[bool, float]:
-        spare, wait = ctx.spare_for(node, allocation.gpu_count, exclude=retry.spare_exclude if retry else frozenset())
+        spare, wait = ctx.spare_for(
+            node, allocation.gpu_count, exclude=retry.spare_exclude if retry else frozenset()
+        )
         found.append(spare)
         return spare is not None and wait != math.inf, min(wait, 1e9)
 
@@ -189,35 +256,70 @@ def plan_hit(ctx: Context, hit: Hit, *, snapshots: list[JobSnapshot], healthy_ni
         return None, f"job {job.pk}: {why}"
     chosen = decision.chosen
     action = RecoveryAction(
-        fault=fault, incident_id=fault.incident_id, job=job, cluster=ctx.cluster, kind=chosen.kind, impact=hit.impact,
-        dry_run=ctx.dry_run, node=node, detected_at=fault.detected_at, planned_at=now, gpus=job.gpus,
-        pause_seconds=chosen.pause_seconds, work_lost_seconds=chosen.work_lost_seconds,
-        degraded_seconds=chosen.degraded_seconds, slowdown=chosen.slowdown, gpu_hours_lost=chosen.gpu_hours_lost,
-        gpu_hours_baseline=decision.baseline, gpu_hours_saved=decision.baseline - chosen.gpu_hours_lost,
-        gpu_hours_at_stake=stake, reason=decision.reason, alternatives=[o.as_dict() for o in decision.options],
-        gpu_index=fault.gpu_index, nic_name=fault.nic_name,
-        deadline_at=now + deadline_after(chosen.pause_seconds), risk_score=situation.risk,
-        estimate=chosen_with(ctx.estimates, chosen.kind, hit.impact))
+        fault=fault,
+        incident_id=fault.incident_id,
+        job=job,
+        cluster=ctx.cluster,
+        kind=chosen.kind,
+        impact=hit.impact,
+        dry_run=ctx.dry_run,
+        node=node,
+        detected_at=fault.detected_at,
+        planned_at=now,
+        gpus=job.gpus,
+        pause_seconds=chosen.pause_seconds,
+        work_lost_seconds=chosen.work_lost_seconds,
+        degraded_seconds=chosen.degraded_seconds,
+        slowdown=chosen.slowdown,
+        gpu_hours_lost=chosen.gpu_hours_lost,
+        gpu_hours_baseline=decision.baseline,
+        gpu_hours_saved=decision.baseline - chosen.gpu_hours_lost,
+        gpu_hours_at_stake=stake,
+        reason=decision.reason,
+        alternatives=[o.as_dict() for o in decision.options],
+        gpu_index=fault.gpu_index,
+        nic_name=fault.nic_name,
+        deadline_at=now + deadline_after(chosen.pause_seconds),
+        risk_score=situation.risk,
+        estimate=chosen_with(ctx.estimates, chosen.kind, hit.impact),
+    )
     if retry is not None:
         # One recovery, one clock and one baseline: the attempt it replaces booked them.
         previous = retry.previous
-        action.previous, action.attempt, action.detected_at = previous, previous.attempt + 1, previous.detected_at
+        action.previous, action.attempt, action.detected_at = (
+            previous,
+            previous.attempt + 1,
+            previous.detected_at,
+        )
         action.gpu_hours_baseline = retry.baseline
         action.gpu_hours_saved = action.gpu_hours_baseline - action.gpu_hours_lost
         action.retry_at = retry.retry_at
         if retry.retry_at:
             action.deadline_at = retry.retry_at + deadline_after(chosen.pause_seconds)
-        action.reason = f"attempt {action.attempt}, after {previous.kind} (action {previous.pk}) ended: {action.reason}"
+        action.reason = (
+            f"attempt {action.attempt}, after {previous.kind} (action {previous.pk}) ended: {action.reason}"
+        )
     if hit.booked_by is not None:
         action.gpu_hours_baseline, action.gpu_hours_saved = 0.0, -action.gpu_hours_lost
-        action.reason = (f"incident {fault.incident_id} again: action {hit.booked_by.pk} booked its baseline for this "
-                         f"job. {action.reason}")
-    _place(ctx, action, chosen.kind, spare=found[0] if found else None, spare_gpus=spare_gpus, spare_nic=spare_nic,
-           snapshot=snapshot)
+        action.reason = (
+            f"incident {fault.incident_id} again: action {hit.booked_by.pk} booked its baseline for this "
+            f"job. {action.reason}"
+        )
+    _place(
+        ctx,
+        action,
+        chosen.kind,
+        spare=found[0] if found else None,
+        spare_gpus=spare_gpus,
+        spare_nic=spare_nic,
+        snapshot=snapshot,
+    )
     return action, f"job {job.pk}: {chosen.kind}" + (" (dry run)" if ctx.dry_run else "")
 
 
-def _place(ctx: Context, action: RecoveryAction, kind: str, *, spare, spare_gpus, spare_nic, snapshot) -> None:
+def _place(
+    ctx: Context, action: RecoveryAction, kind: str, *, spare, spare_gpus, spare_nic, snapshot
+) -> None:
     """Where the chosen recovery goes: the spare node, the spare GPU, the healthy NIC or the restore point."""
     if kind in SPARE_KINDS:
         action.to_node = spare

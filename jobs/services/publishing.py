@@ -14,8 +14,12 @@ def job_topics(job: Job) -> list[str]:
 
 def job_topics_of(job_id: int, cluster_id: int, tenant_id: int) -> list[str]:
     """``job_topics`` from the job's ids, for callers that have only those."""
-    return [events.topic("job", job_id), events.topic("cluster", cluster_id),
-            events.topic("tenant", tenant_id), events.topic("fleet")]
+    return [
+        events.topic("job", job_id),
+        events.topic("cluster", cluster_id),
+        events.topic("tenant", tenant_id),
+        events.topic("fleet"),
+    ]
 
 
 def cluster_topics(cluster_id: int, tenant_id: int | None = None) -> list[str]:
@@ -27,20 +31,37 @@ def cluster_topics(cluster_id: int, tenant_id: int | None = None) -> list[str]:
 
 def fault_payload(fault: FaultEvent) -> dict:
     return {
-        "fault": fault.pk, "incident": fault.incident_id, "kind": fault.kind, "xid": fault.xid, "severity": fault.severity, "state": fault.state,
-        "state_reason": fault.state_reason, "node": fault.node_id, "hostname": fault.node.hostname,
-        "cluster": fault.cluster_id, "device": fault.device, "sources": fault.sources,
-        "detected_at": fault.detected_at.isoformat(), "needs_human": fault.needs_human,
+        "fault": fault.pk,
+        "incident": fault.incident_id,
+        "kind": fault.kind,
+        "xid": fault.xid,
+        "severity": fault.severity,
+        "state": fault.state,
+        "state_reason": fault.state_reason,
+        "node": fault.node_id,
+        "hostname": fault.node.hostname,
+        "cluster": fault.cluster_id,
+        "device": fault.device,
+        "sources": fault.sources,
+        "detected_at": fault.detected_at.isoformat(),
+        "needs_human": fault.needs_human,
         "summary": f"{fault.kind}{' ' + str(fault.xid) if fault.xid is not None else ''} on {fault.node.hostname}"
-                   f"{' ' + fault.device if fault.device else ''}",
+        f"{' ' + fault.device if fault.device else ''}",
     }
 
 
 def action_payload(action: RecoveryAction) -> dict:
     payload = {
-        "action": action.pk, "kind": action.kind, "state": action.state, "dry_run": action.dry_run, "gpus": action.gpus,
-        "job": action.job_id, "fault": action.fault_id, "cluster": action.cluster_id,
-        "node": action.node_id, "to_node": action.to_node_id,
+        "action": action.pk,
+        "kind": action.kind,
+        "state": action.state,
+        "dry_run": action.dry_run,
+        "gpus": action.gpus,
+        "job": action.job_id,
+        "fault": action.fault_id,
+        "cluster": action.cluster_id,
+        "node": action.node_id,
+        "to_node": action.to_node_id,
         "detected_at": action.detected_at.isoformat(),
         "planned_at": action.planned_at.isoformat(),
         "started_at": action.started_at.isoformat() if action.started_at else None,
@@ -52,13 +73,16 @@ def action_payload(action: RecoveryAction) -> dict:
         "gpu_hours_baseline": round(action.gpu_hours_baseline, 4),
         "gpu_hours_saved": round(action.gpu_hours_saved, 4),
         "restore_iteration": action.restore_iteration,
-        "summary": f"{action.kind.replace('_', ' ')} {action.state}" + (" (dry run)" if action.dry_run else ""),
+        "summary": f"{action.kind.replace('_', ' ')} {action.state}"
+        + (" (dry run)" if action.dry_run else ""),
         "reason": action.reason[:500],
     }
     if action.fault_id and action.fault is not None:
         payload["fault_state"] = action.fault.state
-        payload["fault_summary"] = (f"{action.fault.kind}{' ' + str(action.fault.xid) if action.fault.xid is not None else ''}"
-                                    f" on {action.node.hostname if action.node_id and action.node else action.fault.node_id}")
+        payload["fault_summary"] = (
+            f"{action.fault.kind}{' ' + str(action.fault.xid) if action.fault.xid is not None else ''}"
+            f" on {action.node.hostname if action.node_id and action.node else action.fault.node_id}"
+        )
     return payload
 
 
@@ -71,8 +95,14 @@ def publish_action(action: RecoveryAction, kind: str) -> None:
 
 
 def job_payload(job: Job, **extra) -> dict:
-    return {"job": job.pk, "name": job.name, "state": job.state, "iteration": job.iteration_now(),
-            "at": timezone.now().isoformat(), **extra}
+    return {
+        "job": job.pk,
+        "name": job.name,
+        "state": job.state,
+        "iteration": job.iteration_now(),
+        "at": timezone.now().isoformat(),
+        **extra,
+    }
 
 
 def publish_job(job: Job, kind: str, **extra) -> None:
@@ -97,19 +127,34 @@ def action_lists(cluster_id: int, payloads: list, kind: str, verb: str) -> list[
     one global order, and held only for the moment before COMMIT."""
     every = [p for _, p in payloads]
     items: list[events.Item] = [
-        ([events.topic("cluster", cluster_id), events.topic("fleet")], kind,
-         {"actions": every, "cluster": cluster_id, "summary": f"{len(every)} recovery action(s) {verb}"},
-         f"/api/v1/actions/?cluster={cluster_id}")]
+        (
+            [events.topic("cluster", cluster_id), events.topic("fleet")],
+            kind,
+            {"actions": every, "cluster": cluster_id, "summary": f"{len(every)} recovery action(s) {verb}"},
+            f"/api/v1/actions/?cluster={cluster_id}",
+        )
+    ]
     by_tenant: dict[int, list] = {}
     by_job: dict[int, list] = {}
     for action, payload in payloads:
         by_tenant.setdefault(action.job.tenant_id, []).append(payload)
         by_job.setdefault(action.job_id, []).append(payload)
     for tenant_id, mine in sorted(by_tenant.items()):
-        items.append(([events.topic("tenant", tenant_id)], kind,
-                      {"actions": mine, "summary": f"{len(mine)} recovery action(s) {verb}"}, "/api/v1/actions/"))
+        items.append(
+            (
+                [events.topic("tenant", tenant_id)],
+                kind,
+                {"actions": mine, "summary": f"{len(mine)} recovery action(s) {verb}"},
+                "/api/v1/actions/",
+            )
+        )
     for job_id, mine in sorted(by_job.items()):
-        items.append(([events.topic("job", job_id)], kind,
-                      {"actions": mine, "summary": f"{len(mine)} recovery action(s) {verb}"},
-                      f"/api/v1/actions/?job={job_id}"))
+        items.append(
+            (
+                [events.topic("job", job_id)],
+                kind,
+                {"actions": mine, "summary": f"{len(mine)} recovery action(s) {verb}"},
+                f"/api/v1/actions/?job={job_id}",
+            )
+        )
     return items

@@ -61,15 +61,23 @@ from jobs.services.planning import (
 from jobs.services.publishing import cluster_topics, decision_lists, fault_payload
 from jobs.triage import FaultVerdict
 
-STOPS_JOB = {ActionKind.INTRA_NODE_MIGRATION, ActionKind.LIVE_MIGRATION, ActionKind.GPU_RESET,
-             ActionKind.RESTORE_FROM_SNAPSHOT, ActionKind.RESTART_FROM_CHECKPOINT, ActionKind.NIC_FAILOVER}
+STOPS_JOB = {
+    ActionKind.INTRA_NODE_MIGRATION,
+    ActionKind.LIVE_MIGRATION,
+    ActionKind.GPU_RESET,
+    ActionKind.RESTORE_FROM_SNAPSHOT,
+    ActionKind.RESTART_FROM_CHECKPOINT,
+    ActionKind.NIC_FAILOVER,
+}
 
 
 # --- gather ------------------------------------------------------------------------------------------------
 
+
 def _active_allocations():
-    return (JobAllocation.objects.filter(released_at__isnull=True, job__state__in=(JobState.RUNNING, JobState.RECOVERING))
-            .select_related("node"))
+    return JobAllocation.objects.filter(
+        released_at__isnull=True, job__state__in=(JobState.RUNNING, JobState.RECOVERING)
+    ).select_related("node")
 
 
 def _exists(sql: str, params=()) -> RawSQL:
@@ -83,14 +91,31 @@ def _jobs_locked(job_ids, incident_ids) -> dict[int, Job]:
     failover), and an action of one of these incidents that finished (and so booked the incident's baseline)."""
     job, actions, snapshots = Job._meta.db_table, RecoveryAction._meta.db_table, JobSnapshot._meta.db_table
     incidents = sorted(incident_ids)
-    finished = (f"SELECT 1 FROM {actions} a WHERE a.job_id = {job}.id AND NOT a.dry_run AND a.state = 'succeeded' "
-                f"AND a.incident_id IN ({', '.join(['%s'] * len(incidents))})") if incidents else "SELECT 1 WHERE 1 = 0"
-    return {row.pk: row for row in Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant")
-            .annotate(has_snapshots=_exists(f"SELECT 1 FROM {snapshots} s WHERE s.job_id = {job}.id AND s.state = 'succeeded'"),
-                      recovering_now=_exists(f"SELECT 1 FROM {actions} a WHERE a.job_id = {job}.id AND NOT a.dry_run "
-                                             f"AND a.state IN ('planned', 'running')"),
-                      recovered_from_incident=_exists(finished, incidents))
-            .filter(pk__in=set(job_ids)).order_by("pk")}
+    finished = (
+        (
+            f"SELECT 1 FROM {actions} a WHERE a.job_id = {job}.id AND NOT a.dry_run AND a.state = 'succeeded' "
+            f"AND a.incident_id IN ({', '.join(['%s'] * len(incidents))})"
+        )
+        if incidents
+        else "SELECT 1 WHERE 1 = 0"
+    )
+    return {
+        row.pk: row
+        for row in Job.objects.select_for_update(of=("self",), no_key=True)
+        .select_related("tenant")
+        .annotate(
+            has_snapshots=_exists(
+                f"SELECT 1 FROM {snapshots} s WHERE s.job_id = {job}.id AND s.state = 'succeeded'"
+            ),
+            recovering_now=_exists(
+                f"SELECT 1 FROM {actions} a WHERE a.job_id = {job}.id AND NOT a.dry_run "
+                f"AND a.state IN ('planned', 'running')"
+            ),
+            recovered_from_incident=_exists(finished, incidents),
+        )
+        .filter(pk__in=set(job_ids))
+        .order_by("pk")
+    }
 
 
 def _under_way(jobs: dict[int, Job]) -> tuple[dict[int, RecoveryAction], set[tuple[int, int, str]]]:
@@ -98,8 +123,13 @@ def _under_way(jobs: dict[int, Job]) -> tuple[dict[int, RecoveryAction], set[tup
     NIC)."""
     ids = [pk for pk, job in jobs.items() if job.recovering_now]
     active, failovers = {}, set()
-    for action in (RecoveryAction.objects.select_for_update(of=("self",), no_key=True)
-                   .filter(job_id__in=ids, dry_run=False, state__in=ACTIVE_ACTION_STATES) if ids else ()):
+    for action in (
+        RecoveryAction.objects.select_for_update(of=("self",), no_key=True).filter(
+            job_id__in=ids, dry_run=False, state__in=ACTIVE_ACTION_STATES
+        )
+        if ids
+        else ()
+    ):
         if action.kind in LINK_KINDS:
             failovers.add((action.job_id, action.node_id, action.nic_name))
         else:
@@ -113,15 +143,22 @@ def _booked(hits: list["Hit"]) -> dict[tuple[int, int], RecoveryAction]:
     jobs = [h.job.pk for h in hits if h.job.recovered_from_incident]
     if not jobs:
         return {}
-    rows = (RecoveryAction.objects.filter(job_id__in=jobs, incident_id__in={h.fault.incident_id for h in hits},
-                                          dry_run=False, state=ActionState.SUCCEEDED, gpu_hours_baseline__gt=0)
-            .order_by("pk"))
+    rows = RecoveryAction.objects.filter(
+        job_id__in=jobs,
+        incident_id__in={h.fault.incident_id for h in hits},
+        dry_run=False,
+        state=ActionState.SUCCEEDED,
+        gpu_hours_baseline__gt=0,
+    ).order_by("pk")
     return {(action.job_id, action.incident_id): action for action in rows}
 
 
 # --- triage ------------------------------------------------------------------------------------------------
 
-def _affected(fault: FaultEvent, impact: str, on_nodes: dict[int, list[JobAllocation]]) -> list[JobAllocation]:
+
+def _affected(
+    fault: FaultEvent, impact: str, on_nodes: dict[int, list[JobAllocation]]
+) -> list[JobAllocation]:
     """The allocations a fault hits: on its node (``on_nodes``, fetched once per batch), or its whole rack."""
     if fault.kind == "facility" and fault.rack:
         found = list(_active_allocations().filter(node__cluster_id=fault.cluster_id, node__rack=fault.rack))
@@ -131,14 +168,17 @@ def _affected(fault: FaultEvent, impact: str, on_nodes: dict[int, list[JobAlloca
         found = [a for a in found if fault.gpu_index in a.gpu_indices]
     job = (fault.details or {}).get("job") if fault.kind in JOB_FAULT_KINDS else None
     if job is not None:
-        found = [a for a in found if str(a.job_id) == str(job)]   # a job's own failure hits only that job
+        found = [a for a in found if str(a.job_id) == str(job)]  # a job's own failure hits only that job
     return found
 
 
 def _mark_hardware(marks: list[tuple[FaultEvent, FaultVerdict]]) -> None:
     """Record on the fleet's rows what the faults took out: the GPUs, or the NICs' links."""
-    gpus = [(fault.node_id, fault.gpu_index, GPUHealth.FAILED, verdict.explanation) for fault, verdict in marks
-            if verdict.out_of_service and fault.gpu_index is not None]
+    gpus = [
+        (fault.node_id, fault.gpu_index, GPUHealth.FAILED, verdict.explanation)
+        for fault, verdict in marks
+        if verdict.out_of_service and fault.gpu_index is not None
+    ]
     links: dict[str, list[tuple[int, str]]] = {}
     for fault, verdict in marks:
         if fault.nic_name and verdict.job_impact in (Impact.NIC, Impact.DEGRADED):
@@ -158,8 +198,7 @@ class Affected(NamedTuple):
     allocation: JobAllocation
 
 
-def group_hits(pairs: list[Affected], jobs: dict[int, Job],
-               outcome: dict[int, list[str]]) -> list[Hit]:
+def group_hits(pairs: list[Affected], jobs: dict[int, Job], outcome: dict[int, list[str]]) -> list[Hit]:
     """The hits of a decision from its (fault, impact, allocation) pairs. Per job: one job-level hit, decided by
     the most severe pair (workers stopped on two or more nodes make it a whole-job restart); and one link hit per
     NIC down or degraded on a node whose worker that recovery does not stop. Faults that decide nothing are noted
@@ -178,20 +217,31 @@ def group_hits(pairs: list[Affected], jobs: dict[int, Job],
             if len(stopped) > 1:
                 impact = Impact.RESTART
             faults = list({p.fault.pk: p.fault for p in job_level}.values())
-            main = Hit(job=jobs[job_id], fault=fault, impact=impact, allocation=allocation,
-                       nodes=stopped or {allocation.node_id})
+            main = Hit(
+                job=jobs[job_id],
+                fault=fault,
+                impact=impact,
+                allocation=allocation,
+                nodes=stopped or {allocation.node_id},
+            )
             hits.append(main)
             _fold(outcome, [f for f in faults if f.pk != fault.pk], job_id, fault)
         links: dict[tuple[int, str], Hit] = {}
         for fault, impact, allocation in (p for p in mine if p.impact in LINK_IMPACTS):
             if main is not None and main.impact.stops_job and allocation.node_id in main.nodes:
-                _fold(outcome, [fault], job_id, main.fault)       # its worker leaves that node anyway
+                _fold(outcome, [fault], job_id, main.fault)  # its worker leaves that node anyway
             elif (allocation.node_id, fault.nic_name) in links:
                 _fold(outcome, [fault], job_id, links[allocation.node_id, fault.nic_name].fault)
             else:
                 links[allocation.node_id, fault.nic_name] = Hit(
-                    job=jobs[job_id], fault=fault, impact=impact, allocation=allocation, link=True,
-                    nodes={allocation.node_id}, only_link=main is not None)
+                    job=jobs[job_id],
+                    fault=fault,
+                    impact=impact,
+                    allocation=allocation,
+                    link=True,
+                    nodes={allocation.node_id},
+                    only_link=main is not None,
+                )
         hits.extend(links.values())
     return hits
 
@@ -209,14 +259,19 @@ def covers(active: RecoveryAction, hit: Hit) -> bool:
         return True
     if hit.allocation.node_id != active.node_id:
         return False
-    if active.kind == ActionKind.LIVE_MIGRATION or (active.kind == ActionKind.PROACTIVE_MIGRATION
-                                                    and active.state == ActionState.RUNNING):
+    if active.kind == ActionKind.LIVE_MIGRATION or (
+        active.kind == ActionKind.PROACTIVE_MIGRATION and active.state == ActionState.RUNNING
+    ):
         return True
     return Impact(active.impact or Impact.NONE).rank <= hit.impact.rank
 
 
-def against_under_way(hits: list[Hit], active: dict[int, RecoveryAction], failovers: set[tuple[int, int, str]],
-                      outcome: dict[int, list[str]]) -> tuple[list[Hit], dict[int, str]]:
+def against_under_way(
+    hits: list[Hit],
+    active: dict[int, RecoveryAction],
+    failovers: set[tuple[int, int, str]],
+    outcome: dict[int, list[str]],
+) -> tuple[list[Hit], dict[int, str]]:
     """Weigh each hit against the job's recoveries under way (``active``: its job-level one; ``failovers``: (job,
     node, NIC) of its NIC failovers): it folds into one that answers it, or, for a job-level hit, replaces the
     job's recovery (returned: the actions superseded, with why) — as its next attempt, or, when what it replaces
@@ -227,28 +282,38 @@ def against_under_way(hits: list[Hit], active: dict[int, RecoveryAction], failov
     for hit in hits:
         running = active.get(hit.job.pk)
         if hit.link and (hit.job.pk, hit.allocation.node_id, hit.fault.nic_name) in failovers:
-            outcome[hit.fault.pk].append(f"job {hit.job.pk}: its failover of {hit.fault.nic_name} is under way")
+            outcome[hit.fault.pk].append(
+                f"job {hit.job.pk}: its failover of {hit.fault.nic_name} is under way"
+            )
             continue
-        if running is not None and (covers(running, hit) if not hit.link else
-                                    running.kind in WHOLE_JOB_KINDS or (running.node_id == hit.allocation.node_id
-                                                                        and running.kind in SPARE_KINDS)):
-            outcome[hit.fault.pk].append(f"job {hit.job.pk}: folded into its {running.kind} (action {running.pk})")
+        if running is not None and (
+            covers(running, hit)
+            if not hit.link
+            else running.kind in WHOLE_JOB_KINDS
+            or (running.node_id == hit.allocation.node_id and running.kind in SPARE_KINDS)
+        ):
+            outcome[hit.fault.pk].append(
+                f"job {hit.job.pk}: folded into its {running.kind} (action {running.pk})"
+            )
             continue
         if running is not None and hit.link:
             hit.only_link = True
         elif running is not None:
-            replaced[running.pk] = f"superseded by fault {hit.fault.pk} ({hit.fault.kind} on {hit.fault.node.hostname})"
+            replaced[running.pk] = (
+                f"superseded by fault {hit.fault.pk} ({hit.fault.kind} on {hit.fault.node.hostname})"
+            )
             elsewhere = hit.allocation.node_id != running.node_id
             if not (elsewhere and running.kind == ActionKind.PROACTIVE_MIGRATION):
                 # (A move off a node at risk gives way to a failure elsewhere, which gets a recovery of its own.)
                 if elsewhere:
-                    hit.impact = Impact.RESTART     # workers on two nodes are hit now: the whole job restarts
+                    hit.impact = Impact.RESTART  # workers on two nodes are hit now: the whole job restarts
                 hit.retry = Retry(previous=running, baseline=running.gpu_hours_baseline)
         left.append(hit)
     return left, replaced
 
 
 # --- plan and place: jobs.services.planning -----------------------------------------------------------------
+
 
 def supersede(active: list[RecoveryAction], reasons: dict[int, str], hits: list[Hit]) -> None:
     """End recoveries that a new fault replaces: failed, "superseded by …", their spares back in the pool; the
@@ -260,6 +325,7 @@ def supersede(active: list[RecoveryAction], reasons: dict[int, str], hits: list[
 
 # --- the decision ------------------------------------------------------------------------------------------
 
+
 def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     """Plan (and, unless dry-run, start) one recovery per affected job; close the faults. Returns action ids."""
     ctx = Context.of(cluster, dry_run=dry_run)
@@ -270,9 +336,15 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     for fault in faults:
         fault.node = nodes[fault.node_id]
         fault.node.cluster = cluster
-    verdicts = {fault.pk: FaultVerdict(**fault.triage) if fault.triage else FaultVerdict("none", False, True, True, "")
-                for fault in faults}
-    ladders = escalation.ladders_for([f.node_id for f in faults if verdicts[f.pk].escalates or verdicts[f.pk].out_of_service])
+    verdicts = {
+        fault.pk: FaultVerdict(**fault.triage)
+        if fault.triage
+        else FaultVerdict("none", False, True, True, "")
+        for fault in faults
+    }
+    ladders = escalation.ladders_for(
+        [f.node_id for f in faults if verdicts[f.pk].escalates or verdicts[f.pk].out_of_service]
+    )
     on_nodes: dict[int, list[JobAllocation]] = {}
     for allocation in _active_allocations().filter(node_id__in={f.node_id for f in faults}):
         on_nodes.setdefault(allocation.node_id, []).append(allocation)
@@ -286,11 +358,18 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     for fault in faults:
         verdict = verdicts[fault.pk]
         impact = Impact(verdict.job_impact)
-        step = escalation.on_fault(fault=fault, verdict=verdict, cluster=cluster, dry_run=dry_run, ladders=ladders,
-                                   strikes=strikes, quarantines=quarantines)
+        step = escalation.on_fault(
+            fault=fault,
+            verdict=verdict,
+            cluster=cluster,
+            dry_run=dry_run,
+            ladders=ladders,
+            strikes=strikes,
+            quarantines=quarantines,
+        )
         outcome[fault.pk] = [step.text] if step.text else []
         if impact == Impact.NONE and step.quarantined:
-            impact = Impact.RISK    # repeated non-fatal faults: move protected jobs off before the node fails
+            impact = Impact.RISK  # repeated non-fatal faults: move protected jobs off before the node fails
         if impact == Impact.NONE:
             continue
         pairs.extend(Affected(fault, impact, allocation) for allocation in _affected(fault, impact, on_nodes))
@@ -299,7 +378,9 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     texts = escalation.quarantine_many(quarantines)
     for ladder in quarantines:
         outcome[ladder.fault.pk][0] = texts[ladder.node_id]
-    jobs = _jobs_locked([p.allocation.job_id for p in pairs], {p.fault.incident_id for p in pairs if p.fault.incident_id})
+    jobs = _jobs_locked(
+        [p.allocation.job_id for p in pairs], {p.fault.incident_id for p in pairs if p.fault.incident_id}
+    )
     hits = group_hits(pairs, jobs, outcome)
     # A job already recovering: the new fault folds into that recovery, or replaces it (superseded).
     if not dry_run and any(job.recovering_now for job in jobs.values()):
@@ -316,23 +397,42 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
     # most GPU-hours at stake, shared between tenants by tier.
     snapshots = snapshots_of(jobs.values())
     nics = healthy_nics_of({h.allocation.node_id for h in hits if h.impact in LINK_IMPACTS})
-    local_gpus = placement.spare_gpus_on_nodes({h.allocation.node_id for h in hits if h.impact == Impact.DEVICE})
-    stakes = [gpu_hours_at_stake(facts_of(h.job, h.allocation, h.impact, h.fault,
-                                        ctx.protected_for(h.job, h.fault.detected_at), ctx.overhead,
-                                        snapshots.get(h.job.pk, []), now)[0]) for h in hits]
+    local_gpus = placement.spare_gpus_on_nodes(
+        {h.allocation.node_id for h in hits if h.impact == Impact.DEVICE}
+    )
+    stakes = [
+        gpu_hours_at_stake(
+            facts_of(
+                h.job,
+                h.allocation,
+                h.impact,
+                h.fault,
+                ctx.protected_for(h.job, h.fault.detected_at),
+                ctx.overhead,
+                snapshots.get(h.job.pk, []),
+                now,
+            )[0]
+        )
+        for h in hits
+    ]
     ordered = fair_order([(h.job.tenant_id, h.job.tenant.tier, stakes[i], i) for i, h in enumerate(hits)])
     ordered.sort(key=lambda i: hits[i].link)
     created: list[RecoveryAction] = []
     recovering: list[tuple[Job, str]] = []
-    job_level: set[int] = set()     # jobs given a job-level recovery by this decision
+    job_level: set[int] = set()  # jobs given a job-level recovery by this decision
     for index in ordered:
         hit = hits[index]
         hit.only_link = hit.only_link or hit.job.pk in job_level
-        action, note = plan_hit(ctx, hit, snapshots=snapshots.get(hit.job.pk, []),
-                                healthy_nics=nics.get(hit.allocation.node_id, []),
-                                spare_gpus=local_gpus.get(hit.allocation.node_id, []))
-        outcome[hit.fault.pk].append(note + (f" (replaces action {hit.retry.previous.pk})" if action and hit.retry
-                                             else ""))
+        action, note = plan_hit(
+            ctx,
+            hit,
+            snapshots=snapshots.get(hit.job.pk, []),
+            healthy_nics=nics.get(hit.allocation.node_id, []),
+            spare_gpus=local_gpus.get(hit.allocation.node_id, []),
+        )
+        outcome[hit.fault.pk].append(
+            note + (f" (replaces action {hit.retry.previous.pk})" if action and hit.retry else "")
+        )
         if action is None:
             continue
         if action.kind not in LINK_KINDS:
@@ -344,12 +444,21 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
             recovering.append((job, f"{hit.fault.kind} → {action.kind}"))
         created.append(action)
     refused = act(ctx, created) if not dry_run else []
-    record(ctx, faults=faults, created=created, refused=refused, recovering=recovering, outcome=outcome,
-           tenant_id=tenant_id, stays=[hit for hit in hits if hit.stayed is not None])
+    record(
+        ctx,
+        faults=faults,
+        created=created,
+        refused=refused,
+        recovering=recovering,
+        outcome=outcome,
+        tenant_id=tenant_id,
+        stays=[hit for hit in hits if hit.stayed is not None],
+    )
     return [action.pk for action in created]
 
 
 # --- act ---------------------------------------------------------------------------------------------------
+
 
 def act(ctx: Context, created: list[RecoveryAction]) -> list[RecoveryAction]:
     """Start the decided actions through the driver, highest stake first, before they are written: an action the
@@ -362,7 +471,7 @@ def act(ctx: Context, created: list[RecoveryAction]) -> list[RecoveryAction]:
     budget = None
     if any(action.kind in BUDGETED_KINDS for action in created):
         read = ctx.budget or placement.migration_budget(ctx.cluster)
-        budget = replace(read, leaf_running=dict(read.leaf_running))   # starting counts in it: a copy
+        budget = replace(read, leaf_running=dict(read.leaf_running))  # starting counts in it: a copy
     refused = []
     for action in sorted(created, key=lambda a: -a.gpu_hours_at_stake):
         if action.retry_at and action.retry_at > ctx.now:
@@ -381,16 +490,31 @@ def run_degraded(ctx: Context, stays: list[Hit]) -> None:
         if job.pk not in jobs:
             job.iteration, job.iteration_at = job.iteration_now(ctx.now), ctx.now
             progress.append(JobProgress(job=job, at=ctx.now, iteration=job.iteration))
-        job.slowdown, job.degraded_until = max(job.slowdown if job.degraded_at(ctx.now) else 0.0, stay.slowdown), None
+        job.slowdown, job.degraded_until = (
+            max(job.slowdown if job.degraded_at(ctx.now) else 0.0, stay.slowdown),
+            None,
+        )
         jobs[job.pk] = job
-        phases.append(JobPhase(job=job, kind=JobPhaseKind.DEGRADED, started_at=ctx.now, node_id=hit.allocation.node_id,
-                               nic_name=hit.fault.nic_name, reason=f"on degraded {hit.fault.nic_name or 'link'} of "
-                               f"{hit.allocation.node.hostname}: {stay.kind} was cheapest"[:200]))
+        phases.append(
+            JobPhase(
+                job=job,
+                kind=JobPhaseKind.DEGRADED,
+                started_at=ctx.now,
+                node_id=hit.allocation.node_id,
+                nic_name=hit.fault.nic_name,
+                reason=f"on degraded {hit.fault.nic_name or 'link'} of "
+                f"{hit.allocation.node.hostname}: {stay.kind} was cheapest"[:200],
+            )
+        )
         hit.fault.details = {**(hit.fault.details or {}), "decision": hit.stayed.comparison()}
     update_rows(list(jobs.values()), ["iteration", "iteration_at", "slowdown", "degraded_until"])
     update_rows([hit.fault for hit in stays], ["details"])
-    phases_switch(at=ctx.now, ended=[(pk, phase_family(JobPhaseKind.DEGRADED)) for pk in jobs],
-                  started=list({p.job_id: p for p in phases}.values()), progress=progress)
+    phases_switch(
+        at=ctx.now,
+        ended=[(pk, phase_family(JobPhaseKind.DEGRADED)) for pk in jobs],
+        started=list({p.job_id: p for p in phases}.values()),
+        progress=progress,
+    )
 
 
 def _snapshot_first(job: Job) -> None:
@@ -402,23 +526,46 @@ def _snapshot_first(job: Job) -> None:
         with transaction.atomic():
             snapshot_take(actor=None, job=job, reason=SnapshotReason.PLANNER)
     except ServiceError:
-        pass    # not running, not protected, or one already running: the migration goes ahead regardless
+        pass  # not running, not protected, or one already running: the migration goes ahead regardless
 
 
 # --- record ------------------------------------------------------------------------------------------------
 
-def record(ctx: Context, *, faults: list[FaultEvent], created: list[RecoveryAction], refused: list[RecoveryAction],
-           recovering: list[tuple[Job, str]], outcome: dict[int, list[str]], tenant_id, stays: list[Hit] = ()) -> None:
+
+def record(
+    ctx: Context,
+    *,
+    faults: list[FaultEvent],
+    created: list[RecoveryAction],
+    refused: list[RecoveryAction],
+    recovering: list[tuple[Job, str]],
+    outcome: dict[int, list[str]],
+    tenant_id,
+    stays: list[Hit] = (),
+) -> None:
     """Write the decision together, one statement a table: the actions, their bookings (the unique constraint
     still refuses a spare booked twice), the jobs they stop, the jobs that run on degraded, audit entries, the
     faults' outcomes, phases; then fail the ones the driver refused (each falls back) and publish."""
     RecoveryAction.objects.bulk_create(created)
     placement.book_many([b for b in map(booking_of, created) if b])
     update_rows([job for job, _ in recovering], ["iteration", "iteration_at", "state"])
-    audit_record_many([audit_entry(actor=None, action="recovery.plan", target=action, tenant_id=action.job.tenant_id,
-                                   changes={"kind": action.kind, "dry_run": ctx.dry_run, "fault": action.fault_id,
-                                            "attempt": action.attempt})
-                       for action in created])
+    audit_record_many(
+        [
+            audit_entry(
+                actor=None,
+                action="recovery.plan",
+                target=action,
+                tenant_id=action.job.tenant_id,
+                changes={
+                    "kind": action.kind,
+                    "dry_run": ctx.dry_run,
+                    "fault": action.fault_id,
+                    "attempt": action.attempt,
+                },
+            )
+            for action in created
+        ]
+    )
     for fault in faults:
         notes = [note for note in outcome.get(fault.pk) or [] if note]
         ignore = (fault.triage or {}).get("ignore") or not notes
@@ -435,10 +582,15 @@ def record(ctx: Context, *, faults: list[FaultEvent], created: list[RecoveryActi
         if action.pk in running:
             after_start(action)
     if recovering:
-        phases_switch(at=ctx.now, ended=[(j.pk, phase_family(JobPhaseKind.RECOVERING)) for j, _ in recovering],
-                      started=[JobPhase(job=j, kind=JobPhaseKind.RECOVERING, started_at=ctx.now, reason=why[:200])
-                               for j, why in recovering],
-                      progress=[JobProgress(job=j, at=ctx.now, iteration=j.iteration) for j, _ in recovering])
+        phases_switch(
+            at=ctx.now,
+            ended=[(j.pk, phase_family(JobPhaseKind.RECOVERING)) for j, _ in recovering],
+            started=[
+                JobPhase(job=j, kind=JobPhaseKind.RECOVERING, started_at=ctx.now, reason=why[:200])
+                for j, why in recovering
+            ],
+            progress=[JobProgress(job=j, at=ctx.now, iteration=j.iteration) for j, _ in recovering],
+        )
     if refused:
         fail_and_fall_back(ctx.cluster, [(action, action.error) for action in refused])
     # Publishing is the last statement before COMMIT: the topics' sequence rows it takes are shared by every
@@ -447,8 +599,14 @@ def record(ctx: Context, *, faults: list[FaultEvent], created: list[RecoveryActi
     # no action gets a fault.handled event of its own.
     answered = {action.fault_id for action in created}
     items = decision_lists(ctx.cluster, created, running)
-    items += [(cluster_topics(fault.cluster_id, tenant_id), "fault.handled", fault_payload(fault),
-               f"/api/v1/faults/{fault.pk}/") for fault in faults if fault.pk not in answered]
+    items += [
+        (
+            cluster_topics(fault.cluster_id, tenant_id),
+            "fault.handled",
+            fault_payload(fault),
+            f"/api/v1/faults/{fault.pk}/",
+        )
+        for fault in faults
+        if fault.pk not in answered
+    ]
     events.publish_many(items)
-
-

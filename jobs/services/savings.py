@@ -20,26 +20,45 @@ def savings_settle(*, now) -> int:
     saving booked at completion), or the horizon passed without a failure (nothing saved). The horizon is the
     prediction's own (its fault's ``details.horizon_hours``: scaled to a simulated cluster's time compression),
     else PREDICTION_HORIZON_HOURS. Returns how many."""
-    pending = list(RecoveryAction.objects.filter(kind=ActionKind.PROACTIVE_MIGRATION, state=ActionState.SUCCEEDED,
-                                                 saving=SavingState.EXPECTED).select_related("job", "fault")
-                   .order_by("pk")[:500])
+    pending = list(
+        RecoveryAction.objects.filter(
+            kind=ActionKind.PROACTIVE_MIGRATION, state=ActionState.SUCCEEDED, saving=SavingState.EXPECTED
+        )
+        .select_related("job", "fault")
+        .order_by("pk")[:500]
+    )
     settled = []
     for action in pending:
         end = action.detected_at + timedelta(hours=_horizon_hours(action))
-        failed = FaultEvent.objects.filter(FAILED, node_id=action.node_id, detected_at__gte=action.detected_at,
-                                           detected_at__lte=min(end, now)).exists()
+        failed = FaultEvent.objects.filter(
+            FAILED,
+            node_id=action.node_id,
+            detected_at__gte=action.detected_at,
+            detected_at__lte=min(end, now),
+        ).exists()
         if failed:
-            action.saving, action.gpu_hours_saved = SavingState.REALIZED, action.gpu_hours_baseline - action.gpu_hours_lost
+            action.saving, action.gpu_hours_saved = (
+                SavingState.REALIZED,
+                action.gpu_hours_baseline - action.gpu_hours_lost,
+            )
         elif now >= end:
             action.saving, action.gpu_hours_saved = SavingState.NOT_REALIZED, 0.0
         else:
             continue
         settled.append(action)
     update_rows(settled, ["saving", "gpu_hours_saved"])
-    audit_record_many([audit_entry(actor=None, action="recovery.settle", target=action,
-                                   tenant_id=action.job.tenant_id, changes={"saving": action.saving,
-                                                            "gpu_hours_saved": round(action.gpu_hours_saved, 4)})
-                       for action in settled])
+    audit_record_many(
+        [
+            audit_entry(
+                actor=None,
+                action="recovery.settle",
+                target=action,
+                tenant_id=action.job.tenant_id,
+                changes={"saving": action.saving, "gpu_hours_saved": round(action.gpu_hours_saved, 4)},
+            )
+            for action in settled
+        ]
+    )
     return len(settled)
 
 

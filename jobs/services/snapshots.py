@@ -40,12 +40,23 @@ def _summary(snapshot: JobSnapshot) -> str:
 
 
 def _publish(snapshot: JobSnapshot, kind: str) -> None:
-    events.publish(job_topics(snapshot.job), kind,
-                   {"snapshot": snapshot.pk, "job": snapshot.job_id, "state": snapshot.state, "iteration": snapshot.iteration,
-                    "reason": snapshot.reason, "kind": snapshot.kind, "started_at": snapshot.started_at.isoformat(),
-                    "ended_at": snapshot.ended_at.isoformat() if snapshot.ended_at else None,
-                    "seconds": snapshot.seconds, "summary": _summary(snapshot)},
-                   url=f"/api/v1/jobs/{snapshot.job_id}/snapshots/")
+    events.publish(
+        job_topics(snapshot.job),
+        kind,
+        {
+            "snapshot": snapshot.pk,
+            "job": snapshot.job_id,
+            "state": snapshot.state,
+            "iteration": snapshot.iteration,
+            "reason": snapshot.reason,
+            "kind": snapshot.kind,
+            "started_at": snapshot.started_at.isoformat(),
+            "ended_at": snapshot.ended_at.isoformat() if snapshot.ended_at else None,
+            "seconds": snapshot.seconds,
+            "summary": _summary(snapshot),
+        },
+        url=f"/api/v1/jobs/{snapshot.job_id}/snapshots/",
+    )
 
 
 @transaction.atomic
@@ -66,9 +77,17 @@ def snapshot_take(*, actor, job: Job, reason: str = SnapshotReason.OPERATOR) -> 
     except DriverError as error:
         raise ServiceError(f"the cluster refused: {error}", status=503 if error.transient else 409) from error
     now = timezone.now()
-    snapshot = JobSnapshot.objects.create(job=job, reason=reason, iteration=job.iteration_now(now), handle=result.handle,
-                                          started_at=now, done_at=result.done_at)
-    audit_record(actor=actor, action="job.snapshot", target=job, tenant_id=job.tenant_id, changes={"reason": reason})
+    snapshot = JobSnapshot.objects.create(
+        job=job,
+        reason=reason,
+        iteration=job.iteration_now(now),
+        handle=result.handle,
+        started_at=now,
+        done_at=result.done_at,
+    )
+    audit_record(
+        actor=actor, action="job.snapshot", target=job, tenant_id=job.tenant_id, changes={"reason": reason}
+    )
     _publish(snapshot, "snapshot.started")
     return snapshot
 
@@ -76,12 +95,18 @@ def snapshot_take(*, actor, job: Job, reason: str = SnapshotReason.OPERATOR) -> 
 def snapshots_advance() -> int:
     """Finish the snapshots whose driver operation finished; returns how many."""
     finished = 0
-    due = JobSnapshot.objects.filter(state=SnapshotState.RUNNING, done_at__lte=timezone.now()).values_list("pk", flat=True)
+    due = JobSnapshot.objects.filter(state=SnapshotState.RUNNING, done_at__lte=timezone.now()).values_list(
+        "pk", flat=True
+    )
     for snapshot_id in list(due[:200]):
         with transaction.atomic():
             immediate_constraints()
-            snapshot = (JobSnapshot.objects.select_for_update(skip_locked=True, of=("self",), no_key=True)
-                        .select_related("job__cluster").filter(pk=snapshot_id).first())
+            snapshot = (
+                JobSnapshot.objects.select_for_update(skip_locked=True, of=("self",), no_key=True)
+                .select_related("job__cluster")
+                .filter(pk=snapshot_id)
+                .first()
+            )
             if snapshot is None or snapshot.state != SnapshotState.RUNNING:
                 continue
             status = driver_for(snapshot.job.cluster).operation_status(snapshot.handle)
@@ -99,8 +124,9 @@ def snapshot_schedule() -> int:
     """Take the snapshots a blueprint policy schedules (``{"snapshot": {"interval_minutes": N}}``) for running
     protected jobs whose last snapshot is older than that. Returns how many started."""
     started = 0
-    jobs = Job.objects.filter(state=JobState.RUNNING, cluster__blueprint_version__isnull=False).select_related(
-        "cluster__blueprint_version")
+    jobs = Job.objects.filter(
+        state=JobState.RUNNING, cluster__blueprint_version__isnull=False
+    ).select_related("cluster__blueprint_version")
     for job in jobs[:1000]:
         policy = job.cluster.blueprint_version.effective_policy().get("snapshot") or {}
         minutes = policy.get("interval_minutes")
@@ -123,9 +149,18 @@ _AUDITED = (SnapshotKind.WRITE_THROUGH, SnapshotKind.RESTORE, SnapshotKind.DISK_
 
 
 @transaction.atomic
-def snapshot_report(*, job: Job, kind: str, iteration: int, seconds: float | None = None, size_bytes: int | None = None,
-                    locations: list[dict] | None = None, stalled_ranks: list[int] | None = None,
-                    note: str = "", overhead_seconds: float | None = None) -> JobSnapshot:
+def snapshot_report(
+    *,
+    job: Job,
+    kind: str,
+    iteration: int,
+    seconds: float | None = None,
+    size_bytes: int | None = None,
+    locations: list[dict] | None = None,
+    stalled_ranks: list[int] | None = None,
+    note: str = "",
+    overhead_seconds: float | None = None,
+) -> JobSnapshot:
     """Record what the job's protection runtime reports with its job token: a restore point (``snapshot``,
     ``write_through``: usable by restore_from_snapshot), a ``restore`` or ``disk_fallback`` it performed, or a
     ``hang``. ``seconds`` is measured by the runtime; the row spans the ``seconds`` before now.
@@ -137,19 +172,39 @@ def snapshot_report(*, job: Job, kind: str, iteration: int, seconds: float | Non
     if job.state not in ACTIVE_JOB_STATES:
         raise ServiceError(f"job {job.pk} is {job.state}; it takes no more reports", status=409)
     if job.total_iterations is not None and iteration > job.total_iterations:
-        raise ServiceError(f"iteration {iteration} is past the job's {job.total_iterations} iterations", status=400)
+        raise ServiceError(
+            f"iteration {iteration} is past the job's {job.total_iterations} iterations", status=400
+        )
     now = timezone.now()
     point = kind in RESTORE_POINT_KINDS
     snapshot = JobSnapshot.objects.create(
-        job=job, kind=kind, reason=SnapshotReason.RUNTIME, iteration=iteration,
+        job=job,
+        kind=kind,
+        reason=SnapshotReason.RUNTIME,
+        iteration=iteration,
         state=SnapshotState.SUCCEEDED if point else SnapshotState.RECORDED,
-        started_at=now - timedelta(seconds=seconds or 0), done_at=now, ended_at=now, size_bytes=size_bytes,
-        locations=list(locations or []), stalled_ranks=list(stalled_ranks or []), note=note,
-        overhead_seconds=overhead_seconds)
+        started_at=now - timedelta(seconds=seconds or 0),
+        done_at=now,
+        ended_at=now,
+        size_bytes=size_bytes,
+        locations=list(locations or []),
+        stalled_ranks=list(stalled_ranks or []),
+        note=note,
+        overhead_seconds=overhead_seconds,
+    )
     if kind in _AUDITED:
-        audit_record(actor=None, action=f"job.{kind}", target=job, tenant_id=job.tenant_id,
-                     changes={"iteration": iteration, "seconds": seconds, "stalled_ranks": snapshot.stalled_ranks,
-                              "note": note})
+        audit_record(
+            actor=None,
+            action=f"job.{kind}",
+            target=job,
+            tenant_id=job.tenant_id,
+            changes={
+                "iteration": iteration,
+                "seconds": seconds,
+                "stalled_ranks": snapshot.stalled_ranks,
+                "note": note,
+            },
+        )
     if kind == SnapshotKind.RESTORE and seconds is not None:
         # A measured in-memory restore: what the planner's restore_from_snapshot estimate is made of.
         from jobs.services.estimates import estimates_record
@@ -179,51 +234,89 @@ def restore_measured(*, job: Job, report: JobSnapshot) -> RecoveryAction | None:
     from its start, the job ran until then) until the runtime had restored (training resumes from there). A
     proactive move's saving stays expected until its prediction settles. The action then points at this report, so
     a report is booked once. Returns the action rebooked, or None when none of Lockstep's waits for its report."""
-    action = (RecoveryAction.objects.select_for_update(of=("self",), no_key=True)
-              .filter(job=job, kind__in=(ActionKind.RESTORE_FROM_SNAPSHOT, ActionKind.PROACTIVE_MIGRATION),
-                      dry_run=False, state=ActionState.SUCCEEDED,
-                      ended_at__lte=report.ended_at, ended_at__gte=report.ended_at - RESTORE_REPORT_WINDOW)
-              .exclude(snapshot__kind__in=(SnapshotKind.RESTORE, SnapshotKind.DISK_FALLBACK))
-              .order_by("-ended_at").first())
+    action = (
+        RecoveryAction.objects.select_for_update(of=("self",), no_key=True)
+        .filter(
+            job=job,
+            kind__in=(ActionKind.RESTORE_FROM_SNAPSHOT, ActionKind.PROACTIVE_MIGRATION),
+            dry_run=False,
+            state=ActionState.SUCCEEDED,
+            ended_at__lte=report.ended_at,
+            ended_at__gte=report.ended_at - RESTORE_REPORT_WINDOW,
+        )
+        .exclude(snapshot__kind__in=(SnapshotKind.RESTORE, SnapshotKind.DISK_FALLBACK))
+        .order_by("-ended_at")
+        .first()
+    )
     if action is None:
         return None
     proactive = action.kind == ActionKind.PROACTIVE_MIGRATION
     # A proactive move's job trained on after the move started, up to its write-through: its reports until the
     # relaunch count.
     before = report.started_at if proactive else (action.started_at or action.detected_at)
-    reached = JobProgress.objects.filter(job=job, at__lt=before).aggregate(reached=Max("iteration"))["reached"]
+    reached = JobProgress.objects.filter(job=job, at__lt=before).aggregate(reached=Max("iteration"))[
+        "reached"
+    ]
     if reached is None:
-        reached = (action.restore_iteration or 0) + round(action.work_lost_seconds / max(job.seconds_per_iteration, 1e-6))
+        reached = (action.restore_iteration or 0) + round(
+            action.work_lost_seconds / max(job.seconds_per_iteration, 1e-6)
+        )
     planned = action.restore_iteration
     action.snapshot, action.restore_iteration = report, report.iteration
     action.work_lost_seconds = max(0, reached - report.iteration) * job.seconds_per_iteration
     since = (action.started_at or action.detected_at) if proactive else action.detected_at
     action.pause_seconds = max(0.0, (report.ended_at - since).total_seconds())
     action.snapshot_overhead_seconds = _overhead_since_previous_recovery(job, action)
-    action.gpu_hours_lost = actual_gpu_hours(gpus=action.gpus, pause_seconds=action.pause_seconds,
-                                             work_lost_seconds=action.work_lost_seconds,
-                                             degraded_seconds=action.degraded_seconds, slowdown=action.slowdown,
-                                             overhead_seconds=action.snapshot_overhead_seconds)
+    action.gpu_hours_lost = actual_gpu_hours(
+        gpus=action.gpus,
+        pause_seconds=action.pause_seconds,
+        work_lost_seconds=action.work_lost_seconds,
+        degraded_seconds=action.degraded_seconds,
+        slowdown=action.slowdown,
+        overhead_seconds=action.snapshot_overhead_seconds,
+    )
     saving = action.gpu_hours_baseline - action.gpu_hours_lost
     if not proactive or action.saving == SavingState.REALIZED:
         action.gpu_hours_saved = saving
     elif action.saving == SavingState.EXPECTED:
         action.gpu_hours_expected, _ = expected_saving(saving, score=action.risk_score)
-    how = "from memory" if report.kind == SnapshotKind.RESTORE else "from disk (its in-memory copies were lost)"
-    action.reason = (f"{action.reason} Measured: the runtime restored iteration {report.iteration} {how} "
-                     f"(planned {planned}); the job had reached {reached}; back "
-                     f"{action.pause_seconds:.1f} s after detection; its snapshots had cost "
-                     f"{action.snapshot_overhead_seconds:.1f} s of training since the previous recovery.")[:4000]
-    action.save(update_fields=["snapshot", "restore_iteration", "work_lost_seconds", "pause_seconds",
-                               "snapshot_overhead_seconds",
-                               "gpu_hours_lost", "gpu_hours_saved", "gpu_hours_expected", "reason"])
-    audit_record(actor=None, action="recovery.measured", target=action, tenant_id=job.tenant_id,
-                 changes={"restore_iteration": [planned, report.iteration], "reached": reached,
-                          "work_lost_seconds": round(action.work_lost_seconds, 3),
-                          "pause_seconds": round(action.pause_seconds, 3),
-                          "snapshot_overhead_seconds": round(action.snapshot_overhead_seconds, 3),
-                          "gpu_hours_saved": round(action.gpu_hours_saved, 4),
-                          "gpu_hours_expected": round(action.gpu_hours_expected or 0.0, 4)})
+    how = (
+        "from memory" if report.kind == SnapshotKind.RESTORE else "from disk (its in-memory copies were lost)"
+    )
+    action.reason = (
+        f"{action.reason} Measured: the runtime restored iteration {report.iteration} {how} "
+        f"(planned {planned}); the job had reached {reached}; back "
+        f"{action.pause_seconds:.1f} s after detection; its snapshots had cost "
+        f"{action.snapshot_overhead_seconds:.1f} s of training since the previous recovery."
+    )[:4000]
+    action.save(
+        update_fields=[
+            "snapshot",
+            "restore_iteration",
+            "work_lost_seconds",
+            "pause_seconds",
+            "snapshot_overhead_seconds",
+            "gpu_hours_lost",
+            "gpu_hours_saved",
+            "gpu_hours_expected",
+            "reason",
+        ]
+    )
+    audit_record(
+        actor=None,
+        action="recovery.measured",
+        target=action,
+        tenant_id=job.tenant_id,
+        changes={
+            "restore_iteration": [planned, report.iteration],
+            "reached": reached,
+            "work_lost_seconds": round(action.work_lost_seconds, 3),
+            "pause_seconds": round(action.pause_seconds, 3),
+            "snapshot_overhead_seconds": round(action.snapshot_overhead_seconds, 3),
+            "gpu_hours_saved": round(action.gpu_hours_saved, 4),
+            "gpu_hours_expected": round(action.gpu_hours_expected or 0.0, 4),
+        },
+    )
     publish_action(action, "action.measured")
     return action
 
@@ -232,9 +325,14 @@ def _overhead_since_previous_recovery(job: Job, action: RecoveryAction) -> float
     """What protection cost the job while it trained up to this fault: the runtime's measured snapshot overhead
     (each report carries its own since the one before) from the end of the job's previous recovery, or its start,
     until the fault was detected."""
-    previous = (RecoveryAction.objects.filter(job=job, dry_run=False, ended_at__lt=action.detected_at)
-                .exclude(pk=action.pk).aggregate(at=Max("ended_at"))["at"])
-    reports = JobSnapshot.objects.filter(job=job, overhead_seconds__isnull=False, ended_at__lte=action.detected_at)
+    previous = (
+        RecoveryAction.objects.filter(job=job, dry_run=False, ended_at__lt=action.detected_at)
+        .exclude(pk=action.pk)
+        .aggregate(at=Max("ended_at"))["at"]
+    )
+    reports = JobSnapshot.objects.filter(
+        job=job, overhead_seconds__isnull=False, ended_at__lte=action.detected_at
+    )
     if previous is not None:
         reports = reports.filter(ended_at__gt=previous)
     return float(reports.aggregate(total=Sum("overhead_seconds"))["total"] or 0.0)
@@ -245,16 +343,32 @@ def _hang_fault(job: Job, snapshot: JobSnapshot) -> None:
     where the report names one Lockstep knows (else the job's first), so the fault path restarts the job."""
     from jobs.services.faults import fault_ingest
 
-    allocations = list(JobAllocation.objects.filter(job=job, released_at__isnull=True).select_related("node")
-                       .order_by("rank_start"))
+    allocations = list(
+        JobAllocation.objects.filter(job=job, released_at__isnull=True)
+        .select_related("node")
+        .order_by("rank_start")
+    )
     if not allocations:
         return
-    named = {str(place.get("node")) for place in snapshot.locations if isinstance(place, dict) and place.get("node")}
+    named = {
+        str(place.get("node"))
+        for place in snapshot.locations
+        if isinstance(place, dict) and place.get("node")
+    }
     node = next((a.node for a in allocations if a.node.hostname in named), allocations[0].node)
-    fault_ingest(source="agent", kind="hang", node=node,
-                 details={"job": job.pk, "iteration": snapshot.iteration, "stalled_ranks": snapshot.stalled_ranks,
-                          "silent_seconds": snapshot.seconds, "reported_by": "protection runtime",
-                          "note": snapshot.note[:300]})
+    fault_ingest(
+        source="agent",
+        kind="hang",
+        node=node,
+        details={
+            "job": job.pk,
+            "iteration": snapshot.iteration,
+            "stalled_ranks": snapshot.stalled_ranks,
+            "silent_seconds": snapshot.seconds,
+            "reported_by": "protection runtime",
+            "note": snapshot.note[:300],
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -263,9 +377,9 @@ class RuntimeRestorePoint:
 
     snapshot: JobSnapshot
     iteration: int
-    age_seconds: float                     # since it was complete
-    restore_seconds: float | None          # median of the job's last measured in-memory restores (None: none yet)
-    restores: int                          # how many of those there were
+    age_seconds: float  # since it was complete
+    restore_seconds: float | None  # median of the job's last measured in-memory restores (None: none yet)
+    restores: int  # how many of those there were
     size_bytes: int | None
 
 
@@ -273,15 +387,32 @@ def runtime_restore_point(*, job: Job, at: datetime | None = None) -> RuntimeRes
     """For the planner: the job's newest runtime restore point at ``at`` (now) newer than its last checkpoint,
     with the measured duration of its recent in-memory restores. None when its runtime reported none."""
     at = at or timezone.now()
-    newest = (JobSnapshot.objects.filter(job=job, reason=SnapshotReason.RUNTIME, state=SnapshotState.SUCCEEDED,
-                                         kind__in=RESTORE_POINT_KINDS, ended_at__lte=at,
-                                         iteration__gt=job.last_checkpoint_iteration or 0)
-              .order_by("-iteration", "-ended_at").first())
+    newest = (
+        JobSnapshot.objects.filter(
+            job=job,
+            reason=SnapshotReason.RUNTIME,
+            state=SnapshotState.SUCCEEDED,
+            kind__in=RESTORE_POINT_KINDS,
+            ended_at__lte=at,
+            iteration__gt=job.last_checkpoint_iteration or 0,
+        )
+        .order_by("-iteration", "-ended_at")
+        .first()
+    )
     if newest is None:
         return None
-    measured = [s.seconds for s in JobSnapshot.objects.filter(job=job, kind=SnapshotKind.RESTORE, ended_at__lte=at)
-                .order_by("-ended_at")[:20] if s.seconds is not None]
-    return RuntimeRestorePoint(snapshot=newest, iteration=newest.iteration,
-                               age_seconds=max(0.0, (at - newest.ended_at).total_seconds()),
-                               restore_seconds=statistics.median(measured) if measured else None,
-                               restores=len(measured), size_bytes=newest.size_bytes)
+    measured = [
+        s.seconds
+        for s in JobSnapshot.objects.filter(job=job, kind=SnapshotKind.RESTORE, ended_at__lte=at).order_by(
+            "-ended_at"
+        )[:20]
+        if s.seconds is not None
+    ]
+    return RuntimeRestorePoint(
+        snapshot=newest,
+        iteration=newest.iteration,
+        age_seconds=max(0.0, (at - newest.ended_at).total_seconds()),
+        restore_seconds=statistics.median(measured) if measured else None,
+        restores=len(measured),
+        size_bytes=newest.size_bytes,
+    )

@@ -27,5 +27,7 @@ class WhatIfViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedView
 
     @extend_schema(request={"application/json": OpenApiTypes.OBJECT}, responses={202: WhatIfRunSerializer})
     def create(self, request):
-        run = whatif_start(actor=request.user, config=request.data if isinstance(request.data, dict) else None)
+        run = whatif_start(
+            actor=request.user, config=request.data if isinstance(request.data, dict) else None
+        )
         return Response(WhatIfRunSerializer(run).data, status=status.HTTP_202_ACCEPTED)

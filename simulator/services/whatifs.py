@@ -15,11 +15,24 @@ from simulator.profiles import PROFILES
 from simulator.whatif import WhatIfConfig, whatif_run
 
 LIMITS = {  # field: (low, high)
-    "seed": (0, 2**31 - 1), "gpus": (8, 1_048_576), "days": (0.01, 366), "checkpoint_minutes": (1, 1440),
-    "restart_overhead_minutes": (0, 240), "spare_fraction": (0, 0.5), "repair_hours": (0, 720), "nodes_per_leaf": (1, 1024),
-    "migration_pause_seconds": (0, 3600), "migration_work_lost_minutes": (0, 1440), "checkpoint_write_seconds": (0, 3600),
-    "software_crash_share": (0, 0.95), "failed_recovery_share": (0, 1), "rack_failure_share": (0, 1),
-    "leaf_failure_share": (0, 1), "lemon_node_share": (0, 0.5), "lemon_fault_share": (0, 1), "lemon_retire_after": (1, 100),
+    "seed": (0, 2**31 - 1),
+    "gpus": (8, 1_048_576),
+    "days": (0.01, 366),
+    "checkpoint_minutes": (1, 1440),
+    "restart_overhead_minutes": (0, 240),
+    "spare_fraction": (0, 0.5),
+    "repair_hours": (0, 720),
+    "nodes_per_leaf": (1, 1024),
+    "migration_pause_seconds": (0, 3600),
+    "migration_work_lost_minutes": (0, 1440),
+    "checkpoint_write_seconds": (0, 3600),
+    "software_crash_share": (0, 0.95),
+    "failed_recovery_share": (0, 1),
+    "rack_failure_share": (0, 1),
+    "leaf_failure_share": (0, 1),
+    "lemon_node_share": (0, 0.5),
+    "lemon_fault_share": (0, 1),
+    "lemon_retire_after": (1, 100),
 }
 INTEGER_FIELDS = ("seed", "gpus", "nodes_per_leaf", "lemon_retire_after")
 
@@ -38,9 +51,13 @@ def clean_config(data) -> WhatIfConfig:
             continue
         value = data[name]
         if name == "software_crash_share" and value is None:
-            continue   # as published (Table 5)
+            continue  # as published (Table 5)
         integer = name in INTEGER_FIELDS
-        if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not float(value).is_integer()):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or (integer and not float(value).is_integer())
+        ):
             raise ServiceError("must be a whole number" if integer else "must be a number", field=name)
         if not low <= value <= high:
             raise ServiceError(f"must be between {low} and {high}", field=name)
@@ -56,8 +73,12 @@ def clean_config(data) -> WhatIfConfig:
 
 
 def _publish(run: WhatIfRun, kind: str) -> None:
-    events.publish([events.topic("fleet")], kind, {"run": run.pk, "state": run.state, "progress": round(run.progress, 3)},
-                   url=f"/api/v1/whatif/{run.pk}/")
+    events.publish(
+        [events.topic("fleet")],
+        kind,
+        {"run": run.pk, "state": run.state, "progress": round(run.progress, 3)},
+        url=f"/api/v1/whatif/{run.pk}/",
+    )
 
 
 @transaction.atomic
@@ -85,11 +106,15 @@ def _within_caps(actor) -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(hashtext('lockstep.whatif_start'))")
     live = WhatIfRun.objects.filter(state__in=[WhatIfRun.State.QUEUED, WhatIfRun.State.RUNNING])
     if live.filter(created_by=actor).count() >= settings.WHATIF_MAX_PER_USER:
-        raise ServiceError(f"you have {settings.WHATIF_MAX_PER_USER} what-if replay(s) under way; wait for it to end",
-                           status=429)
+        raise ServiceError(
+            f"you have {settings.WHATIF_MAX_PER_USER} what-if replay(s) under way; wait for it to end",
+            status=429,
+        )
     if live.count() >= settings.WHATIF_MAX_RUNNING:
-        raise ServiceError(f"{settings.WHATIF_MAX_RUNNING} what-if replays are under way; try again when one ends",
-                           status=429)
+        raise ServiceError(
+            f"{settings.WHATIF_MAX_RUNNING} what-if replays are under way; try again when one ends",
+            status=429,
+        )
 
 
 def _queue(run_id: int) -> None:
@@ -121,14 +146,16 @@ def whatif_execute(*, run_id: int) -> str:
         report = whatif_run(WhatIfConfig(**run.config), progress=progress)
     except Exception as error:  # the run is recorded as failed with the reason; nothing else depends on it
         with transaction.atomic():
-            WhatIfRun.objects.filter(pk=run_id).update(state=WhatIfRun.State.FAILED, error=str(error)[:300],
-                                                       finished_at=timezone.now())
+            WhatIfRun.objects.filter(pk=run_id).update(
+                state=WhatIfRun.State.FAILED, error=str(error)[:300], finished_at=timezone.now()
+            )
             run.state = WhatIfRun.State.FAILED
             _publish(run, "whatif.failed")
         return "failed"
     with transaction.atomic():
-        WhatIfRun.objects.filter(pk=run_id).update(state=WhatIfRun.State.DONE, progress=1.0, report=report,
-                                                   finished_at=timezone.now())
+        WhatIfRun.objects.filter(pk=run_id).update(
+            state=WhatIfRun.State.DONE, progress=1.0, report=report, finished_at=timezone.now()
+        )
         run.state, run.progress = WhatIfRun.State.DONE, 1.0
         _publish(run, "whatif.done")
     return "done"
@@ -139,12 +166,20 @@ def whatif_sweep(*, stale_seconds: float = 300.0) -> int:
     from datetime import timedelta
 
     now = timezone.now()
-    lost = list(WhatIfRun.objects.filter(state=WhatIfRun.State.QUEUED, created_at__lt=now - timedelta(seconds=30))
-                .values_list("pk", flat=True))
-    lost += list(WhatIfRun.objects.filter(state=WhatIfRun.State.RUNNING, started_at__lt=now - timedelta(seconds=stale_seconds))
-                 .values_list("pk", flat=True))
+    lost = list(
+        WhatIfRun.objects.filter(
+            state=WhatIfRun.State.QUEUED, created_at__lt=now - timedelta(seconds=30)
+        ).values_list("pk", flat=True)
+    )
+    lost += list(
+        WhatIfRun.objects.filter(
+            state=WhatIfRun.State.RUNNING, started_at__lt=now - timedelta(seconds=stale_seconds)
+        ).values_list("pk", flat=True)
+    )
     for run_id in lost:
-        if WhatIfRun.objects.filter(pk=run_id, state=WhatIfRun.State.RUNNING).update(state=WhatIfRun.State.QUEUED):
+        if WhatIfRun.objects.filter(pk=run_id, state=WhatIfRun.State.RUNNING).update(
+            state=WhatIfRun.State.QUEUED
+        ):
             pass
         _queue(run_id)
     return len(lost)

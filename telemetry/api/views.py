@@ -44,11 +44,18 @@ class RawBodyParser:
         return stream.read()
 
 
-IngestResultSerializer = inline_serializer("IngestResult", {
-    "batch_id": serializers.UUIDField(), "duplicate": serializers.BooleanField(),
-    "readings": serializers.IntegerField(), "nics": serializers.IntegerField(), "events": serializers.IntegerField(),
-    "facility": serializers.IntegerField(), "faults": serializers.ListField(child=serializers.IntegerField()),
-})
+IngestResultSerializer = inline_serializer(
+    "IngestResult",
+    {
+        "batch_id": serializers.UUIDField(),
+        "duplicate": serializers.BooleanField(),
+        "readings": serializers.IntegerField(),
+        "nics": serializers.IntegerField(),
+        "events": serializers.IntegerField(),
+        "facility": serializers.IntegerField(),
+        "faults": serializers.ListField(child=serializers.IntegerField()),
+    },
+)
 
 
 class TelemetryIngestView(APIView):
@@ -62,8 +69,13 @@ class TelemetryIngestView(APIView):
     permission_classes = [IsAgent]
     parser_classes = [RawBodyParser]
 
-    @extend_schema(request={"application/json": OpenApiTypes.OBJECT}, responses={200: IngestResultSerializer},
-                   examples=[OpenApiExample("schema", value={"see": "agent/lockstep_agent/schema/telemetry-batch.schema.json"})])
+    @extend_schema(
+        request={"application/json": OpenApiTypes.OBJECT},
+        responses={200: IngestResultSerializer},
+        examples=[
+            OpenApiExample("schema", value={"see": "agent/lockstep_agent/schema/telemetry-batch.schema.json"})
+        ],
+    )
     def post(self, request):
         if request.content_type.split(";")[0].strip() != "application/json":
             raise exceptions.UnsupportedMediaType(request.content_type)
@@ -73,20 +85,29 @@ class TelemetryIngestView(APIView):
             length = 0
         limit = settings.TELEMETRY_MAX_BATCH_BYTES
         if length > limit:
-            return Response({"detail": f"batch of {length} bytes is over the {limit}-byte limit"},
-                            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+            return Response(
+                {"detail": f"batch of {length} bytes is over the {limit}-byte limit"},
+                status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+            )
         body = request.stream.read(limit + 1) if request.stream is not None else b""
         if len(body) > limit:
-            return Response({"detail": f"batch is over the {limit}-byte limit"}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+            return Response(
+                {"detail": f"batch is over the {limit}-byte limit"},
+                status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+            )
         result = telemetry_ingest(cluster=request.auth.cluster, body=body)
         return Response(result.as_dict())
 
 
-TOO_MANY_TOKENS = OpenApiResponse(description="Too many tokens issued: wait the Retry-After header's seconds.")
+TOO_MANY_TOKENS = OpenApiResponse(
+    description="Too many tokens issued: wait the Retry-After header's seconds."
+)
 
 
 @extend_schema_view(
-    create=extend_schema(request=AgentTokenSerializer, responses={201: AgentTokenCreatedSerializer, 429: TOO_MANY_TOKENS}),
+    create=extend_schema(
+        request=AgentTokenSerializer, responses={201: AgentTokenCreatedSerializer, 429: TOO_MANY_TOKENS}
+    ),
 )
 class AgentTokenViewSet(ClusterTokenViewSet):
     """Agent tokens, each bound to one cluster (provider roles). DELETE revokes; ``rotate/`` revokes and reissues."""
@@ -152,8 +173,14 @@ class MetricsView(APIView):
         return Response(exposition(), content_type=CONTENT_TYPE_LATEST)
 
 
-class NotificationChannelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
-                                 mixins.UpdateModelMixin, mixins.DestroyModelMixin, ScopedViewSet):
+class NotificationChannelViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    ScopedViewSet,
+):
     """Webhooks for what a human must see: failed recoveries, nodes that need support, rollouts that stopped
     or rolled back, automation paused. Provider roles read; the provider admin changes."""
 
@@ -172,8 +199,9 @@ class NotificationChannelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixi
     def perform_update(self, serializer):
         from telemetry.services.channels import channel_update
 
-        serializer.instance = channel_update(actor=self.request.user, channel=serializer.instance,
-                                             **serializer.validated_data)
+        serializer.instance = channel_update(
+            actor=self.request.user, channel=serializer.instance, **serializer.validated_data
+        )
 
     def perform_destroy(self, instance):
         from telemetry.services.channels import channel_delete
@@ -206,7 +234,6 @@ class PredictionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Scoped
 class JobDiagnosisView(APIView):
     """Is it the fabric? Why this job runs slow: the fabric ruled in (the likeliest link, switch or rail, with
     the evidence) or out (the GPUs or hosts that stand out instead). Visible to whoever may see the job."""
-
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request, pk: int):

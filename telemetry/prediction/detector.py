@@ -37,9 +37,22 @@ import numpy as np
 
 # (channel, direction): the reading up/down, the last hour's median up/down, the last hour's median against the
 # daily profile up/down, and how far the last hours' shape is from every earlier one (a discord: up only)
-KEYS = (("reading", 1), ("reading", -1), ("level", 1), ("level", -1), ("seasonal", 1), ("seasonal", -1),
-        ("discord", 1), ("drift", 1), ("drift", -1), ("trend", 1), ("trend", -1), ("slow", 1),
-        ("slow", -1), ("library", 1))
+KEYS = (
+    ("reading", 1),
+    ("reading", -1),
+    ("level", 1),
+    ("level", -1),
+    ("seasonal", 1),
+    ("seasonal", -1),
+    ("discord", 1),
+    ("drift", 1),
+    ("drift", -1),
+    ("trend", 1),
+    ("trend", -1),
+    ("slow", 1),
+    ("slow", -1),
+    ("library", 1),
+)
 K = len(KEYS)
 DRIFT_UP, DRIFT_DOWN = KEYS.index(("drift", 1)), KEYS.index(("drift", -1))
 TREND_UP, TREND_DOWN = KEYS.index(("trend", 1)), KEYS.index(("trend", -1))
@@ -52,30 +65,32 @@ RIVER = ("half_space_trees", "page_hinkley", "adwin")
 
 @dataclass(frozen=True)
 class DetectorConfig:
-    block_seconds: float = 3600.0       # resolution of the memory: one summary per hour
-    baseline_blocks: int = 24           # the baseline is the last day (covers a daily cycle)
-    memory_blocks: int = 336            # records and rarity look back two weeks (a weekly cycle, twice)
-    level_seconds: float = 3600.0       # the level channel: median of the last hour
-    level_readings: int = 64            # at most this many of the last hour's readings are kept
-    z_min: float = 2.5                  # an excursion starts beyond 2.5 spreads from the baseline
-    margin: float = 0.5                 # ... and alarms when 1.5x the memory's largest excursion
-    alpha: float = 0.05                 # ... at a value reached in fewer than 5 % of the memory's hours
-    hold_seconds: float = 24 * 3600.0   # an alarm is held 24 h (the prediction horizon) after its excursion ends
-    min_blocks: int = 3                 # no verdict before three hours of memory
-    seasonal: str = ""                  # the seasonal channel (off: ""): the level against the hour's expectation,
-                                        # "profile" (median of the same hour on the days kept), "weekly" (the same
-                                        # hour of the week, a week and two back) or "stl" (statsmodels)
-    discord_blocks: int = 0             # the discord channel (0: off): the last N hours' shape against the week's
-    drift_k: float = 0.0                # the drift channel (0: off): a CUSUM of the readings' deviation beyond
-                                        # drift_k spreads (each clipped at z_min), in spread-hours
-    drift_h: float = 6.0                # ... an excursion starts at drift_h spread-hours of accumulated deviation
-    trend_blocks: int = 0               # the trend channel (0: off): the last hour's level carried forward
-    trend_ahead: float = 6.0            # ... trend_ahead hours at the slope of the last trend_blocks hourly medians
-    slow: bool = True                   # the slow channel: the last hour's level against the whole memory's median
-                                        # (not the last day's, which follows a slow drift), in the memory's spread
-    library: str = ""                   # a library's detector as one more channel (off: ""): river's
-                                        # "half_space_trees", "page_hinkley" or "adwin" on the readings, or
-                                        # "ruptures" (a change point in the last two days' hourly medians)
+    block_seconds: float = 3600.0  # resolution of the memory: one summary per hour
+    baseline_blocks: int = 24  # the baseline is the last day (covers a daily cycle)
+    memory_blocks: int = 336  # records and rarity look back two weeks (a weekly cycle, twice)
+    level_seconds: float = 3600.0  # the level channel: median of the last hour
+    level_readings: int = 64  # at most this many of the last hour's readings are kept
+    z_min: float = 2.5  # an excursion starts beyond 2.5 spreads from the baseline
+    margin: float = 0.5  # ... and alarms when 1.5x the memory's largest excursion
+    alpha: float = 0.05  # ... at a value reached in fewer than 5 % of the memory's hours
+    hold_seconds: float = (
+        24 * 3600.0
+    )  # an alarm is held 24 h (the prediction horizon) after its excursion ends
+    min_blocks: int = 3  # no verdict before three hours of memory
+    seasonal: str = ""  # the seasonal channel (off: ""): the level against the hour's expectation,
+    # "profile" (median of the same hour on the days kept), "weekly" (the same
+    # hour of the week, a week and two back) or "stl" (statsmodels)
+    discord_blocks: int = 0  # the discord channel (0: off): the last N hours' shape against the week's
+    drift_k: float = 0.0  # the drift channel (0: off): a CUSUM of the readings' deviation beyond
+    # drift_k spreads (each clipped at z_min), in spread-hours
+    drift_h: float = 6.0  # ... an excursion starts at drift_h spread-hours of accumulated deviation
+    trend_blocks: int = 0  # the trend channel (0: off): the last hour's level carried forward
+    trend_ahead: float = 6.0  # ... trend_ahead hours at the slope of the last trend_blocks hourly medians
+    slow: bool = True  # the slow channel: the last hour's level against the whole memory's median
+    # (not the last day's, which follows a slow drift), in the memory's spread
+    library: str = ""  # a library's detector as one more channel (off: ""): river's
+    # "half_space_trees", "page_hinkley" or "adwin" on the readings, or
+    # "ruptures" (a change point in the last two days' hourly medians)
 
 
 CONFIG = DetectorConfig()
@@ -83,17 +98,42 @@ CONFIG = DetectorConfig()
 
 @dataclass
 class Verdict:
-    alarm: bool                # an alarm is raised (or held) at this reading
-    score: float               # in [0, 1]: 1 while alarmed, else how close the strongest excursion came
-    channel: str = ""          # "reading", "level", "seasonal" or "discord": what drove the score
-    direction: int = 0         # +1 above the baseline, -1 below
-    deviation: float = 0.0     # value minus baseline, in the series' units
+    alarm: bool  # an alarm is raised (or held) at this reading
+    score: float  # in [0, 1]: 1 while alarmed, else how close the strongest excursion came
+    channel: str = ""  # "reading", "level", "seasonal" or "discord": what drove the score
+    direction: int = 0  # +1 above the baseline, -1 below
+    deviation: float = 0.0  # value minus baseline, in the series' units
     baseline: float = math.nan
-    new: bool = False          # an alarm started at this reading
+    new: bool = False  # an alarm started at this reading
 
 
-_SCALARS = ("phase", "t0", "last_ts", "block_start", "cur_hi", "cur_lo", "until", "B", "S", "E", "SE", "D",
-            "G_up", "G_down", "T", "M", "SM", "L", "blocks", "ring_head", "ring_n", "days_head", "days_n", "recent_head", "recent_n")
+_SCALARS = (
+    "phase",
+    "t0",
+    "last_ts",
+    "block_start",
+    "cur_hi",
+    "cur_lo",
+    "until",
+    "B",
+    "S",
+    "E",
+    "SE",
+    "D",
+    "G_up",
+    "G_down",
+    "T",
+    "M",
+    "SM",
+    "L",
+    "blocks",
+    "ring_head",
+    "ring_n",
+    "days_head",
+    "days_n",
+    "recent_head",
+    "recent_n",
+)
 _PER_KEY = ("today", "ref", "ref_week", "rare_above", "excursion", "on")
 _MAGIC = b"LSD3"
 
@@ -111,28 +151,28 @@ class StreamingDetector:
         self.cur_hi, self.cur_lo = -math.inf, math.inf
         self.until = -math.inf
         self.B, self.S = math.nan, math.nan
-        self.E, self.SE = math.nan, math.nan              # the seasonal expectation for this hour and its spread
-        self.D = 0.0                                      # the discord of the last hours' shape
-        self.G_up = self.G_down = 0.0                     # the drift channel's CUSUMs (spread-hours)
-        self.T = 0.0                                      # the trend channel's slope (units per hour)
-        self.M, self.SM = math.nan, math.nan              # the slow channel's reference: the memory's median, spread
-        self.L = 0.0                                      # the library channel's value
+        self.E, self.SE = math.nan, math.nan  # the seasonal expectation for this hour and its spread
+        self.D = 0.0  # the discord of the last hours' shape
+        self.G_up = self.G_down = 0.0  # the drift channel's CUSUMs (spread-hours)
+        self.T = 0.0  # the trend channel's slope (units per hour)
+        self.M, self.SM = math.nan, math.nan  # the slow channel's reference: the memory's median, spread
+        self.L = 0.0  # the library channel's value
         self.model = _river_model(c.library) if c.library in RIVER else None
-        self.blocks = 0                                   # hours closed so far
-        self.ring = np.zeros((c.memory_blocks, 4), np.float32)   # median, max, min, mean abs deviation
+        self.blocks = 0  # hours closed so far
+        self.ring = np.zeros((c.memory_blocks, 4), np.float32)  # median, max, min, mean abs deviation
         self.ring_head = self.ring_n = 0
         days = c.memory_blocks // c.baseline_blocks
-        self.days = np.zeros((days, K), np.float32)       # each past day's largest deviation per key
+        self.days = np.zeros((days, K), np.float32)  # each past day's largest deviation per key
         self.days_head = self.days_n = 0
         self.recent_t = np.zeros(c.level_readings, np.float64)
         self.recent_v = np.zeros(c.level_readings, np.float64)
         self.recent_head = self.recent_n = 0
-        self.today = [0.0] * K                            # today's largest deviation per key
+        self.today = [0.0] * K  # today's largest deviation per key
         self.excursion = [False] * K
         self.on = [False] * K
-        self.ref = [0.0] * K                              # the week's record when the excursion began
-        self.ref_week = [0.0] * K                         # the week's record as of the last closed day
-        self.rare_above = [-math.inf] * K                 # a value beyond this is rare in the week's memory
+        self.ref = [0.0] * K  # the week's record when the excursion began
+        self.ref_week = [0.0] * K  # the week's record as of the last closed day
+        self.rare_above = [-math.inf] * K  # a value beyond this is rare in the week's memory
 
     # --- readings ---------------------------------------------------------------------------------------
 
@@ -146,7 +186,7 @@ class StreamingDetector:
         if math.isnan(self.t0):
             self.t0 = ts
             self.block_start = self._block_of(ts)
-        elif ts < self.last_ts:   # an older reading (a replay, a clock step) is history: it changes nothing
+        elif ts < self.last_ts:  # an older reading (a replay, a clock step) is history: it changes nothing
             held = ts <= self.until or any(self.on)
             return Verdict(alarm=held, score=1.0 if held else 0.0, baseline=self.B)
         if ts >= self.block_start + c.block_seconds:
@@ -190,8 +230,12 @@ class StreamingDetector:
         z = (value - self.B) / self.S
         if self.config.library == "half_space_trees":
             level = self._recent(self.last_ts - self.config.level_seconds)
-            features = {"z": 0.5 + 0.5 * math.tanh(z / 10), "level": 0.5 + 0.5 * math.tanh(
-                (statistics.median(level) - self.B) / self.S / 10) if level else 0.5}
+            features = {
+                "z": 0.5 + 0.5 * math.tanh(z / 10),
+                "level": 0.5 + 0.5 * math.tanh((statistics.median(level) - self.B) / self.S / 10)
+                if level
+                else 0.5,
+            }
             self.L = -math.log(max(1e-9, 1.0 - self.model.score_one(features)))
             self.model.learn_one(features)
         else:
@@ -222,10 +266,17 @@ class StreamingDetector:
         starts at); a NaN reference means the channel has no verdict yet."""
         c = self.config
         start = c.z_min * self.S
-        out = [(0, value, self.B, start), (1, value, self.B, start), (2, level, self.B, start), (3, level, self.B, start)]
+        out = [
+            (0, value, self.B, start),
+            (1, value, self.B, start),
+            (2, level, self.B, start),
+            (3, level, self.B, start),
+        ]
         if c.seasonal:
             out += [(4, level, self.E, c.z_min * self.SE), (5, level, self.E, c.z_min * self.SE)]
-        if c.discord_blocks:   # an RMS difference (in spreads) from the nearest earlier shape: z_min of them to start
+        if (
+            c.discord_blocks
+        ):  # an RMS difference (in spreads) from the nearest earlier shape: z_min of them to start
             out.append((6, self.D, 0.0, c.z_min))
         if c.drift_k:
             out += [(DRIFT_UP, self.G_up, 0.0, c.drift_h), (DRIFT_DOWN, -self.G_down, 0.0, c.drift_h)]
@@ -233,7 +284,10 @@ class StreamingDetector:
             ahead = level + self.T * c.trend_ahead
             out += [(TREND_UP, ahead, self.B, start), (TREND_DOWN, ahead, self.B, start)]
         if c.slow:
-            out += [(SLOW_UP, level, self.M, c.z_min * self.SM), (SLOW_DOWN, level, self.M, c.z_min * self.SM)]
+            out += [
+                (SLOW_UP, level, self.M, c.z_min * self.SM),
+                (SLOW_DOWN, level, self.M, c.z_min * self.SM),
+            ]
         if c.library:
             # half-space trees: -log(1 - score), from a score of 0.9; a drift detector: 1 when it says so; a change
             # point: the shift's size in spreads, from z_min
@@ -260,9 +314,16 @@ class StreamingDetector:
                 threshold = start_floor if signal else max(start_floor, (1.0 + c.margin) * self.ref[k])
                 # a seasonal, discord, drift or library channel has no verdict before it holds a whole day's record
                 established = k < 4 or self.ref_week[k] > 0 or signal
-                rare = direction * x > self.rare_above[k] if k != LIBRARY else (
-                    value > self.rare_above[0] or -value > self.rare_above[1] or level > self.rare_above[2]
-                    or -level > self.rare_above[3])
+                rare = (
+                    direction * x > self.rare_above[k]
+                    if k != LIBRARY
+                    else (
+                        value > self.rare_above[0]
+                        or -value > self.rare_above[1]
+                        or level > self.rare_above[2]
+                        or -level > self.rare_above[3]
+                    )
+                )
                 if not self.on[k] and d > threshold and rare and detect and established:
                     self.on[k] = True
                     best.new = True
@@ -327,7 +388,7 @@ class StreamingDetector:
             self.ref_week = [float(v) for v in self.days[: self.days_n].max(axis=0)]
         n = len(week)
         j = math.ceil(c.alpha * n)
-        columns = (week[:, 1], -week[:, 2], week[:, 0], -week[:, 0])   # reading up/down, level up/down
+        columns = (week[:, 1], -week[:, 2], week[:, 0], -week[:, 0])  # reading up/down, level up/down
         for k, column in enumerate(columns):
             # rare: reached in fewer than alpha·n hours, i.e. beyond the j-th largest; no veto below 1/alpha hours
             self.rare_above[k] = float(np.partition(column, n - j)[n - j]) if c.alpha * n >= 1 else -math.inf
@@ -336,16 +397,18 @@ class StreamingDetector:
         self.rare_above[SLOW_UP], self.rare_above[SLOW_DOWN] = self.rare_above[2], self.rare_above[3]
         if c.library == "ruptures":
             # below z_min / (1 + margin) spreads a shift can neither start an excursion nor raise the bar for one
-            self.L = _change_point(week[: 2 * c.baseline_blocks, 0][::-1], self.S, gate=c.z_min / (1.0 + c.margin))
+            self.L = _change_point(
+                week[: 2 * c.baseline_blocks, 0][::-1], self.S, gate=c.z_min / (1.0 + c.margin)
+            )
         if c.slow:
             medians = week[:, 0]
             self.M = float(np.median(medians))
             self.SM = max(float(np.median(np.abs(medians - self.M))), within, floor)
         if c.trend_blocks and len(week) >= c.trend_blocks:
-            recent = week[: c.trend_blocks, 0][::-1]                   # the last hours' medians, oldest first
+            recent = week[: c.trend_blocks, 0][::-1]  # the last hours' medians, oldest first
             hours = np.arange(c.trend_blocks, dtype=np.float64)
             self.T = float(np.polyfit(hours, recent, 1)[0])
-        history = week[::-1, 0]                                   # hourly medians, oldest first
+        history = week[::-1, 0]  # hourly medians, oldest first
         if c.seasonal == "stl":
             self.E, self.SE = _seasonal_stl(history, c.baseline_blocks, max(within, floor))
         elif c.seasonal == "weekly":
@@ -355,7 +418,6 @@ class StreamingDetector:
         if c.discord_blocks:
             self.D = _discord(history, c.discord_blocks, self.S)
 
-
     # --- state ------------------------------------------------------------------------------------------
 
     def _arrays(self):
@@ -363,7 +425,9 @@ class StreamingDetector:
 
     def to_bytes(self) -> bytes:
         if self.model is not None:
-            raise ValueError(f"a detector with river's {self.config.library} keeps state to_bytes cannot carry")
+            raise ValueError(
+                f"a detector with river's {self.config.library} keeps state to_bytes cannot carry"
+            )
         scalars = [float(getattr(self, name)) for name in _SCALARS]
         for name in _PER_KEY:
             scalars += [float(v) for v in getattr(self, name)]
@@ -385,11 +449,11 @@ class StreamingDetector:
         values = struct.unpack_from(f"<{count}d", blob, 8)
         for name, value in zip(_SCALARS, values, strict=False):
             setattr(detector, name, int(value) if name in _INTEGERS else value)
-        rest = list(values[len(_SCALARS):])
+        rest = list(values[len(_SCALARS) :])
         for i, name in enumerate(_PER_KEY):
-            part = rest[i * K:(i + 1) * K]
+            part = rest[i * K : (i + 1) * K]
             setattr(detector, name, [bool(v) for v in part] if name in ("excursion", "on") else part)
-        buffer = bytearray(blob)   # one copy; the arrays are writable views into it
+        buffer = bytearray(blob)  # one copy; the arrays are writable views into it
         offset = 8 + 8 * count
         for name, dtype, shape, size in layout:
             setattr(detector, name, np.frombuffer(buffer, dtype, math.prod(shape), offset).reshape(shape))
@@ -436,11 +500,12 @@ def _discord(history: np.ndarray, length: int, spread: float) -> float:
     n = len(history)
     start = n - length
     exclusion = math.ceil(length / 4)
-    reach = start - exclusion           # earlier stretches begin before this
+    reach = start - exclusion  # earlier stretches begin before this
     if reach < 2 * length:
         return 0.0
     distances = stumpy.mass(history[start:], history[: reach - 1 + length], normalize=False)
     return float(np.min(distances)) / math.sqrt(length) / spread
+
 
 def _change_point(history: np.ndarray, spread: float, recent: int = 6, gate: float = 0.0) -> float:
     """The size (in spreads) of the mean shift at the best single change point of these hourly medians (ruptures'
@@ -451,7 +516,7 @@ def _change_point(history: np.ndarray, spread: float, recent: int = 6, gate: flo
     if n < 4 * recent:
         return 0.0
     sums = np.cumsum(history)
-    splits = np.arange(n - recent, n - 1)                       # ruptures' min_size 2: at most n - 2
+    splits = np.arange(n - recent, n - 1)  # ruptures' min_size 2: at most n - 2
     before, after = sums[splits - 1] / splits, (sums[-1] - sums[splits - 1]) / (n - splits)
     if float(np.max(np.abs(after - before))) < gate * spread:
         return 0.0
@@ -477,9 +542,15 @@ _COUNT = len(_SCALARS) + len(_PER_KEY) * K
 
 def _layout(config: DetectorConfig) -> list[tuple[str, type, tuple, int]]:
     days = config.memory_blocks // config.baseline_blocks
-    shapes = (("ring", np.float32, (config.memory_blocks, 4)), ("days", np.float32, (days, K)),
-              ("recent_t", np.float64, (config.level_readings,)), ("recent_v", np.float64, (config.level_readings,)))
-    return [(name, dtype, shape, np.dtype(dtype).itemsize * math.prod(shape)) for name, dtype, shape in shapes]
+    shapes = (
+        ("ring", np.float32, (config.memory_blocks, 4)),
+        ("days", np.float32, (days, K)),
+        ("recent_t", np.float64, (config.level_readings,)),
+        ("recent_v", np.float64, (config.level_readings,)),
+    )
+    return [
+        (name, dtype, shape, np.dtype(dtype).itemsize * math.prod(shape)) for name, dtype, shape in shapes
+    ]
 
 
 def alarm_intervals(timestamps, alarms) -> list[tuple[float, float]]:

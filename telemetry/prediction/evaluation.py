@@ -21,7 +21,7 @@ from pathlib import Path
 from telemetry.prediction.detector import CONFIG, DetectorConfig, StreamingDetector, alarm_intervals
 from telemetry.prediction.scoring import Scores, first_starts, lead_times, overlap_segment
 
-PROBATION = 0.15   # NAB: the first 15 % of a series is for learning only
+PROBATION = 0.15  # NAB: the first 15 % of a series is for learning only
 HOUR = 3600.0
 
 
@@ -30,8 +30,12 @@ def _grid(**channels) -> list[DetectorConfig]:
     excursion starts (3 or 2.5 spreads) and how long an alarm is held (8 h, or the prediction horizon's 24 h); the
     family's channels as ``channels`` say (the slow level is off unless they switch it on)."""
     channels = {"slow": False} | channels
-    return [replace(CONFIG, memory_blocks=memory, z_min=z_min, hold_seconds=hold, **channels)
-            for memory in (168, 336) for z_min in (3.0, 2.5) for hold in (8 * HOUR, 24 * HOUR)]
+    return [
+        replace(CONFIG, memory_blocks=memory, z_min=z_min, hold_seconds=hold, **channels)
+        for memory in (168, 336)
+        for z_min in (3.0, 2.5)
+        for hold in (8 * HOUR, 24 * HOUR)
+    ]
 
 
 # The families compared (bench/predictor_nab.py --compare), each with its parameters chosen inside the fold; the
@@ -56,7 +60,7 @@ SLOW_FAMILIES = ("+ seasonal-trend decomposition (statsmodels STL)",)
 SHIPPED = "+ slow level (the hour against the whole memory's median)"
 
 
-CANDIDATES = FAMILIES[SHIPPED]   # the family the product ships, chosen by held-out F1 (docs/prediction.md)
+CANDIDATES = FAMILIES[SHIPPED]  # the family the product ships, chosen by held-out F1 (docs/prediction.md)
 # Among the candidates whose summed F1 is within this of the best, the one that warns earliest (the highest median
 # lead time) is chosen: about one more error in the thirty-two windows' worth of F1 (issue 21, part 2)
 F1_MARGIN = 0.02
@@ -64,7 +68,7 @@ F1_MARGIN = 0.02
 
 @dataclass
 class Series:
-    key: str                 # "<folder>/<file>.csv"
+    key: str  # "<folder>/<file>.csv"
     timestamps: list[float]
     values: list[float]
     windows: list[tuple[float, float]]
@@ -78,7 +82,7 @@ class Series:
 @dataclass
 class Result:
     scores: Scores
-    leads: list[float | None] = field(default_factory=list)   # per window, seconds (positive: early)
+    leads: list[float | None] = field(default_factory=list)  # per window, seconds (positive: early)
     # per window: True when the first detection overlapping it began before the window opened (raised by something
     # earlier and still standing: the hold, or a long excursion), False when it began inside, None when none did
     held: list[bool | None] = field(default_factory=list)
@@ -92,7 +96,9 @@ class Result:
         """How many windows were detected before their label: (by an alarm raised before the window opened, by
         one raised inside the window)."""
         pairs = [(lead, held) for lead, held in zip(self.leads, self.held, strict=True) if lead is not None]
-        return sum(lead > 0 and held for lead, held in pairs), sum(lead > 0 and not held for lead, held in pairs)
+        return sum(lead > 0 and held for lead, held in pairs), sum(
+            lead > 0 and not held for lead, held in pairs
+        )
 
 
 def parse_time(text: str) -> float:
@@ -113,8 +119,9 @@ def read_series(path: Path) -> tuple[list[float], list[float]]:
     return timestamps, values
 
 
-def load(data: Path, windows_path: Path, labels_path: Path | None = None,
-         folders: list[str] | None = None) -> list[Series]:
+def load(
+    data: Path, windows_path: Path, labels_path: Path | None = None, folders: list[str] | None = None
+) -> list[Series]:
     """Every ``timestamp,value`` CSV under ``data`` that the windows file keys as ``<folder>/<file>.csv``."""
     windows = json.loads(windows_path.read_text())
     labels = json.loads(labels_path.read_text()) if labels_path and labels_path.exists() else {}
@@ -122,8 +129,15 @@ def load(data: Path, windows_path: Path, labels_path: Path | None = None,
     for key in sorted(windows):
         if (data / key).is_file() and (folders is None or key.split("/", 1)[0] in folders):
             timestamps, values = read_series(data / key)
-            corpus.append(Series(key, timestamps, values, [(parse_time(a), parse_time(b)) for a, b in windows[key]],
-                                 [parse_time(t) for t in labels.get(key, [])]))
+            corpus.append(
+                Series(
+                    key,
+                    timestamps,
+                    values,
+                    [(parse_time(a), parse_time(b)) for a, b in windows[key]],
+                    [parse_time(t) for t in labels.get(key, [])],
+                )
+            )
     return corpus
 
 
@@ -131,17 +145,24 @@ def detect(config: DetectorConfig, series: Series) -> list[tuple[float, float]]:
     """The detected intervals: runs of alarmed readings, streamed one by one (learning only while on probation)."""
     detector = StreamingDetector(config)
     learn_until = int(PROBATION * len(series.values))
-    alarms = [detector.update(ts, value, detect=i >= learn_until).alarm
-              for i, (ts, value) in enumerate(zip(series.timestamps, series.values, strict=True))]
+    alarms = [
+        detector.update(ts, value, detect=i >= learn_until).alarm
+        for i, (ts, value) in enumerate(zip(series.timestamps, series.values, strict=True))
+    ]
     return alarm_intervals(series.timestamps, alarms)
 
 
 def score(config: DetectorConfig, series: Series) -> Result:
     observed = detect(config, series)
-    held = [None if start is None else start < window[0]
-            for window, start in zip(series.windows, first_starts(series.windows, observed), strict=True)]
-    return Result(Scores(*overlap_segment(series.windows, observed)),
-                  lead_times(series.windows, series.labels, observed), held)
+    held = [
+        None if start is None else start < window[0]
+        for window, start in zip(series.windows, first_starts(series.windows, observed), strict=True)
+    ]
+    return Result(
+        Scores(*overlap_segment(series.windows, observed)),
+        lead_times(series.windows, series.labels, observed),
+        held,
+    )
 
 
 def _score_all(job: tuple[list[DetectorConfig], Series]) -> list[Result]:
@@ -149,8 +170,9 @@ def _score_all(job: tuple[list[DetectorConfig], Series]) -> list[Result]:
     return [score(config, series) for config in configs]
 
 
-def score_matrix(configs: list[DetectorConfig], corpus: list[Series], *, processes: int | None = None
-                 ) -> list[list[Result]]:
+def score_matrix(
+    configs: list[DetectorConfig], corpus: list[Series], *, processes: int | None = None
+) -> list[list[Result]]:
     """``[candidate][series]`` results; series are spread over ``processes`` (default: the CPUs this process
     may use, at most 4)."""
     processes = processes or min(4, len(os.sched_getaffinity(0)))
@@ -187,9 +209,9 @@ def choose(matrix: list[list[Result]], series: list[int]) -> int:
 
 @dataclass
 class Fold:
-    series: int          # the held-out series' index
-    chosen: int          # the candidate chosen on the others
-    result: Result       # that candidate on the held-out series
+    series: int  # the held-out series' index
+    chosen: int  # the candidate chosen on the others
+    result: Result  # that candidate on the held-out series
 
 
 def leave_one_out(matrix: list[list[Result]]) -> list[Fold]:

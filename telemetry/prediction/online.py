@@ -22,11 +22,16 @@ from telemetry.prediction.risk import NodeFeatures
 log = logging.getLogger(__name__)
 
 HASH = "lockstep:predictor:detectors"
-WARMUP_BLOCKS = CONFIG.baseline_blocks   # a day of hourly memory before the first alarm
+WARMUP_BLOCKS = CONFIG.baseline_blocks  # a day of hourly memory before the first alarm
 
 SERIES = {
     "gpu_temperature": (lambda f: f.temperature_max, "hottest GPU temperature", "°C", "{:.0f}"),
-    "error_rate": (lambda f: f.sbe_rate_max + f.nvlink_rate_max + f.nic_symbol_rate_max, "error rate", "/h", "{:.0f}"),
+    "error_rate": (
+        lambda f: f.sbe_rate_max + f.nvlink_rate_max + f.nic_symbol_rate_max,
+        "error rate",
+        "/h",
+        "{:.0f}",
+    ),
 }
 
 _client: redis.Redis | None = None
@@ -56,12 +61,19 @@ def describe(series: str, verdict: Verdict, value: float) -> str:
     where = "above" if verdict.direction > 0 else "below"
     what = "its last hour" if verdict.channel in ("level", "slow") else "now"
     usual = "its two weeks' usual" if verdict.channel == "slow" else "its usual"
-    return (f"{name} unusual for this node: {number.format(value)} {unit} {what}, {where} {usual} "
-            f"{number.format(verdict.baseline)} {unit}")
+    return (
+        f"{name} unusual for this node: {number.format(value)} {unit} {what}, {where} {usual} "
+        f"{number.format(verdict.baseline)} {unit}"
+    )
 
 
-def observe(features: dict[int, NodeFeatures], now: float, *, connection: redis.Redis | None = None,
-            prune: bool = False) -> int:
+def observe(
+    features: dict[int, NodeFeatures],
+    now: float,
+    *,
+    connection: redis.Redis | None = None,
+    prune: bool = False,
+) -> int:
     """Fold each node's current features (at ``now``, epoch seconds) into its detectors and set each node's
     ``anomaly`` (strongest verdict across its series) and ``anomaly_cause``. Returns the alarms raised now.
     ``prune`` drops the state of nodes no longer in ``features`` (a full sweep knows every node)."""
@@ -83,7 +95,7 @@ def observe(features: dict[int, NodeFeatures], now: float, *, connection: redis.
             try:
                 detector = StreamingDetector.from_bytes(blob) if blob else None
             except ValueError:
-                detector = None   # a state from another configuration: start again
+                detector = None  # a state from another configuration: start again
             detector = detector or StreamingDetector(CONFIG, phase=phase(node_id, series))
             verdict = detector.update(now, value, detect=detector.blocks >= WARMUP_BLOCKS)
             updated[_field(node_id, series)] = detector.to_bytes()

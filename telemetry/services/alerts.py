@@ -39,16 +39,23 @@ def alertmanager_ingest(*, actor, payload) -> dict:
     hostnames = {m.hostname for m in mapped_alerts if not m.problem}
     nodes: dict[str, Node] = {}
     for node in Node.objects.filter(hostname__in=hostnames).select_related("cluster").order_by("-pk"):
-        nodes[node.hostname] = node      # the first by id, as .first() would take
+        nodes[node.hostname] = node  # the first by id, as .first() would take
     outcomes: list[dict | None] = []
-    fresh = []   # (index in outcomes, mapped, node): firing alerts Lockstep has no record of
+    fresh = []  # (index in outcomes, mapped, node): firing alerts Lockstep has no record of
     recorded = _recorded([m for m in mapped_alerts if not m.problem and m.hostname in nodes])
     for mapped in mapped_alerts:
         if mapped.problem:
-            outcomes.append({"fingerprint": mapped.fingerprint, "outcome": "skipped", "reason": mapped.problem})
+            outcomes.append(
+                {"fingerprint": mapped.fingerprint, "outcome": "skipped", "reason": mapped.problem}
+            )
         elif mapped.hostname not in nodes:
-            outcomes.append({"fingerprint": mapped.fingerprint, "outcome": "skipped",
-                             "reason": f"unknown node {mapped.hostname!r}"})
+            outcomes.append(
+                {
+                    "fingerprint": mapped.fingerprint,
+                    "outcome": "skipped",
+                    "reason": f"unknown node {mapped.hostname!r}",
+                }
+            )
         elif mapped.status == "firing" and (mapped.fingerprint, mapped.starts_at) not in recorded:
             fresh.append((len(outcomes), mapped, nodes[mapped.hostname]))
             outcomes.append(None)
@@ -74,17 +81,21 @@ def _recorded(mapped_alerts) -> set:
     """The (fingerprint, start) pairs of these alerts Lockstep already has a record of."""
     if not mapped_alerts:
         return set()
-    rows = AlertRecord.objects.filter(fingerprint__in={m.fingerprint for m in mapped_alerts},
-                                      starts_at__in={m.starts_at for m in mapped_alerts if m.starts_at is not None})
+    rows = AlertRecord.objects.filter(
+        fingerprint__in={m.fingerprint for m in mapped_alerts},
+        starts_at__in={m.starts_at for m in mapped_alerts if m.starts_at is not None},
+    )
     return set(rows.values_list("fingerprint", "starts_at"))
 
 
 def _apply_alone(actor, mapped, node) -> dict:
     try:
-        with transaction.atomic():   # one alert at a time: a refused one leaves no row behind
+        with transaction.atomic():  # one alert at a time: a refused one leaves no row behind
             return _apply(actor, mapped, node)
-    except (ServiceError, DataError) as error:   # skipped with its reason; the rest of the group goes on
-        reason = error.detail if isinstance(error, ServiceError) else "the database refused a value of this alert"
+    except (ServiceError, DataError) as error:  # skipped with its reason; the rest of the group goes on
+        reason = (
+            error.detail if isinstance(error, ServiceError) else "the database refused a value of this alert"
+        )
         return {"fingerprint": mapped.fingerprint, "outcome": "skipped", "reason": reason}
 
 
@@ -92,15 +103,39 @@ def _apply_together(actor, fresh) -> list[dict]:
     """``_apply`` for new firing alerts, all at once (in the caller's transaction; anything refused raises)."""
     for _, mapped, node in fresh:
         _known_devices(mapped, node)
-    stored = fault_ingest_many(source="alertmanager", actor=actor, reports=[
-        FaultReport(kind=mapped.kind, node=node, gpu_index=mapped.gpu_index, nic_name=mapped.nic_name, xid=mapped.xid,
-                    detected_at=mapped.starts_at, details=_details(mapped)) for _, mapped, node in fresh])
-    AlertRecord.objects.bulk_create([
-        AlertRecord(fingerprint=mapped.fingerprint, starts_at=mapped.starts_at,
-                    alertname=mapped.labels.get("alertname", "")[:200], fault=fault, status="firing",
-                    labels=mapped.labels) for (_, mapped, _), (fault, _) in zip(fresh, stored, strict=True)])
-    return [{"fingerprint": mapped.fingerprint, "outcome": "opened" if created else "merged", "fault": fault.pk}
-            for (_, mapped, _), (fault, created) in zip(fresh, stored, strict=True)]
+    stored = fault_ingest_many(
+        source="alertmanager",
+        actor=actor,
+        reports=[
+            FaultReport(
+                kind=mapped.kind,
+                node=node,
+                gpu_index=mapped.gpu_index,
+                nic_name=mapped.nic_name,
+                xid=mapped.xid,
+                detected_at=mapped.starts_at,
+                details=_details(mapped),
+            )
+            for _, mapped, node in fresh
+        ],
+    )
+    AlertRecord.objects.bulk_create(
+        [
+            AlertRecord(
+                fingerprint=mapped.fingerprint,
+                starts_at=mapped.starts_at,
+                alertname=mapped.labels.get("alertname", "")[:200],
+                fault=fault,
+                status="firing",
+                labels=mapped.labels,
+            )
+            for (_, mapped, _), (fault, _) in zip(fresh, stored, strict=True)
+        ]
+    )
+    return [
+        {"fingerprint": mapped.fingerprint, "outcome": "opened" if created else "merged", "fault": fault.pk}
+        for (_, mapped, _), (fault, created) in zip(fresh, stored, strict=True)
+    ]
 
 
 def _known_devices(mapped, node) -> None:
@@ -112,18 +147,27 @@ def _known_devices(mapped, node) -> None:
 
 
 def _details(mapped) -> dict:
-    return {"alertname": mapped.labels.get("alertname", ""), "fingerprint": mapped.fingerprint,
-            "summary": mapped.annotations.get("summary", "")[:300]}
+    return {
+        "alertname": mapped.labels.get("alertname", ""),
+        "fingerprint": mapped.fingerprint,
+        "summary": mapped.annotations.get("summary", "")[:300],
+    }
 
 
 def _apply(actor, mapped, node) -> dict:
-    record = AlertRecord.objects.select_for_update().filter(fingerprint=mapped.fingerprint,
-                                                            starts_at=mapped.starts_at).first()
+    record = (
+        AlertRecord.objects.select_for_update()
+        .filter(fingerprint=mapped.fingerprint, starts_at=mapped.starts_at)
+        .first()
+    )
     base = {"fingerprint": mapped.fingerprint}
     if mapped.status == "resolved":
         if record is None or record.resolved_at is not None:
-            return {**base, "outcome": "duplicate" if record else "skipped",
-                    **({} if record else {"reason": "resolved alert whose firing was never received"})}
+            return {
+                **base,
+                "outcome": "duplicate" if record else "skipped",
+                **({} if record else {"reason": "resolved alert whose firing was never received"}),
+            }
         record.status = "resolved"
         record.resolved_at = mapped.ends_at or timezone.now()
         record.save(update_fields=["status", "resolved_at"])
@@ -136,14 +180,26 @@ def _apply(actor, mapped, node) -> dict:
         return {**base, "outcome": "duplicate", "fault": record.fault_id}
     _known_devices(mapped, node)
     fault, created = fault_ingest(
-        source="alertmanager", kind=mapped.kind, node=node, gpu_index=mapped.gpu_index, nic_name=mapped.nic_name,
-        xid=mapped.xid, detected_at=mapped.starts_at, actor=actor, details=_details(mapped),
+        source="alertmanager",
+        kind=mapped.kind,
+        node=node,
+        gpu_index=mapped.gpu_index,
+        nic_name=mapped.nic_name,
+        xid=mapped.xid,
+        detected_at=mapped.starts_at,
+        actor=actor,
+        details=_details(mapped),
     )
     try:
         with transaction.atomic():
-            AlertRecord.objects.create(fingerprint=mapped.fingerprint, starts_at=mapped.starts_at,
-                                       alertname=mapped.labels.get("alertname", "")[:200], fault=fault,
-                                       status="firing", labels=mapped.labels)
+            AlertRecord.objects.create(
+                fingerprint=mapped.fingerprint,
+                starts_at=mapped.starts_at,
+                alertname=mapped.labels.get("alertname", "")[:200],
+                fault=fault,
+                status="firing",
+                labels=mapped.labels,
+            )
     except IntegrityError:
         return {**base, "outcome": "duplicate", "fault": fault.pk}
     return {**base, "outcome": "opened" if created else "merged", "fault": fault.pk}

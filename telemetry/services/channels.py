@@ -32,14 +32,18 @@ def target_problem(url: str, *, unresolved_ok: bool = False) -> str | None:
     if settings.NOTIFICATION_ALLOW_PRIVATE_TARGETS:
         return None
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)}
+        addresses = {
+            info[4][0] for info in socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)
+        }
     except (OSError, UnicodeError):
         return None if unresolved_ok else f"the host {parts.hostname} does not resolve"
     for address in addresses:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
         if not ip.is_global or ip.is_multicast:
-            return (f"{parts.hostname} resolves to {ip}, a loopback, link-local or private address "
-                    "(NOTIFICATION_ALLOW_PRIVATE_TARGETS allows it)")
+            return (
+                f"{parts.hostname} resolves to {ip}, a loopback, link-local or private address "
+                "(NOTIFICATION_ALLOW_PRIVATE_TARGETS allows it)"
+            )
     return None
 
 
@@ -59,9 +63,15 @@ def channel_create(*, actor, name: str, url: str, kind: str = "generic", rules=N
     if NotificationChannel.objects.filter(name=name).exists():
         raise ServiceError("a channel with this name exists", field="name")
     _require_target(url)
-    channel = NotificationChannel.objects.create(name=name, url=url, kind=kind, rules=rules or [], enabled=enabled)
-    audit_record(actor=actor, action="notification_channel.create", target=channel,
-                 changes={"name": name, "kind": kind, "rules": rules or [], "enabled": enabled})
+    channel = NotificationChannel.objects.create(
+        name=name, url=url, kind=kind, rules=rules or [], enabled=enabled
+    )
+    audit_record(
+        actor=actor,
+        action="notification_channel.create",
+        target=channel,
+        changes={"name": name, "kind": kind, "rules": rules or [], "enabled": enabled},
+    )
     return channel
 
 
@@ -69,7 +79,10 @@ def channel_create(*, actor, name: str, url: str, kind: str = "generic", rules=N
 def channel_update(*, actor, channel: NotificationChannel, **fields):
     _require_admin(actor)
     channel = NotificationChannel.objects.select_for_update().get(pk=channel.pk)
-    if "name" in fields and NotificationChannel.objects.filter(name=fields["name"]).exclude(pk=channel.pk).exists():
+    if (
+        "name" in fields
+        and NotificationChannel.objects.filter(name=fields["name"]).exclude(pk=channel.pk).exists()
+    ):
         raise ServiceError("a channel with this name exists", field="name")
     if "url" in fields:
         _require_target(fields["url"])
@@ -85,5 +98,7 @@ def channel_update(*, actor, channel: NotificationChannel, **fields):
 @transaction.atomic
 def channel_delete(*, actor, channel: NotificationChannel) -> None:
     _require_admin(actor)
-    audit_record(actor=actor, action="notification_channel.delete", target=channel, changes={"name": channel.name})
+    audit_record(
+        actor=actor, action="notification_channel.delete", target=channel, changes={"name": channel.name}
+    )
     channel.delete()

@@ -38,22 +38,90 @@ from telemetry.upsert import Statement, fetch, upsert
 from telemetry.validation import parse_batch
 
 GPU_STATE_COLUMNS = [
-    "node_id", "ts", "fields", "temperature", "power", "utilization", "sbe_total", "dbe_total", "remapped_rows",
-    "nvlink_errors", "nvlink_recovery_errors", "throttle_reasons", "recovery_action", "temperature_ewma",
-    "temperature_slow", "temperature_trend", "sbe_rate", "remap_rate", "nvlink_rate", "throttle_share", "samples",
+    "node_id",
+    "ts",
+    "fields",
+    "temperature",
+    "power",
+    "utilization",
+    "sbe_total",
+    "dbe_total",
+    "remapped_rows",
+    "nvlink_errors",
+    "nvlink_recovery_errors",
+    "throttle_reasons",
+    "recovery_action",
+    "temperature_ewma",
+    "temperature_slow",
+    "temperature_trend",
+    "sbe_rate",
+    "remap_rate",
+    "nvlink_rate",
+    "throttle_share",
+    "samples",
 ]
 NIC_STATE_COLUMNS = [
-    "node_id", "ts", "link_state", "fields", "link_downed", "symbol_errors", "link_error_recovery", "port_rcv_errors",
-    "symbol_rate", "recovery_rate", "rcv_error_rate", "down_seconds", "flaps", "congestion_rate", "xmit_wait",
+    "node_id",
+    "ts",
+    "link_state",
+    "fields",
+    "link_downed",
+    "symbol_errors",
+    "link_error_recovery",
+    "port_rcv_errors",
+    "symbol_rate",
+    "recovery_rate",
+    "rcv_error_rate",
+    "down_seconds",
+    "flaps",
+    "congestion_rate",
+    "xmit_wait",
     "errors_at",
 ]
-SAMPLE_COLUMNS = ["ts", "gpu_id", "temperature", "power", "utilization", "sbe_total", "dbe_total", "nvlink_errors",
-                  "throttle_reasons"]
-MINUTE_COLUMNS = ["node_id", "minute", "samples", "temperature_max", "temperature_sum", "power_sum", "utilization_sum"]
-FACILITY_SAMPLE_COLUMNS = ["cluster_id", "ts", "source", "scope", "target", "device", "sensor", "metric", "value",
-                           "health"]
-FACILITY_STATE_COLUMNS = ["cluster_id", "scope", "target", "series", "metric", "ts", "value", "ewma", "trend",
-                          "baseline"]
+SAMPLE_COLUMNS = [
+    "ts",
+    "gpu_id",
+    "temperature",
+    "power",
+    "utilization",
+    "sbe_total",
+    "dbe_total",
+    "nvlink_errors",
+    "throttle_reasons",
+]
+MINUTE_COLUMNS = [
+    "node_id",
+    "minute",
+    "samples",
+    "temperature_max",
+    "temperature_sum",
+    "power_sum",
+    "utilization_sum",
+]
+FACILITY_SAMPLE_COLUMNS = [
+    "cluster_id",
+    "ts",
+    "source",
+    "scope",
+    "target",
+    "device",
+    "sensor",
+    "metric",
+    "value",
+    "health",
+]
+FACILITY_STATE_COLUMNS = [
+    "cluster_id",
+    "scope",
+    "target",
+    "series",
+    "metric",
+    "ts",
+    "value",
+    "ewma",
+    "trend",
+    "baseline",
+]
 # What a fold needs of the previous state (all of it but the reported fields), read with the row locked.
 GPU_PREVIOUS = [c for c in GPU_STATE_COLUMNS if c != "fields"]
 NIC_PREVIOUS = [c for c in NIC_STATE_COLUMNS if c != "fields"]
@@ -71,8 +139,15 @@ class IngestResult:
     faults: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {"batch_id": self.batch_id, "duplicate": self.duplicate, "readings": self.readings, "nics": self.nics,
-                "events": self.events, "facility": self.facility, "faults": self.faults}
+        return {
+            "batch_id": self.batch_id,
+            "duplicate": self.duplicate,
+            "readings": self.readings,
+            "nics": self.nics,
+            "events": self.events,
+            "facility": self.facility,
+            "faults": self.faults,
+        }
 
 
 @dataclass
@@ -111,7 +186,9 @@ def _int(value):
 def _check_time(value: float, name: str, now: float, *, past: float) -> None:
     skew = settings.TELEMETRY_MAX_SKEW_SECONDS
     if value > now + skew:
-        raise ServiceError(f"{value} is {value - now:.0f}s in the future (clock skew above {skew}s)", field=name)
+        raise ServiceError(
+            f"{value} is {value - now:.0f}s in the future (clock skew above {skew}s)", field=name
+        )
     if value < now - past:
         raise ServiceError(f"{value} is older than {past:.0f}s", field=name)
 
@@ -154,7 +231,11 @@ def _resolve(batch: dict, inventory: Inventory, now: float) -> dict:
 
 
 def _series(sample: dict) -> tuple[str, str, str]:
-    return (sample["scope"], sample["target"], f"{sample.get('device', '')}|{sample.get('sensor', '')}|{sample['metric']}")
+    return (
+        sample["scope"],
+        sample["target"],
+        f"{sample.get('device', '')}|{sample.get('sensor', '')}|{sample['metric']}",
+    )
 
 
 def _require_finite(writes: Writes) -> None:
@@ -166,8 +247,10 @@ def _require_finite(writes: Writes) -> None:
             values = row.values() if isinstance(row, dict) else row
             for value in values:
                 if isinstance(value, float) and not math.isfinite(value):
-                    raise ServiceError(f"a reading gives a non-finite {name} value; check the agent's readings",
-                                       field="readings")
+                    raise ServiceError(
+                        f"a reading gives a non-finite {name} value; check the agent's readings",
+                        field="readings",
+                    )
 
 
 def telemetry_ingest(*, cluster, body: bytes) -> IngestResult:
@@ -176,8 +259,13 @@ def telemetry_ingest(*, cluster, body: bytes) -> IngestResult:
     now = time.time()
     inventory = inventory_for(cluster.pk)
     resolved = _resolve(batch, inventory, now)
-    result = IngestResult(batch_id=batch["batch_id"], readings=len(resolved["readings"]), nics=len(resolved["nics"]),
-                          events=len(resolved["events"]), facility=len(resolved["facility"]))
+    result = IngestResult(
+        batch_id=batch["batch_id"],
+        readings=len(resolved["readings"]),
+        nics=len(resolved["nics"]),
+        events=len(resolved["events"]),
+        facility=len(resolved["facility"]),
+    )
     store = PostgresStore if connection.vendor == "postgresql" else PortableStore
     with transaction.atomic():
         previous = store.begin(cluster.pk, result, resolved)
@@ -193,8 +281,16 @@ def telemetry_ingest(*, cluster, body: bytes) -> IngestResult:
             raise ServiceError(f"a reading is out of range: {error}", field="readings") from error
         _require_finite(writes)
         for ts, node, event in resolved["events"]:
-            candidates.append(extract.FaultCandidate("gpu_xid", node.id, ts, gpu_index=event.get("gpu"), xid=event["xid"],
-                                                     details={"uuid": event.get("uuid", "")}))
+            candidates.append(
+                extract.FaultCandidate(
+                    "gpu_xid",
+                    node.id,
+                    ts,
+                    gpu_index=event.get("gpu"),
+                    xid=event["xid"],
+                    details={"uuid": event.get("uuid", "")},
+                )
+            )
         store.write(writes)
         result.faults = _report_faults(candidates)
         if result.faults:
@@ -217,12 +313,19 @@ def _fold_gpus(readings: list, states: dict, writes: Writes) -> list[extract.Fau
         temperature = fields.get("DCGM_FI_DEV_GPU_TEMP")
         power = fields.get("DCGM_FI_DEV_POWER_USAGE")
         utilization = fields.get("DCGM_FI_DEV_GPU_UTIL")
-        writes.samples.append({
-            "ts": _dt(ts), "gpu_id": gpu_id, "temperature": temperature, "power": power, "utilization": utilization,
-            "sbe_total": _int(fields.get("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL")),
-            "dbe_total": _int(fields.get("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL")), "nvlink_errors": extract.nvlink_total(fields),
-            "throttle_reasons": _int(fields.get("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")),
-        })
+        writes.samples.append(
+            {
+                "ts": _dt(ts),
+                "gpu_id": gpu_id,
+                "temperature": temperature,
+                "power": power,
+                "utilization": utilization,
+                "sbe_total": _int(fields.get("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL")),
+                "dbe_total": _int(fields.get("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL")),
+                "nvlink_errors": extract.nvlink_total(fields),
+                "throttle_reasons": _int(fields.get("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")),
+            }
+        )
         # the per-node, per-minute history: samples, max and sum of temperature, sums of power and utilisation
         bucket = buckets.setdefault((node.id, int(ts // 60) * 60), [0, None, 0.0, 0.0, 0.0])
         bucket[0] += 1
@@ -236,21 +339,42 @@ def _fold_gpus(readings: list, states: dict, writes: Writes) -> list[extract.Fau
         if prev is not None and prev["ts"] is not None and ts <= prev["ts"]:
             continue  # an older reading (a spool replay) is history, not the latest state
         state, found = extract.gpu_step(prev, ts, fields, thermal_limit=limit)
-        state.update(node_id=node.id, fields=fields, power=power, utilization=utilization,
-                     recovery_action=reading.get("recovery_action", ""))
+        state.update(
+            node_id=node.id,
+            fields=fields,
+            power=power,
+            utilization=utilization,
+            recovery_action=reading.get("recovery_action", ""),
+        )
         states[gpu_id] = latest[gpu_id] = state
-        faults += [extract.FaultCandidate(kind, node.id, ts, gpu_index=reading["gpu"], details=details)
-                   for kind, details in found]
+        faults += [
+            extract.FaultCandidate(kind, node.id, ts, gpu_index=reading["gpu"], details=details)
+            for kind, details in found
+        ]
     for gpu_id, state in latest.items():
         row = {c: state.get(c) for c in GPU_STATE_COLUMNS}
-        row.update(gpu_id=gpu_id, ts=_dt(state["ts"]), sbe_total=_int(state["sbe_total"]),
-                   dbe_total=_int(state["dbe_total"]), remapped_rows=_int(state["remapped_rows"]),
-                   nvlink_recovery_errors=_int(state.get("recovery_errors", 0)),
-                   recovery_action=state.get("recovery_action") or "")
+        row.update(
+            gpu_id=gpu_id,
+            ts=_dt(state["ts"]),
+            sbe_total=_int(state["sbe_total"]),
+            dbe_total=_int(state["dbe_total"]),
+            remapped_rows=_int(state["remapped_rows"]),
+            nvlink_recovery_errors=_int(state.get("recovery_errors", 0)),
+            recovery_action=state.get("recovery_action") or "",
+        )
         writes.gpus.append(row)
-    writes.minutes += [{"node_id": node_id, "minute": _dt(minute), "samples": samples, "temperature_max": t_max,
-                        "temperature_sum": t_sum, "power_sum": p_sum, "utilization_sum": u_sum}
-                       for (node_id, minute), (samples, t_max, t_sum, p_sum, u_sum) in buckets.items()]
+    writes.minutes += [
+        {
+            "node_id": node_id,
+            "minute": _dt(minute),
+            "samples": samples,
+            "temperature_max": t_max,
+            "temperature_sum": t_sum,
+            "power_sum": p_sum,
+            "utilization_sum": u_sum,
+        }
+        for (node_id, minute), (samples, t_max, t_sum, p_sum, u_sum) in buckets.items()
+    ]
     return faults
 
 
@@ -268,14 +392,23 @@ def _fold_nics(nics: list, states: dict, writes: Writes) -> list[extract.FaultCa
         state, found = extract.nic_step(prev, ts, nic["link_state"], nic["fields"], symbol_rate_limit=limit)
         state.update(node_id=node.id, fields=nic["fields"])
         states[nic_id] = latest[nic_id] = state
-        faults += [extract.FaultCandidate(kind, node.id, ts, nic_name=nic["name"], details=details)
-                   for kind, details in found]
+        faults += [
+            extract.FaultCandidate(kind, node.id, ts, nic_name=nic["name"], details=details)
+            for kind, details in found
+        ]
     for nic_id, state in latest.items():
         row = {c: state[c] for c in NIC_STATE_COLUMNS}
-        row.update(nic_id=nic_id, ts=_dt(state["ts"]), errors_at=_dt(state["errors_at"]) if state.get("errors_at") else None,
-                   link_downed=_int(state["link_downed"]), flaps=_int(state["flaps"]),
-                   symbol_errors=_int(state["symbol_errors"]), link_error_recovery=_int(state["link_error_recovery"]),
-                   port_rcv_errors=_int(state["port_rcv_errors"]), xmit_wait=_int(state["xmit_wait"]))
+        row.update(
+            nic_id=nic_id,
+            ts=_dt(state["ts"]),
+            errors_at=_dt(state["errors_at"]) if state.get("errors_at") else None,
+            link_downed=_int(state["link_downed"]),
+            flaps=_int(state["flaps"]),
+            symbol_errors=_int(state["symbol_errors"]),
+            link_error_recovery=_int(state["link_error_recovery"]),
+            port_rcv_errors=_int(state["port_rcv_errors"]),
+            xmit_wait=_int(state["xmit_wait"]),
+        )
         writes.nics.append(row)
     return faults
 
@@ -286,19 +419,35 @@ def _fold_facility(cluster_id: int, samples: list[dict], states: dict, writes: W
     samples.sort(key=lambda sample: sample["ts"])
     metrics = {}
     for s in samples:
-        writes.facility_samples.append({
-            "cluster_id": cluster_id, "ts": _dt(s["ts"]), "source": s["source"], "scope": s["scope"],
-            "target": s["target"], "device": s.get("device", ""), "sensor": s.get("sensor", ""), "metric": s["metric"],
-            "value": s["value"], "health": s.get("health") or "",
-        })
+        writes.facility_samples.append(
+            {
+                "cluster_id": cluster_id,
+                "ts": _dt(s["ts"]),
+                "source": s["source"],
+                "scope": s["scope"],
+                "target": s["target"],
+                "device": s.get("device", ""),
+                "sensor": s.get("sensor", ""),
+                "metric": s["metric"],
+                "value": s["value"],
+                "health": s.get("health") or "",
+            }
+        )
         key = _series(s)
         if key in states and s["ts"] <= states[key]["ts"]:
             continue
         states[key] = extract.facility_step(states.get(key), s["ts"], s["value"])
         metrics[key] = s["metric"]
     writes.facility_states += [
-        {"cluster_id": cluster_id, "scope": key[0], "target": key[1], "series": key[2], "metric": metric,
-         "ts": _dt(states[key]["ts"]), **{c: states[key][c] for c in ("value", "ewma", "trend", "baseline")}}
+        {
+            "cluster_id": cluster_id,
+            "scope": key[0],
+            "target": key[1],
+            "series": key[2],
+            "metric": metric,
+            "ts": _dt(states[key]["ts"]),
+            **{c: states[key][c] for c in ("value", "ewma", "trend", "baseline")},
+        }
         for key, metric in metrics.items()
     ]
 
@@ -313,8 +462,10 @@ def _locked(table: str, columns: list[str], where: str) -> str:
     """A scalar subquery: the matching rows of ``table``, locked, as one JSON array (times as Unix seconds); none
     when the batch was a duplicate."""
     names = ", ".join(f"extract(epoch FROM {c})::float8 AS {c}" if c in TIME_COLUMNS else c for c in columns)
-    return (f"(SELECT json_agg(s)::text FROM (SELECT {names} FROM {table} WHERE {where} "
-            f"AND EXISTS (SELECT FROM batch) FOR UPDATE) s)")
+    return (
+        f"(SELECT json_agg(s)::text FROM (SELECT {names} FROM {table} WHERE {where} "
+        f"AND EXISTS (SELECT FROM batch) FOR UPDATE) s)"
+    )
 
 
 class PostgresStore:
@@ -329,16 +480,35 @@ class PostgresStore:
             "(batch_id, cluster_id, received_at, readings, nics, events, facility, faults) "
             "VALUES (%s::uuid, %s, %s, %s, %s, %s, %s, 0) ON CONFLICT (cluster_id, batch_id) DO NOTHING RETURNING id) "
             "SELECT (SELECT id FROM batch), "
-            + ", ".join([
-                _locked(GPUState._meta.db_table, ["gpu_id", *GPU_PREVIOUS], "gpu_id = ANY(%s::bigint[])"),
-                _locked(NICState._meta.db_table, ["nic_id", *NIC_PREVIOUS], "nic_id = ANY(%s::bigint[])"),
-                _locked(FacilityState._meta.db_table, FACILITY_PREVIOUS,
-                        "cluster_id = %s AND target = ANY(%s::text[]) AND series = ANY(%s::text[])"),
-            ])
+            + ", ".join(
+                [
+                    _locked(GPUState._meta.db_table, ["gpu_id", *GPU_PREVIOUS], "gpu_id = ANY(%s::bigint[])"),
+                    _locked(NICState._meta.db_table, ["nic_id", *NIC_PREVIOUS], "nic_id = ANY(%s::bigint[])"),
+                    _locked(
+                        FacilityState._meta.db_table,
+                        FACILITY_PREVIOUS,
+                        "cluster_id = %s AND target = ANY(%s::text[]) AND series = ANY(%s::text[])",
+                    ),
+                ]
+            )
         )
-        row = fetch(sql, [result.batch_id, cluster_id, timezone.now(), result.readings, result.nics, result.events,
-                          result.facility, gpu_ids, nic_ids, cluster_id, list({k[1] for k in series}),
-                          list({k[2] for k in series})])
+        row = fetch(
+            sql,
+            [
+                result.batch_id,
+                cluster_id,
+                timezone.now(),
+                result.readings,
+                result.nics,
+                result.events,
+                result.facility,
+                gpu_ids,
+                nic_ids,
+                cluster_id,
+                list({k[1] for k in series}),
+                list({k[2] for k in series}),
+            ],
+        )
         if row[0] is None:
             return None
         previous = Previous(batch_pk=row[0])
@@ -346,8 +516,11 @@ class PostgresStore:
             state["recovery_errors"] = state["nvlink_recovery_errors"]
             previous.gpus[state["gpu_id"]] = state
         previous.nics = {state["nic_id"]: state for state in orjson.loads(row[2] or "[]")}
-        previous.facility = {key: state for state in orjson.loads(row[3] or "[]")
-                             if (key := (state["scope"], state["target"], state["series"])) in series}
+        previous.facility = {
+            key: state
+            for state in orjson.loads(row[3] or "[]")
+            if (key := (state["scope"], state["target"], state["series"])) in series
+        }
         return previous
 
     @staticmethod
@@ -355,14 +528,23 @@ class PostgresStore:
         statement = Statement()
         statement.insert(GPUSample, SAMPLE_COLUMNS, writes.samples)
         statement.upsert(GPUState, "gpu_id", GPU_STATE_COLUMNS, writes.gpus)
-        statement.insert(NodeMinute, MINUTE_COLUMNS, writes.minutes, conflict="node_id, minute",
-                         update=_minute_sums("GREATEST"))
+        statement.insert(
+            NodeMinute,
+            MINUTE_COLUMNS,
+            writes.minutes,
+            conflict="node_id, minute",
+            update=_minute_sums("GREATEST"),
+        )
         statement.upsert(NICState, "nic_id", NIC_STATE_COLUMNS, writes.nics)
         statement.insert(FacilitySample, FACILITY_SAMPLE_COLUMNS, writes.facility_samples)
-        statement.insert(FacilityState, FACILITY_STATE_COLUMNS, writes.facility_states,
-                         conflict="cluster_id, scope, target, series",
-                         update="metric = excluded.metric, ts = excluded.ts, value = excluded.value, "
-                                "ewma = excluded.ewma, trend = excluded.trend, baseline = excluded.baseline")
+        statement.insert(
+            FacilityState,
+            FACILITY_STATE_COLUMNS,
+            writes.facility_states,
+            conflict="cluster_id, scope, target, series",
+            update="metric = excluded.metric, ts = excluded.ts, value = excluded.value, "
+            "ewma = excluded.ewma, trend = excluded.trend, baseline = excluded.baseline",
+        )
         if writes.nodes:
             statement.update(*nodes_mark_seen_sql(node_ids=writes.nodes, at=timezone.now()))
         statement.execute()
@@ -375,26 +557,42 @@ class PortableStore:
     def begin(cluster_id: int, result: IngestResult, resolved: dict) -> Previous | None:
         try:
             with transaction.atomic():
-                row = IngestBatch.objects.create(batch_id=result.batch_id, cluster_id=cluster_id,
-                                                 received_at=timezone.now(), readings=result.readings,
-                                                 nics=result.nics, events=result.events, facility=result.facility)
+                row = IngestBatch.objects.create(
+                    batch_id=result.batch_id,
+                    cluster_id=cluster_id,
+                    received_at=timezone.now(),
+                    readings=result.readings,
+                    nics=result.nics,
+                    events=result.events,
+                    facility=result.facility,
+                )
         except IntegrityError:
             return None
         previous = Previous(batch_pk=row.pk)
         gpu_ids = {gpu_id for _, _, gpu_id, _ in resolved["readings"]}
-        for state in GPUState.objects.select_for_update().filter(gpu_id__in=gpu_ids).values("gpu_id", *GPU_PREVIOUS):
+        for state in (
+            GPUState.objects.select_for_update().filter(gpu_id__in=gpu_ids).values("gpu_id", *GPU_PREVIOUS)
+        ):
             state.update(ts=state["ts"].timestamp(), recovery_errors=state["nvlink_recovery_errors"])
             previous.gpus[state["gpu_id"]] = state
         nic_ids = {nic_id for _, _, nic_id, _ in resolved["nics"]}
-        for state in NICState.objects.select_for_update().filter(nic_id__in=nic_ids).values("nic_id", *NIC_PREVIOUS):
+        for state in (
+            NICState.objects.select_for_update().filter(nic_id__in=nic_ids).values("nic_id", *NIC_PREVIOUS)
+        ):
             state["ts"] = state["ts"].timestamp()
             state["errors_at"] = state["errors_at"].timestamp() if state["errors_at"] else None
             previous.nics[state["nic_id"]] = state
         series = {_series(s) for s in resolved["facility"]}
         if series:
-            for state in FacilityState.objects.select_for_update().filter(
-                    cluster_id=cluster_id, target__in={k[1] for k in series},
-                    series__in={k[2] for k in series}).values(*FACILITY_PREVIOUS):
+            for state in (
+                FacilityState.objects.select_for_update()
+                .filter(
+                    cluster_id=cluster_id,
+                    target__in={k[1] for k in series},
+                    series__in={k[2] for k in series},
+                )
+                .values(*FACILITY_PREVIOUS)
+            ):
                 key = (state["scope"], state["target"], state["series"])
                 if key in series:
                     previous.facility[key] = dict(state, ts=state["ts"].timestamp())
@@ -408,20 +606,24 @@ class PortableStore:
         upsert(NICState, "nic_id", NIC_STATE_COLUMNS, writes.nics)
         FacilitySample.objects.bulk_create([FacilitySample(**row) for row in writes.facility_samples])
         FacilityState.objects.bulk_create(
-            [FacilityState(**row) for row in writes.facility_states], update_conflicts=True,
+            [FacilityState(**row) for row in writes.facility_states],
+            update_conflicts=True,
             unique_fields=["cluster", "scope", "target", "series"],
-            update_fields=["metric", "ts", "value", "ewma", "trend", "baseline"])
+            update_fields=["metric", "ts", "value", "ewma", "trend", "baseline"],
+        )
         nodes_mark_seen(node_ids=writes.nodes)
 
 
 def _minute_sums(greatest: str) -> str:
     """How a minute's bucket takes in more samples: counts and sums add up, the maximum is the greater."""
     table = NodeMinute._meta.db_table
-    return (f"samples = {table}.samples + excluded.samples, temperature_max = COALESCE({greatest}({table}.temperature_max, "
-            f"excluded.temperature_max), excluded.temperature_max, {table}.temperature_max), "
-            f"temperature_sum = {table}.temperature_sum + excluded.temperature_sum, "
-            f"power_sum = {table}.power_sum + excluded.power_sum, "
-            f"utilization_sum = {table}.utilization_sum + excluded.utilization_sum")
+    return (
+        f"samples = {table}.samples + excluded.samples, temperature_max = COALESCE({greatest}({table}.temperature_max, "
+        f"excluded.temperature_max), excluded.temperature_max, {table}.temperature_max), "
+        f"temperature_sum = {table}.temperature_sum + excluded.temperature_sum, "
+        f"power_sum = {table}.power_sum + excluded.power_sum, "
+        f"utilization_sum = {table}.utilization_sum + excluded.utilization_sum"
+    )
 
 
 def _upsert_minutes(rows: list[dict]) -> None:
@@ -430,8 +632,10 @@ def _upsert_minutes(rows: list[dict]) -> None:
         return
     values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(rows))
     greatest = "GREATEST" if connection.vendor == "postgresql" else "MAX"
-    sql = (f"INSERT INTO {NodeMinute._meta.db_table} ({', '.join(MINUTE_COLUMNS)}) VALUES {values} "
-           f"ON CONFLICT (node_id, minute) DO UPDATE SET {_minute_sums(greatest)}")
+    sql = (
+        f"INSERT INTO {NodeMinute._meta.db_table} ({', '.join(MINUTE_COLUMNS)}) VALUES {values} "
+        f"ON CONFLICT (node_id, minute) DO UPDATE SET {_minute_sums(greatest)}"
+    )
     with connection.cursor() as cursor:
         cursor.execute(sql, [row[c] for row in rows for c in MINUTE_COLUMNS])
 
@@ -441,7 +645,19 @@ def _report_faults(candidates: list[extract.FaultCandidate]) -> list[int]:
     if not candidates:
         return []
     nodes = Node.objects.select_related("cluster").in_bulk({c.node_id for c in candidates})
-    stored = fault_ingest_many(source="agent", reports=[
-        FaultReport(kind=c.kind, node=nodes[c.node_id], gpu_index=c.gpu_index, nic_name=c.nic_name, xid=c.xid,
-                    detected_at=_dt(c.ts), details=c.details) for c in candidates])
+    stored = fault_ingest_many(
+        source="agent",
+        reports=[
+            FaultReport(
+                kind=c.kind,
+                node=nodes[c.node_id],
+                gpu_index=c.gpu_index,
+                nic_name=c.nic_name,
+                xid=c.xid,
+                detected_at=_dt(c.ts),
+                details=c.details,
+            )
+            for c in candidates
+        ],
+    )
     return [fault.pk for fault, _ in stored]

@@ -27,7 +27,7 @@ BATCH = 500
 
 
 def _automation_paused(kind: str, payload: dict) -> bool:
-    if kind == "automation.updated":   # the provider-wide switch
+    if kind == "automation.updated":  # the provider-wide switch
         return payload.get("mode") == "paused"
     if kind not in ("fleet.updated", "cluster.updated") or "automation" not in payload.get("fields", []):
         return False
@@ -41,20 +41,32 @@ def _automation_paused(kind: str, payload: dict) -> bool:
 RULES = {
     # A job's failed attempt is followed by the next (jobs.services.fallback): what a human must hear is that the
     # job's recovery gave up. Node-level steps of the ladder have no next attempt.
-    "recovery_failed": (lambda kind, p: kind == "action.failed" and not p.get("job"),
-                        lambda p: f"Recovery failed: {p.get('summary', '')} (node {p.get('node')}). "
-                                  f"{p.get('reason', '')}"),
-    "job_failed": (lambda kind, p: kind == "job.state" and p.get("state") == "Failed",
-                   lambda p: f"Job {p.get('name', '')} ({p.get('job')}) failed: {p.get('reason', 'recovery gave up')}"),
-    "needs_human": (lambda kind, p: kind in ("node.escalation", "fault.reported") and bool(p.get("needs_human")),
-                    lambda p: f"Needs a human (CONTACT_SUPPORT or no automatic remedy): node {p.get('hostname') or p.get('node')} "
-                              f"{p.get('stage', '')} {p.get('kind', '')}".strip()),
-    "rollout_stopped": (lambda kind, p: kind in ("rollout.failed", "rollout.rolledback", "rollout.paused", "cluster.rolled_back"),
-                        lambda p: f"Rollout {p.get('rollout', '')} is {p.get('state', 'rolled back')}: {p.get('reason', '')}"),
-    "cluster_unreachable": (lambda kind, p: kind == "cluster.unreachable",
-                            lambda p: f"Cluster {p.get('name', '')} unreachable: {p.get('summary', '')}"),
-    "automation_paused": (_automation_paused,
-                          lambda p: f"Recovery automation paused on {p.get('name', '')}"),
+    "recovery_failed": (
+        lambda kind, p: kind == "action.failed" and not p.get("job"),
+        lambda p: f"Recovery failed: {p.get('summary', '')} (node {p.get('node')}). {p.get('reason', '')}",
+    ),
+    "job_failed": (
+        lambda kind, p: kind == "job.state" and p.get("state") == "Failed",
+        lambda p: f"Job {p.get('name', '')} ({p.get('job')}) failed: {p.get('reason', 'recovery gave up')}",
+    ),
+    "needs_human": (
+        lambda kind, p: kind in ("node.escalation", "fault.reported") and bool(p.get("needs_human")),
+        lambda p: (
+            f"Needs a human (CONTACT_SUPPORT or no automatic remedy): node {p.get('hostname') or p.get('node')} "
+            f"{p.get('stage', '')} {p.get('kind', '')}".strip()
+        ),
+    ),
+    "rollout_stopped": (
+        lambda kind, p: (
+            kind in ("rollout.failed", "rollout.rolledback", "rollout.paused", "cluster.rolled_back")
+        ),
+        lambda p: f"Rollout {p.get('rollout', '')} is {p.get('state', 'rolled back')}: {p.get('reason', '')}",
+    ),
+    "cluster_unreachable": (
+        lambda kind, p: kind == "cluster.unreachable",
+        lambda p: f"Cluster {p.get('name', '')} unreachable: {p.get('summary', '')}",
+    ),
+    "automation_paused": (_automation_paused, lambda p: f"Recovery automation paused on {p.get('name', '')}"),
 }
 
 
@@ -63,7 +75,9 @@ def notifications_dispatch() -> int:
     written = 0
     with transaction.atomic():
         cursor, _ = NotificationCursor.objects.select_for_update().get_or_create(name="fleet")
-        events = list(Event.objects.filter(topic=topic("fleet"), seq__gt=cursor.last_seq).order_by("seq")[:BATCH])
+        events = list(
+            Event.objects.filter(topic=topic("fleet"), seq__gt=cursor.last_seq).order_by("seq")[:BATCH]
+        )
         if not events:
             return 0
         channels = list(NotificationChannel.objects.filter(enabled=True))
@@ -77,11 +91,23 @@ def notifications_dispatch() -> int:
                     if channel.rules and rule not in channel.rules:
                         continue
                     _, created = NotificationDelivery.objects.get_or_create(
-                        channel=channel, event_id=event.pk,
-                        defaults={"rule": rule, "summary": summary, "next_attempt_at": now,
-                                  "payload": {"rule": rule, "summary": summary, "kind": event.kind, "topic": event.topic,
-                                              "seq": event.seq, "url": event.url, "created": event.created_at.isoformat(),
-                                              "payload": event.payload}},
+                        channel=channel,
+                        event_id=event.pk,
+                        defaults={
+                            "rule": rule,
+                            "summary": summary,
+                            "next_attempt_at": now,
+                            "payload": {
+                                "rule": rule,
+                                "summary": summary,
+                                "kind": event.kind,
+                                "topic": event.topic,
+                                "seq": event.seq,
+                                "url": event.url,
+                                "created": event.created_at.isoformat(),
+                                "payload": event.payload,
+                            },
+                        },
                     )
                     written += created
         cursor.last_seq = events[-1].seq
@@ -91,8 +117,12 @@ def notifications_dispatch() -> int:
 
 def _body(delivery: NotificationDelivery) -> dict:
     if delivery.channel.kind == NotificationChannel.Kind.SLACK:
-        return {"text": f":rotating_light: Lockstep: {delivery.summary}",
-                "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": f"*Lockstep* — {delivery.summary}"}}]}
+        return {
+            "text": f":rotating_light: Lockstep: {delivery.summary}",
+            "blocks": [
+                {"type": "section", "text": {"type": "mrkdwn", "text": f"*Lockstep* — {delivery.summary}"}}
+            ],
+        }
     return delivery.payload
 
 
@@ -100,34 +130,54 @@ def notifications_deliver(*, now=None) -> dict:
     """Post every due delivery once; returns counts of delivered, retried and failed."""
     now = now or timezone.now()
     counts = {"delivered": 0, "retry": 0, "failed": 0}
-    due = NotificationDelivery.objects.filter(state=NotificationDelivery.State.PENDING, next_attempt_at__lte=now)
+    due = NotificationDelivery.objects.filter(
+        state=NotificationDelivery.State.PENDING, next_attempt_at__lte=now
+    )
     for delivery_id in list(due.values_list("pk", flat=True)[:BATCH]):
         with transaction.atomic():
-            delivery = (NotificationDelivery.objects.select_for_update(skip_locked=True).select_related("channel")
-                        .filter(pk=delivery_id, state=NotificationDelivery.State.PENDING).first())
+            delivery = (
+                NotificationDelivery.objects.select_for_update(skip_locked=True)
+                .select_related("channel")
+                .filter(pk=delivery_id, state=NotificationDelivery.State.PENDING)
+                .first()
+            )
             if delivery is None:
                 continue
             delivery.attempts += 1
             try:
-                refused = target_problem(delivery.channel.url)   # checked again: the name may resolve elsewhere now
+                refused = target_problem(
+                    delivery.channel.url
+                )  # checked again: the name may resolve elsewhere now
                 if refused:
                     raise requests.RequestException(f"target refused: {refused}")
-                response = requests.post(delivery.channel.url, json=_body(delivery), timeout=TIMEOUT_SECONDS,
-                                         allow_redirects=False)
+                response = requests.post(
+                    delivery.channel.url, json=_body(delivery), timeout=TIMEOUT_SECONDS, allow_redirects=False
+                )
                 delivery.last_status = response.status_code
                 ok = 200 <= response.status_code < 300
                 delivery.last_error = "" if ok else response.text[:300]
             except requests.RequestException as error:
-                ok, delivery.last_status, delivery.last_error = False, None, f"{type(error).__name__}: {error}"[:300]
+                ok, delivery.last_status, delivery.last_error = (
+                    False,
+                    None,
+                    f"{type(error).__name__}: {error}"[:300],
+                )
             if ok:
                 delivery.state, delivery.delivered_at = NotificationDelivery.State.DELIVERED, timezone.now()
                 counts["delivered"] += 1
             elif delivery.attempts >= MAX_ATTEMPTS:
                 delivery.state = NotificationDelivery.State.FAILED
                 counts["failed"] += 1
-                log.warning("notification %s to %s failed for good: %s", delivery.pk, delivery.channel, delivery.last_error)
+                log.warning(
+                    "notification %s to %s failed for good: %s",
+                    delivery.pk,
+                    delivery.channel,
+                    delivery.last_error,
+                )
             else:
-                delivery.next_attempt_at = now + timedelta(seconds=min(10 * 2 ** (delivery.attempts - 1), 3600))
+                delivery.next_attempt_at = now + timedelta(
+                    seconds=min(10 * 2 ** (delivery.attempts - 1), 3600)
+                )
                 counts["retry"] += 1
             delivery.save()
     return counts

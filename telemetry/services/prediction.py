@@ -35,8 +35,16 @@ from telemetry.prediction.risk import NodeFeatures, RackFacility, Risk, node_ris
 log = logging.getLogger(__name__)
 
 # Faults that count as a node failing (a prediction comes true); a prediction's own fault does not.
-HARDWARE_FAULTS = ("nic_down", "link_flap", "gpu_xid", "ecc_uncorrectable", "nvlink_error", "node_unreachable", "thermal",
-                   "facility")
+HARDWARE_FAULTS = (
+    "nic_down",
+    "link_flap",
+    "gpu_xid",
+    "ecc_uncorrectable",
+    "nvlink_error",
+    "node_unreachable",
+    "thermal",
+    "facility",
+)
 PRESSURE_METRICS = ("cdu_differential_pressure_pascals", "cdu_supply_pressure_pascals")
 
 
@@ -49,23 +57,50 @@ class SweepResult:
     top: list[tuple[int, float, str]] = field(default_factory=list)
 
 
-def gather(cluster_ids: list[int] | None = None) -> tuple[dict[int, NodeFeatures], dict[tuple[int, str], RackFacility], dict]:
+def gather(
+    cluster_ids: list[int] | None = None,
+) -> tuple[dict[int, NodeFeatures], dict[tuple[int, str], RackFacility], dict]:
     """Features of every node (three aggregate queries) and each rack's facility state (one more)."""
     nodes = Node.objects.all() if cluster_ids is None else Node.objects.filter(cluster_id__in=cluster_ids)
     meta = {row[0]: row for row in nodes.values_list("id", "cluster_id", "rack", "risk_score")}
     features = {node_id: NodeFeatures(node_id=node_id, rack=row[2]) for node_id, row in meta.items()}
-    gpus = (GPUState.objects.filter(node_id__in=meta.keys()) if cluster_ids is not None else GPUState.objects.all())
-    for row in gpus.values("node_id").annotate(
-            temperature=Max("temperature"), trend=Max("temperature_trend"), sbe=Max("sbe_rate"), remap=Max("remap_rate"),
-            nvlink=Max("nvlink_rate"), throttle=Max("throttle_share")).order_by():
+    gpus = (
+        GPUState.objects.filter(node_id__in=meta.keys())
+        if cluster_ids is not None
+        else GPUState.objects.all()
+    )
+    for row in (
+        gpus.values("node_id")
+        .annotate(
+            temperature=Max("temperature"),
+            trend=Max("temperature_trend"),
+            sbe=Max("sbe_rate"),
+            remap=Max("remap_rate"),
+            nvlink=Max("nvlink_rate"),
+            throttle=Max("throttle_share"),
+        )
+        .order_by()
+    ):
         f = features.get(row["node_id"])
         if f is None:
             continue
         f.temperature_max, f.temperature_trend_max = row["temperature"], row["trend"] or 0.0
-        f.sbe_rate_max, f.remap_rate_max, f.nvlink_rate_max = row["sbe"] or 0.0, row["remap"] or 0.0, row["nvlink"] or 0.0
+        f.sbe_rate_max, f.remap_rate_max, f.nvlink_rate_max = (
+            row["sbe"] or 0.0,
+            row["remap"] or 0.0,
+            row["nvlink"] or 0.0,
+        )
         f.throttle_share_max = row["throttle"] or 0.0
-    nics = (NICState.objects.filter(node_id__in=meta.keys()) if cluster_ids is not None else NICState.objects.all())
-    for row in nics.values("node_id").annotate(symbols=Max("symbol_rate"), recoveries=Max("recovery_rate")).order_by():
+    nics = (
+        NICState.objects.filter(node_id__in=meta.keys())
+        if cluster_ids is not None
+        else NICState.objects.all()
+    )
+    for row in (
+        nics.values("node_id")
+        .annotate(symbols=Max("symbol_rate"), recoveries=Max("recovery_rate"))
+        .order_by()
+    ):
         f = features.get(row["node_id"])
         if f is not None:
             f.nic_symbol_rate_max, f.nic_recovery_rate_max = row["symbols"] or 0.0, row["recoveries"] or 0.0
@@ -77,24 +112,36 @@ def gather(cluster_ids: list[int] | None = None) -> tuple[dict[int, NodeFeatures
     facility = FacilityState.objects.filter(scope="rack", metric__in=PRESSURE_METRICS)
     if cluster_ids is not None:
         facility = facility.filter(cluster_id__in=cluster_ids)
-    for cluster_id, target, ewma, baseline in facility.values_list("cluster_id", "target", "ewma", "baseline"):
+    for cluster_id, target, ewma, baseline in facility.values_list(
+        "cluster_id", "target", "ewma", "baseline"
+    ):
         trends = warming.get((cluster_id, target), [])
         drop = (baseline - ewma) / baseline if baseline else 0.0
-        racks[(cluster_id, target)] = RackFacility(pressure_drop=max(0.0, drop),
-                                                    warming=statistics.mean(trends) if trends else 0.0)
+        racks[(cluster_id, target)] = RackFacility(
+            pressure_drop=max(0.0, drop), warming=statistics.mean(trends) if trends else 0.0
+        )
     return features, racks, meta
 
 
 def _record_history(scores: dict[int, Risk], meta: dict, now) -> int:
-    samples = [RiskSample(node_id=node_id, ts=now, score=risk.score) for node_id, risk in scores.items()
-               if risk.score >= 0.05 or abs(risk.score - (meta[node_id][3] or 0.0)) >= 0.02]
+    samples = [
+        RiskSample(node_id=node_id, ts=now, score=risk.score)
+        for node_id, risk in scores.items()
+        if risk.score >= 0.05 or abs(risk.score - (meta[node_id][3] or 0.0)) >= 0.02
+    ]
     RiskSample.objects.bulk_create(samples, batch_size=5000)
     return len(samples)
 
 
 def _write_scores(scores: dict[int, Risk], meta: dict, now) -> None:
-    nodes_set_risk(scores={node_id: risk.score for node_id, risk in scores.items()
-                           if abs(risk.score - (meta[node_id][3] or 0.0)) >= 0.001}, at=now)
+    nodes_set_risk(
+        scores={
+            node_id: risk.score
+            for node_id, risk in scores.items()
+            if abs(risk.score - (meta[node_id][3] or 0.0)) >= 0.001
+        },
+        at=now,
+    )
 
 
 def prediction_horizon_hours(cluster: Cluster) -> float:
@@ -110,10 +157,16 @@ def _predict(scores: dict[int, Risk], meta: dict, now, result: SweepResult) -> N
     clusters = list(Cluster.objects.select_related("blueprint_version"))
     thresholds = {c.pk: risk_threshold(c) for c in clusters}
     horizons = {c.pk: prediction_horizon_hours(c) for c in clusters}
-    over = [node_id for node_id, risk in scores.items() if risk.score >= thresholds.get(meta[node_id][1], 0.8)]
+    over = [
+        node_id for node_id, risk in scores.items() if risk.score >= thresholds.get(meta[node_id][1], 0.8)
+    ]
     if not over:
         return
-    already = set(Prediction.objects.filter(node_id__in=over, outcome=Prediction.Outcome.OPEN).values_list("node_id", flat=True))
+    already = set(
+        Prediction.objects.filter(node_id__in=over, outcome=Prediction.Outcome.OPEN).values_list(
+            "node_id", flat=True
+        )
+    )
     for node_id in over:
         if node_id in already:
             continue
@@ -122,12 +175,28 @@ def _predict(scores: dict[int, Risk], meta: dict, now, result: SweepResult) -> N
             node = Node.objects.select_related("cluster").get(pk=node_id)
             horizon = horizons.get(node.cluster_id) or prediction_horizon_hours(node.cluster)
             prediction = Prediction.objects.create(
-                node=node, cluster=node.cluster, score=risk.score, threshold=thresholds.get(node.cluster_id, 0.8),
-                horizon_hours=horizon, predicted_at=now, cause=risk.cause[:300], cause_kind=risk.kind,
-                evidence=risk.evidence)
-            fault, _ = fault_ingest(source="predictor", kind="predicted_failure", node=node, detected_at=now,
-                                    details={"prediction": prediction.pk, "score": risk.score, "cause": risk.cause,
-                                             "horizon_hours": horizon})
+                node=node,
+                cluster=node.cluster,
+                score=risk.score,
+                threshold=thresholds.get(node.cluster_id, 0.8),
+                horizon_hours=horizon,
+                predicted_at=now,
+                cause=risk.cause[:300],
+                cause_kind=risk.kind,
+                evidence=risk.evidence,
+            )
+            fault, _ = fault_ingest(
+                source="predictor",
+                kind="predicted_failure",
+                node=node,
+                detected_at=now,
+                details={
+                    "prediction": prediction.pk,
+                    "score": risk.score,
+                    "cause": risk.cause,
+                    "horizon_hours": horizon,
+                },
+            )
             prediction.fault = fault
             prediction.save(update_fields=["fault"])
         result.predictions.append(prediction.pk)
@@ -140,11 +209,22 @@ def predictions_resolve(*, now=None) -> int:
     resolved = 0
     for prediction in Prediction.objects.filter(outcome=Prediction.Outcome.OPEN).select_related("fault"):
         end = prediction.predicted_at + timedelta(hours=prediction.horizon_hours)
-        failure = (FaultEvent.objects.filter(node_id=prediction.node_id, kind__in=HARDWARE_FAULTS,
-                                             detected_at__gte=prediction.predicted_at, detected_at__lte=min(end, now))
-                   .order_by("detected_at").first())
+        failure = (
+            FaultEvent.objects.filter(
+                node_id=prediction.node_id,
+                kind__in=HARDWARE_FAULTS,
+                detected_at__gte=prediction.predicted_at,
+                detected_at__lte=min(end, now),
+            )
+            .order_by("detected_at")
+            .first()
+        )
         if not prediction.action_taken and prediction.fault_id:
-            kind = RecoveryAction.objects.filter(fault_id=prediction.fault_id).values_list("kind", flat=True).first()
+            kind = (
+                RecoveryAction.objects.filter(fault_id=prediction.fault_id)
+                .values_list("kind", flat=True)
+                .first()
+            )
             prediction.action_taken = kind or ""
         if failure is not None:
             prediction.outcome, prediction.failure = Prediction.Outcome.FAILED, failure
@@ -166,9 +246,9 @@ def risk_sweep(*, cluster_ids: list[int] | None = None, now=None) -> SweepResult
     predictions over the threshold, judge past ones."""
     now = now or timezone.now()
     features, racks, meta = gather(cluster_ids)
-    try:   # the anomaly term: each node's series through its streaming detector (state kept in Redis)
+    try:  # the anomaly term: each node's series through its streaming detector (state kept in Redis)
         online.observe(features, now.timestamp(), prune=cluster_ids is None)
-    except redis.RedisError as error:   # without Redis the other evidence still scores every node
+    except redis.RedisError as error:  # without Redis the other evidence still scores every node
         log.warning("risk sweep without the anomaly term: %s", error)
     scores = {node_id: node_risk(f, racks.get((meta[node_id][1], f.rack))) for node_id, f in features.items()}
     result = SweepResult(nodes=len(scores))
@@ -184,22 +264,40 @@ def risk_sweep(*, cluster_ids: list[int] | None = None, now=None) -> SweepResult
 def emptied_before_failure(predictions) -> set[int]:
     """Of these predictions, the ids of those that came true after their proactive migration had emptied the node
     (the move was in time: a true prediction, not a false alarm). Two queries, however many predictions."""
-    came_true = {p.pk: p for p in predictions if p.outcome == Prediction.Outcome.FAILED and p.fault_id and p.failure_id}
+    came_true = {
+        p.pk: p for p in predictions if p.outcome == Prediction.Outcome.FAILED and p.fault_id and p.failure_id
+    }
     if not came_true:
         return set()
-    failed_at = dict(FaultEvent.objects.filter(pk__in=[p.failure_id for p in came_true.values()])
-                     .values_list("pk", "detected_at"))
+    failed_at = dict(
+        FaultEvent.objects.filter(pk__in=[p.failure_id for p in came_true.values()]).values_list(
+            "pk", "detected_at"
+        )
+    )
     moved = defaultdict(list)
-    for fault_id, ended_at in (RecoveryAction.objects.filter(
-            fault_id__in=[p.fault_id for p in came_true.values()], kind=ActionKind.PROACTIVE_MIGRATION, state=ActionState.SUCCEEDED,
-            ended_at__isnull=False).values_list("fault_id", "ended_at")):
+    for fault_id, ended_at in RecoveryAction.objects.filter(
+        fault_id__in=[p.fault_id for p in came_true.values()],
+        kind=ActionKind.PROACTIVE_MIGRATION,
+        state=ActionState.SUCCEEDED,
+        ended_at__isnull=False,
+    ).values_list("fault_id", "ended_at"):
         moved[fault_id].append(ended_at)
-    return {pk for pk, p in came_true.items()
-            if any(ended <= failed_at.get(p.failure_id, ended) for ended in moved.get(p.fault_id, []))}
+    return {
+        pk
+        for pk, p in came_true.items()
+        if any(ended <= failed_at.get(p.failure_id, ended) for ended in moved.get(p.fault_id, []))
+    }
 
 
-def chance_figures(*, failures: dict[int, list[float]], nodes: int, start: float, end: float,
-                   horizon_seconds: float, predictions: int) -> tuple[float | None, float | None]:
+def chance_figures(
+    *,
+    failures: dict[int, list[float]],
+    nodes: int,
+    start: float,
+    end: float,
+    horizon_seconds: float,
+    predictions: int,
+) -> tuple[float | None, float | None]:
     """(precision, recall) that ``predictions`` made on nodes and at moments chosen at random over [start, end]
     would be expected to score, each looking ``horizon_seconds`` ahead (docs/prediction.md, *Live figures*).
 
@@ -233,30 +331,47 @@ def prediction_metrics(*, since_days: float = 30.0, now=None) -> dict:
     came_true = [p for p in judged if p.outcome == Prediction.Outcome.FAILED]
     # a failure is an incident (every report of one node failing: an Xid and the ECC count behind it are one)
     failures: dict[object, tuple[int, float]] = {}
-    for pk, incident_id, node_id, at in (FaultEvent.objects.filter(
-            kind__in=HARDWARE_FAULTS, detected_at__gte=since, detected_at__lte=now)
-            .order_by("detected_at").values_list("pk", "incident_id", "node_id", "detected_at")):
+    for pk, incident_id, node_id, at in (
+        FaultEvent.objects.filter(kind__in=HARDWARE_FAULTS, detected_at__gte=since, detected_at__lte=now)
+        .order_by("detected_at")
+        .values_list("pk", "incident_id", "node_id", "detected_at")
+    ):
         failures.setdefault(incident_id or f"fault-{pk}", (node_id, at.timestamp()))
-    foreseen = set(FaultEvent.objects.filter(pk__in=[p.failure_id for p in came_true if p.failure_id])
-                   .values_list("pk", "incident_id"))
+    foreseen = set(
+        FaultEvent.objects.filter(pk__in=[p.failure_id for p in came_true if p.failure_id]).values_list(
+            "pk", "incident_id"
+        )
+    )
     predicted_failures = len({incident_id or f"fault-{pk}" for pk, incident_id in foreseen} & failures.keys())
     total_failures = len(failures)
     leads = [p.lead_seconds for p in came_true if p.lead_seconds is not None]
     judged_count, true_count = len(judged), len(came_true)
     precision = true_count / judged_count if judged_count else None
     recall = predicted_failures / total_failures if total_failures else None
-    horizons = [p.horizon_hours for p in judged] or [
-        prediction_horizon_hours(c) for c in Cluster.objects.all()[:1]] or [settings.PREDICTION_HORIZON_HOURS]
+    horizons = (
+        [p.horizon_hours for p in judged]
+        or [prediction_horizon_hours(c) for c in Cluster.objects.all()[:1]]
+        or [settings.PREDICTION_HORIZON_HOURS]
+    )
     horizon_seconds = statistics.median(horizons) * 3600.0
-    first = Prediction.objects.filter(predicted_at__gte=since).order_by("predicted_at").values_list(
-        "predicted_at", flat=True).first()
+    first = (
+        Prediction.objects.filter(predicted_at__gte=since)
+        .order_by("predicted_at")
+        .values_list("predicted_at", flat=True)
+        .first()
+    )
     start = max(since, first or now)
     by_node: dict[int, list[float]] = defaultdict(list)
     for node_id, at in failures.values():
         by_node[node_id].append(at)
     chance_precision, chance_recall = chance_figures(
-        failures=by_node, nodes=Node.objects.count(), start=start.timestamp(), end=now.timestamp(),
-        horizon_seconds=horizon_seconds, predictions=judged_count)
+        failures=by_node,
+        nodes=Node.objects.count(),
+        start=start.timestamp(),
+        end=now.timestamp(),
+        horizon_seconds=horizon_seconds,
+        predictions=judged_count,
+    )
 
     def lift(value, chance):
         return round(value / chance, 2) if value is not None and chance else None

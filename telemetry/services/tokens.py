@@ -12,10 +12,19 @@ from tenancy.services import token_issue, token_mark_revoked
 @transaction.atomic
 def agent_token_create(*, actor, cluster, name: str) -> tuple[AgentToken, str]:
     """A new agent token for one cluster; returns the row and the token, which is shown only now."""
-    token, raw = token_issue(model=AgentToken, cluster=cluster, name=name,
-                             created_by=actor if getattr(actor, "is_authenticated", False) else None)
-    audit_record(actor=actor, action="agent_token.create", target=token, tenant_id=cluster.dedicated_tenant_id,
-                 changes={"cluster": cluster.name, "name": name})
+    token, raw = token_issue(
+        model=AgentToken,
+        cluster=cluster,
+        name=name,
+        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+    )
+    audit_record(
+        actor=actor,
+        action="agent_token.create",
+        target=token,
+        tenant_id=cluster.dedicated_tenant_id,
+        changes={"cluster": cluster.name, "name": name},
+    )
     return token, raw
 
 

@@ -28,7 +28,18 @@ class ApiTokenSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ApiToken
-        fields = ["id", "name", "prefix", "user", "scope", "created_at", "expires_at", "last_used_at", "revoked_at", "active"]
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "user",
+            "scope",
+            "created_at",
+            "expires_at",
+            "last_used_at",
+            "revoked_at",
+            "active",
+        ]
         read_only_fields = fields
 
 
@@ -36,7 +47,9 @@ class ApiTokenCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
     scope = serializers.ChoiceField(choices=TokenScope.choices, default=TokenScope.READ)
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
-    user = serializers.CharField(required=False, help_text="username of the owner (admins only); yourself by default")
+    user = serializers.CharField(
+        required=False, help_text="username of the owner (admins only); yourself by default"
+    )
 
 
 class ApiTokenCreatedSerializer(ApiTokenSerializer):
@@ -49,7 +62,9 @@ class ApiTokenCreatedSerializer(ApiTokenSerializer):
 
 class UserSerializer(serializers.ModelSerializer):
     role = serializers.CharField(source="membership.role", read_only=True, default=None, allow_null=True)
-    tenant = serializers.IntegerField(source="membership.tenant_id", read_only=True, default=None, allow_null=True)
+    tenant = serializers.IntegerField(
+        source="membership.tenant_id", read_only=True, default=None, allow_null=True
+    )
     # Often empty, which an "email" format would refuse.
     email = serializers.CharField(read_only=True, help_text="an email address, or empty")
 
@@ -68,7 +83,9 @@ class UserCreateSerializer(serializers.Serializer):
 
 
 class UserCreatedSerializer(UserSerializer):
-    password = serializers.CharField(read_only=True, allow_null=True, help_text="generated password, shown once")
+    password = serializers.CharField(
+        read_only=True, allow_null=True, help_text="generated password, shown once"
+    )
 
     class Meta(UserSerializer.Meta):
         fields = [*UserSerializer.Meta.fields, "password"]

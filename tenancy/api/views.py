@@ -58,10 +58,15 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedVi
     def selector(self, *, user):
         return selectors.token_list(user=user)
 
-    @extend_schema(request=ApiTokenCreateSerializer, responses={
-        201: ApiTokenCreatedSerializer,
-        429: OpenApiResponse(description="Too many tokens created: wait the Retry-After header's seconds."),
-    })
+    @extend_schema(
+        request=ApiTokenCreateSerializer,
+        responses={
+            201: ApiTokenCreatedSerializer,
+            429: OpenApiResponse(
+                description="Too many tokens created: wait the Retry-After header's seconds."
+            ),
+        },
+    )
     def create(self, request):
         data = ApiTokenCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -110,5 +115,3 @@ class UserViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSe
     def destroy(self, request, pk=None):
         services.user_deactivate(actor=request.user, user=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
-
-

@@ -118,7 +118,9 @@ def sushy_emulator(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sushy_emulator_with_auth(tmp_path_factory):
-    with running_sushy_emulator(tmp_path_factory.mktemp("sushy-auth"), users={"lockstep": "bmc-secret-1"}) as url:
+    with running_sushy_emulator(
+        tmp_path_factory.mktemp("sushy-auth"), users={"lockstep": "bmc-secret-1"}
+    ) as url:
         yield url
 
 
@@ -133,7 +135,9 @@ def redfish_mockup():
         def do_GET(self):
             path = self.path.split("?")[0]
             body = responses.get(path) or responses.get(path.rstrip("/"))
-            payload = json.dumps(body if body is not None else {"error": {"code": "Base.1.0.ResourceMissingAtURI"}}).encode()
+            payload = json.dumps(
+                body if body is not None else {"error": {"code": "Base.1.0.ResourceMissingAtURI"}}
+            ).encode()
             self.send_response(200 if body is not None else 404)
             self.send_header("Content-Type", "application/json")
             self.send_header("OData-Version", "4.0")

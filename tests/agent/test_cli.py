@@ -10,7 +10,9 @@ GPU_MESSAGE = "no GPU to read"
 
 
 def test_once_dry_run_prints_one_batch_that_the_schema_accepts(sysfs, batch_validator):
-    result = run_agent("--once", "--dry-run", "--node", "gpu-001", "--sysfs-root", str(sysfs), fake_nvml={"xids": [[1, 79]]})
+    result = run_agent(
+        "--once", "--dry-run", "--node", "gpu-001", "--sysfs-root", str(sysfs), fake_nvml={"xids": [[1, 79]]}
+    )
     assert result.returncode == 0, result.stderr
     (batch,) = batches_in(result.stdout)
     batch_validator.validate(batch)
@@ -25,7 +27,15 @@ def test_once_dry_run_prints_one_batch_that_the_schema_accepts(sysfs, batch_vali
 
 def test_without_nvml_it_says_so_once_and_keeps_collecting_nics(sysfs, batch_validator):
     result = run_agent(
-        "--count", "3", "--interval", "0.05", "--dry-run", "--node", "gpu-001", "--sysfs-root", str(sysfs),
+        "--count",
+        "3",
+        "--interval",
+        "0.05",
+        "--dry-run",
+        "--node",
+        "gpu-001",
+        "--sysfs-root",
+        str(sysfs),
         fake_nvml={"fail": "library_not_found"},
     )
     assert result.returncode == 0, result.stderr
@@ -43,13 +53,22 @@ def test_without_nvml_it_says_so_once_and_keeps_collecting_nics(sysfs, batch_val
 
 
 def test_require_gpus_exits_non_zero_only_when_there_are_none(sysfs):
-    missing = run_agent("--once", "--dry-run", "--require-gpus", "--sysfs-root", str(sysfs), fake_nvml={"fail": "driver_not_loaded"})
+    missing = run_agent(
+        "--once",
+        "--dry-run",
+        "--require-gpus",
+        "--sysfs-root",
+        str(sysfs),
+        fake_nvml={"fail": "driver_not_loaded"},
+    )
     assert missing.returncode == 2
     assert missing.stderr.count(GPU_MESSAGE) == 1
     assert "--require-gpus" in missing.stderr
     assert missing.stdout == ""
 
-    none = run_agent("--once", "--dry-run", "--require-gpus", "--sysfs-root", str(sysfs), fake_nvml={"gpus": []})
+    none = run_agent(
+        "--once", "--dry-run", "--require-gpus", "--sysfs-root", str(sysfs), fake_nvml={"gpus": []}
+    )
     assert none.returncode == 2
     assert "sees no GPU" in none.stderr
 
@@ -69,7 +88,9 @@ def test_on_this_machine_with_the_real_nvidia_ml_py(sysfs, batch_validator):
     assert batch["agent"]["gpu_status"] == "no_nvml"
 
 
-def test_sends_to_the_control_plane_with_config_from_the_environment(receiver, sysfs, tmp_path, batch_validator):
+def test_sends_to_the_control_plane_with_config_from_the_environment(
+    receiver, sysfs, tmp_path, batch_validator
+):
     result = run_agent(
         "--once",
         env={
@@ -90,13 +111,27 @@ def test_sends_to_the_control_plane_with_config_from_the_environment(receiver, s
 
 
 def test_an_unreachable_control_plane_spools_and_the_next_run_replays(receiver, sysfs, tmp_path):
-    arguments = ["--url", receiver.url, "--token", "t", "--spool-dir", str(tmp_path / "spool"), "--sysfs-root", str(sysfs),
-                 "--retries", "1", "--backoff", "0.01"]
+    arguments = [
+        "--url",
+        receiver.url,
+        "--token",
+        "t",
+        "--spool-dir",
+        str(tmp_path / "spool"),
+        "--sysfs-root",
+        str(sysfs),
+        "--retries",
+        "1",
+        "--backoff",
+        "0.01",
+    ]
     receiver.stop()
     for _ in range(2):
         assert run_agent("--once", *arguments, fake_nvml={}).returncode == 0
     assert len((tmp_path / "spool" / "spool.jsonl").read_text().splitlines()) == 2
-    spooled = [json.loads(line)["batch_id"] for line in (tmp_path / "spool" / "spool.jsonl").read_text().splitlines()]
+    spooled = [
+        json.loads(line)["batch_id"] for line in (tmp_path / "spool" / "spool.jsonl").read_text().splitlines()
+    ]
 
     receiver.start()
     assert run_agent("--once", *arguments, fake_nvml={}).returncode == 0
@@ -115,14 +150,29 @@ def test_a_url_is_needed_unless_dry_run(sysfs):
 def test_an_unusable_spool_directory_is_a_usage_error(sysfs, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    result = run_agent("--once", "--url", "http://127.0.0.1:9", "--spool-dir", str(blocker / "spool"), "--sysfs-root", str(sysfs),
-                       fake_nvml={})
+    result = run_agent(
+        "--once",
+        "--url",
+        "http://127.0.0.1:9",
+        "--spool-dir",
+        str(blocker / "spool"),
+        "--sysfs-root",
+        str(sysfs),
+        fake_nvml={},
+    )
     assert result.returncode == 64
     assert "cannot use the spool directory" in result.stderr
 
 
 def test_no_gpus_flag_skips_nvml(sysfs, batch_validator):
-    result = run_agent("--once", "--dry-run", "--no-gpus", "--sysfs-root", str(sysfs), fake_nvml={"fail": "library_not_found"})
+    result = run_agent(
+        "--once",
+        "--dry-run",
+        "--no-gpus",
+        "--sysfs-root",
+        str(sysfs),
+        fake_nvml={"fail": "library_not_found"},
+    )
     assert result.returncode == 0
     (batch,) = batches_in(result.stdout)
     batch_validator.validate(batch)
@@ -143,7 +193,10 @@ def test_sigterm_ends_the_loop_cleanly(sysfs, fake):
     environment = dict(os.environ, PYTHONPATH=str(FAKE_NVML_DIR), FAKE_NVML_CONFIG=json.dumps(fake))
     process = subprocess.Popen(
         [sys.executable, "-m", "lockstep_agent", "--dry-run", "--interval", "30", "--sysfs-root", str(sysfs)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
     )
     try:
         assert process.stdout.readline().startswith("{")  # the first batch is out; now it waits

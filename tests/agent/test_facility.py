@@ -27,7 +27,10 @@ def test_chassis_thermal_from_the_sushy_emulator(sushy_emulator, batch_validator
     (cpu,) = points_by(points, "temperature_celsius")
     assert cpu["value"] == 41 and cpu["sensor"] == "CPU Temp"
     fans = points_by(points, "fan_speed_rpm")
-    assert sorted((f["sensor"], f["value"]) for f in fans) == [("BaseBoard System Fan", 2100), ("BaseBoard System Fan Backup", 2050)]
+    assert sorted((f["sensor"], f["value"]) for f in fans) == [
+        ("BaseBoard System Fan", 2100),
+        ("BaseBoard System Fan Backup", 2050),
+    ]
     batch_validator.validate(make_batch(node="gpu-001", gpu_status="ok", facility=points))
 
 
@@ -36,7 +39,9 @@ def test_what_the_sushy_emulator_does_not_serve(sushy_emulator):
     chassis Power resource, no exhaust temperature, and no CDUs or PDUs."""
     root = requests.get(f"{sushy_emulator}/redfish/v1/", timeout=5).json()
     assert "PowerEquipment" not in root and "ThermalEquipment" not in root
-    chassis_uri = requests.get(f"{sushy_emulator}/redfish/v1/Chassis", timeout=5).json()["Members"][0]["@odata.id"]
+    chassis_uri = requests.get(f"{sushy_emulator}/redfish/v1/Chassis", timeout=5).json()["Members"][0][
+        "@odata.id"
+    ]
     chassis = requests.get(f"{sushy_emulator}{chassis_uri}", timeout=5).json()
     assert "Thermal" in chassis and "Power" not in chassis
     assert requests.get(f"{sushy_emulator}{chassis_uri}/Power", timeout=5).status_code == 404
@@ -62,8 +67,12 @@ def test_chassis_thermal_and_power_from_recorded_responses(redfish_mockup, batch
     assert supplies["Power Supply Bay 2"]["value"] == 0
     assert supplies["Power Supply Bay 2"]["health"] == "Critical"
     assert supplies["Power Supply Bay 2"]["state"] == "UnavailableOffline"
-    assert [p["value"] for p in points_by(points, "psu_input_watts") if p["sensor"] == "Power Supply Bay 1"] == [2750]
-    assert [p["value"] for p in points_by(points, "psu_output_watts") if p["sensor"] == "Power Supply Bay 1"] == [2640]
+    assert [
+        p["value"] for p in points_by(points, "psu_input_watts") if p["sensor"] == "Power Supply Bay 1"
+    ] == [2750]
+    assert [
+        p["value"] for p in points_by(points, "psu_output_watts") if p["sensor"] == "Power Supply Bay 1"
+    ] == [2640]
     batch_validator.validate(make_batch(node="gpu-001", gpu_status="ok", facility=every))
 
 
@@ -75,10 +84,15 @@ def test_a_chassis_with_only_the_newer_subsystem_resources(redfish_mockup):
 
     assert [p["value"] for p in points_by(points, "inlet_temperature_celsius")] == [27.0]
     assert [p["value"] for p in points_by(points, "exhaust_temperature_celsius")] == [58.5]
-    assert [(p["sensor"], p["value"]) for p in points_by(points, "temperature_celsius")] == [("GPU_SXM_1", 61.0)]
+    assert [(p["sensor"], p["value"]) for p in points_by(points, "temperature_celsius")] == [
+        ("GPU_SXM_1", 61.0)
+    ]
     assert [(p["sensor"], p["value"]) for p in points_by(points, "fan_speed_percent")] == [("Fan Bay 1", 72)]
     assert [(p["sensor"], p["value"]) for p in points_by(points, "fan_speed_rpm")] == [("Fan Bay 1", 9800)]
-    assert {p["sensor"]: p["value"] for p in points_by(points, "psu_ok")} == {"Tray PSU 0": 1, "Tray PSU 1": 0}
+    assert {p["sensor"]: p["value"] for p in points_by(points, "psu_ok")} == {
+        "Tray PSU 0": 1,
+        "Tray PSU 1": 0,
+    }
     assert [p["value"] for p in points_by(points, "psu_input_watts")] == [3100.0]
     assert [p["value"] for p in points_by(points, "psu_output_watts")] == [2950.0]
     assert [p["value"] for p in points_by(points, "power_draw_watts")] == [5600.0]
@@ -111,7 +125,9 @@ def test_cdu_loop_pressure_and_flow_in_base_units(redfish_mockup, tmp_path, batc
     assert value("cdu_flow_cubic_meters_per_second", "secondary/B") == pytest.approx(0.02)
     assert value("cdu_return_temperature_celsius", "secondary/B") == 41
     # The secondary return pressure sensor has no reading: no point, rather than a made-up zero.
-    assert not [p for p in points if p["metric"] == "cdu_return_pressure_pascals" and p["sensor"] == "secondary/B"]
+    assert not [
+        p for p in points if p["metric"] == "cdu_return_pressure_pascals" and p["sensor"] == "secondary/B"
+    ]
     assert {p["health"] for p in points if p["sensor"] == "secondary/B"} == {"Warning"}
     batch_validator.validate(make_batch(node=None, gpu_status="disabled", facility=points))
 
@@ -139,25 +155,45 @@ def test_an_unreachable_source_is_skipped_and_the_rest_are_read(redfish_mockup, 
 def test_the_command_sends_facility_series(redfish_mockup, sushy_emulator, sysfs, tmp_path, batch_validator):
     config = write_config(tmp_path, redfish_mockup, bmcs=[{"url": redfish_mockup, "node": "gpu-001"}])
     result = run_agent(
-        "--once", "--dry-run", "--node", "gpu-001", "--sysfs-root", str(sysfs),
-        "--facility-config", str(config), "--redfish-url", sushy_emulator,
+        "--once",
+        "--dry-run",
+        "--node",
+        "gpu-001",
+        "--sysfs-root",
+        str(sysfs),
+        "--facility-config",
+        str(config),
+        "--redfish-url",
+        sushy_emulator,
         fake_nvml={},
     )
     assert result.returncode == 0, result.stderr
     (batch,) = batches_in(result.stdout)
     batch_validator.validate(batch)
     metrics = {p["metric"] for p in batch["facility"]}
-    assert {"inlet_temperature_celsius", "exhaust_temperature_celsius", "fan_speed_rpm", "power_draw_watts", "psu_ok",
-            "cdu_supply_pressure_pascals", "cdu_flow_cubic_meters_per_second", "pdu_current_amperes"} <= metrics
+    assert {
+        "inlet_temperature_celsius",
+        "exhaust_temperature_celsius",
+        "fan_speed_rpm",
+        "power_draw_watts",
+        "psu_ok",
+        "cdu_supply_pressure_pascals",
+        "cdu_flow_cubic_meters_per_second",
+        "pdu_current_amperes",
+    } <= metrics
     assert {p["scope"] for p in batch["facility"]} == {"node", "rack", "row"}
 
 
 def test_bmc_credentials_with_basic_auth(sushy_emulator_with_auth, caplog):
     assert requests.get(f"{sushy_emulator_with_auth}/redfish/v1/Chassis", timeout=5).status_code == 401
-    good = RedfishSource(url=sushy_emulator_with_auth, target="gpu-001", username="lockstep", password="bmc-secret-1")
+    good = RedfishSource(
+        url=sushy_emulator_with_auth, target="gpu-001", username="lockstep", password="bmc-secret-1"
+    )
     assert points_by(FacilityCollector([good]).collect(), "inlet_temperature_celsius")
 
-    wrong = RedfishSource(url=sushy_emulator_with_auth, target="gpu-001", username="lockstep", password="nope")
+    wrong = RedfishSource(
+        url=sushy_emulator_with_auth, target="gpu-001", username="lockstep", password="nope"
+    )
     assert FacilityCollector([wrong]).collect() == []
     assert "Invalid credentials" in caplog.text
 
@@ -165,6 +201,16 @@ def test_bmc_credentials_with_basic_auth(sushy_emulator_with_auth, caplog):
 def test_credentials_from_the_environment_in_the_config_file(tmp_path, monkeypatch):
     monkeypatch.setenv("BMC_PASSWORD", "from-env")
     path = tmp_path / "facility.json"
-    path.write_text(json.dumps({"bmcs": [{"url": "https://127.0.0.1:1", "username": "root", "password_env": "BMC_PASSWORD"}]}))
+    path.write_text(
+        json.dumps(
+            {"bmcs": [{"url": "https://127.0.0.1:1", "username": "root", "password_env": "BMC_PASSWORD"}]}
+        )
+    )
     (source,) = load_sources(str(path), default_node="gpu-007")
-    assert (source.kind, source.scope, source.target, source.username, source.password) == ("bmc", "node", "gpu-007", "root", "from-env")
+    assert (source.kind, source.scope, source.target, source.username, source.password) == (
+        "bmc",
+        "node",
+        "gpu-007",
+        "root",
+        "from-env",
+    )

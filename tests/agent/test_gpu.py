@@ -44,7 +44,9 @@ def test_reads_every_field_per_gpu_in_base_units(fake_nvml, batch_validator):
     assert "DCGM_FI_DEV_RETIRED_SBE" not in fields
     assert "DCGM_FI_DEV_RETIRED_PENDING" not in fields
 
-    batch = make_batch(node="gpu-001", gpu_status="ok", driver_version=collector.driver_version, readings=readings)
+    batch = make_batch(
+        node="gpu-001", gpu_status="ok", driver_version=collector.driver_version, readings=readings
+    )
     batch_validator.validate(batch)
     assert batch["agent"]["driver_version"] == "550.54.15"
 
@@ -53,7 +55,12 @@ def test_faults_show_in_the_fields(fake_nvml, batch_validator):
     fake_nvml.configure(
         gpus=[
             {
-                "ecc": {"corrected_volatile": 90, "uncorrected_volatile": 2, "corrected_aggregate": 400, "uncorrected_aggregate": 5},
+                "ecc": {
+                    "corrected_volatile": 90,
+                    "uncorrected_volatile": 2,
+                    "corrected_aggregate": 400,
+                    "uncorrected_aggregate": 5,
+                },
                 "remapped_rows": [3, 1, 1, 1],
                 "throttle_reasons": 0x40 | 0x20,  # HW thermal slowdown + SW thermal slowdown
                 "nvlink_totals": {"crc_flit": 12, "crc_data": 4, "replay": 30, "recovery": 2},
@@ -155,7 +162,10 @@ def test_wait_for_events_waits_the_whole_time_when_nothing_happens(fake_nvml):
 
 @pytest.mark.parametrize(
     ("fail", "status", "words"),
-    [("library_not_found", "no_nvml", "Library Not Found"), ("driver_not_loaded", "no_nvml", "Driver Not Loaded")],
+    [
+        ("library_not_found", "no_nvml", "Library Not Found"),
+        ("driver_not_loaded", "no_nvml", "Driver Not Loaded"),
+    ],
 )
 def test_no_nvml_is_reported_with_the_reason(fake_nvml, fail, status, words):
     fake_nvml.configure(fail=fail)

@@ -30,7 +30,10 @@ def test_the_documented_example_is_valid(example, batch_validator):
         (lambda b: b.update(schema_version=2), "schema_version"),
         (lambda b: b["readings"][0]["fields"].update(gpu_temp=40), "gpu_temp"),
         (lambda b: b["readings"][0]["fields"].update(DCGM_FI_DEV_GPU_TEMP="hot"), "DCGM_FI_DEV_GPU_TEMP"),
-        (lambda b: b["readings"][0]["fields"].update(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL=-1), "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"),
+        (
+            lambda b: b["readings"][0]["fields"].update(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL=-1),
+            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        ),
         (lambda b: b["readings"][0].pop("uuid"), "uuid"),
         (lambda b: b["nics"][0].update(link_state="flapping"), "link_state"),
         (lambda b: b["events"][0].update(type="ecc"), "type"),

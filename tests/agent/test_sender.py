@@ -10,7 +10,15 @@ from lockstep_agent.spool import Spool
 
 def new_batch(number: int) -> dict:
     batch = make_batch(node="gpu-001", gpu_status="no_nvml")
-    batch["nics"] = [{"ts": batch["created_at"], "name": "eth0", "kind": "ethernet", "link_state": "up", "fields": {"rx_errors": number}}]
+    batch["nics"] = [
+        {
+            "ts": batch["created_at"],
+            "name": "eth0",
+            "kind": "ethernet",
+            "link_state": "up",
+            "fields": {"rx_errors": number},
+        }
+    ]
     return batch
 
 
@@ -44,7 +52,9 @@ def test_retries_with_back_off_before_spooling(receiver, tmp_path):
     assert len(receiver.batches) == 1
 
 
-def test_spool_across_an_outage_replays_in_order_none_lost_none_duplicated(receiver, tmp_path, batch_validator):
+def test_spool_across_an_outage_replays_in_order_none_lost_none_duplicated(
+    receiver, tmp_path, batch_validator
+):
     sender = make_sender(receiver, tmp_path)
     first = new_batch(0)
     assert sender.ship(first) is Outcome.SENT
@@ -111,7 +121,7 @@ def test_a_crash_after_delivery_resends_once_with_the_same_batch_id(receiver, tm
     batch = new_batch(1)
     sender.ship(batch)
     receiver.start()
-    (end, pending), = list(spool.pending())
+    ((end, pending),) = list(spool.pending())
     assert sender.post(pending)[0] is Outcome.SENT  # delivered... and the process dies before commit(end)
 
     assert make_sender(receiver, tmp_path).drain() == 1
@@ -155,4 +165,7 @@ def test_a_torn_last_line_is_cut_off(tmp_path):
 def test_ingest_url_accepts_a_base_or_the_full_path():
     assert ingest_url("https://lockstep.example") == "https://lockstep.example/api/v1/ingest/telemetry/"
     assert ingest_url("https://lockstep.example/") == "https://lockstep.example/api/v1/ingest/telemetry/"
-    assert ingest_url("http://127.0.0.1:8000/api/v1/ingest/telemetry/") == "http://127.0.0.1:8000/api/v1/ingest/telemetry/"
+    assert (
+        ingest_url("http://127.0.0.1:8000/api/v1/ingest/telemetry/")
+        == "http://127.0.0.1:8000/api/v1/ingest/telemetry/"
+    )

@@ -22,9 +22,16 @@ PASSWORD = "correct-horse-9"
 
 def report(node: Node, incident: Incident | None, kind: str, source: str) -> FaultEvent:
     now = timezone.now()
-    return FaultEvent.objects.create(kind=kind, cluster_id=node.cluster_id, node=node, sources=[source],
-                                     detected_at=now, received_at=now, correlation_key=f"browser-{kind}-{node.pk}",
-                                     incident=incident)
+    return FaultEvent.objects.create(
+        kind=kind,
+        cluster_id=node.cluster_id,
+        node=node,
+        sources=[source],
+        detected_at=now,
+        received_at=now,
+        correlation_key=f"browser-{kind}-{node.pk}",
+        incident=incident,
+    )
 
 
 def publish_reported(fault: FaultEvent) -> None:
@@ -35,8 +42,12 @@ def publish_reported(fault: FaultEvent) -> None:
     def work():
         try:
             with transaction.atomic():
-                events.publish(["fleet"], "fault.reported", {**fault_payload(fault), "incident": fault.incident_id},
-                               url=f"/api/v1/faults/{fault.pk}/")
+                events.publish(
+                    ["fleet"],
+                    "fault.reported",
+                    {**fault_payload(fault), "incident": fault.incident_id},
+                    url=f"/api/v1/faults/{fault.pk}/",
+                )
         finally:
             connection.close()
 
@@ -51,11 +62,17 @@ def test_a_new_report_of_an_incident_is_folded_under_it_live(page, server):
     usable_password(admin, PASSWORD)
     first, second = Node.objects.order_by("pk")[:2]
     now = timezone.now()
-    incident = Incident.objects.create(cluster_id=first.cluster_id, node=first, kind="gpu_xid", xid=79,
-                                       opened_at=now, last_reported_at=now)
+    incident = Incident.objects.create(
+        cluster_id=first.cluster_id, node=first, kind="gpu_xid", xid=79, opened_at=now, last_reported_at=now
+    )
     report(first, incident, "gpu_xid", "agent")
-    older = Incident.objects.create(cluster_id=second.cluster_id, node=second, kind="thermal",
-                                    opened_at=now, last_reported_at=now + timedelta(seconds=1))
+    older = Incident.objects.create(
+        cluster_id=second.cluster_id,
+        node=second,
+        kind="thermal",
+        opened_at=now,
+        last_reported_at=now + timedelta(seconds=1),
+    )
     report(second, older, "thermal", "predictor")
 
     log_in(page, server.url, admin.username, PASSWORD)

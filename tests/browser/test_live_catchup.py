@@ -16,7 +16,7 @@ from tests.support.browser import log_in, usable_password
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PASSWORD = "correct-horse-9"
-HEADS_SECONDS, GRACE_SECONDS = 2.0, 1.0   # the server's heads period, shorter than in production (5 s)
+HEADS_SECONDS, GRACE_SECONDS = 2.0, 1.0  # the server's heads period, shorter than in production (5 s)
 
 
 @pytest.fixture
@@ -24,8 +24,12 @@ def server(tmp_path):
     from tests.support.browser import SERVER_ENV
     from tests.support.processes import uvicorn_server
 
-    with uvicorn_server(tmp_path, **SERVER_ENV, LOCKSTEP_WS_HEADS_SECONDS=HEADS_SECONDS,
-                        LOCKSTEP_WS_HEADS_GRACE_SECONDS=GRACE_SECONDS) as running:
+    with uvicorn_server(
+        tmp_path,
+        **SERVER_ENV,
+        LOCKSTEP_WS_HEADS_SECONDS=HEADS_SECONDS,
+        LOCKSTEP_WS_HEADS_GRACE_SECONDS=GRACE_SECONDS,
+    ) as running:
         yield running
 
 
@@ -66,22 +70,33 @@ def open_live_home(page, server, user):
     usable_password(user, PASSWORD)
     log_in(page, server.url, user.username, PASSWORD)
     page.wait_for_selector("#live-state[data-state='live']", timeout=10_000)
-    page.wait_for_function("() => { const t = window.LockstepLive.current.topics.fleet; "
-                           "return t && !t.catchingUp; }", timeout=10_000)
-    page.evaluate("() => { window.applied = []; "
-                  "window.LockstepLive.current.subscribe('fleet', 0, (e) => window.applied.push(e.seq)); }")
+    page.wait_for_function(
+        "() => { const t = window.LockstepLive.current.topics.fleet; return t && !t.catchingUp; }",
+        timeout=10_000,
+    )
+    page.evaluate(
+        "() => { window.applied = []; "
+        "window.LockstepLive.current.subscribe('fleet', 0, (e) => window.applied.push(e.seq)); }"
+    )
 
 
 def feed_seqs(page) -> list[int]:
     """The fleet feed's events, oldest first (the feed shows the newest on top)."""
-    return [int(s) for s in page.locator("#event-feed li[data-seq]").evaluate_all(
-        "(items) => items.map((li) => li.dataset.seq)")][::-1]
+    return [
+        int(s)
+        for s in page.locator("#event-feed li[data-seq]").evaluate_all(
+            "(items) => items.map((li) => li.dataset.seq)"
+        )
+    ][::-1]
 
 
 def test_event_whose_relay_reached_no_socket_shows_after_the_next_heads(page, server, users):
     open_live_home(page, server, users["provider-admin"])
     catch_ups = []
-    page.on("request", lambda r: catch_ups.append((time.monotonic(), r.url)) if "/api/v1/events/" in r.url else None)
+    page.on(
+        "request",
+        lambda r: catch_ups.append((time.monotonic(), r.url)) if "/api/v1/events/" in r.url else None,
+    )
     before = store("fleet", "delivered live", relayed=True)
     page.locator("#event-feed li", has_text="delivered live").wait_for(timeout=5_000)
     assert not catch_ups, "an event that arrives in order needs no catch-up"
@@ -89,9 +104,12 @@ def test_event_whose_relay_reached_no_socket_shows_after_the_next_heads(page, se
     lost = store("fleet", "relayed to no socket", relayed=False)
     stored = time.monotonic()
     page.locator("#event-feed li", has_text="relayed to no socket").wait_for(
-        timeout=(HEADS_SECONDS + GRACE_SECONDS + 5) * 1000)
+        timeout=(HEADS_SECONDS + GRACE_SECONDS + 5) * 1000
+    )
     shown = time.monotonic() - stored
-    print(f"\nlost relay: shown {shown:.2f} s after commit (heads every {HEADS_SECONDS} s, grace {GRACE_SECONDS} s)")
+    print(
+        f"\nlost relay: shown {shown:.2f} s after commit (heads every {HEADS_SECONDS} s, grace {GRACE_SECONDS} s)"
+    )
     assert shown < HEADS_SECONDS + GRACE_SECONDS + 2.0, shown
     assert [url for _, url in catch_ups] and f"after={before}" in catch_ups[-1][1]
     assert page.evaluate("() => window.applied") == [before, lost]
@@ -104,14 +122,16 @@ def test_failed_catch_up_is_retried_and_every_event_applied_in_order(page, serve
 
     def flaky(route):
         calls.append(time.monotonic())
-        if len(calls) <= 2:   # the database restarting: the first two catch-ups fail
-            route.fulfill(status=503, content_type="application/json", body='{"detail": "database restarting"}')
+        if len(calls) <= 2:  # the database restarting: the first two catch-ups fail
+            route.fulfill(
+                status=503, content_type="application/json", body='{"detail": "database restarting"}'
+            )
         else:
             route.continue_()
 
     page.route("**/api/v1/events/**", flaky)
     first = store("fleet", "first, lost", relayed=False)
-    second = store("fleet", "second, live", relayed=True)      # a gap: catch-up, which fails
+    second = store("fleet", "second, live", relayed=True)  # a gap: catch-up, which fails
     page.wait_for_function("() => window.LockstepLive.current.topics.fleet.queue.length === 1", timeout=5_000)
     while len(calls) < 1:
         page.wait_for_timeout(20)
@@ -124,7 +144,7 @@ def test_failed_catch_up_is_retried_and_every_event_applied_in_order(page, serve
     gaps = [round(b - a, 2) for a, b in zip(calls, calls[1:], strict=False)]
     print(f"\ncatch-up tries {len(calls)}, waits between them {gaps} s")
     assert len(calls) == 3
-    assert 0.9 <= gaps[0] < 1.6 and 1.9 <= gaps[1] < 2.6, gaps   # 1 s, then 2 s
+    assert 0.9 <= gaps[0] < 1.6 and 1.9 <= gaps[1] < 2.6, gaps  # 1 s, then 2 s
     # The retry delay starts again from 1 s after a success.
     assert page.evaluate("() => window.LockstepLive.current.topics.fleet.retryDelay") == 1000
     # And live delivery carries on in order.

@@ -45,8 +45,11 @@ def recover(node) -> None:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             recovery_advance()
-            if not RecoveryAction.objects.filter(fault=fault).exclude(
-                    state__in=["succeeded", "failed", "cancelled", "superseded"]).exists():
+            if (
+                not RecoveryAction.objects.filter(fault=fault)
+                .exclude(state__in=["succeeded", "failed", "cancelled", "superseded"])
+                .exists()
+            ):
                 return
             time.sleep(0.2)
 
@@ -84,16 +87,19 @@ def test_job_page_after_live_events_equals_a_fresh_render(page, server, operator
     recover(node)
     action = RecoveryAction.objects.filter(job=job).order_by("pk").last()
     assert action is not None
-    page.wait_for_selector(f"#action-table tr[data-action='{action.pk}'][data-state='{action.state}']",
-                           timeout=10_000)
+    page.wait_for_selector(
+        f"#action-table tr[data-action='{action.pk}'][data-state='{action.state}']", timeout=10_000
+    )
     page.wait_for_timeout(SETTLE_MS)
     regions = ("#job-state", "#gpu-hours-saved", "#job-incidents", "#job-actions")
     live = texts(page, regions)
     faults = "() => document.getElementById('job-timeline').data[3].x.length"
     live_faults = page.evaluate(faults)
     fresh = fresh_page(page, url)
-    fresh.wait_for_function("() => document.getElementById('job-timeline').data !== undefined", timeout=10_000)
-    assert texts(fresh, regions) == live   # snapshot + events == a fresh snapshot
+    fresh.wait_for_function(
+        "() => document.getElementById('job-timeline').data !== undefined", timeout=10_000
+    )
+    assert texts(fresh, regions) == live  # snapshot + events == a fresh snapshot
     assert fresh.evaluate(faults) == live_faults == 1
     fresh.close()
 
@@ -109,14 +115,16 @@ def test_fault_overview_after_live_events_equals_a_fresh_render(page, server, op
     assert page.locator("#total-faults").inner_text() == "0"
 
     recover(node)
-    page.wait_for_function("() => document.getElementById('total-actions').textContent !== '0'", timeout=10_000)
+    page.wait_for_function(
+        "() => document.getElementById('total-actions').textContent !== '0'", timeout=10_000
+    )
     page.wait_for_timeout(SETTLE_MS)
     figures = ("#total-faults", "#total-actions", "#gpu-hours-saved", "#fault-feed")
     live = texts(page, figures)
     rows = "() => [...document.querySelectorAll('#fault-feed > li')].map(li => li.dataset.incident || li.dataset.fault)"
     live_rows = page.evaluate(rows)
     fresh = fresh_page(page, url)
-    assert texts(fresh, figures) == live   # snapshot + events == a fresh snapshot
+    assert texts(fresh, figures) == live  # snapshot + events == a fresh snapshot
     assert fresh.evaluate(rows) == live_rows
     fresh.close()
 
@@ -139,17 +147,26 @@ def test_provider_home_after_live_events_equals_a_fresh_render(page, server, ope
     in_a_thread(work)
     cells = f"() => JSON.parse(document.getElementById('heatmap-{cluster.pk}').dataset.cells)"
     page.wait_for_function(f"() => ({cells})()[0][3] === -1", timeout=10_000)
-    page.wait_for_function("() => document.getElementById('fig-faults').textContent.trim() === '1'", timeout=10_000)
+    page.wait_for_function(
+        "() => document.getElementById('fig-faults').textContent.trim() === '1'", timeout=10_000
+    )
     page.wait_for_timeout(SETTLE_MS)
-    parts = ("#fig-nodes-out", "#fig-gpus-healthy", "#fig-faults", "#fig-faults-open",
-             "#fig-saved-today", "#fig-saved-30d", f"#heatmap-summary-{cluster.pk}")
+    parts = (
+        "#fig-nodes-out",
+        "#fig-gpus-healthy",
+        "#fig-faults",
+        "#fig-faults-open",
+        "#fig-saved-today",
+        "#fig-saved-30d",
+        f"#heatmap-summary-{cluster.pk}",
+    )
     live = texts(page, parts)
     live_cells = page.evaluate(cells)
     faults = "() => document.getElementById('chart-faults').data[0].y.reduce((a, b) => a + b, 0)"
     live_faults = page.evaluate(faults)
     fresh = fresh_page(page, f"{server.url}/")
     fresh.wait_for_selector(f"#heatmap-{cluster.pk} .main-svg", timeout=10_000)
-    assert texts(fresh, parts) == live   # snapshot + events == a fresh snapshot
+    assert texts(fresh, parts) == live  # snapshot + events == a fresh snapshot
     assert fresh.evaluate(cells) == live_cells
     assert fresh.evaluate(faults) == live_faults == 1
     fresh.close()
@@ -172,5 +189,5 @@ def test_whatif_page_follows_its_run_to_the_report_as_a_fresh_render_shows_it(pa
     live = texts(page, ("#whatif-live",))
     fresh = page.context.new_page()
     fresh.goto(url)
-    assert texts(fresh, ("#whatif-live",)) == live   # snapshot + events == a fresh snapshot
+    assert texts(fresh, ("#whatif-live",)) == live  # snapshot + events == a fresh snapshot
     fresh.close()

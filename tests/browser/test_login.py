@@ -40,14 +40,26 @@ def test_event_appears_live_and_is_caught_up_after_a_reconnect(page, server, use
     usable_password(admin, PASSWORD)
     log_in(page, server.url, admin.username, PASSWORD)
     page.wait_for_selector("#live-state[data-state='live']", timeout=10_000)
-    requests.post(f"{server.url}/api/v1/tenants/", json={"name": "Live One", "slug": "live-one"}, headers=auth, timeout=10)
+    requests.post(
+        f"{server.url}/api/v1/tenants/",
+        json={"name": "Live One", "slug": "live-one"},
+        headers=auth,
+        timeout=10,
+    )
     page.locator("#event-feed li", has_text="Live One").wait_for(timeout=5_000)
 
     # The websocket drops and stays away for 3 s; an event happens meanwhile and can only come back
     # through the catch-up fetch after the reconnect.
-    page.evaluate("() => { const live = window.LockstepLive.current; live.backoff = 3000; live.socket.close(); }")
+    page.evaluate(
+        "() => { const live = window.LockstepLive.current; live.backoff = 3000; live.socket.close(); }"
+    )
     page.wait_for_selector("#live-state[data-state='reconnecting']", timeout=2_000)
-    requests.post(f"{server.url}/api/v1/tenants/", json={"name": "While Away", "slug": "while-away"}, headers=auth, timeout=10)
+    requests.post(
+        f"{server.url}/api/v1/tenants/",
+        json={"name": "While Away", "slug": "while-away"},
+        headers=auth,
+        timeout=10,
+    )
     assert page.locator("#event-feed li", has_text="While Away").count() == 0
     page.locator("#event-feed li", has_text="While Away").wait_for(timeout=15_000)
     items = page.locator("#event-feed li").all_inner_texts()

@@ -6,7 +6,10 @@ from tenancy import services
 pytestmark = pytest.mark.django_db
 
 
-@pytest.mark.parametrize("role, status", [("provider-admin", 200), ("operator", 200), ("tenant-admin", 403), ("tenant-viewer", 403)])
+@pytest.mark.parametrize(
+    "role, status",
+    [("provider-admin", 200), ("operator", 200), ("tenant-admin", 403), ("tenant-viewer", 403)],
+)
 def test_audit_api_is_for_provider_roles(api, users, role, status):
     api.as_token(users[role], "read")
     assert api.get("/api/v1/audit/").status_code == status
@@ -52,7 +55,9 @@ def test_audit_page_sorts_filters_and_paginates(client, users, tenant_a):
     assert "Nothing matches" in empty
 
 
-@pytest.mark.parametrize("query", [{"since": "1276-08-10T14:34:37+23:28"}, {"until": "6201-01-29T03:09:34-23:03"}])
+@pytest.mark.parametrize(
+    "query", [{"since": "1276-08-10T14:34:37+23:28"}, {"until": "6201-01-29T03:09:34-23:03"}]
+)
 def test_out_of_range_filters_are_400_in_the_api(api, users, query):
     api.as_token(users["operator"], "read")
     response = api.get("/api/v1/audit/", query)

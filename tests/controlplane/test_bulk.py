@@ -31,27 +31,51 @@ def test_rows_get_their_own_values_in_one_statement_and_others_are_untouched():
         assert len(queries) == 1
     for i, job in enumerate(jobs):
         row = Job.objects.get(pk=job.pk)
-        assert (row.iteration, row.iteration_at, row.state, row.slowdown) == (1000 + i, at + timedelta(seconds=i),
-                                                                           "Recovering", 0.25 * i)
+        assert (row.iteration, row.iteration_at, row.state, row.slowdown) == (
+            1000 + i,
+            at + timedelta(seconds=i),
+            "Recovering",
+            0.25 * i,
+        )
         assert row.degraded_until == (at if i else None)
-        assert row.name == f"bulk-{i}"   # fields not named are left alone
+        assert row.name == f"bulk-{i}"  # fields not named are left alone
     after = Job.objects.get(pk=untouched.pk)
-    assert (after.iteration, after.state, after.iteration_at) == (before.iteration, before.state, before.iteration_at)
+    assert (after.iteration, after.state, after.iteration_at) == (
+        before.iteration,
+        before.state,
+        before.iteration_at,
+    )
 
 
 def test_json_and_text_values_round_trip_and_the_last_copy_of_a_row_wins():
     node = make_node(make_cluster(), "bulk-json", gpus=1, nics=1)
     now = timezone.now()
-    faults = [FaultEvent.objects.create(kind="nic_down", cluster=node.cluster, node=node, detected_at=now,
-                                        received_at=now, last_reported_at=now, correlation_key=f"bulk-{i}")
-              for i in range(2)]
-    faults[0].details, faults[0].state_reason = {"rate": 1.5, "ports": ["p1", "p2"], "note": "naïve ✓"}, "it's \"quoted\""
+    faults = [
+        FaultEvent.objects.create(
+            kind="nic_down",
+            cluster=node.cluster,
+            node=node,
+            detected_at=now,
+            received_at=now,
+            last_reported_at=now,
+            correlation_key=f"bulk-{i}",
+        )
+        for i in range(2)
+    ]
+    faults[0].details, faults[0].state_reason = (
+        {"rate": 1.5, "ports": ["p1", "p2"], "note": "naïve ✓"},
+        'it\'s "quoted"',
+    )
     faults[1].state_reason = "first"
     again = FaultEvent.objects.get(pk=faults[1].pk)
     again.state_reason = "second"
     update_rows([*faults, again], ["details", "state_reason"])
-    assert FaultEvent.objects.get(pk=faults[0].pk).details == {"rate": 1.5, "ports": ["p1", "p2"], "note": "naïve ✓"}
-    assert FaultEvent.objects.get(pk=faults[0].pk).state_reason == "it's \"quoted\""
+    assert FaultEvent.objects.get(pk=faults[0].pk).details == {
+        "rate": 1.5,
+        "ports": ["p1", "p2"],
+        "note": "naïve ✓",
+    }
+    assert FaultEvent.objects.get(pk=faults[0].pk).state_reason == 'it\'s "quoted"'
     assert FaultEvent.objects.get(pk=faults[1].pk).state_reason == "second"
 
 
@@ -60,7 +84,7 @@ def test_a_value_too_long_for_its_column_is_refused_not_cut():
         pytest.skip("SQLite does not enforce varchar lengths")
     cluster, tenant = protected_cluster(nodes=2, spares=0), Tenant.objects.create(name="Bulk", slug="bulk")
     job = submit(cluster, tenant, gpus=8, name="too-long")
-    job.state = "x" * 50     # state is varchar(12)
+    job.state = "x" * 50  # state is varchar(12)
     with pytest.raises(DataError), transaction.atomic():
         update_rows([job], ["state"])
     assert Job.objects.get(pk=job.pk).state != "x" * 50

@@ -8,7 +8,7 @@ from django.core.cache import caches
 
 def test_every_cache_object_uses_one_client_and_its_pool():
     def one_request(i: int):
-        cache = caches.create_connection("default")     # what a new context gets
+        cache = caches.create_connection("default")  # what a new context gets
         assert cache.add(f"test-cache-shared-{i}", i, timeout=5)
         assert cache.get(f"test-cache-shared-{i}") == i
         cache.delete(f"test-cache-shared-{i}")

@@ -32,7 +32,7 @@ def test_task_round_trip_through_a_real_worker(tmp_path, client, users):
     with celery_worker(tmp_path) as worker:
         result = ping_task.delay("hello")
         assert result.get(timeout=30) == {"echo": "hello", "database": 1}
-        client.force_login(users["operator"])   # worker names are for signed-in callers
+        client.force_login(users["operator"])  # worker names are for signed-in callers
         body = client.get("/readyz").json()
         assert body["workers"]["ok"] is True
         assert any(worker.node_name in beat["name"] for beat in body["workers"]["seen"])
@@ -45,13 +45,26 @@ def test_beat_drives_the_outbox_sweep_through_a_worker(tmp_path, client):
     with celery_worker(tmp_path):
         log = (tmp_path / "beat.log").open("w")
         beat = subprocess.Popen(
-            [str(VENV_BIN / "celery"), "-A", "controlplane", "beat", "--loglevel=info",
-             "--schedule", str(tmp_path / "beat-schedule")],
-            env=child_env(OUTBOX_SWEEP_SECONDS=1), stdout=log, stderr=subprocess.STDOUT, cwd=settings.BASE_DIR,
+            [
+                str(VENV_BIN / "celery"),
+                "-A",
+                "controlplane",
+                "beat",
+                "--loglevel=info",
+                "--schedule",
+                str(tmp_path / "beat-schedule"),
+            ],
+            env=child_env(OUTBOX_SWEEP_SECONDS=1),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=settings.BASE_DIR,
         )
         try:
-            wait_for(lambda: not Event.objects.filter(sent_at__isnull=True).exists(), 40,
-                     what=f"the beat-driven sweep ({(tmp_path / 'beat.log').read_text()[-500:]})")
+            wait_for(
+                lambda: not Event.objects.filter(sent_at__isnull=True).exists(),
+                40,
+                what=f"the beat-driven sweep ({(tmp_path / 'beat.log').read_text()[-500:]})",
+            )
             wait_for(lambda: client.get("/readyz").json()["beat"]["ok"], 10, what="beat heartbeat")
         finally:
             beat.terminate()

@@ -87,7 +87,7 @@ async def test_user_joins_what_it_may_see_and_gets_events_after_commit_only(user
     assert sorted(reply["refused"]) == sorted([other, "fleet", "garbage!"])
 
     await publish_rolled_back(own)
-    await publish_committed(other)           # not subscribed (and not allowed)
+    await publish_committed(other)  # not subscribed (and not allowed)
     await publish_committed(own, payload={"n": 1})
     message = await communicator.receive_json_from(timeout=5)
     assert message["type"] == "event" and message["topic"] == own
@@ -112,9 +112,15 @@ async def test_unsubscribe_stops_events_and_bad_messages_get_errors(users, tenan
     await communicator.disconnect()
 
 
-async def test_event_published_while_redis_is_down_arrives_after_it_returns(users, tenant_a, private_redis, settings):
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-                                           "CONFIG": {"hosts": [private_redis.url]}}}
+async def test_event_published_while_redis_is_down_arrives_after_it_returns(
+    users, tenant_a, private_redis, settings
+):
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [private_redis.url]},
+        }
+    }
     channel_layers.backends.clear()
     own = f"tenant-{tenant_a.pk}"
 
@@ -174,8 +180,9 @@ async def test_subscribe_reply_carries_the_heads_of_the_joined_topics(users, ten
     await communicator2.disconnect()
 
 
-async def test_event_whose_relay_reached_no_socket_is_announced_by_the_next_heads(users, tenant_a, tenant_b,
-                                                                                 quick_heads):
+async def test_event_whose_relay_reached_no_socket_is_announced_by_the_next_heads(
+    users, tenant_a, tenant_b, quick_heads
+):
     own, other = f"tenant-{tenant_a.pk}", f"tenant-{tenant_b.pk}"
     communicator, _, _ = await connect(users["provider-admin"])
     await communicator.receive_json_from()
@@ -186,7 +193,7 @@ async def test_event_whose_relay_reached_no_socket_is_announced_by_the_next_head
     assert await communicator.receive_nothing(timeout=1.0), "every event arrived: no heads"
 
     seq = await publish_lost(own)
-    await publish_lost(other)                       # not subscribed: never announced
+    await publish_lost(other)  # not subscribed: never announced
     lost_at = time.monotonic()
     heads = await communicator.receive_json_from(timeout=5)
     waited = time.monotonic() - lost_at
@@ -227,7 +234,9 @@ async def test_tenant_is_never_told_heads_of_topics_it_may_not_see(users, tenant
     await communicator.disconnect()
 
 
-async def test_heads_cost_one_query_per_period_and_none_without_topics(users, tenant_a, quick_heads, monkeypatch):
+async def test_heads_cost_one_query_per_period_and_none_without_topics(
+    users, tenant_a, quick_heads, monkeypatch
+):
     calls = []
     real = consumers.topic_heads
 
@@ -251,7 +260,7 @@ async def test_heads_cost_one_query_per_period_and_none_without_topics(users, te
     stopped = time.monotonic()
     periodic = [call for call in calls if call[0] > started]
     assert calls[0][1:] == (51, 1), "the subscribe reply reads all heads in one query"
-    assert 3 <= len(periodic) <= 6, periodic          # 1.5 s at one read per 0.3 s
+    assert 3 <= len(periodic) <= 6, periodic  # 1.5 s at one read per 0.3 s
     assert all(call[1:] == (51, 1) for call in periodic)
     await asyncio.sleep(0.7)
     assert all(call[0] <= stopped for call in calls), "the watch ends with the connection"

@@ -23,7 +23,9 @@ def test_rolled_back_transaction_leaves_no_event():
     assert not Event.objects.exists()
 
 
-@pytest.mark.parametrize("name", ["nope", "nosuch-17", "tenant", "tenant-x", "fleet-3", "", "FLEET", "tenant-1-2"])
+@pytest.mark.parametrize(
+    "name", ["nope", "nosuch-17", "tenant", "tenant-x", "fleet-3", "", "FLEET", "tenant-1-2"]
+)
 def test_unknown_or_malformed_topics_are_refused(name):
     with pytest.raises(events.UnknownTopic):
         events.publish([name], "a.b")
@@ -69,7 +71,13 @@ def test_catch_up_refuses_other_tenants_and_bad_input(api, users, tenant_b):
     assert api.get("/api/v1/events/", {"topic": "fleet"}).status_code == 403
     assert api.get("/api/v1/events/").status_code == 400
     assert api.get("/api/v1/events/", {"topic": "bogus-topic-x"}).status_code == 400
-    assert api.get("/api/v1/events/", {"topic": f"tenant-{users['tenant-viewer'].membership.tenant_id}", "after": "x"}).status_code == 400
+    assert (
+        api.get(
+            "/api/v1/events/",
+            {"topic": f"tenant-{users['tenant-viewer'].membership.tenant_id}", "after": "x"},
+        ).status_code
+        == 400
+    )
     api.as_token(users["operator"], "read")
     assert api.get("/api/v1/events/").status_code == 200
 
@@ -96,7 +104,7 @@ def test_a_relay_that_cannot_mark_its_events_sent_does_not_fail_its_caller():
     with connection.execute_wrapper(refuse_updates):
         assert events.relay([(event.pk, event.as_message())]) == 1
     event.refresh_from_db()
-    assert event.sent_at is None                      # unmarked: the sweep sends it again
+    assert event.sent_at is None  # unmarked: the sweep sends it again
     assert events.outbox_sweep(min_age_seconds=0) == 1
     event.refresh_from_db()
     assert event.sent_at is not None
@@ -134,11 +142,15 @@ def test_gathered_events_are_written_at_the_end_in_order_and_a_rolled_back_savep
             except RuntimeError:
                 pass
             with pytest.raises(events.UnknownTopic):
-                events.publish(["no-such-topic-x"], "refused")       # refused where it is published
+                events.publish(["no-such-topic-x"], "refused")  # refused where it is published
             events.publish_many([(["cluster-7"], "second", {"n": 3}, ""), (["fleet"], "third", {"n": 4}, "")])
-            assert not Event.objects.exists()                     # nothing written yet
+            assert not Event.objects.exists()  # nothing written yet
         assert [e.kind for e in Event.objects.order_by("pk")] == ["first", "second", "third"]
-        assert [(e.topic, e.seq) for e in Event.objects.order_by("pk")] == [("fleet", 1), ("cluster-7", 1), ("fleet", 2)]
+        assert [(e.topic, e.seq) for e in Event.objects.order_by("pk")] == [
+            ("fleet", 1),
+            ("cluster-7", 1),
+            ("fleet", 2),
+        ]
 
 
 def test_gathered_publishes_once_in_one_statement_and_nothing_after_an_error():
@@ -153,5 +165,5 @@ def test_gathered_publishes_once_in_one_statement_and_nothing_after_an_error():
         with pytest.raises(RuntimeError), events.gathered():
             events.publish(["fleet"], "lost")
             raise RuntimeError("the decision failed")
-        events.publish(["fleet"], "after")          # outside the block: written at once again
+        events.publish(["fleet"], "after")  # outside the block: written at once again
     assert not Event.objects.filter(kind="lost").exists() and Event.objects.filter(kind="after").exists()

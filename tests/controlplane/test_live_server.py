@@ -14,7 +14,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def ws_connect(server, header=None, origin=None):
     headers = {"Authorization": header} if header else {}
-    return connect(f"ws://127.0.0.1:{server.port}/ws/events/", additional_headers=headers, origin=origin, open_timeout=10)
+    return connect(
+        f"ws://127.0.0.1:{server.port}/ws/events/", additional_headers=headers, origin=origin, open_timeout=10
+    )
 
 
 def receive(ws, timeout=5.0):
@@ -35,12 +37,19 @@ def test_event_from_an_api_write_reaches_a_websocket_client(server, users, tenan
         assert receive(ws)["type"] == "hello"
         ws.send(json.dumps({"subscribe": ["fleet"]}))
         assert receive(ws)["topics"] == ["fleet"]
-        response = requests.post(f"{server.url}/api/v1/tenants/", json={"name": "Umbrella", "slug": "umbrella"},
-                                 headers={"Authorization": admin_header}, timeout=10)
+        response = requests.post(
+            f"{server.url}/api/v1/tenants/",
+            json={"name": "Umbrella", "slug": "umbrella"},
+            headers={"Authorization": admin_header},
+            timeout=10,
+        )
         assert response.status_code == 201, response.text
         event = receive(ws)
         assert event["type"] == "event" and event["kind"] == "tenant.created"
-        assert event["payload"]["name"] == "Umbrella" and event["url"] == f"/api/v1/tenants/{response.json()['id']}/"
+        assert (
+            event["payload"]["name"] == "Umbrella"
+            and event["url"] == f"/api/v1/tenants/{response.json()['id']}/"
+        )
 
 
 def test_tenant_client_is_refused_the_fleet_topic(server, users, tenant_a):
@@ -63,18 +72,34 @@ def test_cross_site_browser_origin_is_refused(server, users):
 def test_client_that_was_away_catches_up(server, users):
     header = token_header(users["provider-admin"], "write")["HTTP_AUTHORIZATION"]
     auth = {"Authorization": header}
-    requests.post(f"{server.url}/api/v1/tenants/", json={"name": "First", "slug": "first"}, headers=auth, timeout=10)
+    requests.post(
+        f"{server.url}/api/v1/tenants/", json={"name": "First", "slug": "first"}, headers=auth, timeout=10
+    )
     with ws_connect(server, header) as ws:
         receive(ws)
         ws.send(json.dumps({"subscribe": ["fleet"]}))
         receive(ws)
-        requests.post(f"{server.url}/api/v1/tenants/", json={"name": "Second", "slug": "second"}, headers=auth, timeout=10)
+        requests.post(
+            f"{server.url}/api/v1/tenants/",
+            json={"name": "Second", "slug": "second"},
+            headers=auth,
+            timeout=10,
+        )
         last_seen = receive(ws)["seq"]
     # Away: two more changes happen.
     for name in ("Third", "Fourth"):
-        requests.post(f"{server.url}/api/v1/tenants/", json={"name": name, "slug": name.lower()}, headers=auth, timeout=10)
-    missed = requests.get(f"{server.url}/api/v1/events/", params={"topic": "fleet", "after": last_seen},
-                          headers=auth, timeout=10).json()["results"]
+        requests.post(
+            f"{server.url}/api/v1/tenants/",
+            json={"name": name, "slug": name.lower()},
+            headers=auth,
+            timeout=10,
+        )
+    missed = requests.get(
+        f"{server.url}/api/v1/events/",
+        params={"topic": "fleet", "after": last_seen},
+        headers=auth,
+        timeout=10,
+    ).json()["results"]
     assert [e["payload"]["name"] for e in missed] == ["Third", "Fourth"]
     assert [e["seq"] for e in missed] == [last_seen + 1, last_seen + 2]
 

@@ -37,7 +37,10 @@ def test_pages_need_login(client, db):
         assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
 
 
-@pytest.mark.parametrize("role, status", [("provider-admin", 200), ("operator", 200), ("tenant-admin", 403), ("tenant-viewer", 403)])
+@pytest.mark.parametrize(
+    "role, status",
+    [("provider-admin", 200), ("operator", 200), ("tenant-admin", 403), ("tenant-viewer", 403)],
+)
 def test_audit_page_is_for_provider_roles(client, users, role, status):
     client.force_login(users[role])
     assert client.get("/audit/").status_code == status

@@ -28,11 +28,13 @@ def write_after_first_read(write, table: str = "", first: str = "SELECT COUNT(")
     def wrapper(execute, sql, params, many, context):
         result = execute(sql, params, many, context)
         if sql.lstrip().upper().startswith(first) and f'"{table}"' in sql and not written:
+
             def other_session():
                 try:
                     written.append(write())
                 finally:
                     connection.close()
+
             thread = threading.Thread(target=other_session)
             thread.start()
             thread.join()
@@ -47,8 +49,9 @@ def test_a_row_written_between_the_count_and_the_page_leaves_out_no_row_that_was
     for name in names:
         make_fleet(name)
     header = token_header(make_user(Role.OPERATOR), "read")
-    wrapper, written = write_after_first_read(lambda: make_fleet("a-fleet-written-meanwhile"),
-                                                    table=Fleet._meta.db_table)
+    wrapper, written = write_after_first_read(
+        lambda: make_fleet("a-fleet-written-meanwhile"), table=Fleet._meta.db_table
+    )
 
     with connection.execute_wrapper(wrapper):
         answer = APIClient().get("/api/v1/fleets/", **header)
@@ -70,8 +73,11 @@ def test_a_table_page_is_counted_and_fetched_as_of_one_moment(client):
     for name in names:
         AuditEntry.objects.create(action="test.write", object_type="test", object_repr=name)
     wrapper, written = write_after_first_read(
-        lambda: AuditEntry.objects.create(action="test.write", object_type="test", object_repr="written-meanwhile"),
-        table=AuditEntry._meta.db_table)
+        lambda: AuditEntry.objects.create(
+            action="test.write", object_type="test", object_repr="written-meanwhile"
+        ),
+        table=AuditEntry._meta.db_table,
+    )
 
     with connection.execute_wrapper(wrapper):
         page = client.get("/audit/").content.decode()
@@ -87,13 +93,19 @@ def test_the_ledgers_totals_groups_and_series_agree_while_an_action_completes(ap
     cluster = protected_cluster(nodes=4, spares=1, connection=INSTANT)
     job = submit(cluster, tenant_a, gpus=8)
     api.as_token(make_user(Role.OPERATOR))
-    fault = api.post("/api/v1/faults/", {"node": node_of(job).pk, "kind": "node_unreachable"}, format="json").json()
+    fault = api.post(
+        "/api/v1/faults/", {"node": node_of(job).pk, "kind": "node_unreachable"}, format="json"
+    ).json()
     fault_handle(fault_id=fault["id"])
     recovery_advance()
     (action,) = RecoveryAction.objects.filter(job=job, state=ActionState.SUCCEEDED)
     wrapper, written = write_after_first_read(
-        lambda: RecoveryAction.objects.filter(pk=action.pk).update(gpu_hours_saved=F("gpu_hours_saved") + 100),
-        table=RecoveryAction._meta.db_table, first="SELECT")
+        lambda: RecoveryAction.objects.filter(pk=action.pk).update(
+            gpu_hours_saved=F("gpu_hours_saved") + 100
+        ),
+        table=RecoveryAction._meta.db_table,
+        first="SELECT",
+    )
 
     with connection.execute_wrapper(wrapper):
         stats = api.get("/api/v1/stats/?group=fleet&bucket=minute").json()
@@ -101,7 +113,11 @@ def test_the_ledgers_totals_groups_and_series_agree_while_an_action_completes(ap
     assert written, "the other session never wrote"
     saved = action.gpu_hours_saved
     # The groups were read before the write; the series and the totals must be read as of the same moment.
-    assert stats["groups"][0]["gpu_hours_saved"] == stats["totals"]["gpu_hours_saved"] == pytest.approx(saved, abs=1e-3)
+    assert (
+        stats["groups"][0]["gpu_hours_saved"]
+        == stats["totals"]["gpu_hours_saved"]
+        == pytest.approx(saved, abs=1e-3)
+    )
     assert stats["series"][-1]["cumulative"] == pytest.approx(saved, abs=1e-3), stats
     after = api.get("/api/v1/stats/?group=fleet&bucket=minute").json()
     assert after["totals"]["gpu_hours_saved"] == pytest.approx(saved + 100, abs=1e-3)

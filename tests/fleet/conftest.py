@@ -23,8 +23,11 @@ def world(users, tenant_a):
         cluster.save()
         make_node(cluster)
     from fleet.drivers.simulated import simulate_drift
+
     simulate_drift(shared[0], addon="gpu-operator", kind="version", version="25.0.0")
     drift_sweep()
-    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    v2 = version_create(
+        actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True
+    )
     rollout = rollout_start(actor=actor, version=v2, targets={"fleet": fleet.pk}, strategy={"batch_size": 1})
     return {"bp": bp, "mine": mine, "shared": shared, "rollout": rollout}

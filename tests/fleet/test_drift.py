@@ -20,7 +20,9 @@ def test_in_sync_clusters_have_no_findings_and_roll_up_ready(users):
     clusters = clusters_on(v1, 2)
     report = drift_sweep()
     assert report.clusters == 2 and report.checks == 6 and report.opened == 0
-    assert set(ObservedAddon.objects.values_list("sync", "health")) == {(SyncStatus.IN_SYNC, HealthStatus.HEALTHY)}
+    assert set(ObservedAddon.objects.values_list("sync", "health")) == {
+        (SyncStatus.IN_SYNC, HealthStatus.HEALTHY)
+    }
     status = cluster_status([c.pk for c in clusters])[clusters[0].pk]
     assert (status.sync, status.health, status.ready, status.total) == ("InSync", "Healthy", 3, 3)
     assert fleet_status(clusters[0].fleet_id).ready == 2
@@ -49,6 +51,7 @@ def test_each_kind_of_drift_is_found_with_its_diff_and_resolved_when_gone(users)
     assert again.opened == 0 and again.resolved == 0
     # the drift goes away by itself (someone fixed it by hand)
     from fleet.models import SimulatedAddon
+
     SimulatedAddon.objects.filter(cluster=a, name="gpu-operator").update(version="24.9.0")
     report = drift_sweep()
     assert report.resolved == 1
@@ -81,7 +84,9 @@ def test_a_correction_that_keeps_failing_is_reported_not_retried_forever(users, 
     assert finding.correction_attempts == 2 and finding.gave_up_at is not None
     assert "refused" in finding.last_correction_error
     assert [r.gave_up for r in reports] == [0, 0, 1, 0, 0]
-    assert Event.objects.filter(kind="drift.changed", payload__gave_up=["gpu-operator"]).count() == 2  # fleet + cluster
+    assert (
+        Event.objects.filter(kind="drift.changed", payload__gave_up=["gpu-operator"]).count() == 2
+    )  # fleet + cluster
 
 
 def test_an_unreachable_cluster_is_unknown_and_does_not_blind_the_sweep(users):
@@ -93,7 +98,9 @@ def test_an_unreachable_cluster_is_unknown_and_does_not_blind_the_sweep(users):
     simulate_drift(good, addon="gpu-operator", kind="version", version="25.0.0")
     report = drift_sweep()
     assert report.unreachable == [bad.pk] and report.opened == 1
-    assert set(ObservedAddon.objects.filter(cluster=bad).values_list("sync", "health")) == {("Unknown", "Unknown")}
+    assert set(ObservedAddon.objects.filter(cluster=bad).values_list("sync", "health")) == {
+        ("Unknown", "Unknown")
+    }
 
 
 def test_node_software_is_drift_checked_like_an_add_on(users):

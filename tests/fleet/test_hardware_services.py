@@ -49,20 +49,28 @@ def links(node) -> dict[str, str]:
 
 
 def test_gpus_mark_writes_the_listed_gpus_in_one_statement(vendor, nodes, django_assert_max_num_queries):
-    marks = [(node.pk, index, GPUHealth.FAILED, f"xid 79 on {node.hostname}/{index}") for node in nodes[:4]
-             for index in (0, 2)]
+    marks = [
+        (node.pk, index, GPUHealth.FAILED, f"xid 79 on {node.hostname}/{index}")
+        for node in nodes[:4]
+        for index in (0, 2)
+    ]
     marks.append((nodes[4].pk, 1, GPUHealth.DEGRADED, "row remap pending"))
     with django_assert_max_num_queries(1 if vendor == "postgresql" else len(marks)):
         assert gpus_mark(marks=marks) == 9
     for node in nodes[:4]:
-        assert health(node) == {0: ("failed", f"xid 79 on {node.hostname}/0"), 1: ("healthy", ""),
-                                2: ("failed", f"xid 79 on {node.hostname}/2"), 3: ("healthy", "")}
+        assert health(node) == {
+            0: ("failed", f"xid 79 on {node.hostname}/0"),
+            1: ("healthy", ""),
+            2: ("failed", f"xid 79 on {node.hostname}/2"),
+            3: ("healthy", ""),
+        }
     assert health(nodes[4])[1] == ("degraded", "row remap pending")
     assert set(health(nodes[5]).values()) == {("healthy", "")}
 
 
-def test_gpus_mark_shares_one_update_per_health_and_reason_without_postgresql(nodes, monkeypatch,
-                                                                           django_assert_num_queries):
+def test_gpus_mark_shares_one_update_per_health_and_reason_without_postgresql(
+    nodes, monkeypatch, django_assert_num_queries
+):
     monkeypatch.setattr(hardware, "connection", _Portable())
     marks = [(node.pk, index, GPUHealth.FAILED, "rack power loss") for node in nodes for index in range(4)]
     with django_assert_num_queries(1):
@@ -72,9 +80,15 @@ def test_gpus_mark_shares_one_update_per_health_and_reason_without_postgresql(no
 
 def test_gpus_mark_cuts_the_reason_keeps_the_last_mark_and_skips_unknown_gpus(vendor, nodes):
     node = nodes[0]
-    written = gpus_mark(marks=[(node.pk, 0, GPUHealth.FAILED, "x" * 500), (node.pk, 1, GPUHealth.FAILED, "first"),
-                               (node.pk, 1, GPUHealth.HEALTHY, "second"), (node.pk, 9, GPUHealth.FAILED, "no such GPU"),
-                               (0, 0, GPUHealth.FAILED, "no such node")])
+    written = gpus_mark(
+        marks=[
+            (node.pk, 0, GPUHealth.FAILED, "x" * 500),
+            (node.pk, 1, GPUHealth.FAILED, "first"),
+            (node.pk, 1, GPUHealth.HEALTHY, "second"),
+            (node.pk, 9, GPUHealth.FAILED, "no such GPU"),
+            (0, 0, GPUHealth.FAILED, "no such node"),
+        ]
+    )
     assert written == 2
     assert health(node)[0] == ("failed", "x" * 300)
     assert health(node)[1] == ("healthy", "second")
@@ -88,9 +102,13 @@ def test_gpus_mark_refuses_an_unknown_health(nodes):
 
 
 def test_node_gpus_mark_writes_every_gpu_of_the_node_only(nodes, django_assert_num_queries):
-    gpus_mark(marks=[(nodes[0].pk, 0, GPUHealth.FAILED, "xid 48"), (nodes[1].pk, 0, GPUHealth.FAILED, "xid 48")])
+    gpus_mark(
+        marks=[(nodes[0].pk, 0, GPUHealth.FAILED, "xid 48"), (nodes[1].pk, 0, GPUHealth.FAILED, "xid 48")]
+    )
     with django_assert_num_queries(1):
-        assert node_gpus_mark(node_id=nodes[0].pk, health=GPUHealth.HEALTHY, reason="repaired " + "y" * 400) == 4
+        assert (
+            node_gpus_mark(node_id=nodes[0].pk, health=GPUHealth.HEALTHY, reason="repaired " + "y" * 400) == 4
+        )
     assert set(health(nodes[0]).values()) == {("healthy", ("repaired " + "y" * 400)[:300])}
     assert health(nodes[1])[0] == ("failed", "xid 48")
 
@@ -121,7 +139,9 @@ def test_node_cool_down_sets_the_end_from_now(nodes, django_assert_num_queries):
     with django_assert_num_queries(1):
         until = node_cool_down(node_id=nodes[0].pk, seconds=600)
     nodes[0].refresh_from_db()
-    assert nodes[0].cooldown_until == until and before + timedelta(seconds=600) <= until <= timezone.now() + timedelta(seconds=600)
+    assert nodes[0].cooldown_until == until and before + timedelta(
+        seconds=600
+    ) <= until <= timezone.now() + timedelta(seconds=600)
     # A shorter cooldown later replaces a longer one, as placement.cool_down did: it is set, not extended.
     shorter = node_cool_down(node_id=nodes[0].pk, seconds=5)
     nodes[0].refresh_from_db()
@@ -129,7 +149,9 @@ def test_node_cool_down_sets_the_end_from_now(nodes, django_assert_num_queries):
     assert Node.objects.filter(pk__in=[n.pk for n in nodes[1:]], cooldown_until__isnull=False).count() == 0
 
 
-def test_nodes_mark_seen_sets_the_time_of_the_named_nodes_in_one_statement(vendor, nodes, django_assert_num_queries):
+def test_nodes_mark_seen_sets_the_time_of_the_named_nodes_in_one_statement(
+    vendor, nodes, django_assert_num_queries
+):
     at = timezone.now()
     with django_assert_num_queries(1):
         assert nodes_mark_seen(node_ids={n.pk for n in nodes[:3]}, at=at) == 3
@@ -167,8 +189,16 @@ def test_nodes_set_risk_writes_scores_in_one_statement(nodes, django_assert_num_
     at = timezone.now()
     with django_assert_num_queries(1):
         assert nodes_set_risk(scores={nodes[0].pk: 0.9, nodes[1].pk: 0.25}, at=at) == 2
-    rows = dict((pk, (score, when)) for pk, score, when in
-                Node.objects.filter(pk__in=[n.pk for n in nodes]).values_list("pk", "risk_score", "risk_updated_at"))
-    assert rows[nodes[0].pk] == (0.9, at) and rows[nodes[1].pk] == (0.25, at) and rows[nodes[2].pk] == (0.0, None)
+    rows = dict(
+        (pk, (score, when))
+        for pk, score, when in Node.objects.filter(pk__in=[n.pk for n in nodes]).values_list(
+            "pk", "risk_score", "risk_updated_at"
+        )
+    )
+    assert (
+        rows[nodes[0].pk] == (0.9, at)
+        and rows[nodes[1].pk] == (0.25, at)
+        and rows[nodes[2].pk] == (0.0, None)
+    )
     with django_assert_num_queries(0):
         assert nodes_set_risk(scores={}, at=at) == 0

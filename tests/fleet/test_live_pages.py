@@ -37,9 +37,15 @@ def test_rollout_progress_arrives_live_and_matches_a_fresh_page(page, server, us
     operator = users["operator"]
     bp, v1 = blueprint(operator, auto_rollout=False)
     clusters_on(v1, 4)
-    v2 = version_create(actor=operator, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
-    rollout = rollout_start(actor=operator, version=v2, targets={"tracking": True},
-                            strategy={"batch_size": 2, "soak_seconds": 3600})
+    v2 = version_create(
+        actor=operator, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True
+    )
+    rollout = rollout_start(
+        actor=operator,
+        version=v2,
+        targets={"tracking": True},
+        strategy={"batch_size": 2, "soak_seconds": 3600},
+    )
     usable_password(operator, PASSWORD)
     log_in(page, server.url, operator.username, PASSWORD)
     url = f"{server.url}/rollouts/{rollout.pk}/"
@@ -47,7 +53,9 @@ def test_rollout_progress_arrives_live_and_matches_a_fresh_page(page, server, us
     page.wait_for_selector("#live-state[data-state='live']", timeout=10_000)
     assert page.locator("#rollout-state").inner_text() == "Pending"
 
-    in_worker_thread(rollout_step, rollout_id=rollout.pk)  # batch 0: two clusters applied, healthy at once, soaking
+    in_worker_thread(
+        rollout_step, rollout_id=rollout.pk
+    )  # batch 0: two clusters applied, healthy at once, soaking
     page.locator("#rollout-state", has_text="Running").wait_for(timeout=10_000)
     page.locator("#rollout-batches td", has_text="Soaking").wait_for(timeout=10_000)
     page.locator("#rollout-clusters tr.row-Succeeded").nth(1).wait_for(timeout=10_000)
@@ -55,7 +63,9 @@ def test_rollout_progress_arrives_live_and_matches_a_fresh_page(page, server, us
     live = {region: page.locator(region).inner_text() for region in ("#rollout-batches", "#rollout-clusters")}
     fresh = page.context.new_page()
     fresh.goto(url)
-    assert {region: fresh.locator(region).inner_text() for region in live} == live  # snapshot + events == snapshot
+    assert {
+        region: fresh.locator(region).inner_text() for region in live
+    } == live  # snapshot + events == snapshot
     fresh.close()
 
     page.fill("#reason-pause", "checking the canary")

@@ -18,7 +18,10 @@ def test_cordon_audits_publishes_and_is_idempotent(users):
     node.refresh_from_db()
     assert node.state == NodeState.CORDONED and node.state_reason == "xid 79"
     assert AuditEntry.objects.filter(action="node.cordon").count() == 1
-    assert set(Event.objects.filter(kind="node.cordoned").values_list("topic", flat=True)) == {"fleet", f"cluster-{cluster.pk}"}
+    assert set(Event.objects.filter(kind="node.cordoned").values_list("topic", flat=True)) == {
+        "fleet",
+        f"cluster-{cluster.pk}",
+    }
     node_uncordon(actor=actor, node=node)
     node.refresh_from_db()
     assert node.state == NodeState.READY
@@ -56,28 +59,36 @@ def node_states(cluster):
 
 
 def test_share_circuit_breaker_refuses_over_its_share_of_the_fleet(users):
-    fleet = make_fleet(max_disrupted_percent=20)   # 10 nodes: two may be cordoned or draining at once
+    fleet = make_fleet(max_disrupted_percent=20)  # 10 nodes: two may be cordoned or draining at once
     clusters = [make_cluster(fleet), make_cluster(fleet)]
     nodes = [make_node(clusters[i % 2]) for i in range(10)]
     actor = users["operator"]
     node_cordon(actor=actor, node=nodes[0])
-    node_drain(actor=actor, node=nodes[1])      # the other cluster: the share is the fleet's
+    node_drain(actor=actor, node=nodes[1])  # the other cluster: the share is the fleet's
     with pytest.raises(ServiceError) as refused:
         node_cordon(actor=actor, node=nodes[2])
-    assert refused.value.status == 409 and "circuit breaker" in refused.value.detail and "2 of 10" in refused.value.detail
+    assert (
+        refused.value.status == 409
+        and "circuit breaker" in refused.value.detail
+        and "2 of 10" in refused.value.detail
+    )
     nodes[2].refresh_from_db()
     assert nodes[2].state == NodeState.READY
     assert AuditEntry.objects.filter(action="node.cordon").count() == 1
-    node_drain(actor=actor, node=nodes[0])      # cordoned → draining takes nothing more out
-    node_uncordon(actor=actor, node=nodes[1])   # room again
+    node_drain(actor=actor, node=nodes[0])  # cordoned → draining takes nothing more out
+    node_uncordon(actor=actor, node=nodes[1])  # room again
     node_cordon(actor=actor, node=nodes[2])
-    out = [n.pk for n in type(nodes[0]).objects.filter(cluster__fleet=fleet, state__in=(NodeState.CORDONED,
-                                                                                        NodeState.DRAINING))]
+    out = [
+        n.pk
+        for n in type(nodes[0]).objects.filter(
+            cluster__fleet=fleet, state__in=(NodeState.CORDONED, NodeState.DRAINING)
+        )
+    ]
     assert sorted(out) == sorted([nodes[0].pk, nodes[2].pk])
 
 
 def test_share_circuit_breaker_lets_one_node_out_of_a_small_fleet(users):
-    fleet = make_fleet(max_disrupted_percent=10)   # 3 nodes: 10 % is 0.3 of a node, but one may always go
+    fleet = make_fleet(max_disrupted_percent=10)  # 3 nodes: 10 % is 0.3 of a node, but one may always go
     cluster = make_cluster(fleet)
     nodes = [make_node(cluster) for _ in range(3)]
     node_cordon(actor=users["operator"], node=nodes[0])
@@ -113,8 +124,10 @@ def test_many_nodes_change_together_within_the_same_caps_as_one_at_a_time(users)
     now, refused = nodes_cordon(actor=None, nodes=nodes, reasons={nodes[0].pk: "leaf down"})
     assert [n.state for n in now] == [NodeState.CORDONED] * 3 + [NodeState.READY] * 2
     assert set(refused) == {nodes[3].pk, nodes[4].pk}
-    assert all(e.status == 409 and "already has 3 nodes cordoned or draining (cap 3)" in e.detail
-               for e in refused.values())
+    assert all(
+        e.status == 409 and "already has 3 nodes cordoned or draining (cap 3)" in e.detail
+        for e in refused.values()
+    )
     assert node_states(cluster) == {NodeState.CORDONED: 3, NodeState.READY: 2}
     assert cluster.nodes.get(pk=nodes[0].pk).state_reason == "leaf down"
     assert AuditEntry.objects.filter(action="node.cordon").count() == 3

@@ -139,7 +139,9 @@ def test_fleet_live_feeds_open_with_their_history(client, users, tenant_a, world
 
     mine = world["mine"]
     with transaction.atomic():
-        events.publish(["fleet"], "cluster.status", {"name": "old-cluster", "status": "Degraded", "reason": "drift"})
+        events.publish(
+            ["fleet"], "cluster.status", {"name": "old-cluster", "status": "Degraded", "reason": "drift"}
+        )
         events.publish([f"cluster-{mine.pk}"], "node.cordoned", {"name": "node-x", "state": "cordoned"})
         events.publish([f"cluster-{mine.pk}"], "node.uncordoned", {"name": "node-x", "state": "ready"})
 
@@ -150,7 +152,9 @@ def test_fleet_live_feeds_open_with_their_history(client, users, tenant_a, world
     client.force_login(users["operator"])
     overview = feed(client.get("/fleet/").content.decode())
     assert "old-cluster · Degraded · drift" in overview and 'class="empty"' not in overview
-    assert re.search(r'<li data-seq="\d+"><time datetime="[^"]+">\d{4}-\d\d-\d\d \d\d:\d\d:\d\d</time>', overview)
+    assert re.search(
+        r'<li data-seq="\d+"><time datetime="[^"]+">\d{4}-\d\d-\d\d \d\d:\d\d:\d\d</time>', overview
+    )
     page = feed(client.get(f"/clusters/{mine.pk}/").content.decode())
     assert page.index("node.uncordoned") < page.index("node.cordoned")  # newest first
     assert "old-cluster" not in page

@@ -14,9 +14,16 @@ pytestmark = pytest.mark.django_db
 
 def pages(world):
     return [
-        "/fleet/", f"/clusters/{world['mine'].pk}/", f"/clusters/{world['shared'][0].pk}/",
-        "/blueprints/", f"/blueprints/{world['bp'].pk}/", f"/blueprints/{world['bp'].pk}/?from=1&to=2",
-        "/rollouts/", f"/rollouts/{world['rollout'].pk}/", "/drift/", "/drift/?open=true",
+        "/fleet/",
+        f"/clusters/{world['mine'].pk}/",
+        f"/clusters/{world['shared'][0].pk}/",
+        "/blueprints/",
+        f"/blueprints/{world['bp'].pk}/",
+        f"/blueprints/{world['bp'].pk}/?from=1&to=2",
+        "/rollouts/",
+        f"/rollouts/{world['rollout'].pk}/",
+        "/drift/",
+        "/drift/?open=true",
     ]
 
 
@@ -39,8 +46,12 @@ def test_tenant_users_see_their_clusters_only(client, users, world):
     assert "Compliance" not in overview
     assert client.get(f"/clusters/{world['mine'].pk}/").status_code == 200
     assert client.get(f"/clusters/{world['shared'][0].pk}/").status_code == 404
-    for url in ["/blueprints/", f"/blueprints/{world['bp'].pk}/", "/rollouts/",
-                f"/rollouts/{world['rollout'].pk}/"]:
+    for url in [
+        "/blueprints/",
+        f"/blueprints/{world['bp'].pk}/",
+        "/rollouts/",
+        f"/rollouts/{world['rollout'].pk}/",
+    ]:
         assert client.get(url).status_code == 403, url
     assert client.post(f"/rollouts/{world['rollout'].pk}/pause/").status_code == 403
     assert client.get("/drift/").status_code == 200
@@ -77,7 +88,11 @@ def test_rollout_page_buttons_act_through_the_services(client, users, world):
     client.force_login(users["operator"])
     url = f"/rollouts/{world['rollout'].pk}/"
     html = client.get(url).content.decode()
-    assert 'data-action="pause"' in html and 'data-action="rollback"' in html and 'data-action="resume"' not in html
+    assert (
+        'data-action="pause"' in html
+        and 'data-action="rollback"' in html
+        and 'data-action="resume"' not in html
+    )
     assert f'data-live-topics="rollout-{world["rollout"].pk}"' in html
     client.post(f"{url}pause/", {"reason": "investigating"})
     assert Rollout.objects.get().state == RolloutState.PAUSED
@@ -123,7 +138,9 @@ def test_admin_hides_credentials_and_offers_simulated_drift(client, world, djang
     assert SECRET not in html
     client.post("/admin/fleet/cluster/", {"action": "drift_values", "_selected_action": [world["mine"].pk]})
     drift_sweep()
-    assert DriftFinding.objects.filter(cluster=world["mine"], kind="values_changed", resolved_at__isnull=True).exists()
+    assert DriftFinding.objects.filter(
+        cluster=world["mine"], kind="values_changed", resolved_at__isnull=True
+    ).exists()
 
 
 def test_rollout_page_has_a_progress_bar_of_clusters_done(client, users, world):

@@ -39,7 +39,9 @@ def test_activation_starts_a_rollout_that_moves_tracking_clusters_batch_by_batch
     bp, v1 = blueprint(actor)
     tracking = clusters_on(v1, 5)
     pinned = clusters_on(v1, 1, track_latest=False)[0]
-    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    v2 = version_create(
+        actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True
+    )
     rollout = Rollout.objects.get(version=v2)
     assert rollout.state == RolloutState.PENDING
     assert rollout.clusters.count() == 5 and not rollout.clusters.filter(cluster=pinned).exists()
@@ -70,7 +72,9 @@ def test_a_step_is_safe_to_run_twice_and_on_a_gone_rollout(users):
     actor = users["operator"]
     bp, v1 = blueprint(actor, auto_rollout=False)
     clusters_on(v1, 2)
-    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    v2 = version_create(
+        actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True
+    )
     rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True}, strategy={"batch_size": 1})
     rollout_step(rollout_id=rollout.pk)
     rollout_step(rollout_id=rollout.pk)
@@ -82,10 +86,18 @@ def test_canary_goes_first_and_percentage_batches(users):
     actor = users["operator"]
     bp, v1 = blueprint(actor, auto_rollout=False)
     clusters = clusters_on(v1, 9)
-    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
-    rollout = rollout_start(actor=actor, version=v2, targets={"fleet": clusters[0].fleet_id},
-                            strategy={"canary": [clusters[4].name], "batch_size": "50%", "soak_seconds": 0})
-    assert list(rollout.clusters.filter(batch_index=0).values_list("cluster_id", flat=True)) == [clusters[4].pk]
+    v2 = version_create(
+        actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True
+    )
+    rollout = rollout_start(
+        actor=actor,
+        version=v2,
+        targets={"fleet": clusters[0].fleet_id},
+        strategy={"canary": [clusters[4].name], "batch_size": "50%", "soak_seconds": 0},
+    )
+    assert list(rollout.clusters.filter(batch_index=0).values_list("cluster_id", flat=True)) == [
+        clusters[4].pk
+    ]
     assert rollout.batches.count() == 3  # canary, then 5 and 3 (50% of 9, rounded up)
     assert rollout.batches.get(index=0).canary
 
@@ -94,11 +106,16 @@ def test_soak_time_holds_the_next_batch(users):
     actor = users["operator"]
     bp, v1 = blueprint(actor, auto_rollout=False)
     clusters_on(v1, 2)
-    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
-    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True},
-                            strategy={"batch_size": 1, "soak_seconds": 300})
+    v2 = version_create(
+        actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True
+    )
+    rollout = rollout_start(
+        actor=actor, version=v2, targets={"tracking": True}, strategy={"batch_size": 1, "soak_seconds": 300}
+    )
     now = timezone.now()
-    assert rollout_step(rollout_id=rollout.pk, now=now) == "batch-started"  # applied, healthy at once: soaking
+    assert (
+        rollout_step(rollout_id=rollout.pk, now=now) == "batch-started"
+    )  # applied, healthy at once: soaking
     assert rollout.batches.get(index=0).status == RolloutBatch.Status.SOAKING
     assert rollout_step(rollout_id=rollout.pk, now=now + timedelta(seconds=10)) == "soaking"
     assert rollout_step(rollout_id=rollout.pk, now=now + timedelta(seconds=301)) == "batch-passed"
@@ -113,8 +130,12 @@ def test_a_failing_canary_spends_the_budget_and_rolls_back_with_a_pinned_reason(
     clusters[0].save()
     bad = [{**a, "chart": "gpu-operator-bad"} if a["name"] == "gpu-operator" else a for a in ADDONS]
     v2 = version_create(actor=actor, blueprint=bp, addons=bad, activate=True)
-    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True},
-                            strategy={"canary": 1, "batch_size": 2, "soak_seconds": 0, "auto_rollback": True})
+    rollout = rollout_start(
+        actor=actor,
+        version=v2,
+        targets={"tracking": True},
+        strategy={"canary": 1, "batch_size": 2, "soak_seconds": 0, "auto_rollback": True},
+    )
     run_to_end(rollout)
     assert rollout.state == RolloutState.ROLLED_BACK and "1 clusters failed" in rollout.reason
     clusters[0].refresh_from_db()
@@ -133,9 +154,15 @@ def test_progress_deadline_times_clusters_out(users):
     (cluster,) = clusters_on(v1, 1)
     cluster.connection = {"apply_seconds": 3600}
     cluster.save()
-    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
-    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True},
-                            strategy={"progress_deadline_seconds": 60, "auto_rollback": False, "max_failures": 0})
+    v2 = version_create(
+        actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True
+    )
+    rollout = rollout_start(
+        actor=actor,
+        version=v2,
+        targets={"tracking": True},
+        strategy={"progress_deadline_seconds": 60, "auto_rollback": False, "max_failures": 0},
+    )
     now = timezone.now()
     rollout_step(rollout_id=rollout.pk, now=now)
     assert rollout_step(rollout_id=rollout.pk, now=now + timedelta(seconds=30)) == "batch-progressing"
@@ -158,8 +185,14 @@ def test_node_software_drains_within_budget_and_waits_for_protected_jobs(users):
     cluster.connection = {"apply_seconds": 0, "migration_pause_seconds": 0}  # drains finish by the next step
     cluster.save()
     nodes = [make_node(cluster) for _ in range(3)]
-    v2 = version_create(actor=actor, blueprint=bp, addons=ADDONS, node_software={"gpu_driver": "560.35.03"},
-                        policy={"disruption": {"max_unavailable_nodes": 2}}, activate=True)
+    v2 = version_create(
+        actor=actor,
+        blueprint=bp,
+        addons=ADDONS,
+        node_software={"gpu_driver": "560.35.03"},
+        policy={"disruption": {"max_unavailable_nodes": 2}},
+        activate=True,
+    )
     rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True}, strategy={"soak_seconds": 0})
     previous = hooks._drain_guard
     hooks.register_drain_guard(lambda node: (node.pk != nodes[2].pk, "protected job j-7 cannot move yet"))
@@ -173,8 +206,9 @@ def test_node_software_drains_within_budget_and_waits_for_protected_jobs(users):
         row.refresh_from_db()
         assert sorted(row.nodes_updated) == sorted([nodes[0].pk, nodes[1].pk]) and row.nodes_draining == []
         assert "protected job j-7" in row.reason and row.status == RolloutClusterStatus.TO_APPLY
-        assert not SimulatedAddon.objects.filter(cluster=cluster, name="node-software.gpu_driver",
-                                                 version="560.35.03").exists()
+        assert not SimulatedAddon.objects.filter(
+            cluster=cluster, name="node-software.gpu_driver", version="560.35.03"
+        ).exists()
     finally:
         hooks.register_drain_guard(previous)
     run_to_end(rollout)
@@ -193,10 +227,15 @@ def test_a_drain_is_awaited_and_released_when_the_cluster_times_out(users):
     cluster.connection = {"apply_seconds": 0, "migration_pause_seconds": 3600}  # a drain that takes an hour
     cluster.save()
     node = make_node(cluster)
-    v2 = version_create(actor=actor, blueprint=bp, addons=ADDONS, node_software={"gpu_driver": "560.35.03"},
-                        activate=True)
-    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True},
-                            strategy={"progress_deadline_seconds": 60, "auto_rollback": False})
+    v2 = version_create(
+        actor=actor, blueprint=bp, addons=ADDONS, node_software={"gpu_driver": "560.35.03"}, activate=True
+    )
+    rollout = rollout_start(
+        actor=actor,
+        version=v2,
+        targets={"tracking": True},
+        strategy={"progress_deadline_seconds": 60, "auto_rollback": False},
+    )
     now = timezone.now()
     rollout_step(rollout_id=rollout.pk, now=now)
     node.refresh_from_db()
@@ -212,7 +251,9 @@ def test_pause_resume_cancel_and_manual_rollback(users):
     actor = users["operator"]
     bp, v1 = blueprint(actor, auto_rollout=False)
     clusters = clusters_on(v1, 4)
-    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    v2 = version_create(
+        actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True
+    )
     rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True}, strategy={"batch_size": 2})
     rollout_step(rollout_id=rollout.pk)
     rollout_pause(actor=actor, rollout=rollout)
@@ -271,10 +312,16 @@ def test_change_window_defers_the_next_batch(users):
     actor = users["operator"]
     bp, v1 = blueprint(actor, auto_rollout=False)
     clusters_on(v1, 1)
-    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    v2 = version_create(
+        actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True
+    )
     monday_night = timezone.now().replace(year=2026, month=11, day=30, hour=23, minute=0)
-    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True},
-                            strategy={"change_window": {"days": [1], "start": "01:00", "end": "05:00"}})
+    rollout = rollout_start(
+        actor=actor,
+        version=v2,
+        targets={"tracking": True},
+        strategy={"change_window": {"days": [1], "start": "01:00", "end": "05:00"}},
+    )
     assert rollout_step(rollout_id=rollout.pk, now=monday_night) == "outside-change-window"
     assert rollout_step(rollout_id=rollout.pk, now=monday_night + timedelta(hours=3)) == "batch-started"
 
@@ -283,9 +330,13 @@ def test_activation_while_every_tracking_cluster_is_busy_still_activates(users):
     actor = users["operator"]
     bp, v1 = blueprint(actor, strategy={"batch_size": 5, "soak_seconds": 3600})
     clusters_on(v1, 2)
-    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    v2 = version_create(
+        actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True
+    )
     assert Rollout.objects.filter(version=v2).count() == 1
-    v3 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.2"), activate=True)
+    v3 = version_create(
+        actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.2"), activate=True
+    )
     v3.refresh_from_db()
     assert v3.state == "active" and not Rollout.objects.filter(version=v3).exists()
     assert AuditEntry.objects.filter(action="blueprint.version_no_rollout").exists()
@@ -295,7 +346,9 @@ def test_rollout_list_and_detail_have_query_budgets(api, users, django_assert_ma
     actor = users["operator"]
     bp, v1 = blueprint(actor, auto_rollout=False)
     clusters_on(v1, 6)
-    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
+    v2 = version_create(
+        actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True
+    )
     rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True}, strategy={"batch_size": 2})
     api.as_token(actor, "read")
     with django_assert_max_num_queries(12):
@@ -313,11 +366,14 @@ def test_a_step_takes_topics_in_the_one_global_order(users):
     bp, v1 = blueprint(actor, auto_rollout=False, node_software={"cuda": "12.4"})
     clusters = clusters_on(v1, 3)
     from tests.support.factories import make_node
+
     for cluster in clusters:
         cluster.connection = {"apply_seconds": 0, "migration_pause_seconds": 0}
         cluster.save()
         make_node(cluster)
-    v2 = version_create(actor=actor, blueprint=bp, addons=ADDONS, node_software={"cuda": "12.6"}, activate=True)
+    v2 = version_create(
+        actor=actor, blueprint=bp, addons=ADDONS, node_software={"cuda": "12.6"}, activate=True
+    )
     rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True}, strategy={"batch_size": 3})
     for _ in range(2):  # drains requested; drains done, add-ons applied, clusters healthy
         before = Event.objects.order_by("-id").values_list("id", flat=True).first()
@@ -332,16 +388,25 @@ def test_rolling_back_node_software_drains_node_by_node_like_the_change(users):
     from tests.support.factories import make_node
 
     actor = users["operator"]
-    bp, v1 = blueprint(actor, auto_rollout=False, node_software={"gpu_driver": "550.90.07"})   # budget 1
+    bp, v1 = blueprint(actor, auto_rollout=False, node_software={"gpu_driver": "550.90.07"})  # budget 1
     (cluster,) = clusters_on(v1, 1)
     cluster.connection = {"apply_seconds": 0, "migration_pause_seconds": 0}
     cluster.save()
     nodes = [make_node(cluster) for _ in range(3)]
-    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.9"),
-                        node_software={"gpu_driver": "560.35.03"}, policy={"disruption": {"max_unavailable_nodes": 2}},
-                        activate=True)
-    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True},
-                            strategy={"soak_seconds": 3600, "auto_rollback": False})
+    v2 = version_create(
+        actor=actor,
+        blueprint=bp,
+        addons=bump(ADDONS, "gpu-operator", "24.9.9"),
+        node_software={"gpu_driver": "560.35.03"},
+        policy={"disruption": {"max_unavailable_nodes": 2}},
+        activate=True,
+    )
+    rollout = rollout_start(
+        actor=actor,
+        version=v2,
+        targets={"tracking": True},
+        strategy={"soak_seconds": 3600, "auto_rollback": False},
+    )
     for _ in range(6):
         rollout_step(rollout_id=rollout.pk)
     assert SimulatedAddon.objects.get(cluster=cluster, name="node-software.gpu_driver").version == "560.35.03"
@@ -354,12 +419,16 @@ def test_rolling_back_node_software_drains_node_by_node_like_the_change(users):
     # add-ons went back at once; the driver is still the new one until its nodes are drained
     assert SimulatedAddon.objects.get(cluster=cluster, name="gpu-operator").version == "24.9.0"
     assert SimulatedAddon.objects.get(cluster=cluster, name="node-software.gpu_driver").version == "560.35.03"
-    assert rollout_sweep_task() == 1   # beat keeps stepping a rollback that is still putting nodes back
+    assert rollout_sweep_task() == 1  # beat keeps stepping a rollback that is still putting nodes back
     previous = hooks._drain_guard
     hooks.register_drain_guard(lambda node: (node.pk != nodes[1].pk, "protected job j-9 cannot move yet"))
     try:
         rollout_step(rollout_id=rollout.pk)
-        assert sorted(cluster.nodes.values_list("state", flat=True)) == ["draining", "ready", "ready"]  # budget 1 (v1)
+        assert sorted(cluster.nodes.values_list("state", flat=True)) == [
+            "draining",
+            "ready",
+            "ready",
+        ]  # budget 1 (v1)
         for _ in range(3):
             rollout_step(rollout_id=rollout.pk)
         row.refresh_from_db()

@@ -17,8 +17,15 @@ from tests.support.processes import lock_waiters, wait_for
 
 pytestmark = pytest.mark.django_db
 
-INSTANT = {"apply_seconds": 0, "nic_failover_seconds": 0, "migration_pause_seconds": 0, "gpu_reset_seconds": 0,
-           "restart_seconds": 0, "snapshot_base_seconds": 0, "snapshot_seconds_per_gpu": 0}
+INSTANT = {
+    "apply_seconds": 0,
+    "nic_failover_seconds": 0,
+    "migration_pause_seconds": 0,
+    "gpu_reset_seconds": 0,
+    "restart_seconds": 0,
+    "snapshot_base_seconds": 0,
+    "snapshot_seconds_per_gpu": 0,
+}
 
 
 def simulated_cluster(**connection):
@@ -43,8 +50,9 @@ def other_calls(cluster):
     """The operations that never fail by injection: add-ons, node operations and snapshots."""
     node = cluster.nodes.order_by("hostname").first()
     return {
-        "apply_addon": lambda driver: driver.apply_addon({"name": "gpu-operator", "chart": "gpu-operator",
-                                                          "version": "24.9.0"}),
+        "apply_addon": lambda driver: driver.apply_addon(
+            {"name": "gpu-operator", "chart": "gpu-operator", "version": "24.9.0"}
+        ),
         "cordon": lambda driver: driver.cordon(node),
         "uncordon": lambda driver: driver.uncordon(node),
         "drain": lambda driver: driver.drain(node),
@@ -85,8 +93,9 @@ def test_probability_one_fails_every_recovery_operation_and_nothing_else():
             assert status(cluster, result) == "succeeded", name
     node = cluster.nodes.order_by("hostname").first()
     assert driver.drain_done(node)
-    assert set(SimulatedOperation.objects.filter(cluster=cluster, fails=True).values_list("operation", flat=True)) == {
-        "nic_failover", "migrate_worker", "gpu_reset", "restart_from_checkpoint", "restore_from_snapshot"}
+    assert set(
+        SimulatedOperation.objects.filter(cluster=cluster, fails=True).values_list("operation", flat=True)
+    ) == {"nic_failover", "migrate_worker", "gpu_reset", "restart_from_checkpoint", "restore_from_snapshot"}
     assert [addon.health for addon in driver.observe_addons()] == ["Healthy"]
     driver.remove_addon("gpu-operator")
     assert driver.observe_addons() == []
@@ -105,7 +114,7 @@ def test_fail_next_fails_exactly_the_next_recovery_operations():
     assert "2" in fail_next_recovery(cluster, count=2)
     driver = driver_for(cluster)
     node = cluster.nodes.order_by("hostname").first()
-    assert status(cluster, driver.cordon(node)) == "succeeded"   # not a recovery operation: nothing consumed
+    assert status(cluster, driver.cordon(node)) == "succeeded"  # not a recovery operation: nothing consumed
     assert run_restarts(cluster, 3) == ["failed", "failed", "succeeded"]
     assert "fail_next" not in cluster.connection
     assert "fail_next" not in Cluster.objects.get(pk=cluster.pk).connection
@@ -140,13 +149,15 @@ def test_the_pending_count_is_stored_and_a_fresh_driver_sees_what_is_left():
     node = cluster.nodes.order_by("hostname").first()
     assert status(cluster, driver_for(cluster).reset_gpu(node, 0)) == "failed"
     stored = Cluster.objects.get(pk=cluster.pk).connection
-    assert stored["fail_next"] == [{"how": "fail", "operations": ["gpu_reset"], "count": 2},
-                                   {"how": "refuse", "operations": [], "count": 1}]
-    assert stored["apply_seconds"] == 7   # the other settings are kept
+    assert stored["fail_next"] == [
+        {"how": "fail", "operations": ["gpu_reset"], "count": 2},
+        {"how": "refuse", "operations": [], "count": 1},
+    ]
+    assert stored["apply_seconds"] == 7  # the other settings are kept
 
     fresh = driver_for(Cluster.objects.get(pk=cluster.pk))
     with pytest.raises(DriverError):
-        fresh.restart_from_checkpoint("job-1")   # the refusal covers any operation; gpu_reset's are not its
+        fresh.restart_from_checkpoint("job-1")  # the refusal covers any operation; gpu_reset's are not its
     assert [status(cluster, fresh.reset_gpu(node, 0)) for _ in range(3)] == ["failed", "failed", "succeeded"]
     assert "fail_next" not in Cluster.objects.get(pk=cluster.pk).connection
 
@@ -155,7 +166,7 @@ def test_a_driver_built_before_the_failure_was_queued_is_counted_down_from_the_s
     cluster = simulated_cluster()
     fail_next_recovery(cluster)
     stale = Cluster.objects.get(pk=cluster.pk)
-    fail_next_recovery(Cluster.objects.get(pk=cluster.pk), count=2)   # another process queues more
+    fail_next_recovery(Cluster.objects.get(pk=cluster.pk), count=2)  # another process queues more
     assert run_restarts(stale, 4) == ["failed", "failed", "failed", "succeeded"]
 
 
@@ -179,14 +190,18 @@ def test_a_failure_queued_while_a_decision_holds_the_cluster_waits_and_loses_no_
 
     queuer = threading.Thread(target=queue_more)
     with transaction.atomic():
-        locked = Cluster.objects.select_for_update(no_key=True).get(pk=cluster.pk)   # as the fault path holds it
+        locked = Cluster.objects.select_for_update(no_key=True).get(
+            pk=cluster.pk
+        )  # as the fault path holds it
         queuer.start()
         wait_for(lambda: waiting_for_locks() > 0, 10, what="fail_next_recovery to wait for the cluster row")
         assert status(cluster, driver_for(locked).restart_from_checkpoint("job-1")) == "failed"
     queuer.join(10)
     assert not queuer.is_alive()
     assert Cluster.objects.get(pk=cluster.pk).connection["fail_next"] == [
-        {"how": "fail", "operations": [], "count": 1}, {"how": "fail", "operations": ["gpu_reset"], "count": 1}]
+        {"how": "fail", "operations": [], "count": 1},
+        {"how": "fail", "operations": ["gpu_reset"], "count": 1},
+    ]
 
 
 def test_fail_next_refuses_what_it_cannot_do():
@@ -215,11 +230,25 @@ def test_the_probability_can_be_set_and_removed():
 def test_simulate_fail_next_command():
     cluster = simulated_cluster()
     out = StringIO()
-    call_command("simulate", "fail-next", "--cluster", cluster.name, "--count", "2", "--operation", "migrate_worker",
-                 "--operation", "nic_failover", "--how", "refuse", stdout=out)
+    call_command(
+        "simulate",
+        "fail-next",
+        "--cluster",
+        cluster.name,
+        "--count",
+        "2",
+        "--operation",
+        "migrate_worker",
+        "--operation",
+        "nic_failover",
+        "--how",
+        "refuse",
+        stdout=out,
+    )
     assert cluster.name in out.getvalue()
     assert Cluster.objects.get(pk=cluster.pk).connection["fail_next"] == [
-        {"how": "refuse", "operations": ["migrate_worker", "nic_failover"], "count": 2}]
+        {"how": "refuse", "operations": ["migrate_worker", "nic_failover"], "count": 2}
+    ]
     fresh = driver_for(Cluster.objects.get(pk=cluster.pk))
     calls = recovery_calls(cluster)
     for name in ("nic_failover", "migrate_worker"):

@@ -23,9 +23,12 @@ def test_rollout_progress_task_once_twice_and_gone(users):
     actor = users["operator"]
     bp, v1 = blueprint(actor, auto_rollout=False)
     clusters_on(v1, 2)
-    v2 = version_create(actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True)
-    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True},
-                            strategy={"batch_size": 1, "soak_seconds": 3600})
+    v2 = version_create(
+        actor=actor, blueprint=bp, addons=bump(ADDONS, "gpu-operator", "24.9.1"), activate=True
+    )
+    rollout = rollout_start(
+        actor=actor, version=v2, targets={"tracking": True}, strategy={"batch_size": 1, "soak_seconds": 3600}
+    )
     assert rollout_progress_task.run(rollout.pk) == "batch-started"
     assert rollout_progress_task.run(rollout.pk) == "soaking"  # the same state: nothing applied twice
     assert AuditEntry.objects.filter(action="rollout.cluster_apply").count() == 1
@@ -67,10 +70,15 @@ def test_sigkill_of_a_worker_mid_rollout_skips_no_batch_and_applies_no_cluster_t
     for cluster in clusters:
         cluster.connection = {"apply_seconds": 0, "call_latency_seconds": 0.4}
         cluster.save()
-    v2 = version_create(actor=actor, blueprint=bp, addons=bump(bump(ADDONS, "gpu-operator", "24.9.1"),
-                                                                "nic-failover", "1.3.0"), activate=True)
-    rollout = rollout_start(actor=actor, version=v2, targets={"tracking": True},
-                            strategy={"batch_size": 2, "soak_seconds": 0})
+    v2 = version_create(
+        actor=actor,
+        blueprint=bp,
+        addons=bump(bump(ADDONS, "gpu-operator", "24.9.1"), "nic-failover", "1.3.0"),
+        activate=True,
+    )
+    rollout = rollout_start(
+        actor=actor, version=v2, targets={"tracking": True}, strategy={"batch_size": 2, "soak_seconds": 0}
+    )
     rng = random.Random(7)
     kills = 0
     interrupted = 0
@@ -93,8 +101,15 @@ def test_sigkill_of_a_worker_mid_rollout_skips_no_batch_and_applies_no_cluster_t
                 finished = set(re.findall(r"fleet\.rollout_progress\[([0-9a-f-]+)\] succeeded", log))
                 interrupted += bool(received - finished)
             else:
-                wait_for(lambda: Rollout.objects.get(pk=rollout.pk).state == RolloutState.SUCCEEDED
-                         or not rollout_sweep_task.delay(), 90, interval=1.0, what="the rollout to finish")
+                wait_for(
+                    lambda: (
+                        Rollout.objects.get(pk=rollout.pk).state == RolloutState.SUCCEEDED
+                        or not rollout_sweep_task.delay()
+                    ),
+                    90,
+                    interval=1.0,
+                    what="the rollout to finish",
+                )
     rollout.refresh_from_db()
     assert kills == 4 and interrupted >= 1, "no kill landed in the middle of a step"
     assert rollout.state == RolloutState.SUCCEEDED, rollout.reason

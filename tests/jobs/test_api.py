@@ -21,20 +21,26 @@ def world(tenant_a, tenant_b):
 
 def test_tenant_admin_submits_on_a_simulated_cluster_and_gets_a_job_token(api, users, tenant_a, world):
     shared, _, _ = world
-    response = api.as_token(users["tenant-admin"]).post("/api/v1/jobs/", {"name": "x", "cluster": shared.pk, "gpus": 16},
-                                                       format="json")
+    response = api.as_token(users["tenant-admin"]).post(
+        "/api/v1/jobs/", {"name": "x", "cluster": shared.pk, "gpus": 16}, format="json"
+    )
     assert response.status_code == 201, response.content
     body = response.json()
-    assert body["token"].startswith("lsj_") and body["tenant"] == tenant_a.pk and len(body["allocations"]) == 2
+    assert (
+        body["token"].startswith("lsj_") and body["tenant"] == tenant_a.pk and len(body["allocations"]) == 2
+    )
     assert body["allocations"][1]["rank_start"] == 8 and body["protected"] is True
-    viewer = api.as_token(users["tenant-viewer"]).post("/api/v1/jobs/", {"name": "y", "cluster": shared.pk, "gpus": 8},
-                                                      format="json")
+    viewer = api.as_token(users["tenant-viewer"]).post(
+        "/api/v1/jobs/", {"name": "y", "cluster": shared.pk, "gpus": 8}, format="json"
+    )
     assert viewer.status_code == 403
-    provider = api.as_token(users["operator"]).post("/api/v1/jobs/", {"name": "z", "cluster": shared.pk, "gpus": 8},
-                                                   format="json")
+    provider = api.as_token(users["operator"]).post(
+        "/api/v1/jobs/", {"name": "z", "cluster": shared.pk, "gpus": 8}, format="json"
+    )
     assert provider.status_code == 400 and "tenant" in provider.json()
-    too_big = api.as_token(users["tenant-admin"]).post("/api/v1/jobs/", {"name": "w", "cluster": shared.pk, "gpus": 800},
-                                                      format="json")
+    too_big = api.as_token(users["tenant-admin"]).post(
+        "/api/v1/jobs/", {"name": "w", "cluster": shared.pk, "gpus": 800}, format="json"
+    )
     assert too_big.status_code == 409
     assert "needs 100 nodes for its GPUs" in too_big.json()["gpus"][0], too_big.json()
 
@@ -42,17 +48,22 @@ def test_tenant_admin_submits_on_a_simulated_cluster_and_gets_a_job_token(api, u
 def test_progress_with_the_job_token_only_for_its_own_job(api, users, world):
     _, job_a, job_b = world
     api.credentials(HTTP_AUTHORIZATION=f"Bearer {job_a.token}")
-    response = api.post(f"/api/v1/jobs/{job_a.pk}/progress/", {"iteration": 500, "step_seconds": 2.0, "checkpoint": True},
-                        format="json")
+    response = api.post(
+        f"/api/v1/jobs/{job_a.pk}/progress/",
+        {"iteration": 500, "step_seconds": 2.0, "checkpoint": True},
+        format="json",
+    )
     assert response.status_code == 200, response.content
     job_a.refresh_from_db()
     assert job_a.iteration == 500 and job_a.last_checkpoint_iteration == 500 and not job_a.simulated
     assert api.post(f"/api/v1/jobs/{job_b.pk}/progress/", {"iteration": 1}, format="json").status_code == 403
-    assert api.get("/api/v1/jobs/").status_code in (401, 403)   # a job token reads nothing
+    assert api.get("/api/v1/jobs/").status_code in (401, 403)  # a job token reads nothing
     api.credentials(HTTP_AUTHORIZATION="Bearer lsj_zzzzzzzz_" + "x" * 43)
     assert api.post(f"/api/v1/jobs/{job_a.pk}/progress/", {"iteration": 1}, format="json").status_code == 401
     api.credentials()
-    bad = api.as_token(users["tenant-admin"]).post(f"/api/v1/jobs/{job_a.pk}/progress/", {"iteration": -1}, format="json")
+    bad = api.as_token(users["tenant-admin"]).post(
+        f"/api/v1/jobs/{job_a.pk}/progress/", {"iteration": -1}, format="json"
+    )
     assert bad.status_code == 400
 
 
@@ -60,9 +71,13 @@ def test_reporting_a_fault_is_for_provider_roles_and_idempotent(api, users, worl
     _, job_a, _ = world
     node = node_of(job_a)
     payload = {"node": node.pk, "kind": "gpu_xid", "xid": 79, "gpu_index": 2}
-    assert api.as_token(users["tenant-admin"]).post("/api/v1/faults/", payload, format="json").status_code == 403
+    assert (
+        api.as_token(users["tenant-admin"]).post("/api/v1/faults/", payload, format="json").status_code == 403
+    )
     api.credentials()
-    first = api.as_token(users["operator"]).post("/api/v1/faults/", payload, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    first = api.as_token(users["operator"]).post(
+        "/api/v1/faults/", payload, format="json", HTTP_IDEMPOTENCY_KEY="k-1"
+    )
     again = api.post("/api/v1/faults/", payload, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
     assert first.status_code == 201 and again.status_code == 200 and first.json()["id"] == again.json()["id"]
     assert FaultEvent.objects.count() == 1
@@ -75,8 +90,11 @@ def test_tenants_see_only_their_own_jobs_faults_actions_and_figures(api, users, 
     _, job_a, job_b = world
     reported = {}
     for job in (job_a, job_b):
-        fault = api.as_token(users["operator"]).post(
-            "/api/v1/faults/", {"node": node_of(job).pk, "kind": "node_unreachable"}, format="json").json()
+        fault = (
+            api.as_token(users["operator"])
+            .post("/api/v1/faults/", {"node": node_of(job).pk, "kind": "node_unreachable"}, format="json")
+            .json()
+        )
         fault_handle(fault_id=fault["id"])
         reported[job.pk] = fault
     recovery_advance()
@@ -99,7 +117,9 @@ def test_tenants_see_only_their_own_jobs_faults_actions_and_figures(api, users, 
     listing = client.get(reverse("job-list")).content.decode()
     assert "acme-llm" in listing and "globex-llm" not in listing
     page = client.get(reverse("job-detail", args=[job_a.pk])).content.decode()
-    assert "timeline-data" in page and "vendor/plotly.min.js" in page and f'data-topic="job-{job_a.pk}"' in page
+    assert (
+        "timeline-data" in page and "vendor/plotly.min.js" in page and f'data-topic="job-{job_a.pk}"' in page
+    )
     overview = client.get(reverse("fault-overview")).content.decode()
     assert f"tenant-{job_a.tenant_id}" in overview and reported[job_b.pk]["hostname"] not in overview
     assert reported[job_a.pk]["hostname"] in overview
@@ -108,13 +128,17 @@ def test_tenants_see_only_their_own_jobs_faults_actions_and_figures(api, users, 
 def test_timeline_stats_snapshots_and_cancel(api, users, world):
     _, job_a, _ = world
     api.as_token(users["provider-admin"])
-    fault = api.post("/api/v1/faults/", {"node": node_of(job_a).pk, "kind": "node_unreachable"}, format="json").json()
+    fault = api.post(
+        "/api/v1/faults/", {"node": node_of(job_a).pk, "kind": "node_unreachable"}, format="json"
+    ).json()
     fault_handle(fault_id=fault["id"])
     recovery_advance()
     timeline = api.get(f"/api/v1/jobs/{job_a.pk}/timeline/").json()
     assert [p["kind"] for p in timeline["phases"]] == ["running", "recovering", "running"]
     assert timeline["faults"][0]["fault"] == fault["id"] and timeline["actions"][0]["state"] == "succeeded"
-    assert timeline["gpu_hours_saved"] == pytest.approx(RecoveryAction.objects.get(job=job_a).gpu_hours_saved, abs=1e-3)
+    assert timeline["gpu_hours_saved"] == pytest.approx(
+        RecoveryAction.objects.get(job=job_a).gpu_hours_saved, abs=1e-3
+    )
     assert len(timeline["iterations"]["t"]) == len(timeline["iterations"]["counterfactual"])
     for group in ("job", "cluster", "tenant", "fleet"):
         stats = api.get(f"/api/v1/stats/?group={group}&bucket=minute").json()
@@ -153,5 +177,7 @@ def test_a_simulator_run_job_that_reports_progress_is_still_simulated(api, users
     reporting = operator.get("/api/v1/jobs/", {"reports_progress": "true"}).json()["results"]
     assert [row["id"] for row in reporting] == [job_a.pk]
     assert {row["id"] for row in operator.get("/api/v1/jobs/", {"simulated": "true"}).json()["results"]} >= {
-        job_a.pk, job_b.pk}
+        job_a.pk,
+        job_b.pk,
+    }
     assert operator.get("/api/v1/jobs/", {"simulated": "false"}).json()["results"] == []

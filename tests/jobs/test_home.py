@@ -31,8 +31,10 @@ def fleet(tenant_a, tenant_b):
 
 
 def dashboard_data(page: str) -> dict:
-    start = page.index('<script id="dashboard-data" type="application/json">') + len('<script id="dashboard-data" type="application/json">')
-    return json.loads(page[start:page.index("</script>", start)])
+    start = page.index('<script id="dashboard-data" type="application/json">') + len(
+        '<script id="dashboard-data" type="application/json">'
+    )
+    return json.loads(page[start : page.index("</script>", start)])
 
 
 def test_provider_dashboard_figures_and_heatmap(client, users, fleet):
@@ -47,7 +49,10 @@ def test_provider_dashboard_figures_and_heatmap(client, users, fleet):
     shared = next(c for c in data["clusters"] if c["name"] == "shared-1")
     assert shared["heatmap"]["hosts"] == ["s0", "s1", "s2", "s3"]
     assert shared["heatmap"]["unhealthy"] == [0, 1, 0, -1]
-    assert shared["heatmap"]["ids"] == [n.pk for n in fleet["nodes"][:4]] and shared["heatmap"]["gpus"] == [8] * 4
+    assert (
+        shared["heatmap"]["ids"] == [n.pk for n in fleet["nodes"][:4]]
+        and shared["heatmap"]["gpus"] == [8] * 4
+    )
     assert "vendor/plotly.min.js" in page and 'id="heatmap-' in page
 
 
@@ -66,7 +71,9 @@ def test_provider_dashboard_query_count_does_not_grow_with_the_fleet(client, use
 
 def test_tenant_sees_only_its_own_jobs_and_clusters(client, users, fleet, tenant_a, tenant_b):
     job_submit(actor=users["tenant-admin"], tenant=tenant_a, cluster=fleet["mine"], name="acme-train", gpus=8)
-    job_submit(actor=users["other-admin"], tenant=tenant_b, cluster=fleet["theirs"], name="globex-secret", gpus=8)
+    job_submit(
+        actor=users["other-admin"], tenant=tenant_b, cluster=fleet["theirs"], name="globex-secret", gpus=8
+    )
     client.force_login(users["tenant-viewer"])
     page = client.get("/").content.decode()
     assert "acme-train" in page and "acme-only" in page
@@ -76,8 +83,16 @@ def test_tenant_sees_only_its_own_jobs_and_clusters(client, users, fleet, tenant
 
 def test_tenant_admin_submits_a_job_from_the_page(client, users, fleet, tenant_a):
     client.force_login(users["tenant-admin"])
-    response = client.post("/", {"name": "from-page", "cluster": fleet["mine"].pk, "gpus": 8,
-                                 "seconds_per_iteration": 2, "checkpoint_interval": 100})
+    response = client.post(
+        "/",
+        {
+            "name": "from-page",
+            "cluster": fleet["mine"].pk,
+            "gpus": 8,
+            "seconds_per_iteration": 2,
+            "checkpoint_interval": 100,
+        },
+    )
     assert response.status_code == 302
     assert Job.objects.get(name="from-page").tenant == tenant_a
     refused = client.post("/", {"name": "sneaky", "cluster": fleet["theirs"].pk, "gpus": 8}).content.decode()
@@ -94,12 +109,22 @@ def test_viewer_cannot_submit(client, users, fleet):
 
 def test_job_list_sorts_filters_paginates_and_keeps_the_live_hooks(client, users, fleet, tenant_a):
     for n, gpus in enumerate((4, 8, 6)):
-        job_submit(actor=users["tenant-admin"], tenant=tenant_a, cluster=fleet["mine"] if n else fleet["shared"],
-                   name=f"job-{n}", gpus=gpus)
+        job_submit(
+            actor=users["tenant-admin"],
+            tenant=tenant_a,
+            cluster=fleet["mine"] if n else fleet["shared"],
+            name=f"job-{n}",
+            gpus=gpus,
+        )
     client.force_login(users["operator"])
     page = client.get("/jobs/", {"sort": "-gpus"}).content.decode()
     assert page.index("job-1") < page.index("job-2") < page.index("job-0")
-    assert 'id="job-table"' in page and 'data-topic="fleet"' in page and "data-job=" in page and 'class="state"' in page
+    assert (
+        'id="job-table"' in page
+        and 'data-topic="fleet"' in page
+        and "data-job=" in page
+        and 'class="state"' in page
+    )
     filtered = client.get("/jobs/", {"cluster": fleet["shared"].pk}).content.decode()
     assert "job-0" in filtered and "job-1" not in filtered
     client.force_login(users["other-viewer"])

@@ -22,24 +22,44 @@ from tests.support.telemetry import batch
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-WINDOW = 6.0                       # FAULT_CORRELATION_SECONDS for this test
-SPACINGS = (0.0, 0.3, 2.5)         # seconds between two reports: the last is 5 s after the first, inside the window
+WINDOW = 6.0  # FAULT_CORRELATION_SECONDS for this test
+SPACINGS = (0.0, 0.3, 2.5)  # seconds between two reports: the last is 5 s after the first, inside the window
 
 
 def by_api(world):
-    return world["operator"].post("/api/v1/faults/", {"node": world["node"].pk, "kind": "node_unreachable",
-                                                      "source": "api"}, format="json")
+    return world["operator"].post(
+        "/api/v1/faults/",
+        {"node": world["node"].pk, "kind": "node_unreachable", "source": "api"},
+        format="json",
+    )
 
 
 def by_alertmanager(world):
-    alert = {"status": "firing", "labels": {"alertname": "NodeNotReady", "node": world["node"].hostname},
-             "annotations": {"summary": "node not ready"}, "startsAt": "2026-12-01T05:00:00Z",
-             "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "http://prometheus/graph",
-             "fingerprint": f"down-{world['node'].pk}"}
-    return world["operator"].post("/api/v1/ingest/alertmanager/", {
-        "version": "4", "groupKey": "{}:{alertname=\"NodeNotReady\"}", "truncatedAlerts": 0, "status": "firing",
-        "receiver": "lockstep", "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {},
-        "externalURL": "http://alertmanager:9093", "alerts": [alert]}, format="json")
+    alert = {
+        "status": "firing",
+        "labels": {"alertname": "NodeNotReady", "node": world["node"].hostname},
+        "annotations": {"summary": "node not ready"},
+        "startsAt": "2026-12-01T05:00:00Z",
+        "endsAt": "0001-01-01T00:00:00Z",
+        "generatorURL": "http://prometheus/graph",
+        "fingerprint": f"down-{world['node'].pk}",
+    }
+    return world["operator"].post(
+        "/api/v1/ingest/alertmanager/",
+        {
+            "version": "4",
+            "groupKey": '{}:{alertname="NodeNotReady"}',
+            "truncatedAlerts": 0,
+            "status": "firing",
+            "receiver": "lockstep",
+            "groupLabels": {},
+            "commonLabels": {},
+            "commonAnnotations": {},
+            "externalURL": "http://alertmanager:9093",
+            "alerts": [alert],
+        },
+        format="json",
+    )
 
 
 def by_agent(world):
@@ -51,8 +71,11 @@ SOURCES = {"api": by_api, "alertmanager": by_alertmanager, "agent": by_agent}
 
 
 def scenario(tenant, operator):
-    cluster = protected_cluster(nodes=4, spares=2, connection={"migration_pause_seconds": 3,
-                                                               "nic_failover_seconds": 0.2, "restart_seconds": 0.5})
+    cluster = protected_cluster(
+        nodes=4,
+        spares=2,
+        connection={"migration_pause_seconds": 3, "nic_failover_seconds": 0.2, "restart_seconds": 0.5},
+    )
     # 8 + 4 GPUs: the dying node has spare GPUs, so an Xid 79 decided alone is an intra-node move, which the
     # node's death then supersedes.
     job = submit(cluster, tenant, gpus=12, checkpoint_interval=10**9)
@@ -65,11 +88,15 @@ def scenario(tenant, operator):
 
 
 def test_a_node_death_from_three_sources_in_any_order_and_spacing_is_one_incident_and_one_recovery(
-        tmp_path, tenant_a, settings):
+    tmp_path, tenant_a, settings
+):
     settings.FAULT_CORRELATION_SECONDS = WINDOW
     operator = make_user(Role.OPERATOR)
-    cases = [(order, spacing, scenario(tenant_a, operator))
-             for order in itertools.permutations(SOURCES) for spacing in SPACINGS]
+    cases = [
+        (order, spacing, scenario(tenant_a, operator))
+        for order in itertools.permutations(SOURCES)
+        for spacing in SPACINGS
+    ]
     answers = []
 
     def send(order, spacing, world):
@@ -82,9 +109,13 @@ def test_a_node_death_from_three_sources_in_any_order_and_spacing_is_one_inciden
             connection.close()
 
     def settled():
-        return (not FaultEvent.objects.filter(state="new").exists()
-                and not RecoveryAction.objects.filter(state__in=(ActionState.PLANNED, ActionState.RUNNING)).exists()
-                and not RecoveryAction.objects.filter(job__state=JobState.RECOVERING).exists())
+        return (
+            not FaultEvent.objects.filter(state="new").exists()
+            and not RecoveryAction.objects.filter(
+                state__in=(ActionState.PLANNED, ActionState.RUNNING)
+            ).exists()
+            and not RecoveryAction.objects.filter(job__state=JobState.RECOVERING).exists()
+        )
 
     with celery_worker(tmp_path, concurrency=2) as worker, beat_in_a_thread():
         senders = [threading.Thread(target=send, args=case) for case in cases]
@@ -116,7 +147,9 @@ def test_a_node_death_from_three_sources_in_any_order_and_spacing_is_one_inciden
         assert attempts.last().state == ActionState.SUCCEEDED and attempts.count() <= 2, listed
         assert job.state == JobState.RUNNING, where
         kinds[len(attempts)] = kinds.get(len(attempts), 0) + 1
-        held = set(JobAllocation.objects.filter(job=job, released_at__isnull=True).values_list("node_id", flat=True))
+        held = set(
+            JobAllocation.objects.filter(job=job, released_at__isnull=True).values_list("node_id", flat=True)
+        )
         assert node.pk not in held, where
-        assert world["cluster"].nodes.filter(state=NodeState.SPARE).count() == 1, where   # one spare used
+        assert world["cluster"].nodes.filter(state=NodeState.SPARE).count() == 1, where  # one spare used
     print(f"recoveries by number of attempts: {kinds}")

@@ -27,12 +27,20 @@ from tests.support.jobs import bulk_nodes, protected_cluster, submit
 
 pytestmark = pytest.mark.django_db
 
-INSTANT = {"migration_pause_seconds": 0, "nic_failover_seconds": 0, "restart_seconds": 0, "gpu_reset_seconds": 0,
-           "snapshot_base_seconds": 0, "snapshot_seconds_per_gpu": 0}
+INSTANT = {
+    "migration_pause_seconds": 0,
+    "nic_failover_seconds": 0,
+    "restart_seconds": 0,
+    "gpu_reset_seconds": 0,
+    "snapshot_base_seconds": 0,
+    "snapshot_seconds_per_gpu": 0,
+}
 
 
 def node_of(job, rank=0):
-    return JobAllocation.objects.get(job=job, released_at__isnull=True, rank_start__lte=rank, rank_end__gte=rank).node
+    return JobAllocation.objects.get(
+        job=job, released_at__isnull=True, rank_start__lte=rank, rank_end__gte=rank
+    ).node
 
 
 def age(job, seconds):
@@ -52,8 +60,14 @@ def handle(*faults):
     return ids
 
 
-REAL = {"migration_pause_seconds": 30, "nic_failover_seconds": 1, "restart_seconds": 60, "gpu_reset_seconds": 20,
-        "snapshot_base_seconds": 0, "snapshot_seconds_per_gpu": 0}
+REAL = {
+    "migration_pause_seconds": 30,
+    "nic_failover_seconds": 1,
+    "restart_seconds": 60,
+    "gpu_reset_seconds": 20,
+    "snapshot_base_seconds": 0,
+    "snapshot_seconds_per_gpu": 0,
+}
 
 
 def fast_forward():
@@ -77,6 +91,7 @@ def recovery_of(job):
 
 # --- incidents from reports ----------------------------------------------------------------------------------
 
+
 @pytest.fixture(params=["one statement", "orm"])
 def join(request, monkeypatch):
     """The incident tests run with both ways of joining: PostgreSQL's one statement, and the ORM's (SQLite)."""
@@ -96,7 +111,12 @@ def test_the_same_gpu_as_ecc_and_xid_48_is_one_incident_one_migration_one_spare_
     xid = report(kind="gpu_xid", xid=48, node=node, gpu_index=3, source="agent")
     assert ecc.pk != xid.pk and ecc.incident_id == xid.incident_id
     incident = Incident.objects.get()
-    assert incident.kind == FaultKind.GPU_XID and incident.xid == 48 and incident.fatal and incident.report_count == 2
+    assert (
+        incident.kind == FaultKind.GPU_XID
+        and incident.xid == 48
+        and incident.fatal
+        and incident.report_count == 2
+    )
     handle(ecc, xid)
     first, attempts = recovery_of(job)
     assert first.count() == attempts.count() == 1
@@ -117,13 +137,19 @@ def test_the_same_gpu_as_ecc_and_xid_48_is_one_incident_one_migration_one_spare_
     assert "folded" in (ecc.state_reason + xid.state_reason)
 
 
-def test_a_grey_link_that_goes_down_escalates_its_incident_and_a_second_nic_widens_it_to_the_node(join, tenant_a):
+def test_a_grey_link_that_goes_down_escalates_its_incident_and_a_second_nic_widens_it_to_the_node(
+    join, tenant_a
+):
     cluster = protected_cluster(nodes=2, spares=1, connection=INSTANT)
     node = Node.objects.filter(cluster=cluster, state=NodeState.READY).first()
     report(kind="link_degraded", node=node, nic_name="mlx5_0")
     report(kind="nic_down", node=node, nic_name="mlx5_0")
     incident = Incident.objects.get()
-    assert (incident.scope, incident.nic_name, incident.kind) == (IncidentScope.NIC, "mlx5_0", FaultKind.NIC_DOWN)
+    assert (incident.scope, incident.nic_name, incident.kind) == (
+        IncidentScope.NIC,
+        "mlx5_0",
+        FaultKind.NIC_DOWN,
+    )
     report(kind="nic_down", node=node, nic_name="mlx5_1")
     incident.refresh_from_db()
     assert Incident.objects.count() == 1 and (incident.scope, incident.nic_name) == (IncidentScope.NODE, "")
@@ -142,7 +168,9 @@ def test_an_incident_takes_the_most_severe_kind_whatever_the_order(join, tenant_
     assert Incident.objects.get(node=other).kind == FaultKind.THERMAL
 
 
-def test_a_report_after_the_window_opens_a_new_incident_unless_its_recovery_still_runs(join, tenant_a, settings):
+def test_a_report_after_the_window_opens_a_new_incident_unless_its_recovery_still_runs(
+    join, tenant_a, settings
+):
     settings.FAULT_CORRELATION_SECONDS = 5
     cluster = protected_cluster(nodes=4, spares=2, connection={**INSTANT, "migration_pause_seconds": 30})
     job = submit(cluster, tenant_a, gpus=16)
@@ -168,6 +196,7 @@ def test_a_report_after_the_window_opens_a_new_incident_unless_its_recovery_stil
 
 # --- one recovery per job ------------------------------------------------------------------------------------
 
+
 def test_a_job_hit_on_two_nodes_in_one_decision_gets_one_restart_and_one_baseline(tenant_a):
     cluster = make_cluster(connection=INSTANT)
     bulk_nodes(cluster, 4)
@@ -185,13 +214,15 @@ def test_a_job_hit_on_two_nodes_in_one_decision_gets_one_restart_and_one_baselin
     job.refresh_from_db()
     assert job.state == JobState.RUNNING and RecoveryAction.objects.filter(job=job).count() == 1
     # Both failed nodes were left: the restart came back on the two spares.
-    held = set(JobAllocation.objects.filter(job=job, released_at__isnull=True).values_list("node_id", flat=True))
+    held = set(
+        JobAllocation.objects.filter(job=job, released_at__isnull=True).values_list("node_id", flat=True)
+    )
     assert not held & {one.pk, two.pk} and len(held) == 2
 
 
 def test_node_down_50_ms_after_xid_79_replaces_the_intra_node_move_with_one_migration(tenant_a):
     cluster = protected_cluster(nodes=4, spares=2, connection={**INSTANT, "migration_pause_seconds": 30})
-    job = submit(cluster, tenant_a, gpus=12, checkpoint_interval=10_000)   # 8 + 4 GPUs: spare GPUs on node two
+    job = submit(cluster, tenant_a, gpus=12, checkpoint_interval=10_000)  # 8 + 4 GPUs: spare GPUs on node two
     age(job, 600)
     node = node_of(job, 8)
     xid = report(kind="gpu_xid", xid=79, node=node, gpu_index=0)
@@ -206,7 +237,7 @@ def test_node_down_50_ms_after_xid_79_replaces_the_intra_node_move_with_one_migr
     live = RecoveryAction.objects.get(pk=live_id)
     assert intra.state == ActionState.FAILED and intra.error.startswith(f"superseded by fault {down.pk}")
     assert live.kind == ActionKind.LIVE_MIGRATION and live.previous_id == intra.pk and live.attempt == 2
-    assert live.detected_at == intra.detected_at     # one clock for the recovery
+    assert live.detected_at == intra.detected_at  # one clock for the recovery
     assert live.gpu_hours_baseline == pytest.approx(baseline) and intra.gpu_hours_baseline == 0
     assert not SpareBooking.objects.filter(action=intra, released_at__isnull=True).exists()
     fast_forward()
@@ -244,15 +275,20 @@ def test_node_down_after_the_intra_node_move_finished_books_no_second_baseline(t
     intra.refresh_from_db()
     assert live.state == ActionState.SUCCEEDED and live.gpu_hours_saved == pytest.approx(-live.gpu_hours_lost)
     assert intra.gpu_hours_baseline == pytest.approx(baseline)
-    assert sum(RecoveryAction.objects.filter(job=job).values_list("gpu_hours_baseline", flat=True)) == pytest.approx(baseline)
+    assert sum(
+        RecoveryAction.objects.filter(job=job).values_list("gpu_hours_baseline", flat=True)
+    ) == pytest.approx(baseline)
 
 
 def test_nic_failovers_run_beside_the_jobs_own_recovery(tenant_a):
     cluster = protected_cluster(nodes=4, spares=2, connection=dict(REAL))
     job = submit(cluster, tenant_a, gpus=16)
     one, two = node_of(job, 0), node_of(job, 8)
-    faults = [report(kind="nic_down", node=one, nic_name="mlx5_0"), report(kind="nic_down", node=two, nic_name="mlx5_0"),
-              report(kind="gpu_xid", xid=79, node=two, gpu_index=3)]
+    faults = [
+        report(kind="nic_down", node=one, nic_name="mlx5_0"),
+        report(kind="nic_down", node=two, nic_name="mlx5_0"),
+        report(kind="gpu_xid", xid=79, node=two, gpu_index=3),
+    ]
     handle(*faults)
     kinds = sorted(RecoveryAction.objects.filter(job=job).values_list("kind", "node_id"))
     # The Xid takes node two's worker to a spare (its NIC's fault folds into that); node one fails its NIC over.
@@ -290,28 +326,64 @@ def test_a_late_report_of_the_same_node_folds_into_the_migration_under_way(tenan
 
 # --- every recovery ends -------------------------------------------------------------------------------------
 
+
 def _snapshot(job, iteration):
-    return JobSnapshot.objects.create(job=job, state="succeeded", iteration=iteration, handle="snap-1",
-                                      ended_at=timezone.now())
+    return JobSnapshot.objects.create(
+        job=job, state="succeeded", iteration=iteration, handle="snap-1", ended_at=timezone.now()
+    )
 
 
-@pytest.mark.parametrize("kind, operation, fault, expect_next", [
-    (ActionKind.NIC_FAILOVER, "nic_failover", {"kind": "nic_down", "nic_name": "mlx5_0"}, ActionKind.LIVE_MIGRATION),
-    (ActionKind.INTRA_NODE_MIGRATION, "migrate_worker", {"kind": "gpu_xid", "xid": 79, "gpu_index": 0},
-     ActionKind.LIVE_MIGRATION),
-    (ActionKind.LIVE_MIGRATION, "migrate_worker", {"kind": "node_unreachable"}, ActionKind.LIVE_MIGRATION),
-    (ActionKind.PROACTIVE_MIGRATION, "migrate_worker", {"kind": "predicted_failure", "source": "predictor"},
-     ActionKind.PROACTIVE_MIGRATION),
-    (ActionKind.RESTORE_FROM_SNAPSHOT, "restore_from_snapshot", {"kind": "software_crash"},
-     ActionKind.RESTART_FROM_CHECKPOINT),
-    (ActionKind.RESTART_FROM_CHECKPOINT, "restart_from_checkpoint", {"kind": "software_crash"},
-     ActionKind.RESTART_FROM_CHECKPOINT),
-])
-def test_an_injected_failure_falls_back_and_the_job_runs_again(tenant_a, settings, kind, operation, fault, expect_next):
+@pytest.mark.parametrize(
+    "kind, operation, fault, expect_next",
+    [
+        (
+            ActionKind.NIC_FAILOVER,
+            "nic_failover",
+            {"kind": "nic_down", "nic_name": "mlx5_0"},
+            ActionKind.LIVE_MIGRATION,
+        ),
+        (
+            ActionKind.INTRA_NODE_MIGRATION,
+            "migrate_worker",
+            {"kind": "gpu_xid", "xid": 79, "gpu_index": 0},
+            ActionKind.LIVE_MIGRATION,
+        ),
+        (
+            ActionKind.LIVE_MIGRATION,
+            "migrate_worker",
+            {"kind": "node_unreachable"},
+            ActionKind.LIVE_MIGRATION,
+        ),
+        (
+            ActionKind.PROACTIVE_MIGRATION,
+            "migrate_worker",
+            {"kind": "predicted_failure", "source": "predictor"},
+            ActionKind.PROACTIVE_MIGRATION,
+        ),
+        (
+            ActionKind.RESTORE_FROM_SNAPSHOT,
+            "restore_from_snapshot",
+            {"kind": "software_crash"},
+            ActionKind.RESTART_FROM_CHECKPOINT,
+        ),
+        (
+            ActionKind.RESTART_FROM_CHECKPOINT,
+            "restart_from_checkpoint",
+            {"kind": "software_crash"},
+            ActionKind.RESTART_FROM_CHECKPOINT,
+        ),
+    ],
+)
+def test_an_injected_failure_falls_back_and_the_job_runs_again(
+    tenant_a, settings, kind, operation, fault, expect_next
+):
     settings.RECOVERY_RETRY_BACKOFF_SECONDS = 0
     protected = kind != ActionKind.RESTART_FROM_CHECKPOINT
-    cluster = (protected_cluster(nodes=4, spares=2, connection=dict(REAL)) if protected
-               else make_cluster(connection=dict(REAL)))
+    cluster = (
+        protected_cluster(nodes=4, spares=2, connection=dict(REAL))
+        if protected
+        else make_cluster(connection=dict(REAL))
+    )
     if not protected:
         bulk_nodes(cluster, 4)
     gpus = 12 if kind == ActionKind.INTRA_NODE_MIGRATION else 16
@@ -337,7 +409,7 @@ def test_an_injected_failure_falls_back_and_the_job_runs_again(tenant_a, setting
     assert nxt.state == ActionState.SUCCEEDED, (nxt.kind, nxt.error)
     assert job.state == JobState.RUNNING
     if nxt.kind in (ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION) and first.to_node_id:
-        assert nxt.to_node_id != first.to_node_id        # another spare
+        assert nxt.to_node_id != first.to_node_id  # another spare
     # One baseline for the recovery, and the failed attempt's time is charged to it.
     assert first.gpu_hours_baseline == 0 and nxt.gpu_hours_baseline > 0
     assert nxt.detected_at == first.detected_at
@@ -359,7 +431,9 @@ def test_a_failed_gpu_reset_ends_with_the_node_failed_and_waiting_for_a_human(te
     ladder = NodeEscalation.objects.get(node=idle)
     assert ladder.stage == EscalationStage.FAILED and ladder.needs_human
     assert Node.objects.get(pk=idle.pk).state == NodeState.FAILED
-    assert RecoveryAction.objects.get(node=idle, kind=ActionKind.GPU_RESET, job=None).state == ActionState.FAILED
+    assert (
+        RecoveryAction.objects.get(node=idle, kind=ActionKind.GPU_RESET, job=None).state == ActionState.FAILED
+    )
 
 
 def test_a_refused_migration_falls_back_in_the_same_decision(tenant_a):
@@ -370,17 +444,23 @@ def test_a_refused_migration_falls_back_in_the_same_decision(tenant_a):
     first = RecoveryAction.objects.get(pk=first_id)
     assert first.state == ActionState.FAILED and "refused" in first.error
     nxt = RecoveryAction.objects.get(previous=first)
-    assert nxt.kind == ActionKind.LIVE_MIGRATION and nxt.state == ActionState.RUNNING and nxt.to_node_id != first.to_node_id
+    assert (
+        nxt.kind == ActionKind.LIVE_MIGRATION
+        and nxt.state == ActionState.RUNNING
+        and nxt.to_node_id != first.to_node_id
+    )
 
 
-def test_a_failing_restart_is_retried_with_back_off_then_the_job_is_failed_and_announced(tenant_a, settings, users):
+def test_a_failing_restart_is_retried_with_back_off_then_the_job_is_failed_and_announced(
+    tenant_a, settings, users
+):
     from telemetry.models import NotificationDelivery
     from telemetry.services.channels import channel_create
     from telemetry.services.notifications import notifications_dispatch
 
     settings.RECOVERY_RESTART_RETRIES = 2
     settings.RECOVERY_RETRY_BACKOFF_SECONDS = 30
-    settings.NOTIFICATION_ALLOW_PRIVATE_TARGETS = True   # a loopback hook
+    settings.NOTIFICATION_ALLOW_PRIVATE_TARGETS = True  # a loopback hook
     channel_create(actor=users["provider-admin"], name="ops", url="http://127.0.0.1:9/hook")
     cluster = make_cluster(connection=dict(INSTANT))
     bulk_nodes(cluster, 4)
@@ -394,7 +474,9 @@ def test_a_failing_restart_is_retried_with_back_off_then_the_job_is_failed_and_a
         RecoveryAction.objects.filter(attempt=attempt).update(retry_at=timezone.now())
         settle(2)
     job.refresh_from_db()
-    attempts = list(RecoveryAction.objects.filter(job=job).order_by("attempt").values_list("attempt", "state"))
+    attempts = list(
+        RecoveryAction.objects.filter(job=job).order_by("attempt").values_list("attempt", "state")
+    )
     assert attempts == [(1, "failed"), (2, "failed"), (3, "failed")]
     assert job.state == JobState.FAILED and "restart from checkpoint failed 3 times" in job.state_reason
     assert not JobAllocation.objects.filter(job=job, released_at__isnull=True).exists()
@@ -411,7 +493,8 @@ def test_an_action_that_runs_past_its_deadline_times_out_and_falls_back(tenant_a
     assert (first.deadline_at - first.started_at).total_seconds() == pytest.approx(61, abs=0.5)
     # The driver never finishes it, and its deadline passes.
     SimulatedOperation.objects.filter(pk=int(first.handle.removeprefix("sim-"))).update(
-        done_at=timezone.now() + timedelta(hours=1))
+        done_at=timezone.now() + timedelta(hours=1)
+    )
     RecoveryAction.objects.filter(pk=first.pk).update(done_at=timezone.now(), deadline_at=timezone.now())
     settle(1)
     first.refresh_from_db()
@@ -432,7 +515,9 @@ def test_past_its_deadline_an_action_falls_back_even_when_the_cluster_does_not_a
     cluster.save(update_fields=["connection"])
     settle(1)
     first = RecoveryAction.objects.get(pk=first_id)
-    assert first.state == ActionState.FAILED and first.error.startswith("timed out: the cluster did not answer")
+    assert first.state == ActionState.FAILED and first.error.startswith(
+        "timed out: the cluster did not answer"
+    )
     # The next attempt waits: for its back-off, and for the cluster (a transient error keeps it planned).
     nxt = RecoveryAction.objects.get(previous=first)
     assert nxt.kind == ActionKind.RESTART_FROM_CHECKPOINT and nxt.state == ActionState.PLANNED
@@ -451,10 +536,11 @@ def test_a_restarted_job_is_off_its_failed_nodes(tenant_a):
     held = JobAllocation.objects.filter(job=job, released_at__isnull=True)
     assert job.state == JobState.RUNNING and failed.pk not in held.values_list("node_id", flat=True)
     assert held.get(rank_start=8).node.state == NodeState.READY
-    assert job.iteration == 100      # it lost the iterations since its checkpoint
+    assert job.iteration == 100  # it lost the iterations since its checkpoint
 
 
 # --- a ledger that settles ----------------------------------------------------------------------------------
+
 
 def _proactive(tenant, settings):
     settings.PREDICTION_HORIZON_HOURS = 1
@@ -507,14 +593,14 @@ def test_a_restart_books_the_pause_and_the_iterations_the_job_really_lost(tenant
     cluster = make_cluster(connection={**INSTANT, "restart_seconds": 0})
     bulk_nodes(cluster, 4)
     job = submit(cluster, tenant_a, gpus=16, checkpoint_interval=100, seconds_per_iteration=2.0)
-    age(job, 500)                       # iteration 250, checkpoint 200
+    age(job, 500)  # iteration 250, checkpoint 200
     [action_id] = handle(report(kind="software_crash", node=node_of(job)))
     settle()
     action = RecoveryAction.objects.get(pk=action_id)
     job.refresh_from_db()
     assert action.state == ActionState.SUCCEEDED and job.iteration == 200
-    assert action.work_lost_seconds == pytest.approx(100.0, abs=2.0)   # 50 iterations of 2 s
-    assert action.pause_seconds < 30      # what happened, not the 600 s restart overhead setting
+    assert action.work_lost_seconds == pytest.approx(100.0, abs=2.0)  # 50 iterations of 2 s
+    assert action.pause_seconds < 30  # what happened, not the 600 s restart overhead setting
     assert action.gpu_hours_saved == pytest.approx(0, abs=1e-9)
     # Its curve: flat while it was stopped, then down to the checkpoint when it restarted.
     from jobs.models import JobProgress

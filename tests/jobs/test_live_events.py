@@ -16,8 +16,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 async def connect(user):
     header = await sync_to_async(token_header)(user, "read")
-    communicator = WebsocketCommunicator(application, "/ws/events/",
-                                         headers=[(b"authorization", header["HTTP_AUTHORIZATION"].encode())])
+    communicator = WebsocketCommunicator(
+        application, "/ws/events/", headers=[(b"authorization", header["HTTP_AUTHORIZATION"].encode())]
+    )
     connected, _ = await communicator.connect(timeout=5)
     assert connected
     assert (await communicator.receive_json_from(timeout=5))["type"] == "hello"
@@ -52,13 +53,23 @@ def fail(job):
 async def test_tenant_users_receive_only_their_own_jobs_events(users, tenant_a, tenant_b):
     shared, dedicated_b, job_a, job_b, job_b2 = await storm_on_both(tenant_a, tenant_b)
     viewer_a = await connect(users["tenant-viewer"])
-    asked = [f"job-{job_a.pk}", f"job-{job_b.pk}", f"job-{job_b2.pk}", f"tenant-{tenant_a.pk}", f"tenant-{tenant_b.pk}",
-             f"cluster-{shared.pk}", f"cluster-{dedicated_b.pk}", "fleet"]
+    asked = [
+        f"job-{job_a.pk}",
+        f"job-{job_b.pk}",
+        f"job-{job_b2.pk}",
+        f"tenant-{tenant_a.pk}",
+        f"tenant-{tenant_b.pk}",
+        f"cluster-{shared.pk}",
+        f"cluster-{dedicated_b.pk}",
+        "fleet",
+    ]
     await viewer_a.send_json_to({"subscribe": asked})
     reply = await viewer_a.receive_json_from(timeout=5)
     assert sorted(reply["topics"]) == sorted([f"job-{job_a.pk}", f"tenant-{tenant_a.pk}"])
     operator = await connect(users["operator"])
-    await operator.send_json_to({"subscribe": [f"job-{job_a.pk}", f"cluster-{shared.pk}", "fleet", f"tenant-{tenant_b.pk}"]})
+    await operator.send_json_to(
+        {"subscribe": [f"job-{job_a.pk}", f"cluster-{shared.pk}", "fleet", f"tenant-{tenant_b.pk}"]}
+    )
     await operator.receive_json_from(timeout=5)
 
     await fail(job_b)
@@ -77,7 +88,9 @@ async def test_tenant_users_receive_only_their_own_jobs_events(users, tenant_a, 
     assert all([a["job"] for a in m["payload"]["actions"]] == [job_a.pk] for m in decided)
     kinds = {m["kind"] for m in seen if m["topic"] == f"job-{job_a.pk}"}
     assert {"fault.reported", "actions.decided", "actions.completed"} <= kinds
-    decided_on_job = next(m for m in seen if m["kind"] == "actions.decided" and m["topic"] == f"job-{job_a.pk}")
+    decided_on_job = next(
+        m for m in seen if m["kind"] == "actions.decided" and m["topic"] == f"job-{job_a.pk}"
+    )
     [started] = decided_on_job["payload"]["actions"]
     assert started["event"] == "action.started" and started["fault_state"] == "handled"
 
@@ -88,9 +101,13 @@ async def test_tenant_users_receive_only_their_own_jobs_events(users, tenant_a, 
     for name in ("fleet", f"cluster-{shared.pk}", f"tenant-{tenant_b.pk}"):
         assert {"fault.reported", "actions.decided", "actions.completed"} <= by_topic[name], name
     # And the outbox holds them for catch-up on every one of the four topics.
-    shared_topics = await sync_to_async(lambda: set(
-        Event.objects.filter(kind="actions.completed", payload__actions__contains=[{"job": job_a.pk}])
-        .values_list("topic", flat=True)))()
+    shared_topics = await sync_to_async(
+        lambda: set(
+            Event.objects.filter(
+                kind="actions.completed", payload__actions__contains=[{"job": job_a.pk}]
+            ).values_list("topic", flat=True)
+        )
+    )()
     assert shared_topics == {f"job-{job_a.pk}", f"cluster-{shared.pk}", f"tenant-{tenant_a.pk}", "fleet"}
     await viewer_a.disconnect()
     await operator.disconnect()

@@ -204,7 +204,9 @@ def test_snapshot_overhead_is_booked_once_from_the_previous_recovery_to_the_faul
         booked.append(action.snapshot_overhead_seconds)
         if round_ == 0:
             api.credentials(HTTP_AUTHORIZATION=f"Bearer {job.token}")
-            api.post(f"/api/v1/jobs/{job.pk}/progress/", {"iteration": 612, "step_seconds": 0.5}, format="json")
+            api.post(
+                f"/api/v1/jobs/{job.pk}/progress/", {"iteration": 612, "step_seconds": 0.5}, format="json"
+            )
     assert booked == [pytest.approx(1.5), pytest.approx(0.5)]
 
     api.as_token(users["operator"])

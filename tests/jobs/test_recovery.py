@@ -17,6 +17,7 @@ from tests.support.jobs import INSTANT, bulk_nodes, node_of, protected_cluster, 
 
 pytestmark = pytest.mark.django_db
 
+
 def report_and_decide(**report):
     """An agent reports a fault and it is decided: the fault and the one action it was answered with."""
     fault, _ = fault_ingest(source="agent", **report)
@@ -41,7 +42,9 @@ def test_node_loss_live_migrates_to_a_spare_and_the_ledger_counts_the_saving(ten
     action = RecoveryAction.objects.get(pk=action_id)
     assert action.kind == ActionKind.LIVE_MIGRATION and action.state == ActionState.RUNNING
     assert action.to_node.state == NodeState.SPARE and {o["kind"] for o in action.alternatives} >= {
-        "restart_from_checkpoint", "live_migration"}
+        "restart_from_checkpoint",
+        "live_migration",
+    }
     job.refresh_from_db()
     assert job.state == JobState.RECOVERING
     assert recovery_advance()["completed"] == 1
@@ -52,7 +55,8 @@ def test_node_loss_live_migrates_to_a_spare_and_the_ledger_counts_the_saving(ten
     # baseline = 16 GPUs × (1200 s since checkpoint + 600 s restart overhead)
     assert action.gpu_hours_baseline == pytest.approx(16 * 1800 / 3600, rel=0.01)
     assert 0 < action.gpu_hours_lost < 0.1 and action.gpu_hours_saved == pytest.approx(
-        action.gpu_hours_baseline - action.gpu_hours_lost)
+        action.gpu_hours_baseline - action.gpu_hours_lost
+    )
     assert Node.objects.get(pk=failed.pk).cooldown_until > timezone.now()
     fault.refresh_from_db()
     assert fault.state == FaultState.HANDLED and "live_migration" in fault.state_reason
@@ -79,7 +83,7 @@ def test_the_same_fault_twice_is_one_fault_and_one_action(tenant_a):
 
 def test_xid_on_one_gpu_moves_the_worker_to_a_spare_gpu_on_the_same_node(tenant_a):
     cluster = protected_cluster(nodes=2, spares=0, connection=INSTANT)
-    job = submit(cluster, tenant_a, gpus=12)           # 8 + 4: the second node has 4 idle GPUs
+    job = submit(cluster, tenant_a, gpus=12)  # 8 + 4: the second node has 4 idle GPUs
     node = JobAllocation.objects.get(job=job, rank_start=8).node
     fault, action = report_and_decide(kind="gpu_xid", xid=95, gpu_index=1, node=node)
     assert action.kind == ActionKind.INTRA_NODE_MIGRATION and action.to_gpu_index >= 4
@@ -131,7 +135,11 @@ def test_dry_run_decides_and_records_but_does_nothing(tenant_a):
     action.refresh_from_db()
     job.refresh_from_db()
     node.refresh_from_db()
-    assert action.state == ActionState.PLANNED and job.state == JobState.RUNNING and node.state == NodeState.READY
+    assert (
+        action.state == ActionState.PLANNED
+        and job.state == JobState.RUNNING
+        and node.state == NodeState.READY
+    )
     assert SimulatedOperation.objects.count() == before
 
 
@@ -155,12 +163,14 @@ def test_spares_go_to_the_most_at_stake_and_the_rest_restart(tenant_a):
     for job in jobs:
         age(job, 600)
     faults = [fault_ingest(source="simulator", kind="node_unreachable", node=node_of(job))[0] for job in jobs]
-    created = fault_handle(fault_id=faults[0].pk)          # one global decision over the three new faults
+    created = fault_handle(fault_id=faults[0].pk)  # one global decision over the three new faults
     assert len(created) == 3
     kinds = {a.job_id: a.kind for a in RecoveryAction.objects.filter(pk__in=created)}
     assert kinds[jobs[2].pk] == kinds[jobs[1].pk] == ActionKind.LIVE_MIGRATION
     assert kinds[jobs[0].pk] == ActionKind.RESTART_FROM_CHECKPOINT
-    assert all(f.state == FaultState.HANDLED for f in FaultEvent.objects.filter(pk__in=[f.pk for f in faults]))
+    assert all(
+        f.state == FaultState.HANDLED for f in FaultEvent.objects.filter(pk__in=[f.pk for f in faults])
+    )
 
 
 def test_risky_and_cooling_spares_are_never_targets(tenant_a):
@@ -175,8 +185,9 @@ def test_risky_and_cooling_spares_are_never_targets(tenant_a):
 
 
 def test_migration_budget_queues_and_beat_starts_them_as_room_frees(tenant_a):
-    cluster = protected_cluster(nodes=4, spares=4, max_concurrent_migrations=2,
-                                connection={**INSTANT, "migration_pause_seconds": 60})
+    cluster = protected_cluster(
+        nodes=4, spares=4, max_concurrent_migrations=2, connection={**INSTANT, "migration_pause_seconds": 60}
+    )
     jobs = [submit(cluster, tenant_a, gpus=8, checkpoint_interval=100_000) for _ in range(4)]
     for job in jobs:
         age(job, 3600)
@@ -203,20 +214,23 @@ def test_fatal_xid_climbs_the_ladder_back_to_the_spare_pool(tenant_a):
     node.refresh_from_db()
     assert node.state == NodeState.CORDONED
     assert NodeEscalation.objects.get(node=node).stage == EscalationStage.QUARANTINED
-    recovery_advance()     # the job's migration completes; the node drains
-    recovery_advance()     # reboot is the remedy: the node is failed and waits for a human
+    recovery_advance()  # the job's migration completes; the node drains
+    recovery_advance()  # reboot is the remedy: the node is failed and waits for a human
     escalation = NodeEscalation.objects.get(node=node)
     assert escalation.stage == EscalationStage.FAILED and escalation.needs_human
     assert Node.objects.get(pk=node.pk).state == NodeState.FAILED
     assert escalation.stage == EscalationStage.FAILED
     recovery_advance()
-    assert NodeEscalation.objects.get(node=node).stage == EscalationStage.FAILED      # waits for a human
+    assert NodeEscalation.objects.get(node=node).stage == EscalationStage.FAILED  # waits for a human
     from rest_framework.test import APIClient
 
     from tests.support.factories import make_user, token_header
+
     client = APIClient()
     client.credentials(**token_header(make_user("tenant-admin", tenant_a)))
-    assert client.post(f"/api/v1/faults/{fault.pk}/repaired/", {"reason": "x"}, format="json").status_code in (403, 404)
+    assert client.post(
+        f"/api/v1/faults/{fault.pk}/repaired/", {"reason": "x"}, format="json"
+    ).status_code in (403, 404)
     client.credentials(**token_header(make_user("operator")))
     answer = client.post(f"/api/v1/faults/{fault.pk}/repaired/", {"reason": "rebooted"}, format="json")
     assert answer.status_code == 200 and answer.json()["stage"] == EscalationStage.REPAIRED
@@ -234,7 +248,7 @@ def test_reset_remediation_and_repeated_faults_escalate(tenant_a, settings):
     idle = Node.objects.filter(cluster=cluster, state=NodeState.READY).last()
     fault, _ = fault_ingest(source="agent", kind="gpu_xid", xid=95, gpu_index=2, node=idle)
     fault_handle(fault_id=fault.pk)
-    for _ in range(5):   # drain, reset, repaired, validated, returned
+    for _ in range(5):  # drain, reset, repaired, validated, returned
         recovery_advance()
     assert NodeEscalation.objects.get(node=idle).stage == EscalationStage.RETURNED
     assert GPU.objects.get(node=idle, index=2).health == GPUHealth.HEALTHY
@@ -258,7 +272,7 @@ def test_app_crash_restores_from_a_fresh_snapshot(tenant_a):
     assert snapshot.state == "succeeded" and snapshot.iteration >= 899
     fault, action = report_and_decide(kind="gpu_xid", xid=13, gpu_index=0, node=node_of(job))
     assert action.kind == ActionKind.RESTORE_FROM_SNAPSHOT and action.restore_iteration == snapshot.iteration
-    assert GPU.objects.get(node=node_of(job), index=0).health == GPUHealth.HEALTHY   # application error only
+    assert GPU.objects.get(node=node_of(job), index=0).health == GPUHealth.HEALTHY  # application error only
 
 
 def test_the_decision_starts_actions_through_the_driver_or_leaves_them_planned(tenant_a, monkeypatch):
@@ -296,7 +310,9 @@ def _statements_to_decide_and_complete(tenant, faults: int) -> tuple[int, int]:
 
     cluster = protected_cluster(nodes=faults, spares=0, connection=INSTANT)
     jobs = [submit(cluster, tenant, gpus=8) for _ in range(faults)]
-    reported = [fault_ingest(source="agent", kind="nic_down", nic_name="mlx5_1", node=node_of(job))[0] for job in jobs]
+    reported = [
+        fault_ingest(source="agent", kind="nic_down", nic_name="mlx5_1", node=node_of(job))[0] for job in jobs
+    ]
     with CaptureQueriesContext(connection) as decided:
         assert len(fault_handle(fault_id=reported[0].pk)) == faults
     RecoveryAction.objects.update(done_at=timezone.now())
@@ -330,14 +346,22 @@ def test_phases_switch_ends_opens_and_records_in_one_go(tenant_a):
     open_before = {(p.job_id, p.kind): p.pk for p in JobPhase.objects.filter(ended_at__isnull=True)}
     at = timezone.now()
     with CaptureQueriesContext(connection) as statements:
-        phases_switch(at=at, ended=[(job.pk, [JobPhaseKind.RUNNING, JobPhaseKind.RECOVERING, JobPhaseKind.DEGRADED])],
-                      started=[JobPhase(job=job, kind=JobPhaseKind.RECOVERING, started_at=at, reason="r"),
-                               JobPhase(job=job, kind=JobPhaseKind.DEGRADED, started_at=at, reason="d")],
-                      progress=[JobProgress(job=job, at=at, iteration=7)])
+        phases_switch(
+            at=at,
+            ended=[(job.pk, [JobPhaseKind.RUNNING, JobPhaseKind.RECOVERING, JobPhaseKind.DEGRADED])],
+            started=[
+                JobPhase(job=job, kind=JobPhaseKind.RECOVERING, started_at=at, reason="r"),
+                JobPhase(job=job, kind=JobPhaseKind.DEGRADED, started_at=at, reason="d"),
+            ],
+            progress=[JobProgress(job=job, at=at, iteration=7)],
+        )
     assert len(statements) == 1
     now_open = {(p.job_id, p.kind): p for p in JobPhase.objects.filter(ended_at__isnull=True)}
-    assert set(now_open) == {(job.pk, JobPhaseKind.RECOVERING), (job.pk, JobPhaseKind.DEGRADED),
-                             (other.pk, JobPhaseKind.RUNNING)}
+    assert set(now_open) == {
+        (job.pk, JobPhaseKind.RECOVERING),
+        (job.pk, JobPhaseKind.DEGRADED),
+        (other.pk, JobPhaseKind.RUNNING),
+    }
     assert now_open[(job.pk, JobPhaseKind.DEGRADED)].pk != open_before[(job.pk, JobPhaseKind.DEGRADED)]
     assert now_open[(other.pk, JobPhaseKind.RUNNING)].pk == open_before[(other.pk, JobPhaseKind.RUNNING)]
     assert JobPhase.objects.get(pk=open_before[(job.pk, JobPhaseKind.RUNNING)]).ended_at == at

@@ -27,7 +27,12 @@ from tests.support.telemetry import batch, nic
 
 pytestmark = pytest.mark.django_db
 
-INSTANT = {"migration_pause_seconds": 0, "nic_failover_seconds": 0, "restart_seconds": 0, "gpu_reset_seconds": 0}
+INSTANT = {
+    "migration_pause_seconds": 0,
+    "nic_failover_seconds": 0,
+    "restart_seconds": 0,
+    "gpu_reset_seconds": 0,
+}
 
 
 def node_of(job, rank_start=0):
@@ -49,9 +54,12 @@ def send(client, hostname, ts, symbol_error, link_state="up"):
 
 # --- grey links ----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
-def test_rising_symbol_errors_fail_over_then_fail_back_with_the_measured_degraded_time(tmp_path, tenant_a, settings):
+def test_rising_symbol_errors_fail_over_then_fail_back_with_the_measured_degraded_time(
+    tmp_path, tenant_a, settings
+):
     """Two agent batches five seconds apart, symbol errors up by 100, link up: a link_degraded fault that the Celery
     worker decides (failover against running degraded, both priced); once the link stays clean the job fails back,
     and the ledger books the degraded time it measured."""
@@ -67,32 +75,45 @@ def test_rising_symbol_errors_fail_over_then_fail_back_with_the_measured_degrade
         fault = FaultEvent.objects.get(kind=FaultKind.LINK_DEGRADED, node=node)
         assert fault.details["symbol_rate_per_hour"] > settings.TELEMETRY_SYMBOL_ERRORS_PER_HOUR
         assert fault.triage["job_impact"] == "degraded"
-        wait_for(lambda: RecoveryAction.objects.filter(fault=fault).exists(), 30, what="the worker's decision")
+        wait_for(
+            lambda: RecoveryAction.objects.filter(fault=fault).exists(), 30, what="the worker's decision"
+        )
     action = RecoveryAction.objects.get(fault=fault)
     assert action.kind == ActionKind.NIC_FAILOVER and action.nic_name == "mlx5_2"
     weighed = {o["kind"]: o for o in action.alternatives}
     assert weighed["stay_degraded"]["gpu_hours_lost"] > weighed["nic_failover"]["gpu_hours_lost"]
     assert weighed["stay_degraded"]["slowdown"] == pytest.approx(0.30)
     assert action.estimate["nic_failover"]["basis"].startswith("default")
-    wait_for(lambda: (recovery_advance(), RecoveryAction.objects.get(pk=action.pk).state)[1] == ActionState.SUCCEEDED,
-             10, what="the failover to finish")
+    wait_for(
+        lambda: (
+            (recovery_advance(), RecoveryAction.objects.get(pk=action.pk).state)[1] == ActionState.SUCCEEDED
+        ),
+        10,
+        what="the failover to finish",
+    )
     job.refresh_from_db()
     assert job.degraded_at(timezone.now()) and job.slowdown == pytest.approx(0.01)
-    assert links_fail_back() == 0          # no clean readings yet: still degraded
+    assert links_fail_back() == 0  # no clean readings yet: still degraded
     completed = RecoveryAction.objects.get(pk=action.pk).ended_at
-    for _ in range(4):                      # the link stays up, the counter still: clean
+    for _ in range(4):  # the link stays up, the counter still: clean
         time.sleep(1)
         send(agent, node.hostname, time.time(), 100)
     assert links_fail_back() == 1
     action.refresh_from_db()
     job.refresh_from_db()
     measured = (action.failed_back_at - completed).total_seconds()
-    assert action.degraded_seconds == pytest.approx(measured) and 2 <= measured < 30   # measured, not the expected 600 s
-    assert action.gpu_hours_lost == pytest.approx(16 * (action.pause_seconds + 0.01 * measured) / 3600, rel=1e-6)
+    assert (
+        action.degraded_seconds == pytest.approx(measured) and 2 <= measured < 30
+    )  # measured, not the expected 600 s
+    assert action.gpu_hours_lost == pytest.approx(
+        16 * (action.pause_seconds + 0.01 * measured) / 3600, rel=1e-6
+    )
     assert not job.degraded_at(timezone.now()) and job.slowdown == 0
     assert not JobPhase.objects.filter(job=job, kind="degraded", ended_at__isnull=True).exists()
     assert NIC.objects.get(node=node, name="mlx5_2").link_state == LinkState.UP
-    assert RecoveryEstimate.objects.get(cluster=cluster, kind="link_degraded_seconds").last_seconds == pytest.approx(measured)
+    assert RecoveryEstimate.objects.get(
+        cluster=cluster, kind="link_degraded_seconds"
+    ).last_seconds == pytest.approx(measured)
 
 
 def test_running_degraded_is_recorded_with_its_comparison_and_ends_when_the_link_is_clean(tenant_a, settings):
@@ -103,8 +124,13 @@ def test_running_degraded_is_recorded_with_its_comparison_and_ends_when_the_link
     job = submit(cluster, tenant_a, gpus=16)
     node = node_of(job)
     NIC.objects.filter(node=node).exclude(name="mlx5_2").update(link_state=LinkState.DOWN)
-    fault, _ = fault_ingest(source="agent", kind="link_degraded", node=node, nic_name="mlx5_2",
-                            details={"link_state": "up", "symbol_rate_per_hour": 5000.0})
+    fault, _ = fault_ingest(
+        source="agent",
+        kind="link_degraded",
+        node=node,
+        nic_name="mlx5_2",
+        details={"link_state": "up", "symbol_rate_per_hour": 5000.0},
+    )
     assert fault_handle(fault_id=fault.pk) == []
     fault.refresh_from_db()
     decision = fault.details["decision"]
@@ -115,39 +141,57 @@ def test_running_degraded_is_recorded_with_its_comparison_and_ends_when_the_link
     assert job.slowdown == pytest.approx(0.30) and job.degraded_at(timezone.now())
     phase = JobPhase.objects.get(job=job, kind="degraded", ended_at__isnull=True)
     assert (phase.node_id, phase.nic_name) == (node.pk, "mlx5_2")
-    assert links_fail_back() == 0                    # the link is still marked degraded, and no telemetry says otherwise
-    NIC.objects.filter(node=node, name="mlx5_2").update(link_state=LinkState.UP)   # repaired
+    assert links_fail_back() == 0  # the link is still marked degraded, and no telemetry says otherwise
+    NIC.objects.filter(node=node, name="mlx5_2").update(link_state=LinkState.UP)  # repaired
     assert links_fail_back() == 1
     job.refresh_from_db()
-    assert job.slowdown == 0 and not JobPhase.objects.filter(job=job, kind="degraded", ended_at__isnull=True).exists()
+    assert (
+        job.slowdown == 0
+        and not JobPhase.objects.filter(job=job, kind="degraded", ended_at__isnull=True).exists()
+    )
 
 
 # --- silence -------------------------------------------------------------------------------------------------
 
+
 def _seen(cluster, ago_seconds, nodes=None):
-    rows = Node.objects.filter(cluster=cluster) if nodes is None else Node.objects.filter(pk__in=[n.pk for n in nodes])
+    rows = (
+        Node.objects.filter(cluster=cluster)
+        if nodes is None
+        else Node.objects.filter(pk__in=[n.pk for n in nodes])
+    )
     rows.update(last_seen_at=timezone.now() - timedelta(seconds=ago_seconds))
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
-def test_a_silent_agent_becomes_node_unreachable_in_the_nodes_incident_and_is_recovered(tmp_path, tenant_a, settings):
+def test_a_silent_agent_becomes_node_unreachable_in_the_nodes_incident_and_is_recovered(
+    tmp_path, tenant_a, settings
+):
     settings.AGENT_INTERVAL_SECONDS, settings.SILENCE_INTERVALS = 10, 3
     cluster = protected_cluster(nodes=4, spares=2, connection=INSTANT)
     job = submit(cluster, tenant_a, gpus=16, checkpoint_interval=10**9)
     node = node_of(job)
-    Node.objects.filter(cluster=cluster, state=NodeState.SPARE).update(last_seen_at=None)   # never reported: not judged
+    Node.objects.filter(cluster=cluster, state=NodeState.SPARE).update(
+        last_seen_at=None
+    )  # never reported: not judged
     _seen(cluster, 5, nodes=[n for n in Node.objects.filter(cluster=cluster, state=NodeState.READY)])
-    earlier, _ = fault_ingest(source="agent", kind="thermal", node=node)      # the node's incident is open already
+    earlier, _ = fault_ingest(
+        source="agent", kind="thermal", node=node
+    )  # the node's incident is open already
     _seen(cluster, 45, nodes=[node])
     with celery_worker(tmp_path):
         assert silence_sweep()["node_unreachable"] == 1
-        assert silence_sweep()["node_unreachable"] == 0        # raised once per silence
+        assert silence_sweep()["node_unreachable"] == 0  # raised once per silence
         fault = FaultEvent.objects.get(kind=FaultKind.NODE_UNREACHABLE, node=node)
         assert fault.sources == ["heartbeat"] and fault.details["silent_seconds"] >= 45
         assert fault.incident_id == FaultEvent.objects.get(pk=earlier.pk).incident_id
         assert Incident.objects.get(pk=fault.incident_id).kind == "node_unreachable"
-        wait_for(lambda: RecoveryAction.objects.filter(fault=fault, job=job).exists(), 30, what="the worker's decision")
+        wait_for(
+            lambda: RecoveryAction.objects.filter(fault=fault, job=job).exists(),
+            30,
+            what="the worker's decision",
+        )
     assert RecoveryAction.objects.get(fault=fault, job=job).kind == ActionKind.LIVE_MIGRATION
     assert not FaultEvent.objects.filter(kind=FaultKind.NODE_UNREACHABLE).exclude(node=node).exists()
 
@@ -160,17 +204,19 @@ def test_half_the_cluster_silent_at_once_drains_nothing_marks_it_unreachable_and
     nodes = list(Node.objects.filter(cluster=cluster).order_by("pk"))
     _seen(cluster, 5)
     _seen(cluster, 40, nodes=nodes[:2])
-    _seen(cluster, 45, nodes=nodes[2:4])          # four of eight, within two intervals of each other
+    _seen(cluster, 45, nodes=nodes[2:4])  # four of eight, within two intervals of each other
     notifications_dispatch()
     counts = silence_sweep()
     assert counts["clusters_unreachable"] == 1 and counts["node_unreachable"] == 0
     assert not FaultEvent.objects.exists()
-    assert not Node.objects.filter(cluster=cluster, state__in=[NodeState.CORDONED, NodeState.DRAINING]).exists()
+    assert not Node.objects.filter(
+        cluster=cluster, state__in=[NodeState.CORDONED, NodeState.DRAINING]
+    ).exists()
     assert Cluster.objects.get(pk=cluster.pk).reachability == Reachability.UNREACHABLE
-    assert silence_sweep()["clusters_unreachable"] == 0           # said once
+    assert silence_sweep()["clusters_unreachable"] == 0  # said once
     notifications_dispatch()
     assert NotificationDelivery.objects.filter(rule="cluster_unreachable").count() == 1
-    _seen(cluster, 1)                                             # it reports again
+    _seen(cluster, 1)  # it reports again
     assert silence_sweep()["clusters_reachable"] == 1
     assert Cluster.objects.get(pk=cluster.pk).reachability == Reachability.REACHABLE
 
@@ -178,15 +224,21 @@ def test_half_the_cluster_silent_at_once_drains_nothing_marks_it_unreachable_and
 def test_a_node_that_never_reported_is_not_judged(tenant_a, settings):
     cluster = protected_cluster(nodes=3, spares=0, connection=INSTANT)
     Node.objects.filter(cluster=cluster).update(last_seen_at=None)
-    assert silence_sweep() == {"node_unreachable": 0, "clusters_unreachable": 0, "clusters_reachable": 0, "hang": 0}
+    assert silence_sweep() == {
+        "node_unreachable": 0,
+        "clusters_unreachable": 0,
+        "clusters_reachable": 0,
+        "hang": 0,
+    }
 
 
 # --- hangs ---------------------------------------------------------------------------------------------------
 
+
 def test_hang_threshold_is_k_times_the_median_step_with_a_floor(settings):
     settings.HANG_STEP_MULTIPLE, settings.HANG_FLOOR_SECONDS = 10, 120
-    assert hang_threshold([1.0, 2.0, 30.0]) == 120           # 10 × 2 s is under the floor
-    assert hang_threshold([20.0, 25.0, 900.0]) == 250        # the median, not the mean
+    assert hang_threshold([1.0, 2.0, 30.0]) == 120  # 10 × 2 s is under the floor
+    assert hang_threshold([20.0, 25.0, 900.0]) == 250  # the median, not the mean
     assert hang_threshold([]) == 120
 
 
@@ -195,16 +247,23 @@ def test_a_job_that_stops_reporting_progress_hangs_and_restarts(tenant_a, settin
     cluster = protected_cluster(nodes=4, spares=1, connection=INSTANT)
     job = submit(cluster, tenant_a, gpus=16)
     other = submit(cluster, tenant_a, gpus=8)
-    quiet = submit(cluster, tenant_a, gpus=8)                 # never reported progress: not judged
+    quiet = submit(cluster, tenant_a, gpus=8)  # never reported progress: not judged
     client = APIClient()
     for step in range(1, 4):
         for mine in (job, other):
             client.credentials(HTTP_AUTHORIZATION=f"Bearer {mine.token}")
-            response = client.post(f"/api/v1/jobs/{mine.pk}/progress/", {"iteration": step * 10, "step_seconds": 20.0},
-                                   format="json")
+            response = client.post(
+                f"/api/v1/jobs/{mine.pk}/progress/",
+                {"iteration": step * 10, "step_seconds": 20.0},
+                format="json",
+            )
             assert response.status_code == 200, response.content
-    type(job).objects.filter(pk=job.pk).update(iteration_at=timezone.now() - timedelta(seconds=260))   # > 10 × 20 s
-    type(job).objects.filter(pk=other.pk).update(iteration_at=timezone.now() - timedelta(seconds=150))  # < 200 s
+    type(job).objects.filter(pk=job.pk).update(
+        iteration_at=timezone.now() - timedelta(seconds=260)
+    )  # > 10 × 20 s
+    type(job).objects.filter(pk=other.pk).update(
+        iteration_at=timezone.now() - timedelta(seconds=150)
+    )  # < 200 s
     type(job).objects.filter(pk=quiet.pk).update(iteration_at=timezone.now() - timedelta(days=1))
     assert silence_sweep()["hang"] == 1
     assert silence_sweep()["hang"] == 0
@@ -217,15 +276,19 @@ def test_a_job_that_stops_reporting_progress_hangs_and_restarts(tenant_a, settin
     recovery_advance()
     job.refresh_from_db()
     assert job.state == JobState.RUNNING
-    assert not RecoveryAction.objects.filter(job=other).exists()   # the other job on the node is not hit
+    assert not RecoveryAction.objects.filter(job=other).exists()  # the other job on the node is not hit
 
 
 # --- measured prices -----------------------------------------------------------------------------------------
 
+
 def test_the_planner_prices_move_toward_what_recoveries_measured(tenant_a, settings):
     settings.RECOVERY_ESTIMATE_MIN_SAMPLES = 5
     cluster = protected_cluster(nodes=2, spares=1, connection={**INSTANT, "nic_failover_seconds": 0.3})
-    assert estimates_for(cluster).nic_failover == 1.0 and estimates_for(cluster).basis_of("nic_failover") == "default"
+    assert (
+        estimates_for(cluster).nic_failover == 1.0
+        and estimates_for(cluster).basis_of("nic_failover") == "default"
+    )
     job = submit(cluster, tenant_a, gpus=16)
     node = node_of(job)
     fault, _ = fault_ingest(source="agent", kind="nic_down", node=node, nic_name="mlx5_3")
@@ -236,10 +299,12 @@ def test_the_planner_prices_move_toward_what_recoveries_measured(tenant_a, setti
     assert action.state == ActionState.SUCCEEDED
     row = RecoveryEstimate.objects.get(cluster=cluster, kind="nic_failover")
     assert row.samples == 1 and 0.3 <= row.last_seconds < 5
-    assert estimates_for(cluster).nic_failover == 1.0                 # one measurement is not enough
+    assert estimates_for(cluster).nic_failover == 1.0  # one measurement is not enough
     estimates_record([(cluster.pk, "nic_failover", 0.3)] * 4)
     measured = estimates_for(cluster)
-    assert measured.nic_failover < 1.0 and measured.basis_of("nic_failover").startswith("measured: average of 5")
+    assert measured.nic_failover < 1.0 and measured.basis_of("nic_failover").startswith(
+        "measured: average of 5"
+    )
     before = measured.nic_failover
     estimates_record([(cluster.pk, "nic_failover", 0.3)] * 5)
     assert abs(estimates_for(cluster).nic_failover - 0.3) < abs(before - 0.3)
@@ -248,4 +313,6 @@ def test_the_planner_prices_move_toward_what_recoveries_measured(tenant_a, setti
     [action_id] = fault_handle(fault_id=fault.pk)
     chosen = RecoveryAction.objects.get(pk=action_id)
     assert chosen.estimate["nic_failover"]["basis"].startswith("measured")
-    assert chosen.estimate["nic_failover"]["seconds"] == pytest.approx(estimates_for(cluster).nic_failover, abs=1e-3)
+    assert chosen.estimate["nic_failover"]["seconds"] == pytest.approx(
+        estimates_for(cluster).nic_failover, abs=1e-3
+    )

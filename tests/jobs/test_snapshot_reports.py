@@ -118,7 +118,9 @@ def test_another_jobs_token_bad_bodies_and_other_tenants(api, users, world):
     job_a, job_b = world
     api.credentials(HTTP_AUTHORIZATION=f"Bearer {job_b.token}")
     assert api.post(f"/api/v1/jobs/{job_a.pk}/snapshots/", POINT, format="json").status_code == 403
-    assert api.post("/api/v1/jobs/not-a-number/snapshots/", POINT, format="json").status_code == 404   # no such job
+    assert (
+        api.post("/api/v1/jobs/not-a-number/snapshots/", POINT, format="json").status_code == 404
+    )  # no such job
     url = f"/api/v1/jobs/{job_b.pk}/snapshots/"
     bad = [
         {},

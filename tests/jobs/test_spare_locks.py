@@ -17,11 +17,17 @@ from tests.support.jobs import protected_cluster, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-INSTANT = {"migration_pause_seconds": 0, "nic_failover_seconds": 0, "restart_seconds": 0, "gpu_reset_seconds": 0}
+INSTANT = {
+    "migration_pause_seconds": 0,
+    "nic_failover_seconds": 0,
+    "restart_seconds": 0,
+    "gpu_reset_seconds": 0,
+}
 
 
 def hold_row(node_id: int, seconds: float, held: threading.Event) -> threading.Thread:
     """Another process's short write to a node row (what ingest's last_seen_at update does), held ``seconds``."""
+
     def run():
         try:
             with transaction.atomic():

@@ -27,20 +27,46 @@ BUDGET, PER_LEAF = 8, 4
 
 def build(tenant):
     fleet = make_fleet(max_cordoned_nodes=64, max_draining_nodes=16)
-    cluster = make_cluster(fleet, max_concurrent_migrations=BUDGET, max_migrations_per_leaf=PER_LEAF,
-                           connection={"migration_pause_seconds": 1.5, "restart_seconds": 1, "nic_failover_seconds": 0.5})
+    cluster = make_cluster(
+        fleet,
+        max_concurrent_migrations=BUDGET,
+        max_migrations_per_leaf=PER_LEAF,
+        connection={"migration_pause_seconds": 1.5, "restart_seconds": 1, "nic_failover_seconds": 0.5},
+    )
     protect(cluster)
     nodes = bulk_nodes(cluster, 1024, prefix="gpu", per_leaf=32)
     bulk_nodes(cluster, 32, state=NodeState.SPARE, prefix="spare", per_leaf=4)
     now = timezone.now()
     # 128 jobs of 8 nodes (64 GPUs); job i has run 10 × i seconds longer since its checkpoint than job 0.
-    jobs = Job.objects.bulk_create([
-        Job(tenant=tenant, cluster=cluster, name=f"storm-{i}", gpus=64, state=JobState.RUNNING, seconds_per_iteration=1.0,
-            checkpoint_interval=10**9, iteration_at=now - timedelta(seconds=600 + 10 * i), started_at=now)
-        for i in range(128)])
-    JobAllocation.objects.bulk_create([
-        JobAllocation(job=job, node=nodes[8 * i + k], gpu_indices=list(range(8)), rank_start=8 * k, rank_end=8 * k + 7)
-        for i, job in enumerate(jobs) for k in range(8)])
+    jobs = Job.objects.bulk_create(
+        [
+            Job(
+                tenant=tenant,
+                cluster=cluster,
+                name=f"storm-{i}",
+                gpus=64,
+                state=JobState.RUNNING,
+                seconds_per_iteration=1.0,
+                checkpoint_interval=10**9,
+                iteration_at=now - timedelta(seconds=600 + 10 * i),
+                started_at=now,
+            )
+            for i in range(128)
+        ]
+    )
+    JobAllocation.objects.bulk_create(
+        [
+            JobAllocation(
+                job=job,
+                node=nodes[8 * i + k],
+                gpu_indices=list(range(8)),
+                rank_start=8 * k,
+                rank_end=8 * k + 7,
+            )
+            for i, job in enumerate(jobs)
+            for k in range(8)
+        ]
+    )
     return cluster, jobs, nodes
 
 
@@ -70,15 +96,18 @@ def test_storm_books_each_spare_once_keeps_the_budget_and_every_recovery_ends(tm
         setattr(settings, name, value)
     cluster, jobs, nodes = build(tenant_a)
     fail_next_recovery(cluster, count=FAILING_MIGRATIONS, operations=["migrate_worker"])
-    failing = [nodes[8 * i + 3] for i in range(64)]          # one node of each of 64 jobs
+    failing = [nodes[8 * i + 3] for i in range(64)]  # one node of each of 64 jobs
     samples, stop = [], threading.Event()
 
     def sample_budget():
         try:
             while not stop.is_set():
-                running = RecoveryAction.objects.filter(cluster=cluster, state=ActionState.RUNNING,
-                                                        kind=ActionKind.LIVE_MIGRATION)
-                per_leaf = list(running.values("to_node__leaf_switch").annotate(n=Count("id")).values_list("n", flat=True))
+                running = RecoveryAction.objects.filter(
+                    cluster=cluster, state=ActionState.RUNNING, kind=ActionKind.LIVE_MIGRATION
+                )
+                per_leaf = list(
+                    running.values("to_node__leaf_switch").annotate(n=Count("id")).values_list("n", flat=True)
+                )
                 samples.append((sum(per_leaf), max(per_leaf, default=0)))
                 time.sleep(0.02)
         finally:
@@ -96,10 +125,15 @@ def test_storm_books_each_spare_once_keeps_the_budget_and_every_recovery_ends(tm
             connection.close()
 
     def settled():
-        under_way = RecoveryAction.objects.filter(job__isnull=False, state__in=(ActionState.PLANNED, ActionState.RUNNING))
+        under_way = RecoveryAction.objects.filter(
+            job__isnull=False, state__in=(ActionState.PLANNED, ActionState.RUNNING)
+        )
         return not under_way.exists() and not Job.objects.filter(state=JobState.RECOVERING).exists()
 
-    with celery_worker(tmp_path, concurrency=4, **RETRIES) as worker, beat_in_a_thread(cluster_ids=[cluster.pk]):
+    with (
+        celery_worker(tmp_path, concurrency=4, **RETRIES) as worker,
+        beat_in_a_thread(cluster_ids=[cluster.pk]),
+    ):
         watchers = [threading.Thread(target=sample_budget)]
         for thread in watchers:
             thread.start()
@@ -111,7 +145,12 @@ def test_storm_books_each_spare_once_keeps_the_budget_and_every_recovery_ends(tm
             thread.join()
         reported_in = time.monotonic() - started
         try:
-            wait_for(lambda: not FaultEvent.objects.filter(state=FaultState.NEW).exists(), 60, 0.2, what="every fault handled")
+            wait_for(
+                lambda: not FaultEvent.objects.filter(state=FaultState.NEW).exists(),
+                60,
+                0.2,
+                what="every fault handled",
+            )
             wait_for(settled, 90, 0.3, what="every recovery ended")
         finally:
             stop.set()
@@ -136,15 +175,22 @@ def test_storm_books_each_spare_once_keeps_the_budget_and_every_recovery_ends(tm
     migrations = first.filter(kind=ActionKind.LIVE_MIGRATION)
     restarts = first.filter(kind=ActionKind.RESTART_FROM_CHECKPOINT)
     assert migrations.count() == 32 and restarts.count() == 32, (
-        sorted(first.values_list("kind", flat=True)), first.order_by("pk").first().alternatives)
+        sorted(first.values_list("kind", flat=True)),
+        first.order_by("pk").first().alternatives,
+    )
     # The injected failures: that many migrations failed, and their recoveries fell back.
-    failed_moves = actions.filter(kind=ActionKind.LIVE_MIGRATION, state=ActionState.FAILED,
-                                  error="the cluster reported the operation failed")
+    failed_moves = actions.filter(
+        kind=ActionKind.LIVE_MIGRATION,
+        state=ActionState.FAILED,
+        error="the cluster reported the operation failed",
+    )
     assert failed_moves.count() == FAILING_MIGRATIONS
     assert all(a.pk in followed for a in failed_moves)
     # No spare booked twice at once (a spare a failed migration gave back may be booked again later).
     for node_id in set(SpareBooking.objects.values_list("node", flat=True)):
-        assert not overlapping(SpareBooking.objects.filter(node_id=node_id).values_list("booked_at", "released_at"))
+        assert not overlapping(
+            SpareBooking.objects.filter(node_id=node_id).values_list("booked_at", "released_at")
+        )
     # Jobs beyond the spares chose restart from checkpoint, having weighed live migration without a spare.
     for action in restarts:
         live = next(o for o in action.alternatives if o["kind"] == "live_migration")
@@ -152,13 +198,22 @@ def test_storm_books_each_spare_once_keeps_the_budget_and_every_recovery_ends(tm
     # Every job ended Running or Failed (with its reason), none on a failed node, no node held by two jobs.
     states = dict(Job.objects.filter(cluster=cluster).values_list("pk", "state"))
     assert set(states.values()) <= {JobState.RUNNING, JobState.FAILED}
-    assert all(Job.objects.get(pk=pk).state_reason for pk, state in states.items() if state == JobState.FAILED)
-    held = list(JobAllocation.objects.filter(job__cluster=cluster, released_at__isnull=True).values_list("node_id", flat=True))
+    assert all(
+        Job.objects.get(pk=pk).state_reason for pk, state in states.items() if state == JobState.FAILED
+    )
+    held = list(
+        JobAllocation.objects.filter(job__cluster=cluster, released_at__isnull=True).values_list(
+            "node_id", flat=True
+        )
+    )
     assert len(held) == len(set(held)) and not set(held) & {node.pk for node in failing}
     assert sum(state == JobState.RUNNING for state in states.values()) >= 64 + 32 - FAILING_MIGRATIONS
     # The budget held at every instant: sampled while it ran, and from the recorded intervals.
     assert samples and max(total for total, _ in samples) <= BUDGET
     assert max(leaf for _, leaf in samples) <= PER_LEAF
-    intervals = list(actions.filter(kind=ActionKind.LIVE_MIGRATION).exclude(started_at=None)
-                     .values_list("started_at", "ended_at"))
+    intervals = list(
+        actions.filter(kind=ActionKind.LIVE_MIGRATION)
+        .exclude(started_at=None)
+        .values_list("started_at", "ended_at")
+    )
     assert max_overlap(intervals) <= BUDGET

@@ -22,9 +22,9 @@ def test_fault_handle_task_once_twice_and_gone(tenant_a):
     fault, _ = fault_ingest(source="agent", kind="node_unreachable", node=node_of(job))
     first = fault_handle_task(fault.pk)
     assert len(first) == 1
-    assert fault_handle_task(fault.pk) == []                       # twice: same outcome, nothing new
+    assert fault_handle_task(fault.pk) == []  # twice: same outcome, nothing new
     assert RecoveryAction.objects.filter(fault=fault).exclude(job=None).count() == 1
-    assert fault_handle_task(10**9) == []                          # gone
+    assert fault_handle_task(10**9) == []  # gone
     assert recovery_advance_task()["completed"] == 1
     assert recovery_advance_task()["completed"] == 0
 
@@ -36,7 +36,7 @@ def test_sweep_requeues_only_old_new_faults(tenant_a):
     old, _ = fault_ingest(source="agent", kind="straggler", node=node)
     FaultEvent.objects.filter(pk=old.pk).update(received_at=timezone.now() - timedelta(minutes=1))
     assert fault_sweep_task() == 1
-    fault_handle_task(old.pk)      # takes the whole cluster's new faults into one decision
+    fault_handle_task(old.pk)  # takes the whole cluster's new faults into one decision
     assert set(FaultEvent.objects.values_list("state", flat=True)) <= {FaultState.HANDLED, FaultState.IGNORED}
     assert fault_sweep_task() == 0
     assert fresh.pk
@@ -63,7 +63,7 @@ def test_scheduled_snapshots_and_snapshot_before_proactive_migration(tenant_a):
     version.save()
     job = submit(cluster, tenant_a, gpus=8)
     assert snapshot_schedule_task() == 1
-    assert snapshot_schedule_task() == 0                           # not due again for 30 minutes
+    assert snapshot_schedule_task() == 0  # not due again for 30 minutes
     recovery_advance_task()
     JobSnapshot.objects.all().delete()
     fault, _ = fault_ingest(source="predictor", kind="predicted_failure", node=node_of(job))
@@ -72,8 +72,9 @@ def test_scheduled_snapshots_and_snapshot_before_proactive_migration(tenant_a):
     assert JobSnapshot.objects.filter(job=job, reason="planner").count() == 1
 
 
-@pytest.mark.parametrize("role,status", [("provider-admin", 200), ("operator", 200), ("tenant-admin", 200),
-                                         ("tenant-viewer", 200)])
+@pytest.mark.parametrize(
+    "role,status", [("provider-admin", 200), ("operator", 200), ("tenant-admin", 200), ("tenant-viewer", 200)]
+)
 def test_pages_answer_every_role(client, users, role, status, tenant_a):
     client.force_login(users[role])
     for name in ("job-list", "fault-overview"):
@@ -101,7 +102,7 @@ def test_sweep_queues_one_task_per_cluster_with_old_new_faults(tenant_a, monkeyp
     reported = [fault_ingest(source="agent", kind="thermal", node=node)[0] for node in nodes]
     FaultEvent.objects.update(received_at=timezone.now() - timedelta(minutes=1))
     assert fault_services.fault_sweep() == 2
-    assert queued == [reported[0].pk, reported[3].pk]      # the oldest of each cluster
+    assert queued == [reported[0].pk, reported[3].pk]  # the oldest of each cluster
     for fault_id in queued:
         fault_handle_task(fault_id)
     assert not FaultEvent.objects.filter(state=FaultState.NEW).exists()

@@ -18,8 +18,16 @@ def test_contained_error_restarts_the_app_and_counts_toward_escalation():
     assert verdict.escalates and not verdict.out_of_service
 
 
-@pytest.mark.parametrize("xid,action", [(48, "WORKFLOW_XID_48"), (74, "WORKFLOW_NVLINK_ERR"), (79, "RESTART_BM"),
-                                        (95, "RESET_GPU"), (119, "RESET_GPU")])
+@pytest.mark.parametrize(
+    "xid,action",
+    [
+        (48, "WORKFLOW_XID_48"),
+        (74, "WORKFLOW_NVLINK_ERR"),
+        (79, "RESTART_BM"),
+        (95, "RESET_GPU"),
+        (119, "RESET_GPU"),
+    ],
+)
 def test_reset_reboot_and_workflow_codes_take_the_gpu_out_of_service(xid, action):
     verdict = classify_xid(xid)
     assert verdict.out_of_service and verdict.escalates and verdict.recommended_action == action
@@ -69,7 +77,9 @@ def test_nic_counters():
     assert classify_nic({"link_downed": 0, "symbol_rate_per_hour": 5000}) == "degraded"
     assert classify_nic({"link_error_recoveries": 3}) == "degraded"
     assert classify_nic({"link_error_recoveries": 1, "symbol_rate_per_hour": 1}) == "ok"
-    assert classify_nic({"symbol_rate_per_hour": "nan"}, kind="link_degraded") == "degraded"   # unreadable: the kind
+    assert (
+        classify_nic({"symbol_rate_per_hour": "nan"}, kind="link_degraded") == "degraded"
+    )  # unreadable: the kind
 
 
 def test_ingest_and_triage_share_one_definition_of_nic_details():
@@ -77,11 +87,21 @@ def test_ingest_and_triage_share_one_definition_of_nic_details():
     the gap where ingest wrote ``symbol_rate_per_hour`` and triage read ``symbol_error_rate``."""
     from telemetry import extract
 
-    state, found = extract.nic_step(None, 1000.0, "up", {"symbol_error": 0, "link_error_recovery": 0, "link_downed": 0},
-                                    symbol_rate_limit=100.0)
+    state, found = extract.nic_step(
+        None,
+        1000.0,
+        "up",
+        {"symbol_error": 0, "link_error_recovery": 0, "link_downed": 0},
+        symbol_rate_limit=100.0,
+    )
     assert found == []
-    state, found = extract.nic_step(state, 1005.0, "up", {"symbol_error": 100, "link_error_recovery": 0, "link_downed": 0},
-                                    symbol_rate_limit=100.0)
+    state, found = extract.nic_step(
+        state,
+        1005.0,
+        "up",
+        {"symbol_error": 100, "link_error_recovery": 0, "link_downed": 0},
+        symbol_rate_limit=100.0,
+    )
     assert [kind for kind, _ in found] == ["link_degraded"]
     kind, details = found[0]
     assert set(details) <= set(NicFaultDetails.KEYS) and details["symbol_rate_per_hour"] > 100

@@ -232,7 +232,8 @@ def test_the_share_circuit_breaker_makes_a_quarantine_wait_and_retry(users):
     # ladders (and, on a loaded machine, on when their instant drains are seen done), so any stage past the wait.
     assert Node.objects.get(pk=second.pk).state in (NodeState.CORDONED, NodeState.DRAINING, NodeState.FAILED)
     assert ladder(second).stage != EscalationStage.QUARANTINED and not ladder(second).blocked.startswith(
-        "cordon waits")
+        "cordon waits"
+    )
 
 
 def test_every_action_of_the_ladder_has_its_timestamps_in_order(users):

@@ -64,7 +64,9 @@ def test_queue_depth_is_the_brokers_own(api, users, client_redis):
 
     def depths() -> dict[str, float]:
         metrics = scrape(api, users)
-        return {q: metrics[("lockstep_queue_depth", (("queue", q),))] for q in ("faults", "celery", "analytics")}
+        return {
+            q: metrics[("lockstep_queue_depth", (("queue", q),))] for q in ("faults", "celery", "analytics")
+        }
 
     # The broker is shared with the rest of the suite: what earlier tests left queued is counted too, so the
     # figure must move by exactly what this test queues.

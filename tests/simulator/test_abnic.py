@@ -32,8 +32,12 @@ def test_protected_job_fails_over_the_unprotected_one_restarts(operator):
         fault_handle(fault_id=fault.pk)
     protected = Job.objects.get(pk=scenario.jobs["protected"])
     unprotected = Job.objects.get(pk=scenario.jobs["unprotected"])
-    assert list(RecoveryAction.objects.filter(job=protected).values_list("kind", flat=True)) == ["nic_failover"]
-    assert list(RecoveryAction.objects.filter(job=unprotected).values_list("kind", flat=True)) == ["restart_from_checkpoint"]
+    assert list(RecoveryAction.objects.filter(job=protected).values_list("kind", flat=True)) == [
+        "nic_failover"
+    ]
+    assert list(RecoveryAction.objects.filter(job=unprotected).values_list("kind", flat=True)) == [
+        "restart_from_checkpoint"
+    ]
     page_data = Scenario.objects.get(pk=scenario.pk)
     assert page_data.state == "fired"
 

@@ -25,8 +25,10 @@ def test_telemetry_flows_and_faults_arrive_through_the_public_api(tmp_path):
         assert GPUState.objects.count() == runner.gpu_count == 4 * 10 * 8
         assert FacilityState.objects.filter(scope="rack").exists()
         victim, dead = runner.nodes[0], runner.nodes[1]
-        runner.pending += [Pending(strike("gpu_xid", xid=79), victim, 3, 0.0),
-                           Pending(strike("node_unreachable", channel="alertmanager"), dead, 0, 0.0)]
+        runner.pending += [
+            Pending(strike("gpu_xid", xid=79), victim, 3, 0.0),
+            Pending(strike("node_unreachable", channel="alertmanager"), dead, 0, 0.0),
+        ]
         runner.tick()
     xid = FaultEvent.objects.get(kind="gpu_xid")
     assert (xid.node.hostname, xid.gpu_index, xid.xid, xid.sources) == (victim.hostname, 3, 79, ["agent"])
@@ -77,10 +79,10 @@ def test_jobs_report_their_own_progress_and_slow_down_on_a_grey_link(tmp_path):
         host = job.allocations.filter(released_at__isnull=True).first().node.hostname
         node = next(n for n in runner.nodes if n.hostname == host)
         runner.start_grey("errors", node, index=1)
-        mine["at"] -= 100 * mine["base"]   # 100 steps' worth of time passes
+        mine["at"] -= 100 * mine["base"]  # 100 steps' worth of time passes
         before = mine["iteration"]
         runner.drive_jobs(mine["at"] + 100 * mine["base"])
-    assert 70 < mine["iteration"] - before < 80   # 30 % slower: about 77 iterations instead of 100
+    assert 70 < mine["iteration"] - before < 80  # 30 % slower: about 77 iterations instead of 100
     job.refresh_from_db()
     assert job.iteration == int(mine["iteration"])
     assert job.seconds_per_iteration > mine["base"]
@@ -96,12 +98,12 @@ def test_a_job_does_not_train_while_lockstep_recovers_it(tmp_path):
         job = Job.objects.filter(cluster__name="use-h100-a", state="Running").first()
         base, start = runner.jobs[job.pk]["base"], runner.jobs[job.pk]["at"]
         Job.objects.filter(pk=job.pk).update(state="Recovering", iteration=40)
-        runner.drive_jobs(start + 500 * base)          # 500 steps' worth of time, stopped: nothing reported
+        runner.drive_jobs(start + 500 * base)  # 500 steps' worth of time, stopped: nothing reported
         job.refresh_from_db()
         assert job.iteration == 40
-        Job.objects.filter(pk=job.pk).update(state="Running", iteration=30)   # restored to 30
-        runner.drive_jobs(start + 600 * base)          # running again, from 30
-        runner.drive_jobs(start + 610 * base)          # ten steps later
+        Job.objects.filter(pk=job.pk).update(state="Running", iteration=30)  # restored to 30
+        runner.drive_jobs(start + 600 * base)  # running again, from 30
+        runner.drive_jobs(start + 610 * base)  # ten steps later
     job.refresh_from_db()
     assert 39 <= job.iteration <= 41
 
@@ -113,20 +115,27 @@ def test_each_grey_failure_of_the_simulated_fabric_gets_its_diagnosis(tmp_path):
 
     world_build(seed=6, nodes_per_cluster=16, spares=2)
     job = Job.objects.filter(cluster__name="use-h100-a", gpus__gte=32, state="Running").first()
-    hosts = list(job.allocations.filter(released_at__isnull=True).order_by("rank_start")
-                 .values_list("node__hostname", flat=True))
+    hosts = list(
+        job.allocations.filter(released_at__isnull=True)
+        .order_by("rank_start")
+        .values_list("node__hostname", flat=True)
+    )
     with uvicorn_server(tmp_path) as server:
         runner = Runner(url=server.url, acceleration=0.0, tick_seconds=0)
         by_host = {n.hostname: n for n in runner.nodes}
         verdicts = {}
-        for case, host, index in [("errors", hosts[1], 3), ("congestion", hosts[0], 6), ("slow_gpu", hosts[2], 4)]:
+        for case, host, index in [
+            ("errors", hosts[1], 3),
+            ("congestion", hosts[0], 6),
+            ("slow_gpu", hosts[2], 4),
+        ]:
             for _ in range(2):
                 runner.tick()
             runner.start_grey(case, by_host[host], index=index)
             for _ in range(4):
                 runner.tick()
             verdicts[case] = diagnose(job)
-            runner.grey[-1] = (runner.grey[-1][0], runner.grey[-1][1], 0.0)   # end it
+            runner.grey[-1] = (runner.grey[-1][0], runner.grey[-1][1], 0.0)  # end it
             runner._grey_failures(1.0)
             from telemetry.models import GPUState, NICState
 
@@ -158,8 +167,10 @@ def test_a_dead_node_is_repaired_comes_back_and_returns_as_a_spare_that_reports(
         cluster.save(update_fields=["connection"])
     with uvicorn_server(tmp_path) as server:
         runner = Runner(url=server.url, acceleration=0.0, tick_seconds=0)
-        runner.tick()                                    # every node's agent has reported
-        idle = Node.objects.filter(state=NodeState.SPARE).order_by("pk").first()   # no job to move off it first
+        runner.tick()  # every node's agent has reported
+        idle = (
+            Node.objects.filter(state=NodeState.SPARE).order_by("pk").first()
+        )  # no job to move off it first
         dead = next(n for n in runner.nodes if n.id == idle.pk)
         runner.pending.append(Pending(strike("node_unreachable", channel="alertmanager"), dead, 0, 0.0))
         runner.tick()
@@ -171,18 +182,20 @@ def test_a_dead_node_is_repaired_comes_back_and_returns_as_a_spare_that_reports(
         assert NodeEscalation.objects.get(node_id=dead.id).stage == EscalationStage.FAILED
         seen_while_dead = Node.objects.get(pk=dead.id).last_seen_at
         runner.tick()
-        assert Node.objects.get(pk=dead.id).last_seen_at == seen_while_dead   # a dead node is silent
-        runner.acceleration = 3600.0                     # a simulated hour per real second: the repair takes 4 s
+        assert Node.objects.get(pk=dead.id).last_seen_at == seen_while_dead  # a dead node is silent
+        runner.acceleration = 3600.0  # a simulated hour per real second: the repair takes 4 s
         assert runner.repair_dead(1000.0) == 0 and dead.repair_due == pytest.approx(1004.0)
-        runner.repair_dead(1005.0)                       # the technician posts the repair
+        runner.repair_dead(1005.0)  # the technician posts the repair
         assert NodeEscalation.objects.get(node_id=dead.id).stage == EscalationStage.REPAIRED
         runner.acceleration = 0.0
         assert runner.repair_dead(1006.0) == 1 and not dead.dead
-        recovery_advance()                               # the health check passes; the clean window starts
+        recovery_advance()  # the health check passes; the clean window starts
         escalation = NodeEscalation.objects.get(node_id=dead.id)
         assert escalation.stage == EscalationStage.VALIDATED and escalation.has_agent
-        NodeEscalation.objects.filter(pk=escalation.pk).update(check_passed_at=timezone.now() - timedelta(seconds=2))
-        runner.tick()                                    # the revived node reports again
+        NodeEscalation.objects.filter(pk=escalation.pk).update(
+            check_passed_at=timezone.now() - timedelta(seconds=2)
+        )
+        runner.tick()  # the revived node reports again
         assert Node.objects.get(pk=dead.id).last_seen_at > seen_while_dead
         recovery_advance()
     escalation = NodeEscalation.objects.get(node_id=dead.id)

@@ -16,8 +16,17 @@ def test_simulate_drift_changes_the_cluster_out_of_band_and_the_sweep_sees_it(us
     _, v1 = blueprint(users["operator"])
     (cluster,) = clusters_on(v1, 1)
     out = StringIO()
-    call_command("simulate", "drift", "--cluster", cluster.name, "--addon", "gpu-operator", "--version", "25.1.0",
-                 stdout=out)
+    call_command(
+        "simulate",
+        "drift",
+        "--cluster",
+        cluster.name,
+        "--addon",
+        "gpu-operator",
+        "--version",
+        "25.1.0",
+        stdout=out,
+    )
     assert "gpu-operator" in out.getvalue()
     assert SimulatedAddon.objects.get(cluster=cluster, name="gpu-operator").version == "25.1.0"
     call_command("simulate", "drift", "--cluster", cluster.name, "--kind", "extra", stdout=StringIO())
@@ -42,7 +51,8 @@ def test_simulate_world_leaves_recovery_operations_alone_and_run_fails_a_share(m
     call_command("simulate", "run", "--nodes", "4", "--spares", "1", "--ticks", "0", stdout=out)
     assert "5% of recovery operations fail" in out.getvalue()
     assert [c.connection.get("recovery_failure_probability") for c in Cluster.objects.all()] == [
-        DEMO_RECOVERY_FAILURE_PROBABILITY] * 4
+        DEMO_RECOVERY_FAILURE_PROBABILITY
+    ] * 4
     assert all(c.connection["apply_seconds"] == 20 for c in Cluster.objects.all())
 
 
@@ -60,7 +70,7 @@ def test_simulate_fail_health_check_queues_failing_checks_only_for_health_checks
     assert out.getvalue() == f"the next 1 health check(s) on {cluster.name} will fail\n"
     cluster.refresh_from_db()
     driver = driver_for(cluster)
-    driver.restart_from_checkpoint("job-1")          # a recovery operation does not take the health check's failure
+    driver.restart_from_checkpoint("job-1")  # a recovery operation does not take the health check's failure
     assert not SimulatedOperation.objects.get(operation=Operation.RESTART_FROM_CHECKPOINT.value).fails
     first, second = driver.health_check(node), driver.health_check(node)
     assert driver.operation_status(first.handle) == "failed"

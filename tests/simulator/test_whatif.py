@@ -14,34 +14,52 @@ def test_same_seed_same_report_and_another_seed_differs():
 def test_protection_beats_restart_from_checkpoint_on_the_llama3_run():
     report = whatif_run(WhatIfConfig(seed=1))
     without, with_ = report["unprotected"], report["protected"]
-    assert abs(without["interruptions"] - 419) < 4 * 419 ** 0.5
+    assert abs(without["interruptions"] - 419) < 4 * 419**0.5
     assert set(without["actions"]) == {"restart_from_checkpoint"}
     assert without["gpu_hours_saved"] == 0
     assert with_["effective_training_time"] > without["effective_training_time"]
     assert with_["gpu_hours_lost"] < without["gpu_hours_lost"]
     assert {"live_migration", "nic_failover"} <= set(with_["actions"])
     # software crashes cannot be saved by migration: they restart even with protection
-    crashes = sum(count for cause, count in with_["faults_by_root_cause"].items()
-                  if cause in ("Software Bug", "NCCL Watchdog Timeouts", "Silent Data Corruption", "Dependency"))
+    crashes = sum(
+        count
+        for cause, count in with_["faults_by_root_cause"].items()
+        if cause in ("Software Bug", "NCCL Watchdog Timeouts", "Silent Data Corruption", "Dependency")
+    )
     assert with_["actions"]["restart_from_checkpoint"] >= crashes
-    assert 0 < with_["share_no_progress_lost"] <= 1 and with_["share_no_progress_lost"] > without["share_no_progress_lost"]
+    assert (
+        0 < with_["share_no_progress_lost"] <= 1
+        and with_["share_no_progress_lost"] > without["share_no_progress_lost"]
+    )
 
 
 def test_without_protection_the_run_is_near_the_published_llama3_figure():
     """Llama 3 published >90 % effective training time with checkpoint restart; with a 30-minute checkpoint
     interval and a 10-minute restart the replay lands in the high 80s, with 15/5 minutes above 90 %."""
     slower = whatif_run(WhatIfConfig(seed=1))["unprotected"]["effective_training_time"]
-    faster = whatif_run(WhatIfConfig(seed=1, checkpoint_minutes=15, restart_overhead_minutes=5))["unprotected"]
+    faster = whatif_run(WhatIfConfig(seed=1, checkpoint_minutes=15, restart_overhead_minutes=5))[
+        "unprotected"
+    ]
     assert 0.8 < slower < 0.92 and faster["effective_training_time"] > 0.9
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("body, field", [
-    ({"gpus": 12}, "gpus"), ({"gpus": "many"}, "gpus"), ({"days": 0}, "days"), ({"profile": "nope"}, "profile"),
-    ({"colour": "red"}, "config"), ({"seed": True}, "seed"), ({"days": 10**9}, "days"),
-    ({"failed_recovery_share": 2}, "failed_recovery_share"), ({"software_crash_share": "most"}, "software_crash_share"),
-    ({"migration_pause_seconds": -1}, "migration_pause_seconds"), ({"lemon_retire_after": 1.5}, "lemon_retire_after"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"gpus": 12}, "gpus"),
+        ({"gpus": "many"}, "gpus"),
+        ({"days": 0}, "days"),
+        ({"profile": "nope"}, "profile"),
+        ({"colour": "red"}, "config"),
+        ({"seed": True}, "seed"),
+        ({"days": 10**9}, "days"),
+        ({"failed_recovery_share": 2}, "failed_recovery_share"),
+        ({"software_crash_share": "most"}, "software_crash_share"),
+        ({"migration_pause_seconds": -1}, "migration_pause_seconds"),
+        ({"lemon_retire_after": 1.5}, "lemon_retire_after"),
+    ],
+)
 def test_bad_configs_are_400_naming_the_field(api, users, body, field):
     api.as_token(users["operator"])
     response = api.post("/api/v1/whatif/", body, format="json")
@@ -71,7 +89,9 @@ def test_replay_started_through_the_api_runs_on_a_real_worker(api, users, client
     assert "<progress" in page and "Effective training time" in page
     from controlplane.models import Event
 
-    kinds = list(Event.objects.filter(topic="fleet", kind__startswith="whatif.").values_list("kind", flat=True))
+    kinds = list(
+        Event.objects.filter(topic="fleet", kind__startswith="whatif.").values_list("kind", flat=True)
+    )
     assert kinds[0] == "whatif.queued" and kinds[-1] == "whatif.done" and "whatif.progress" in kinds
 
 

@@ -15,10 +15,18 @@ pytestmark = pytest.mark.django_db
 
 def test_world_has_everything_the_demo_needs():
     built = world_build(seed=7, nodes_per_cluster=24, spares=4)
-    assert built.created and set(built.passwords) == {"acme-admin", "acme-viewer", "nimbus-admin", "nimbus-viewer"}
+    assert built.created and set(built.passwords) == {
+        "acme-admin",
+        "acme-viewer",
+        "nimbus-admin",
+        "nimbus-viewer",
+    }
     assert Tenant.objects.count() == 2 and Cluster.objects.count() == 4
     assert Node.objects.filter(state=NodeState.SPARE).count() == 16
-    assert {c.blueprint_version.blueprint.name for c in Cluster.objects.all()} == {"gpu-base", "gpu-resilient"}
+    assert {c.blueprint_version.blueprint.name for c in Cluster.objects.all()} == {
+        "gpu-base",
+        "gpu-resilient",
+    }
     assert Job.objects.filter(state="Running").count() >= 8
     assert Rollout.objects.filter(state__in=["Pending", "Running"]).count() == 1
     assert DriftFinding.objects.filter(resolved_at__isnull=True).count() == 0  # drift shows at the next sweep

@@ -85,10 +85,13 @@ def test_a_protected_job_loses_a_node_and_is_restored_from_its_peers_memory_on_t
     assert action.gpu_hours_saved > 0 and "Measured: the runtime restored" in action.reason
     # And what the job's snapshots cost it while it trained, as its runtime measured it in the training thread:
     # some, and less than the time it trained before the fault.
-    reported = JobSnapshot.objects.filter(job=job, kind=SnapshotKind.SNAPSHOT, ended_at__lte=action.detected_at)
+    reported = JobSnapshot.objects.filter(
+        job=job, kind=SnapshotKind.SNAPSHOT, ended_at__lte=action.detected_at
+    )
     assert reported.filter(overhead_seconds__gt=0).exists()
     assert action.snapshot_overhead_seconds == pytest.approx(
-        sum(s.overhead_seconds or 0 for s in reported), rel=1e-6, abs=1e-6)
+        sum(s.overhead_seconds or 0 for s in reported), rel=1e-6, abs=1e-6
+    )
     trained = (action.detected_at - job.created_at).total_seconds()
     assert 0 < action.snapshot_overhead_seconds < trained, (action.snapshot_overhead_seconds, trained)
     assert run["first_progress"].iteration > restore.iteration

@@ -109,7 +109,11 @@ def run_agent(*args: str, fake_nvml: dict | None = None, env: dict | None = None
         environment["FAKE_NVML_CONFIG"] = json.dumps(fake_nvml)
     environment.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "lockstep_agent", *args], capture_output=True, text=True, env=environment, timeout=timeout
+        [sys.executable, "-m", "lockstep_agent", *args],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=timeout,
     )
 
 
@@ -140,7 +144,10 @@ def running_sushy_emulator(directory: Path, users: dict[str, str] | None = None)
 
         htpasswd = directory / "htpasswd"
         htpasswd.write_text(
-            "".join(f"{name}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()}\n" for name, password in users.items())
+            "".join(
+                f"{name}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()}\n"
+                for name, password in users.items()
+            )
         )
         settings.append(f"SUSHY_EMULATOR_AUTH_FILE = {str(htpasswd)!r}")
     config = directory / "emulator.conf"
@@ -150,7 +157,9 @@ def running_sushy_emulator(directory: Path, users: dict[str, str] | None = None)
     command = [str(emulator)] if emulator.exists() else [sys.executable, "-m", "sushy_tools.emulator.main"]
     log = open(directory / "emulator.log", "w")
     process = subprocess.Popen(
-        [*command, "--config", str(config), "--fake", "-i", LOOPBACK, "-p", str(port)], stdout=log, stderr=subprocess.STDOUT
+        [*command, "--config", str(config), "--fake", "-i", LOOPBACK, "-p", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     url = f"http://{LOOPBACK}:{port}"
     try:

@@ -12,8 +12,14 @@ from django.conf import settings
 
 CHROMIUM = os.environ.get("LOCKSTEP_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
 ]
 ARTIFACTS = Path(settings.BASE_DIR) / "test-artifacts"
 # For the servers browser tests run: they log the same users in many times a minute, and the login limits (5 per
@@ -62,9 +68,12 @@ def log_in(page, base_url: str, username: str, password: str) -> None:
     page.goto(f"{base_url}/accounts/login/")
     page.get_by_label("User name").fill(username)
     page.get_by_label("Password").fill(password)
-    with page.expect_response(lambda response: response.url.endswith("/accounts/login/")
-                              and response.request.method == "POST") as answer:
+    with page.expect_response(
+        lambda response: response.url.endswith("/accounts/login/") and response.request.method == "POST"
+    ) as answer:
         page.get_by_role("button", name="Log in").click()
     if answer.value.status == 429:  # say so, rather than time out waiting for the home page
-        raise AssertionError(f"login refused by the rate limit (Retry-After {answer.value.headers.get('retry-after')})")
+        raise AssertionError(
+            f"login refused by the rate limit (Retry-After {answer.value.headers.get('retry-after')})"
+        )
     page.wait_for_url(f"{base_url}/")

@@ -21,13 +21,31 @@ from tenancy.models import Membership, Tenant
 _accounts = itertools.count(1)
 _fleet = itertools.count(1)
 
-GPU_OPERATOR = {"name": "gpu-operator", "repo": "https://helm.ngc.nvidia.com/nvidia", "chart": "gpu-operator",
-                "version": "24.9.0", "namespace": "gpu-operator", "values": {}}
+GPU_OPERATOR = {
+    "name": "gpu-operator",
+    "repo": "https://helm.ngc.nvidia.com/nvidia",
+    "chart": "gpu-operator",
+    "version": "24.9.0",
+    "namespace": "gpu-operator",
+    "values": {},
+}
 PROTECTION_ADDONS = [
-    {"name": "nic-failover", "repo": "oci://registry.example/lockstep", "chart": "nic-failover",
-     "version": "1.2.0", "namespace": "lockstep", "values": {}},
-    {"name": "live-migration", "repo": "oci://registry.example/lockstep", "chart": "live-migration",
-     "version": "1.2.0", "namespace": "lockstep", "values": {}},
+    {
+        "name": "nic-failover",
+        "repo": "oci://registry.example/lockstep",
+        "chart": "nic-failover",
+        "version": "1.2.0",
+        "namespace": "lockstep",
+        "values": {},
+    },
+    {
+        "name": "live-migration",
+        "repo": "oci://registry.example/lockstep",
+        "chart": "live-migration",
+        "version": "1.2.0",
+        "namespace": "lockstep",
+        "values": {},
+    },
 ]
 
 
@@ -64,8 +82,10 @@ class UserFactory(DjangoModelFactory):
     username = factory.LazyAttribute(lambda user: f"{user.role}-{next(_accounts)}")
     password = "correct-horse-9"
     membership = factory.RelatedFactory(
-        MembershipFactory, factory_related_name="user",
-        tenant=factory.SelfAttribute("..tenant"), role=factory.SelfAttribute("..role"),
+        MembershipFactory,
+        factory_related_name="user",
+        tenant=factory.SelfAttribute("..tenant"),
+        role=factory.SelfAttribute("..role"),
     )
 
     @classmethod
@@ -77,8 +97,12 @@ def make_tenant(name: str | None = None, **fields) -> Tenant:
     return TenantFactory(**({"name": name} if name else {}), **fields)
 
 
-def make_user(role: str, tenant: Tenant | None = None, username: str | None = None, password: str = "correct-horse-9"):
-    return UserFactory(role=role, tenant=tenant, password=password, **({"username": username} if username else {}))
+def make_user(
+    role: str, tenant: Tenant | None = None, username: str | None = None, password: str = "correct-horse-9"
+):
+    return UserFactory(
+        role=role, tenant=tenant, password=password, **({"username": username} if username else {})
+    )
 
 
 def token_header(user, scope: str = "write", **kwargs) -> dict:
@@ -138,7 +162,10 @@ class NodeFactory(DjangoModelFactory):
             return
         count = 8 if count is None else count
         NIC.objects.bulk_create(
-            [NIC(node=node, name=f"mlx5_{i}", rail=i, switch_port=f"{node.leaf_switch}/p{i}") for i in range(count)]
+            [
+                NIC(node=node, name=f"mlx5_{i}", rail=i, switch_port=f"{node.leaf_switch}/p{i}")
+                for i in range(count)
+            ]
         )
 
 
@@ -165,7 +192,9 @@ class BlueprintVersionFactory(DjangoModelFactory):
         lambda version: copy.deepcopy([GPU_OPERATOR, *(PROTECTION_ADDONS if version.protection else [])])
     )
     policy = factory.LazyAttribute(
-        lambda version: {"protection": {"nic_failover": version.protection, "live_migration": version.protection}}
+        lambda version: {
+            "protection": {"nic_failover": version.protection, "live_migration": version.protection}
+        }
     )
 
 
@@ -177,12 +206,31 @@ def make_cluster(fleet: Fleet | None = None, name: str | None = None, **fields) 
     return ClusterFactory(**({"fleet": fleet} if fleet else {}), **({"name": name} if name else {}), **fields)
 
 
-def make_node(cluster: Cluster, hostname: str | None = None, *, gpus: int = 8, nics: int = 8, gpu_model: str = "H100",
-              leaf: str = "leaf-1", rack: str = "rack-1", state: str = NodeState.READY) -> Node:
-    return NodeFactory(cluster=cluster, **({"hostname": hostname} if hostname else {}), gpus=gpus, nics=nics,
-                       gpu_model=gpu_model, leaf_switch=leaf, rack=rack, state=state)
+def make_node(
+    cluster: Cluster,
+    hostname: str | None = None,
+    *,
+    gpus: int = 8,
+    nics: int = 8,
+    gpu_model: str = "H100",
+    leaf: str = "leaf-1",
+    rack: str = "rack-1",
+    state: str = NodeState.READY,
+) -> Node:
+    return NodeFactory(
+        cluster=cluster,
+        **({"hostname": hostname} if hostname else {}),
+        gpus=gpus,
+        nics=nics,
+        gpu_model=gpu_model,
+        leaf_switch=leaf,
+        rack=rack,
+        state=state,
+    )
 
 
-def make_blueprint(name: str | None = None, *, protection: bool = False, **fields) -> tuple[Blueprint, BlueprintVersion]:
+def make_blueprint(
+    name: str | None = None, *, protection: bool = False, **fields
+) -> tuple[Blueprint, BlueprintVersion]:
     blueprint = BlueprintFactory(**({"name": name} if name else {}), **fields)
     return blueprint, BlueprintVersionFactory(blueprint=blueprint, protection=protection)

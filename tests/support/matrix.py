@@ -25,34 +25,172 @@ ROLES = ("anonymous", "provider-admin", "operator", "tenant-admin", "tenant-view
 
 # url name (in the "api" namespace) -> {role: expected status of GET}
 API_LIST_MATRIX: dict[str, dict[str, int]] = {
-    "tenant-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
-    "token-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
-    "user-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
-    "agent-token-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
-    "launcher-credential-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
+    "tenant-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 403,
+        "tenant-viewer": 403,
+    },
+    "token-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 200,
+        "tenant-viewer": 200,
+    },
+    "user-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 200,
+        "tenant-viewer": 200,
+    },
+    "agent-token-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 403,
+        "tenant-viewer": 403,
+    },
+    "launcher-credential-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 403,
+        "tenant-viewer": 403,
+    },
     # Slurm jobs: tenants their own; those of unmapped accounts (no Lockstep job) providers only.
-    "slurm-job-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
-    "notification-channel-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
-    "notification-delivery-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
-    "whatif-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
-    "prediction-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
-    "audit-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
+    "slurm-job-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 200,
+        "tenant-viewer": 200,
+    },
+    "notification-channel-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 403,
+        "tenant-viewer": 403,
+    },
+    "notification-delivery-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 403,
+        "tenant-viewer": 403,
+    },
+    "whatif-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 403,
+        "tenant-viewer": 403,
+    },
+    "prediction-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 403,
+        "tenant-viewer": 403,
+    },
+    "audit-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 403,
+        "tenant-viewer": 403,
+    },
     # Jobs, incidents, faults and actions: everyone signed in, scoped to their tenant; stats default to the
     # tenant's figures.
-    "job-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
-    "incident-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
-    "fault-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
-    "action-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
-    "stats-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
+    "job-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 200,
+        "tenant-viewer": 200,
+    },
+    "incident-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 200,
+        "tenant-viewer": 200,
+    },
+    "fault-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 200,
+        "tenant-viewer": 200,
+    },
+    "action-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 200,
+        "tenant-viewer": 200,
+    },
+    "stats-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 200,
+        "tenant-viewer": 200,
+    },
     # Fleet: tenants see their dedicated clusters (and shared ones in outline); blueprints and rollouts are provider-only.
-    "fleet-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
-    "cluster-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
-    "node-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
-    "blueprint-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
-    "rollout-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 403, "tenant-viewer": 403},
-    "drift-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 200, "tenant-viewer": 200},
+    "fleet-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 200,
+        "tenant-viewer": 200,
+    },
+    "cluster-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 200,
+        "tenant-viewer": 200,
+    },
+    "node-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 200,
+        "tenant-viewer": 200,
+    },
+    "blueprint-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 403,
+        "tenant-viewer": 403,
+    },
+    "rollout-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 403,
+        "tenant-viewer": 403,
+    },
+    "drift-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 200,
+        "tenant-viewer": 200,
+    },
     # Tenant users must name a topic they may see; without one the list is refused as a bad request.
-    "event-list": {"anonymous": 401, "provider-admin": 200, "operator": 200, "tenant-admin": 400, "tenant-viewer": 400},
+    "event-list": {
+        "anonymous": 401,
+        "provider-admin": 200,
+        "operator": 200,
+        "tenant-admin": 400,
+        "tenant-viewer": 400,
+    },
 }
 
 
@@ -99,8 +237,15 @@ def url_patterns() -> list[Pattern]:
             if isinstance(entry, URLResolver):
                 walk(entry.url_patterns, prefix + str(entry.pattern), entry.namespace or namespace)
             elif isinstance(entry, URLPattern):
-                found.append(Pattern(prefix + str(entry.pattern), entry.name, namespace, entry.callback,
-                                     tuple(entry.pattern.regex.groupindex)))
+                found.append(
+                    Pattern(
+                        prefix + str(entry.pattern),
+                        entry.name,
+                        namespace,
+                        entry.callback,
+                        tuple(entry.pattern.regex.groupindex),
+                    )
+                )
 
     walk(get_resolver().url_patterns, "", None)
     return found
@@ -109,7 +254,15 @@ def url_patterns() -> list[Pattern]:
 # --- who asks ---------------------------------------------------------------------------------------------------
 
 TENANTS = ("acme", "nimbus")
-WALK_ROLES = ("anonymous", "provider-admin", "operator", "acme-admin", "acme-viewer", "nimbus-admin", "nimbus-viewer")
+WALK_ROLES = (
+    "anonymous",
+    "provider-admin",
+    "operator",
+    "acme-admin",
+    "acme-viewer",
+    "nimbus-admin",
+    "nimbus-viewer",
+)
 
 
 @dataclass(frozen=True)
@@ -157,8 +310,8 @@ class Who:
 # not use a page or endpoint at all gets 403; an object a role may not see is 404, whatever it is, so an
 # id of the other tenant's object tells nothing (a 404 is also what a missing object gets).
 
-LOGIN = 302      # pages: anonymous users are sent to the login page
-REDIRECT = 302   # a form page that did what it was asked sends the browser on
+LOGIN = 302  # pages: anonymous users are sent to the login page
+REDIRECT = 302  # a form page that did what it was asked sends the browser on
 OK = 200
 Expected = int | frozenset[int]
 Policy = Callable[[Who, str | None, str], Expected]
@@ -180,27 +333,34 @@ def signed_in(ok: Expected = OK, *, api: bool = True) -> Policy:
 
 def provider(ok: Expected = OK, *, api: bool = True, tenant: int = 403) -> Policy:
     """Provider roles only (DESIGN: blueprints, rollouts, cordon/drain, faults, snapshots, what-if, figures…)."""
+
     def policy(who, owner, method):
         if who.anonymous:
             return _anonymous(who, api)
         return ok if who.provider else tenant
+
     return policy
 
 
 def provider_admin(ok: Expected = OK, *, api: bool = True) -> Policy:
     """The provider admin only (tenants, notification channels, cluster credentials)."""
+
     def policy(who, owner, method):
         if who.anonymous:
             return _anonymous(who, api)
         return ok if who.kind == "provider-admin" else 403
+
     return policy
 
 
-def scoped(ok: Expected = OK, *, api: bool = True, shared: int = 404, tenant_writes: int | None = None) -> Policy:
+def scoped(
+    ok: Expected = OK, *, api: bool = True, shared: int = 404, tenant_writes: int | None = None
+) -> Policy:
     """An object of a tenant (or of the provider): provider roles reach every one; a tenant's users reach
     their own tenant's (``ok``), get ``shared`` for a provider object (an outline of a shared cluster is 200)
     and 404 for the other tenant's. ``tenant_writes`` is what a tenant role gets for its own
     object when the operation is for provider roles only (403)."""
+
     def policy(who, owner, method):
         if who.anonymous:
             return _anonymous(who, api)
@@ -212,12 +372,14 @@ def scoped(ok: Expected = OK, *, api: bool = True, shared: int = 404, tenant_wri
         if relation == "provider":
             return shared
         return tenant_writes if tenant_writes is not None else ok
+
     return policy
 
 
 def tenant_writes(ok: Expected = OK, *, viewer: int = 403, api: bool = True) -> Policy:
     """Submit and cancel jobs: provider roles, and a tenant admin for its own tenant; a viewer reads only;
     the other tenant's object is 404."""
+
     def policy(who, owner, method):
         if who.anonymous:
             return _anonymous(who, api)
@@ -227,6 +389,7 @@ def tenant_writes(ok: Expected = OK, *, viewer: int = 403, api: bool = True) -> 
         if relation in ("other", "provider"):
             return 404
         return ok if who.tenant_admin else viewer
+
     return policy
 
 
@@ -235,23 +398,28 @@ def managed(ok: Expected = OK, *, self_only: int | None = 403, api: bool = True)
     tenant viewer only their own (the world's ``acme``/``nimbus`` token and user are the viewer's, the
     ``provider`` one is the operator's). ``self_only`` is what a user gets acting on their own row where only
     an admin may (deactivating a user). Anyone else's is 404."""
+
     def policy(who, owner, method):
         if who.anonymous:
             return _anonymous(who, api)
         if who.kind == "provider-admin":
             return ok
-        mine = (who.kind == "operator" and owner == "provider") or (who.kind == "tenant-viewer" and owner == who.tenant)
+        mine = (who.kind == "operator" and owner == "provider") or (
+            who.kind == "tenant-viewer" and owner == who.tenant
+        )
         if mine:
             return ok if self_only is None else self_only
         if who.tenant_admin and owner == who.tenant:
             return ok
         return 404
+
     return policy
 
 
 def user_admins(ok: Expected = OK, *, fill: bool = False) -> Policy:
     """The users page: the provider admin (every tenant's users) and a tenant admin (its own tenant's, another's
     user is 404); every other role is refused the page (403) before any user is looked up."""
+
     def policy(who, owner, method):
         if who.anonymous:
             return LOGIN
@@ -260,6 +428,7 @@ def user_admins(ok: Expected = OK, *, fill: bool = False) -> Policy:
         if who.tenant_admin:
             return ok if not fill or owner == who.tenant else 404
         return 403
+
     return policy
 
 
@@ -310,7 +479,9 @@ ROUTES: dict[str, Route] = {
     "user-remove": Route(per_method(post=user_admins(OK, fill=True)), fill="user"),
     "whatif-list-page": Route(per_method(get=provider(api=False), post=provider(REDIRECT, api=False))),
     "whatif-detail": Route(per_method(get=provider(api=False)), fill="whatif"),
-    "scenario-list": Route(per_method(get=provider(api=False), post=provider(either(REDIRECT, OK), api=False))),
+    "scenario-list": Route(
+        per_method(get=provider(api=False), post=provider(either(REDIRECT, OK), api=False))
+    ),
     "scenario-detail": Route(per_method(get=provider(api=False)), fill="scenario"),
     "prediction-list-page": Route(per_method(get=provider(api=False))),
     "fabric": Route(per_method(get=scoped(api=False)), fill="cluster"),
@@ -323,18 +494,24 @@ ROUTES: dict[str, Route] = {
     "fleet-blueprint": Route(per_method(get=provider(api=False)), fill="blueprint"),
     "fleet-rollouts": Route(per_method(get=provider(api=False))),
     "fleet-rollout": Route(per_method(get=provider(api=False)), fill="rollout"),
-    "fleet-rollout-action": Route(per_method(post=provider(REDIRECT, api=False)), fill="rollout",
-                                  values={"action": "pause"}),
+    "fleet-rollout-action": Route(
+        per_method(post=provider(REDIRECT, api=False)), fill="rollout", values={"action": "pause"}
+    ),
     "fleet-drift": Route(per_method(get=signed_in(api=False))),
     # The write actions' pages (issue 24): an empty POST is a 400 form, a redirect with the error, or (for the
     # actions that ask first) the confirmation page; tenant roles are refused before any object is looked up.
     "fleet-blueprint-import": Route(per_method(get=provider(api=False), post=provider(400, api=False))),
-    "fleet-version-new": Route(per_method(get=provider(api=False), post=provider(400, api=False)), fill="blueprint"),
-    "fleet-version-activate": Route(per_method(post=provider(OK, api=False)), fill="blueprint",
-                                    values={"number": "1"}),
+    "fleet-version-new": Route(
+        per_method(get=provider(api=False), post=provider(400, api=False)), fill="blueprint"
+    ),
+    "fleet-version-activate": Route(
+        per_method(post=provider(OK, api=False)), fill="blueprint", values={"number": "1"}
+    ),
     "fleet-rollout-new": Route(per_method(get=provider(api=False), post=provider(400, api=False))),
     "fleet-cluster-assign": Route(per_method(post=provider(REDIRECT, api=False)), fill="cluster"),
-    "fleet-node-action": Route(per_method(post=provider(OK, api=False)), fill="node", values={"action": "cordon"}),
+    "fleet-node-action": Route(
+        per_method(post=provider(OK, api=False)), fill="node", values={"action": "cordon"}
+    ),
     "fleet-drift-sweep": Route(per_method(post=provider(REDIRECT, api=False))),
     "fleet-automation": Route(per_method(post=provider(REDIRECT, api=False))),
     "job-cancel": Route(per_method(post=tenant_writes(OK, api=False)), fill="job"),
@@ -354,14 +531,19 @@ ROUTES: dict[str, Route] = {
     "api:tenant-list": Route(per_method(get=provider(), post=provider_admin(400))),
     "api:tenant-detail": Route(per_method(get=provider(), patch=provider_admin()), fill="tenant"),
     "api:token-list": Route(per_method(get=signed_in(), post=signed_in(400))),
-    "api:token-detail": Route(per_method(get=managed(self_only=None), delete=managed(204, self_only=None)), fill="token"),
+    "api:token-detail": Route(
+        per_method(get=managed(self_only=None), delete=managed(204, self_only=None)), fill="token"
+    ),
     "api:user-list": Route(per_method(get=signed_in(), post=signed_in(400))),
     "api:user-detail": Route(per_method(get=managed(self_only=None), delete=managed(204)), fill="user"),
     "api:fleet-list": Route(per_method(get=signed_in(), post=provider(400))),
-    "api:fleet-detail": Route(per_method(get=scoped(), patch=provider(), delete=provider(either(204, 409))), fill="fleet"),
+    "api:fleet-detail": Route(
+        per_method(get=scoped(), patch=provider(), delete=provider(either(204, 409))), fill="fleet"
+    ),
     "api:cluster-list": Route(per_method(get=signed_in(), post=provider(400))),
-    "api:cluster-detail": Route(per_method(get=scoped(shared=OK), patch=provider(), delete=provider(either(204, 409))),
-                                fill="cluster"),
+    "api:cluster-detail": Route(
+        per_method(get=scoped(shared=OK), patch=provider(), delete=provider(either(204, 409))), fill="cluster"
+    ),
     "api:cluster-blueprint": Route(per_method(put=provider(400)), fill="cluster"),
     "api:cluster-reconcile": Route(per_method(post=provider()), fill="cluster"),
     "api:node-list": Route(per_method(get=signed_in())),
@@ -372,12 +554,15 @@ ROUTES: dict[str, Route] = {
     "api:blueprint-list": Route(per_method(get=provider(), post=provider(400))),
     "api:blueprint-detail": Route(per_method(get=provider(), patch=provider()), fill="blueprint"),
     "api:blueprint-versions": Route(per_method(get=provider(), post=provider(201)), fill="blueprint"),
-    "api:blueprint-version": Route(per_method(get=provider(), patch=provider(either(200, 400))), fill="blueprint",
-                                   values={"number": "1"}),
-    "api:blueprint-activate": Route(per_method(post=provider(either(200, 400, 409))), fill="blueprint",
-                                    values={"number": "1"}),
-    "api:blueprint-disable": Route(per_method(post=provider(either(200, 400, 409))), fill="blueprint",
-                                   values={"number": "1"}),
+    "api:blueprint-version": Route(
+        per_method(get=provider(), patch=provider(either(200, 400))), fill="blueprint", values={"number": "1"}
+    ),
+    "api:blueprint-activate": Route(
+        per_method(post=provider(either(200, 400, 409))), fill="blueprint", values={"number": "1"}
+    ),
+    "api:blueprint-disable": Route(
+        per_method(post=provider(either(200, 400, 409))), fill="blueprint", values={"number": "1"}
+    ),
     "api:blueprint-diff": Route(per_method(get=provider(400)), fill="blueprint"),
     "api:blueprint-yaml": Route(per_method(get=provider(), put=provider(415)), fill="blueprint"),
     "api:rollout-list": Route(per_method(get=provider(), post=provider(400))),
@@ -395,7 +580,9 @@ ROUTES: dict[str, Route] = {
     "api:job-diagnosis": Route(per_method(get=scoped()), fill="job"),
     "api:agent-token-list": Route(per_method(get=provider(), post=provider(400))),
     "api:launcher-credential-list": Route(per_method(get=provider(), post=provider(400))),
-    "api:launcher-credential-detail": Route(per_method(get=provider(), delete=provider(204)), fill="launcher-credential"),
+    "api:launcher-credential-detail": Route(
+        per_method(get=provider(), delete=provider(204)), fill="launcher-credential"
+    ),
     # A launcher credential (lsl_…) only: every user's token and no token at all are unauthenticated here.
     "api:launcher-register": Route(per_method(post=lambda who, owner, method: 401)),
     "api:slurm-job-list": Route(per_method(get=signed_in())),
@@ -403,8 +590,10 @@ ROUTES: dict[str, Route] = {
     "api:agent-token-detail": Route(per_method(get=provider(), delete=provider(204)), fill="agent-token"),
     "api:agent-token-rotate": Route(per_method(post=provider(201)), fill="agent-token"),
     "api:notification-channel-list": Route(per_method(get=provider(), post=provider_admin(400))),
-    "api:notification-channel-detail": Route(per_method(get=provider(), patch=provider_admin(), delete=provider_admin(204)),
-                                             fill="notification-channel"),
+    "api:notification-channel-detail": Route(
+        per_method(get=provider(), patch=provider_admin(), delete=provider_admin(204)),
+        fill="notification-channel",
+    ),
     "api:notification-delivery-list": Route(per_method(get=provider())),
     "api:notification-delivery-detail": Route(per_method(get=provider()), fill="notification-delivery"),
     "api:prediction-list": Route(per_method(get=provider())),
@@ -415,7 +604,9 @@ ROUTES: dict[str, Route] = {
     "api:job-detail": Route(per_method(get=scoped()), fill="job"),
     "api:job-cancel": Route(per_method(post=tenant_writes()), fill="job"),
     "api:job-progress": Route(per_method(post=tenant_writes(400)), fill="job"),
-    "api:job-snapshots": Route(per_method(get=scoped(), post=scoped(either(201, 409), tenant_writes=403)), fill="job"),
+    "api:job-snapshots": Route(
+        per_method(get=scoped(), post=scoped(either(201, 409), tenant_writes=403)), fill="job"
+    ),
     "api:job-timeline": Route(per_method(get=scoped()), fill="job"),
     "api:incident-list": Route(per_method(get=signed_in())),
     "api:incident-detail": Route(per_method(get=scoped()), fill="incident"),
@@ -429,7 +620,13 @@ ROUTES: dict[str, Route] = {
 }
 
 # Django's admin is walked with ``admin_site``, every pattern filled with these values.
-ADMIN_VALUES = {"object_id": "1", "content_type_id": "1", "id": "1", "app_label": "fleet", "url": "nothing-here"}
+ADMIN_VALUES = {
+    "object_id": "1",
+    "content_type_id": "1",
+    "id": "1",
+    "app_label": "fleet",
+    "url": "nothing-here",
+}
 
 # --- websocket topics -------------------------------------------------------------------------------------------
 #
@@ -519,10 +716,20 @@ def matrix_world_build() -> MatrixWorld:
     dedicated = {slug: Cluster.objects.get(dedicated_tenant=tenants[slug]) for slug in TENANTS}
     shared = list(Cluster.objects.filter(dedicated_tenant__isnull=True).order_by("name"))
     # A job of each tenant on a shared cluster (the demo world puts acme's there already).
-    job_submit(actor=provider_admin, tenant=tenants["nimbus"], cluster=shared[-1], name="nimbus-shared-run", gpus=16,
-               seconds_per_iteration=2.0, checkpoint_interval=500, total_iterations=1_000_000)
+    job_submit(
+        actor=provider_admin,
+        tenant=tenants["nimbus"],
+        cluster=shared[-1],
+        name="nimbus-shared-run",
+        gpus=16,
+        seconds_per_iteration=2.0,
+        checkpoint_interval=500,
+        total_iterations=1_000_000,
+    )
 
-    protected_job = Job.objects.filter(tenant=tenants["nimbus"], cluster=dedicated["nimbus"]).order_by("pk").first()
+    protected_job = (
+        Job.objects.filter(tenant=tenants["nimbus"], cluster=dedicated["nimbus"]).order_by("pk").first()
+    )
     snapshot_take(actor=provider_admin, job=protected_job)
 
     def job_node(job):
@@ -531,11 +738,14 @@ def matrix_world_build() -> MatrixWorld:
     faults = {}
     for slug in TENANTS:
         own_job = Job.objects.filter(tenant=tenants[slug], cluster=dedicated[slug]).order_by("pk").first()
-        fault, _ = fault_ingest(source="api", kind="nic_down", node=job_node(own_job), nic_name="mlx5_0",
-                                actor=provider_admin)
+        fault, _ = fault_ingest(
+            source="api", kind="nic_down", node=job_node(own_job), nic_name="mlx5_0", actor=provider_admin
+        )
         faults[slug] = fault
         shared_job = Job.objects.filter(tenant=tenants[slug], cluster__in=shared).order_by("pk").first()
-        fault_ingest(source="api", kind="nic_down", node=job_node(shared_job), nic_name="mlx5_1", actor=provider_admin)
+        fault_ingest(
+            source="api", kind="nic_down", node=job_node(shared_job), nic_name="mlx5_1", actor=provider_admin
+        )
     busy = Job.objects.values("allocations__node")
     idle_shared = Node.objects.filter(cluster=shared[0]).exclude(pk__in=busy).order_by("hostname").first()
     provider_fault, _ = fault_ingest(source="api", kind="thermal", node=idle_shared, actor=provider_admin)
@@ -543,13 +753,22 @@ def matrix_world_build() -> MatrixWorld:
         fault_handle(fault_id=fault.pk)
     # Each failure is an incident of its reports and its recoveries (written here where intake has not linked them).
     for fault in FaultEvent.objects.filter(incident__isnull=True).order_by("pk"):
-        incident = Incident.objects.create(cluster_id=fault.cluster_id, node_id=fault.node_id, kind=fault.kind,
-                                           xid=fault.xid, nic_name=fault.nic_name, scope="nic" if fault.nic_name else "node",
-                                           opened_at=fault.detected_at, last_reported_at=fault.last_reported_at,
-                                           report_count=fault.report_count)
+        incident = Incident.objects.create(
+            cluster_id=fault.cluster_id,
+            node_id=fault.node_id,
+            kind=fault.kind,
+            xid=fault.xid,
+            nic_name=fault.nic_name,
+            scope="nic" if fault.nic_name else "node",
+            opened_at=fault.detected_at,
+            last_reported_at=fault.last_reported_at,
+            report_count=fault.report_count,
+        )
         FaultEvent.objects.filter(pk=fault.pk).update(incident=incident)
     for fault_id, incident_id in FaultEvent.objects.values_list("pk", "incident_id"):
-        RecoveryAction.objects.filter(fault_id=fault_id, incident__isnull=True).update(incident_id=incident_id)
+        RecoveryAction.objects.filter(fault_id=fault_id, incident__isnull=True).update(
+            incident_id=incident_id
+        )
 
     for cluster in [*dedicated.values(), shared[-1]]:
         simulate_drift(cluster, addon="dcgm-exporter", kind="values")
@@ -560,19 +779,37 @@ def matrix_world_build() -> MatrixWorld:
     for owner, cluster in [*dedicated.items(), ("provider", shared[0])]:
         node = cluster.nodes.order_by("hostname").first()
         predictions[owner] = Prediction.objects.create(
-            node=node, cluster=cluster, score=0.91, threshold=0.8, horizon_hours=6.0, predicted_at=now,
-            cause=f"temperature rising on {node.hostname}", cause_kind="thermal", evidence={"trend": 3.2})
-    channel = channel_create(actor=provider_admin, name="matrix-pager", url="https://pager.example/hook",
-                             rules=["recovery_failed"])
-    delivery = NotificationDelivery.objects.create(channel=channel, event_id=1, rule="recovery_failed",
-                                                   summary="a recovery failed", next_attempt_at=now + timedelta(minutes=1))
+            node=node,
+            cluster=cluster,
+            score=0.91,
+            threshold=0.8,
+            horizon_hours=6.0,
+            predicted_at=now,
+            cause=f"temperature rising on {node.hostname}",
+            cause_kind="thermal",
+            evidence={"trend": 3.2},
+        )
+    channel = channel_create(
+        actor=provider_admin, name="matrix-pager", url="https://pager.example/hook", rules=["recovery_failed"]
+    )
+    delivery = NotificationDelivery.objects.create(
+        channel=channel,
+        event_id=1,
+        rule="recovery_failed",
+        summary="a recovery failed",
+        next_attempt_at=now + timedelta(minutes=1),
+    )
     run = whatif_start(actor=provider_admin, config={"seed": 5, "days": 1, "gpus": 1024})
     # Run here, to the end (no worker runs it): a queued one would count against the what-if caps of every POST,
     # and the report page is read (and checked by axe) with its report.
     whatif_execute(run_id=run.pk)
     acme_job = Job.objects.filter(tenant=tenants["acme"]).order_by("pk").first()
-    scenario = Scenario.objects.create(kind="ab-nic", jobs={"protected": acme_job.pk, "unprotected": acme_job.pk},
-                                       nic_name="mlx5_3", strike_at=now + timedelta(hours=1))
+    scenario = Scenario.objects.create(
+        kind="ab-nic",
+        jobs={"protected": acme_job.pk, "unprotected": acme_job.pk},
+        nic_name="mlx5_3",
+        strike_at=now + timedelta(hours=1),
+    )
 
     def owner_of_cluster(cluster_id):
         for slug, cluster in dedicated.items():
@@ -582,16 +819,33 @@ def matrix_world_build() -> MatrixWorld:
 
     from jobs.models import SlurmJob
 
-    slurm_jobs = [(slug, SlurmJob.objects.create(job=job, cluster_id=job.cluster_id, slurm_job_id=f"{900 + job.pk}",
-                                                account=slug).pk)
-                  for slug in TENANTS for job in [Job.objects.filter(tenant__slug=slug).order_by("pk").first()]]
-    slurm_jobs.append(("provider", SlurmJob.objects.create(cluster=shared[0], slurm_job_id="999", account="nobody",
-                                                           unmapped="account 'nobody' maps to no tenant").pk))
+    slurm_jobs = [
+        (
+            slug,
+            SlurmJob.objects.create(
+                job=job, cluster_id=job.cluster_id, slurm_job_id=f"{900 + job.pk}", account=slug
+            ).pk,
+        )
+        for slug in TENANTS
+        for job in [Job.objects.filter(tenant__slug=slug).order_by("pk").first()]
+    ]
+    slurm_jobs.append(
+        (
+            "provider",
+            SlurmJob.objects.create(
+                cluster=shared[0],
+                slurm_job_id="999",
+                account="nobody",
+                unmapped="account 'nobody' maps to no tenant",
+            ).pk,
+        )
+    )
     objects: dict[str, list[tuple[str, int]]] = {
         "tenant": [(slug, tenants[slug].pk) for slug in TENANTS],
         "slurm-job": slurm_jobs,
         # The tenant's token and user are its viewer's; the provider's are the operator's (see ``managed``).
-        "token": [(slug, token_rows[f"{slug}-viewer"].pk) for slug in TENANTS] + [("provider", token_rows["operator"].pk)],
+        "token": [(slug, token_rows[f"{slug}-viewer"].pk) for slug in TENANTS]
+        + [("provider", token_rows["operator"].pk)],
         "user": [(slug, users[f"{slug}-viewer"].pk) for slug in TENANTS] + [("provider", operator.pk)],
         "fleet": [(slug, dedicated[slug].fleet_id) for slug in TENANTS],
         "cluster": [(slug, dedicated[slug].pk) for slug in TENANTS] + [("provider", shared[0].pk)],
@@ -599,11 +853,21 @@ def matrix_world_build() -> MatrixWorld:
         + [("provider", shared[0].nodes.order_by("hostname").first().pk)],
         "blueprint": [("provider", Blueprint.objects.order_by("pk").first().pk)],
         "rollout": [("provider", Rollout.objects.order_by("pk").first().pk)],
-        "drift": [(owner_of_cluster(cluster_id), pk) for pk, cluster_id in
-                  DriftFinding.objects.filter(resolved_at__isnull=True).values_list("pk", "cluster_id")],
+        "drift": [
+            (owner_of_cluster(cluster_id), pk)
+            for pk, cluster_id in DriftFinding.objects.filter(resolved_at__isnull=True).values_list(
+                "pk", "cluster_id"
+            )
+        ],
         "agent-token": [("provider", AgentToken.objects.order_by("pk").first().pk)],
-        "launcher-credential": [("provider", launcher_credential_create(
-            actor=provider_admin, cluster=Cluster.objects.order_by("pk").first(), name="matrix")[0].pk)],
+        "launcher-credential": [
+            (
+                "provider",
+                launcher_credential_create(
+                    actor=provider_admin, cluster=Cluster.objects.order_by("pk").first(), name="matrix"
+                )[0].pk,
+            )
+        ],
         "notification-channel": [("provider", channel.pk)],
         "notification-delivery": [("provider", delivery.pk)],
         "prediction": [(owner, row.pk) for owner, row in predictions.items()],
@@ -615,8 +879,12 @@ def matrix_world_build() -> MatrixWorld:
         "fault": [(slug, faults[slug].pk) for slug in TENANTS] + [("provider", provider_fault.pk)],
         "incident": [(slug, FaultEvent.objects.get(pk=faults[slug].pk).incident_id) for slug in TENANTS]
         + [("provider", FaultEvent.objects.get(pk=provider_fault.pk).incident_id)],
-        "action": [(action.job.tenant.slug, action.pk) for action in
-                   RecoveryAction.objects.filter(job__isnull=False).select_related("job__tenant").order_by("pk")],
+        "action": [
+            (action.job.tenant.slug, action.pk)
+            for action in RecoveryAction.objects.filter(job__isnull=False)
+            .select_related("job__tenant")
+            .order_by("pk")
+        ],
     }
     owned = {}
     for slug, tenant in tenants.items():
@@ -628,23 +896,56 @@ def matrix_world_build() -> MatrixWorld:
             "job": set(Job.objects.filter(tenant=tenant).values_list("pk", flat=True)),
             "action": set(RecoveryAction.objects.filter(job__tenant=tenant).values_list("pk", flat=True)),
             "fault": set(FaultEvent.objects.filter(cluster=cluster).values_list("pk", flat=True))
-            | set(RecoveryAction.objects.filter(job__tenant=tenant, fault__isnull=False).values_list("fault_id", flat=True)),
+            | set(
+                RecoveryAction.objects.filter(job__tenant=tenant, fault__isnull=False).values_list(
+                    "fault_id", flat=True
+                )
+            ),
             "incident": set(Incident.objects.filter(cluster=cluster).values_list("pk", flat=True))
-            | set(RecoveryAction.objects.filter(job__tenant=tenant, incident__isnull=False).values_list("incident_id", flat=True)),
+            | set(
+                RecoveryAction.objects.filter(job__tenant=tenant, incident__isnull=False).values_list(
+                    "incident_id", flat=True
+                )
+            ),
         }
     markers = {}
     for slug, tenant in tenants.items():
         jobs = Job.objects.filter(tenant=tenant)
-        found = [tenant.name, f"{slug}-", dedicated[slug].name, f"tenant-{tenant.pk}\"", f"cluster-{dedicated[slug].pk}\""]
-        found += [name for name in ApiToken.objects.filter(user__membership__tenant=tenant).values_list("name", flat=True)]
+        found = [
+            tenant.name,
+            f"{slug}-",
+            dedicated[slug].name,
+            f'tenant-{tenant.pk}"',
+            f'cluster-{dedicated[slug].pk}"',
+        ]
+        found += [
+            name
+            for name in ApiToken.objects.filter(user__membership__tenant=tenant).values_list(
+                "name", flat=True
+            )
+        ]
         found += [f"/jobs/{pk}/" for pk in jobs.values_list("pk", flat=True)]
-        found += [f"job-{pk}\"" for pk in jobs.values_list("pk", flat=True)]
-        found += [f"/actions/{pk}/" for pk in RecoveryAction.objects.filter(job__tenant=tenant).values_list("pk", flat=True)]
+        found += [f'job-{pk}"' for pk in jobs.values_list("pk", flat=True)]
+        found += [
+            f"/actions/{pk}/"
+            for pk in RecoveryAction.objects.filter(job__tenant=tenant).values_list("pk", flat=True)
+        ]
         found += [f"/incidents/{pk}/" for pk in owned[slug]["incident"]]
         markers[slug] = found
     # What no tenant may read: a shared host none of its jobs runs on, the provider's users, tokens and channels.
-    markers["provider"] = [idle_shared.hostname, "matrix-pager", "fleet-operator", "provider-admin-matrix-token",
-                           "operator-matrix-token"]
+    markers["provider"] = [
+        idle_shared.hostname,
+        "matrix-pager",
+        "fleet-operator",
+        "provider-admin-matrix-token",
+        "operator-matrix-token",
+    ]
     assert Fleet.objects.count() == 2 and len(objects["drift"]) >= 3 and len(objects["action"]) >= 2, objects
-    return MatrixWorld(users=users, tokens=tokens, objects=objects,
-                       tenant_ids={slug: t.pk for slug, t in tenants.items()}, markers=markers, owned=owned)
+    return MatrixWorld(
+        users=users,
+        tokens=tokens,
+        objects=objects,
+        tenant_ids={slug: t.pk for slug, t in tenants.items()},
+        markers=markers,
+        owned=owned,
+    )

@@ -88,7 +88,8 @@ class PrivateRedis:
             raise RuntimeError("redis-server is not installed")
         self.process = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         wait_for(lambda: redis.Redis(port=self.port, socket_timeout=0.5).ping(), 10, what="private redis")
         return self
@@ -106,8 +107,10 @@ class PrivatePostgresUnavailable(RuntimeError):
 
 def _postgres_bindir() -> Path | None:
     """The newest PostgreSQL server binaries: Debian's /usr/lib/postgresql/<n>/bin, else initdb on PATH."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parent.parent.name)
-                   if Path(p).parent.parent.name.isdigit() else 0)
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0,
+    )
     if found:
         return Path(found[-1]).parent
     initdb = shutil.which("initdb")
@@ -134,7 +137,9 @@ class PrivatePostgres:
             try:
                 self.owner = pwd.getpwnam("postgres").pw_uid
             except KeyError as error:
-                raise PrivatePostgresUnavailable("running as root and there is no postgres user to run as") from error
+                raise PrivatePostgresUnavailable(
+                    "running as root and there is no postgres user to run as"
+                ) from error
             self.runuser = shutil.which("runuser") or shutil.which("su")
             if self.runuser is None:
                 raise PrivatePostgresUnavailable("running as root and neither runuser nor su is installed")
@@ -160,8 +165,10 @@ class PrivatePostgres:
             command = [self.runuser, "postgres", "-s", "/bin/sh", "-c", shlex.join(command)]
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=self.directory)
         if result.returncode != 0:
-            raise RuntimeError(f"{args[0]} failed ({result.returncode}): {result.stdout[-800:]} "
-                               f"{result.stderr[-800:]} {self.output()[-800:]}")
+            raise RuntimeError(
+                f"{args[0]} failed ({result.returncode}): {result.stdout[-800:]} "
+                f"{result.stderr[-800:]} {self.output()[-800:]}"
+            )
         return result
 
     def output(self) -> str:
@@ -174,11 +181,25 @@ class PrivatePostgres:
             self.directory = Path(tempfile.mkdtemp(prefix="lockstep-pg-"))
             if self.owner is not None:
                 os.chown(self.directory, self.owner, -1)
-            self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync",
-                      "--no-instructions")
-        options = (f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 -c fsync=off "
-                   "-c full_page_writes=off -c synchronous_commit=off -c max_connections=200")
-        self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.log), "-w", "-t", "60", "start")
+            self._run(
+                "initdb",
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--no-instructions",
+            )
+        options = (
+            f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 -c fsync=off "
+            "-c full_page_writes=off -c synchronous_commit=off -c max_connections=200"
+        )
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.log), "-w", "-t", "60", "start"
+        )
         self.started = True
         return self
 
@@ -205,9 +226,14 @@ class PrivatePostgres:
 
     def migrate(self, name: str) -> None:
         """``manage.py migrate`` into one of its databases, in a child process as production runs it."""
-        result = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=BASE_DIR,
-                                env=child_env(DATABASE_URL=self.url(name)), capture_output=True, text=True,
-                                timeout=300)
+        result = subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+            cwd=BASE_DIR,
+            env=child_env(DATABASE_URL=self.url(name)),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if result.returncode != 0:
             raise RuntimeError(f"migrate failed: {result.stdout[-2000:]} {result.stderr[-2000:]}")
 
@@ -224,13 +250,15 @@ class PrivatePostgres:
             try:
                 default.close()
                 if default.settings_dict.get("OPTIONS", {}).get("pool"):
-                    default.close_pool()     # a pool keeps connections to the server it was opened on
+                    default.close_pool()  # a pool keeps connections to the server it was opened on
             except Exception:  # the server may be down: its connections are gone either way
                 pass
 
         let_go()
         # Every thread's connection object shares this dict, so new connections in any thread go there too.
-        default.settings_dict.update(NAME=name, HOST="127.0.0.1", PORT=str(self.port), USER="postgres", PASSWORD="")
+        default.settings_dict.update(
+            NAME=name, HOST="127.0.0.1", PORT=str(self.port), USER="postgres", PASSWORD=""
+        )
         ContentType.objects.clear_cache()
         try:
             yield self.url(name)
@@ -274,8 +302,10 @@ def kill_group(process: subprocess.Popen, sig: int = signal.SIGKILL, timeout: fl
 def lock_waiters() -> int:
     """Sessions of the test database waiting for a lock right now."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND wait_event_type = 'Lock'")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'"
+        )
         return cursor.fetchone()[0]
 
 
@@ -303,13 +333,28 @@ def uvicorn_server(tmp_path: Path, **env):
     log = tmp_path / f"uvicorn-{port}.log"
     with log.open("w") as out:
         process = subprocess.Popen(
-            [str(VENV_BIN / "uvicorn"), "controlplane.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-             "--log-level", "warning"],
-            cwd=BASE_DIR, env=child_env(**env), stdout=out, stderr=subprocess.STDOUT,
+            [
+                str(VENV_BIN / "uvicorn"),
+                "controlplane.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            cwd=BASE_DIR,
+            env=child_env(**env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     server = Server(process, port, log)
     try:
-        wait_for(lambda: requests.get(f"{server.url}/healthz", timeout=1).ok, 30, what=f"uvicorn ({server.output()[-500:]})")
+        wait_for(
+            lambda: requests.get(f"{server.url}/healthz", timeout=1).ok,
+            30,
+            what=f"uvicorn ({server.output()[-500:]})",
+        )
         yield server
     finally:
         _stop(process)
@@ -323,17 +368,34 @@ def celery_worker(tmp_path: Path, *, concurrency: int = 1, queues: str | None = 
     log = tmp_path / f"celery-{name}.log"
     with log.open("w") as out:
         process = subprocess.Popen(
-            [str(VENV_BIN / "celery"), "-A", "controlplane", "worker", "--loglevel=info", f"--concurrency={concurrency}",
-             "-n", f"{name}@%h", *(["-Q", queues] if queues else []), "--without-gossip", "--without-mingle"],
-            cwd=BASE_DIR, env=child_env(**env), stdout=out, stderr=subprocess.STDOUT,
+            [
+                str(VENV_BIN / "celery"),
+                "-A",
+                "controlplane",
+                "worker",
+                "--loglevel=info",
+                f"--concurrency={concurrency}",
+                "-n",
+                f"{name}@%h",
+                *(["-Q", queues] if queues else []),
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            cwd=BASE_DIR,
+            env=child_env(**env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     process.log = log
     process.node_name = name
     try:
         client = redis.Redis.from_url(settings.REDIS_URL)
-        wait_for(lambda: any(name in key.decode() for key in client.scan_iter("lockstep:heartbeat:worker:*")), 60,
-                 what=f"celery worker ({log.read_text()[-800:] if log.exists() else ''})")
+        wait_for(
+            lambda: any(name in key.decode() for key in client.scan_iter("lockstep:heartbeat:worker:*")),
+            60,
+            what=f"celery worker ({log.read_text()[-800:] if log.exists() else ''})",
+        )
         yield process
     finally:
         stop_group(process)
@@ -346,9 +408,20 @@ def celery_beat(tmp_path: Path, name: str = "beat", **env):
     log = tmp_path / f"beat-{name}.log"
     with log.open("w") as out:
         process = subprocess.Popen(
-            [str(VENV_BIN / "celery"), "-A", "controlplane", "beat", "--loglevel=info",
-             "--schedule", str(tmp_path / f"beat-{name}-schedule")],
-            cwd=BASE_DIR, env=child_env(**env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                str(VENV_BIN / "celery"),
+                "-A",
+                "controlplane",
+                "beat",
+                "--loglevel=info",
+                "--schedule",
+                str(tmp_path / f"beat-{name}-schedule"),
+            ],
+            cwd=BASE_DIR,
+            env=child_env(**env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     process.log = log
     try:

@@ -75,8 +75,6 @@ def _epoch(moment: datetime) -> float:
     return moment.astimezone(UTC).timestamp()
 
 
-
-
 def with_lockstep(
     slurm,
     cluster,

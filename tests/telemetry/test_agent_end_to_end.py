@@ -18,9 +18,20 @@ def test_agent_batch_reaches_the_control_plane(tmp_path):
     _, token = agent_token_create(actor=None, cluster=node.cluster, name="e2e")
     (tmp_path / "sys").mkdir()
     with uvicorn_server(tmp_path) as server:
-        done = run_agent("--url", server.url, "--token", token, "--node", "dgx-e2e", "--once",
-                         "--spool-dir", str(tmp_path / "spool"), "--sysfs-root", str(tmp_path / "sys"),
-                         fake_nvml={"xids": [[1, 79]]})
+        done = run_agent(
+            "--url",
+            server.url,
+            "--token",
+            token,
+            "--node",
+            "dgx-e2e",
+            "--once",
+            "--spool-dir",
+            str(tmp_path / "spool"),
+            "--sysfs-root",
+            str(tmp_path / "sys"),
+            fake_nvml={"xids": [[1, 79]]},
+        )
         assert done.returncode == 0, done.stderr
     assert IngestBatch.objects.filter(cluster=node.cluster).count() == 1
     states = GPUState.objects.filter(node=node).order_by("gpu__index")
@@ -34,7 +45,19 @@ def test_agent_for_another_cluster_is_refused_and_spools(tmp_path):
     _, other_token = agent_token_create(actor=None, cluster=make_cluster(), name="other")
     (tmp_path / "sys").mkdir()
     with uvicorn_server(tmp_path) as server:
-        done = run_agent("--url", server.url, "--token", other_token, "--node", node.hostname, "--once",
-                         "--spool-dir", str(tmp_path / "spool"), "--sysfs-root", str(tmp_path / "sys"), fake_nvml={})
+        done = run_agent(
+            "--url",
+            server.url,
+            "--token",
+            other_token,
+            "--node",
+            node.hostname,
+            "--once",
+            "--spool-dir",
+            str(tmp_path / "spool"),
+            "--sysfs-root",
+            str(tmp_path / "sys"),
+            fake_nvml={},
+        )
     assert not IngestBatch.objects.exists()
     assert "400" in done.stderr or "unknown node" in done.stderr

@@ -12,15 +12,30 @@ URL = "/api/v1/ingest/alertmanager/"
 def alert(status="firing", fingerprint="f1", starts="2026-11-30T05:00:00Z", **labels):
     base = {"alertname": "GPUXidError", "Hostname": "dgx-7", "gpu": "2", "UUID": "GPU-abc"}
     base.update(labels)
-    return {"status": status, "labels": base, "annotations": {"value": "79", "summary": "Xid 79 on dgx-7"},
-            "startsAt": starts, "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-11-30T05:10:00Z",
-            "generatorURL": "http://prometheus/graph", "fingerprint": fingerprint}
+    return {
+        "status": status,
+        "labels": base,
+        "annotations": {"value": "79", "summary": "Xid 79 on dgx-7"},
+        "startsAt": starts,
+        "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-11-30T05:10:00Z",
+        "generatorURL": "http://prometheus/graph",
+        "fingerprint": fingerprint,
+    }
 
 
 def webhook(*alerts, status="firing"):
-    return {"version": "4", "groupKey": "{}:{alertname=\"GPUXidError\"}", "truncatedAlerts": 0, "status": status,
-            "receiver": "lockstep", "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {},
-            "externalURL": "http://alertmanager:9093", "alerts": list(alerts)}
+    return {
+        "version": "4",
+        "groupKey": '{}:{alertname="GPUXidError"}',
+        "truncatedAlerts": 0,
+        "status": status,
+        "receiver": "lockstep",
+        "groupLabels": {},
+        "commonLabels": {},
+        "commonAnnotations": {},
+        "externalURL": "http://alertmanager:9093",
+        "alerts": list(alerts),
+    }
 
 
 @pytest.fixture
@@ -55,20 +70,22 @@ def test_same_fault_from_agent_and_alertmanager_is_one_fault_event(api, users, n
 
     fault_ingest(source="agent", kind="gpu_xid", node=node, gpu_index=2, xid=79)
     api.as_token(users["operator"])
-    response = api.post(URL, webhook(alert()),
-                        format="json")
+    response = api.post(URL, webhook(alert()), format="json")
     assert response.json()["alerts"][0]["outcome"] == "merged"
     fault = FaultEvent.objects.get()
     assert sorted(fault.sources) == ["agent", "alertmanager"]
 
 
-@pytest.mark.parametrize("labels, kind", [
-    ({"alertname": "GPUHighTemperature"}, "thermal"),
-    ({"alertname": "DCGMDoubleBitECC"}, "ecc_uncorrectable"),
-    ({"alertname": "NodeNotReady", "Hostname": "", "node": "dgx-7"}, "node_unreachable"),
-    ({"alertname": "InfinibandLinkDown", "device": "mlx5_3"}, "nic_down"),
-    ({"alertname": "Whatever", "lockstep_kind": "nvlink_error"}, "nvlink_error"),
-])
+@pytest.mark.parametrize(
+    "labels, kind",
+    [
+        ({"alertname": "GPUHighTemperature"}, "thermal"),
+        ({"alertname": "DCGMDoubleBitECC"}, "ecc_uncorrectable"),
+        ({"alertname": "NodeNotReady", "Hostname": "", "node": "dgx-7"}, "node_unreachable"),
+        ({"alertname": "InfinibandLinkDown", "device": "mlx5_3"}, "nic_down"),
+        ({"alertname": "Whatever", "lockstep_kind": "nvlink_error"}, "nvlink_error"),
+    ],
+)
 def test_alert_kinds(api, users, node, labels, kind):
     api.as_token(users["operator"])
     response = api.post(URL, webhook(alert(**labels)), format="json")
@@ -78,24 +95,33 @@ def test_alert_kinds(api, users, node, labels, kind):
 
 def test_unplaceable_alerts_are_skipped_not_refused(api, users, node):
     api.as_token(users["operator"])
-    body = webhook(alert(fingerprint="a", Hostname="ghost"), alert(fingerprint="b", alertname="DiskFull"), alert(fingerprint="c"))
+    body = webhook(
+        alert(fingerprint="a", Hostname="ghost"),
+        alert(fingerprint="b", alertname="DiskFull"),
+        alert(fingerprint="c"),
+    )
     outcomes = [a["outcome"] for a in api.post(URL, body, format="json").json()["alerts"]]
     assert outcomes == ["skipped", "skipped", "opened"]
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"version": "3", "alerts": []}, "version"),
-    ({"version": "4", "alerts": "x"}, "alerts"),
-    ({"version": "4"}, "alerts"),
-    ([], "detail"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"version": "3", "alerts": []}, "version"),
+        ({"version": "4", "alerts": "x"}, "alerts"),
+        ({"version": "4"}, "alerts"),
+        ([], "detail"),
+    ],
+)
 def test_bad_payloads_are_400(api, users, node, body, field):
     api.as_token(users["operator"])
     response = api.post(URL, body, format="json")
     assert response.status_code == 400 and field in response.json()
 
 
-@pytest.mark.parametrize("role, status", [("tenant-admin", 403), ("tenant-viewer", 403), ("provider-admin", 200)])
+@pytest.mark.parametrize(
+    "role, status", [("tenant-admin", 403), ("tenant-viewer", 403), ("provider-admin", 200)]
+)
 def test_only_provider_roles_may_post(api, users, node, role, status):
     api.as_token(users[role])
     assert api.post(URL, webhook(alert()), format="json").status_code == status
@@ -113,15 +139,19 @@ def test_a_grouped_webhook_takes_its_new_alerts_in_together_with_the_outcomes_on
     api.as_token(users["operator"])
 
     def down(i, fingerprint=None):
-        return alert(fingerprint=fingerprint or f"down-{i}", alertname="NodeDown", Hostname=f"dgx-{i}", gpu="")
+        return alert(
+            fingerprint=fingerprint or f"down-{i}", alertname="NodeDown", Hostname=f"dgx-{i}", gpu=""
+        )
 
     with CaptureQueriesContext(connection) as four:
-        together = api.post(URL, webhook(*(down(i) for i in range(4)), down(9)), format="json").json()["alerts"]
+        together = api.post(URL, webhook(*(down(i) for i in range(4)), down(9)), format="json").json()[
+            "alerts"
+        ]
     assert [a["outcome"] for a in together] == ["opened"] * 4 + ["skipped"]
     assert len({a["fault"] for a in together[:4]}) == 4
     assert FaultEvent.objects.filter(kind="node_unreachable").count() == 4
     assert AlertRecord.objects.count() == 4
-    assert len(four.captured_queries) < 40          # one by one it was about 15 an alert
+    assert len(four.captured_queries) < 40  # one by one it was about 15 an alert
     spoiled = api.post(URL, webhook(down(4), down(4), down(5), down(0)), format="json").json()["alerts"]
     assert [a["outcome"] for a in spoiled] == ["opened", "duplicate", "opened", "duplicate"]
     assert spoiled[0]["fault"] == spoiled[1]["fault"] and spoiled[3]["fault"] == together[0]["fault"]

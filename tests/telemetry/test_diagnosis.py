@@ -19,14 +19,18 @@ def test_a_port_with_rising_errors_while_its_link_stays_up_is_named(job):
 
 
 def test_micro_congestion_on_one_rail_points_at_the_rail(job):
-    NICState.objects.filter(node__hostname__in=["h0", "h4"], nic__name="mlx5_6").update(congestion_rate=900_000.0)
+    NICState.objects.filter(node__hostname__in=["h0", "h4"], nic__name="mlx5_6").update(
+        congestion_rate=900_000.0
+    )
     found = diagnose(job)
     assert found["fabric"] is True and found["where"] == "rail" and found["culprit"] == "rail 6"
     assert any("congestion" in e for f in found["findings"] for e in f["evidence"])
 
 
 def test_a_slow_gpu_rules_the_fabric_out(job):
-    GPUState.objects.filter(node__hostname="h5", gpu__index=2).update(throttle_share=0.8, temperature=88.0, utilization=60.0)
+    GPUState.objects.filter(node__hostname="h5", gpu__index=2).update(
+        throttle_share=0.8, temperature=88.0, utilization=60.0
+    )
     found = diagnose(job)
     assert found["fabric"] is False and found["culprit"] == "h5/gpu2"
     assert found["summary"].startswith("Not the fabric")
@@ -38,7 +42,7 @@ def test_a_clean_path_says_nothing_stands_out(job):
 
 
 def test_trouble_off_the_path_is_not_blamed(job):
-    NICState.objects.filter(node__hostname="h7").update(symbol_rate=90_000.0)   # h7 is not the job's
+    NICState.objects.filter(node__hostname="h7").update(symbol_rate=90_000.0)  # h7 is not the job's
     assert diagnose(job)["culprit"] is None
 
 

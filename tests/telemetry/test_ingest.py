@@ -56,19 +56,29 @@ def world():
 
 def post(client, world, payload, token=None, content_type="application/json"):
     body = payload if isinstance(payload, (bytes, str)) else json.dumps(payload)
-    return client.post(URL, body, content_type=content_type,
-                       HTTP_AUTHORIZATION=f"Bearer {token or world['token']}")
+    return client.post(
+        URL, body, content_type=content_type, HTTP_AUTHORIZATION=f"Bearer {token or world['token']}"
+    )
 
 
 def counts():
-    return (IngestBatch.objects.count(), GPUSample.objects.count(), GPUState.objects.count(),
-            NICState.objects.count(), NodeMinute.objects.count(), FaultEvent.objects.count())
+    return (
+        IngestBatch.objects.count(),
+        GPUSample.objects.count(),
+        GPUState.objects.count(),
+        NICState.objects.count(),
+        NodeMinute.objects.count(),
+        FaultEvent.objects.count(),
+    )
 
 
 def test_batch_stores_latest_state_samples_history(client, world):
     now = time.time()
-    payload = batch("gpu-a1", readings=[reading(i, now - 10) for i in range(8)] + [reading(i, now) for i in range(8)],
-                    nics=[nic("mlx5_0", now)])
+    payload = batch(
+        "gpu-a1",
+        readings=[reading(i, now - 10) for i in range(8)] + [reading(i, now) for i in range(8)],
+        nics=[nic("mlx5_0", now)],
+    )
     response = post(client, world, payload)
     assert response.status_code == 200, response.content
     body = response.json()
@@ -93,20 +103,37 @@ def test_duplicate_batch_changes_nothing(client, world):
     assert counts() == before
 
 
-@pytest.mark.parametrize("mutate, field", [
-    (lambda b: b.update(node="gpu-b1"), "readings[0].node"),            # another cluster's node
-    (lambda b: b.update(node="nope"), "readings[0].node"),
-    (lambda b: b["readings"][0].update(gpu=9), "readings[0].gpu"),
-    (lambda b: b.update(sent_at=time.time() + 3600), "sent_at"),
-    (lambda b: b.update(sent_at=time.time() - 3600), "sent_at"),
-    (lambda b: b["readings"][0].update(ts=time.time() + 3600), "readings[0].ts"),
-    (lambda b: b["readings"][0]["fields"].update(DCGM_FI_DEV_GPU_UTIL=250), "readings[0].fields.DCGM_FI_DEV_GPU_UTIL"),
-    (lambda b: b.update(batch_id="not-a-uuid"), "batch_id"),
-    (lambda b: b.update(extra=1), "body"),
-    (lambda b: b.pop("readings"), "body"),
-    (lambda b: b["facility"].append({"ts": time.time(), "source": "redfish", "scope": "rack", "target": "r9",
-                                     "metric": "inlet_temperature_celsius", "value": 25.0}), "facility[0].target"),
-])
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda b: b.update(node="gpu-b1"), "readings[0].node"),  # another cluster's node
+        (lambda b: b.update(node="nope"), "readings[0].node"),
+        (lambda b: b["readings"][0].update(gpu=9), "readings[0].gpu"),
+        (lambda b: b.update(sent_at=time.time() + 3600), "sent_at"),
+        (lambda b: b.update(sent_at=time.time() - 3600), "sent_at"),
+        (lambda b: b["readings"][0].update(ts=time.time() + 3600), "readings[0].ts"),
+        (
+            lambda b: b["readings"][0]["fields"].update(DCGM_FI_DEV_GPU_UTIL=250),
+            "readings[0].fields.DCGM_FI_DEV_GPU_UTIL",
+        ),
+        (lambda b: b.update(batch_id="not-a-uuid"), "batch_id"),
+        (lambda b: b.update(extra=1), "body"),
+        (lambda b: b.pop("readings"), "body"),
+        (
+            lambda b: b["facility"].append(
+                {
+                    "ts": time.time(),
+                    "source": "redfish",
+                    "scope": "rack",
+                    "target": "r9",
+                    "metric": "inlet_temperature_celsius",
+                    "value": 25.0,
+                }
+            ),
+            "facility[0].target",
+        ),
+    ],
+)
 def test_bad_batches_are_400_naming_the_field_and_store_nothing(client, world, mutate, field):
     payload = batch("gpu-a1", readings=[reading(0), reading(1)], nics=[nic("mlx5_0")])
     mutate(payload)
@@ -117,7 +144,9 @@ def test_bad_batches_are_400_naming_the_field_and_store_nothing(client, world, m
     assert counts() == before
 
 
-@pytest.mark.parametrize("body, expected", [(b"{not json", 400), (b"[]", 400), (b"", 415), ("\u00ff".encode("latin-1"), 400)])
+@pytest.mark.parametrize(
+    "body, expected", [(b"{not json", 400), (b"[]", 400), (b"", 415), ("\u00ff".encode("latin-1"), 400)]
+)
 def test_garbage_is_4xx(client, world, body, expected):
     assert post(client, world, body).status_code == expected
 
@@ -136,7 +165,9 @@ def test_tokens_are_bound_and_checked(client, world):
     from tenancy.services import token_create
 
     _, user_token = token_create(actor=user, owner=user, name="u", scope="write")
-    assert post(client, world, payload, token=user_token).status_code == 401  # a user token is not an agent token
+    assert (
+        post(client, world, payload, token=user_token).status_code == 401
+    )  # a user token is not an agent token
     from telemetry.models import AgentToken
 
     agent_token_revoke(actor=None, token=AgentToken.objects.get(cluster=world["cluster"]))
@@ -147,12 +178,16 @@ def test_tokens_are_bound_and_checked(client, world):
 def test_hard_faults_become_fault_events(client, world):
     now = time.time()
     post(client, world, batch("gpu-a1", readings=[reading(3, now - 20)], nics=[nic("mlx5_2", now - 20)]))
-    response = post(client, world, batch(
-        "gpu-a1",
-        readings=[reading(3, now - 10, DCGM_FI_DEV_ECC_DBE_VOL_TOTAL=2)],
-        nics=[nic("mlx5_2", now - 10, link_state="down", link_downed=1)],
-        events=[{"ts": now - 5, "type": "xid", "xid": 79, "gpu": 5, "uuid": "GPU-5"}],
-    ))
+    response = post(
+        client,
+        world,
+        batch(
+            "gpu-a1",
+            readings=[reading(3, now - 10, DCGM_FI_DEV_ECC_DBE_VOL_TOTAL=2)],
+            nics=[nic("mlx5_2", now - 10, link_state="down", link_downed=1)],
+            events=[{"ts": now - 5, "type": "xid", "xid": 79, "gpu": 5, "uuid": "GPU-5"}],
+        ),
+    )
     assert response.status_code == 200, response.content
     kinds = sorted(FaultEvent.objects.values_list("kind", flat=True))
     assert kinds == ["ecc_uncorrectable", "gpu_xid", "nic_down"]
@@ -173,8 +208,21 @@ def test_older_reading_does_not_overwrite_latest_state(client, world):
 def test_features_follow_a_warming_gpu_and_rising_ecc(client, world):
     start = time.time() - 600
     for step in range(30):
-        post(client, world, batch("gpu-a1", readings=[reading(
-            0, start + step * 10, DCGM_FI_DEV_GPU_TEMP=60.0 + step * 0.5, DCGM_FI_DEV_ECC_SBE_VOL_TOTAL=step * 3)]))
+        post(
+            client,
+            world,
+            batch(
+                "gpu-a1",
+                readings=[
+                    reading(
+                        0,
+                        start + step * 10,
+                        DCGM_FI_DEV_GPU_TEMP=60.0 + step * 0.5,
+                        DCGM_FI_DEV_ECC_SBE_VOL_TOTAL=step * 3,
+                    )
+                ],
+            ),
+        )
     state = GPUState.objects.get(gpu__node=world["node"], gpu__index=0)
     # 0.5 °C every 10 s is 180 °C/h; after 5 minutes the fast/slow estimate has climbed to about a seventh of it
     assert 20 < state.temperature_trend < 180
@@ -200,10 +248,16 @@ def test_temperature_noise_does_not_look_like_a_trend(client, world):
     rng = random.Random(4)
     start = time.time() - 1800
     for step in range(90):
-        post(client, world, batch("gpu-a1", readings=[reading(0, start + step * 10,
-                                                              DCGM_FI_DEV_GPU_TEMP=60.0 + rng.gauss(0, 0.8))]))
+        post(
+            client,
+            world,
+            batch(
+                "gpu-a1",
+                readings=[reading(0, start + step * 10, DCGM_FI_DEV_GPU_TEMP=60.0 + rng.gauss(0, 0.8))],
+            ),
+        )
     state = GPUState.objects.get(gpu__node=world["node"], gpu__index=0)
-    assert abs(state.temperature_trend) < 3.0   # °C per hour: jitter of ±0.8 °C every 10 s is no trend
+    assert abs(state.temperature_trend) < 3.0  # °C per hour: jitter of ±0.8 °C every 10 s is no trend
 
 
 class SentStatements:
@@ -231,12 +285,30 @@ class SentStatements:
 
 def node_batch(node: str, ts: float, **fields) -> dict:
     """One node agent's batch as bench/load.py sends it: 8 GPUs, 8 InfiniBand ports, and two facility readings."""
-    return batch(node, readings=[reading(g, ts, **fields) for g in range(8)],
-                 nics=[nic(f"mlx5_{n}", ts, port_xmit_wait=int(ts) + n) for n in range(8)],
-                 facility=[{"ts": ts, "source": "redfish", "scope": "node", "target": node, "sensor": "inlet",
-                            "metric": "inlet_temperature_celsius", "value": 24.5},
-                           {"ts": ts, "source": "redfish", "scope": "rack", "target": "r1", "metric": "pdu_power_watts",
-                            "value": 41_000.0}])
+    return batch(
+        node,
+        readings=[reading(g, ts, **fields) for g in range(8)],
+        nics=[nic(f"mlx5_{n}", ts, port_xmit_wait=int(ts) + n) for n in range(8)],
+        facility=[
+            {
+                "ts": ts,
+                "source": "redfish",
+                "scope": "node",
+                "target": node,
+                "sensor": "inlet",
+                "metric": "inlet_temperature_celsius",
+                "value": 24.5,
+            },
+            {
+                "ts": ts,
+                "source": "redfish",
+                "scope": "rack",
+                "target": "r1",
+                "metric": "pdu_power_watts",
+                "value": 41_000.0,
+            },
+        ],
+    )
 
 
 def test_a_batch_is_two_statements_whatever_its_size(world, store):
@@ -248,16 +320,25 @@ def test_a_batch_is_two_statements_whatever_its_size(world, store):
     with SentStatements() as one:
         result = telemetry_ingest(cluster=world["cluster"], body=json.dumps(one_node).encode())
     assert result.readings == 8 and result.nics == 8 and result.facility == 2 and not result.duplicate
-    assert len(one.work()) == 2, one.work()   # record the batch + lock and read state; write every table
-    relay = batch(None, readings=[reading(g, now - 5 + step, node=node) for node in ("gpu-a1", "gpu-a2")
-                                  for g in range(8) for step in range(3)],
-                  nics=[nic(f"mlx5_{n}", now - 5, node=node) for node in ("gpu-a1", "gpu-a2") for n in range(8)])
+    assert len(one.work()) == 2, one.work()  # record the batch + lock and read state; write every table
+    relay = batch(
+        None,
+        readings=[
+            reading(g, now - 5 + step, node=node)
+            for node in ("gpu-a1", "gpu-a2")
+            for g in range(8)
+            for step in range(3)
+        ],
+        nics=[nic(f"mlx5_{n}", now - 5, node=node) for node in ("gpu-a1", "gpu-a2") for n in range(8)],
+    )
     with SentStatements() as many:
         result = telemetry_ingest(cluster=world["cluster"], body=json.dumps(relay).encode())
     assert result.readings == 48 and len(many.work()) == 2, many.work()
     with SentStatements() as again:
         assert telemetry_ingest(cluster=world["cluster"], body=json.dumps(one_node).encode()).duplicate
-    assert len(again.work()) == 1, again.work()   # a duplicate is found by the first statement, and locks nothing
+    assert len(again.work()) == 1, (
+        again.work()
+    )  # a duplicate is found by the first statement, and locks nothing
     assert GPUState.objects.get(gpu__node=world["node"], gpu__index=0).samples == 5
 
 
@@ -265,12 +346,24 @@ def test_facility_series_are_stored_and_folded(client, world):
     now = time.time()
 
     def rack(ts, value):
-        return {"ts": ts, "source": "redfish", "scope": "rack", "target": "r1", "device": "cdu-1",
-                "metric": "cdu_supply_temperature_celsius", "value": value}
+        return {
+            "ts": ts,
+            "source": "redfish",
+            "scope": "rack",
+            "target": "r1",
+            "device": "cdu-1",
+            "metric": "cdu_supply_temperature_celsius",
+            "value": value,
+        }
 
     assert post(client, world, batch(None, facility=[rack(now - 30, 20.0)])).status_code == 200
-    assert post(client, world, batch(None, facility=[rack(now - 10, 30.0), rack(now - 20, 25.0)])).status_code == 200
-    assert post(client, world, batch(None, facility=[rack(now - 25, 10.0)])).status_code == 200   # a late replay
+    assert (
+        post(client, world, batch(None, facility=[rack(now - 10, 30.0), rack(now - 20, 25.0)])).status_code
+        == 200
+    )
+    assert (
+        post(client, world, batch(None, facility=[rack(now - 25, 10.0)])).status_code == 200
+    )  # a late replay
     assert FacilitySample.objects.filter(target="r1").count() == 4
     state = FacilityState.objects.get(cluster=world["cluster"], scope="rack", target="r1")
     assert state.series == "cdu-1||cdu_supply_temperature_celsius" and state.value == 30.0
@@ -282,15 +375,23 @@ def test_facility_series_are_stored_and_folded(client, world):
 
 def test_counters_sent_as_whole_floats_are_counters_and_out_of_range_is_400(client, world):
     # JSON Schema calls 3.0 an integer, so the batch is valid: it is stored as 3
-    response = post(client, world, batch("gpu-a1", readings=[reading(0, DCGM_FI_DEV_ECC_SBE_VOL_TOTAL=3.0,
-                                                                       DCGM_FI_DEV_ECC_DBE_VOL_TOTAL=0.0)],
-                                         nics=[nic("mlx5_0", link_downed=1.0, symbol_error=0.0)]))
+    response = post(
+        client,
+        world,
+        batch(
+            "gpu-a1",
+            readings=[reading(0, DCGM_FI_DEV_ECC_SBE_VOL_TOTAL=3.0, DCGM_FI_DEV_ECC_DBE_VOL_TOTAL=0.0)],
+            nics=[nic("mlx5_0", link_downed=1.0, symbol_error=0.0)],
+        ),
+    )
     assert response.status_code == 200, response.content
     assert GPUState.objects.get(gpu__node=world["node"], gpu__index=0).sbe_total == 3
     assert GPUSample.objects.get().sbe_total == 3
     assert NICState.objects.get(nic__node=world["node"], nic__name="mlx5_0").link_downed == 1
     before = counts()
-    response = post(client, world, batch("gpu-a1", readings=[reading(1, DCGM_FI_DEV_ECC_SBE_VOL_TOTAL=10**20)]))
+    response = post(
+        client, world, batch("gpu-a1", readings=[reading(1, DCGM_FI_DEV_ECC_SBE_VOL_TOTAL=10**20)])
+    )
     assert response.status_code == 400, response.content
     assert counts() == before
 
@@ -298,16 +399,41 @@ def test_counters_sent_as_whole_floats_are_counters_and_out_of_range_is_400(clie
 def _snapshot() -> dict:
     """Every telemetry row the batches wrote, without ids and wall-clock times."""
     return {
-        "samples": sorted(GPUSample.objects.values_list("gpu_id", "ts", "temperature", "power", "utilization",
-                                                        "sbe_total", "dbe_total", "nvlink_errors", "throttle_reasons")),
+        "samples": sorted(
+            GPUSample.objects.values_list(
+                "gpu_id",
+                "ts",
+                "temperature",
+                "power",
+                "utilization",
+                "sbe_total",
+                "dbe_total",
+                "nvlink_errors",
+                "throttle_reasons",
+            )
+        ),
         "gpus": sorted(tuple(row.values()) for row in GPUState.objects.values()),
         "nics": sorted(tuple(row.values()) for row in NICState.objects.values()),
-        "minutes": sorted(NodeMinute.objects.values_list("node_id", "minute", "samples", "temperature_max",
-                                                         "temperature_sum", "power_sum", "utilization_sum")),
-        "facility_samples": sorted(tuple(v for k, v in row.items() if k != "id")
-                                   for row in FacilitySample.objects.values()),
-        "facility": sorted(tuple(v for k, v in row.items() if k != "id") for row in FacilityState.objects.values()),
-        "batches": sorted(IngestBatch.objects.values_list("batch_id", "readings", "nics", "events", "facility", "faults")),
+        "minutes": sorted(
+            NodeMinute.objects.values_list(
+                "node_id",
+                "minute",
+                "samples",
+                "temperature_max",
+                "temperature_sum",
+                "power_sum",
+                "utilization_sum",
+            )
+        ),
+        "facility_samples": sorted(
+            tuple(v for k, v in row.items() if k != "id") for row in FacilitySample.objects.values()
+        ),
+        "facility": sorted(
+            tuple(v for k, v in row.items() if k != "id") for row in FacilityState.objects.values()
+        ),
+        "batches": sorted(
+            IngestBatch.objects.values_list("batch_id", "readings", "nics", "events", "facility", "faults")
+        ),
     }
 
 
@@ -317,29 +443,67 @@ def test_both_stores_write_the_same_rows(world, store, monkeypatch):
     now = time.time()
     ids = [str(uuid.uuid4()) for _ in range(6)]
     bodies = [
-        node_batch("gpu-a1", now - 40, DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL=2) | {"batch_id": ids[0]},
-        node_batch("gpu-a1", now - 30, DCGM_FI_DEV_GPU_TEMP=61.5, DCGM_FI_DEV_ECC_SBE_VOL_TOTAL=4,
-                   DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL=2) | {"batch_id": ids[1]},
-        batch("gpu-a1", batch_id=ids[2],
-              readings=[reading(g, now - 20, DCGM_FI_DEV_ECC_DBE_VOL_TOTAL=1, DCGM_FI_DEV_GPU_TEMP=95.0) for g in range(2)]
-              + [reading(3, now - 35)],   # and a late replay
-              nics=[nic("mlx5_2", now - 20, link_state="down", link_downed=1, symbol_error=7)],
-              events=[{"ts": now - 20, "type": "xid", "xid": 79, "gpu": 5}]),
-        node_batch("gpu-a1", now - 40) | {"batch_id": ids[0]},                                     # a duplicate
-        batch(None, batch_id=ids[4], readings=[reading(g, now - 10 + step, node=node) for node in ("gpu-a1", "gpu-a2")
-                                               for g in range(8) for step in range(2)],
-              nics=[nic(f"mlx5_{n}", now - 10, node="gpu-a2", port_xmit_wait=n * 1000) for n in range(8)]),
+        node_batch("gpu-a1", now - 40, DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL=2)
+        | {"batch_id": ids[0]},
+        node_batch(
+            "gpu-a1",
+            now - 30,
+            DCGM_FI_DEV_GPU_TEMP=61.5,
+            DCGM_FI_DEV_ECC_SBE_VOL_TOTAL=4,
+            DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL=2,
+        )
+        | {"batch_id": ids[1]},
+        batch(
+            "gpu-a1",
+            batch_id=ids[2],
+            readings=[
+                reading(g, now - 20, DCGM_FI_DEV_ECC_DBE_VOL_TOTAL=1, DCGM_FI_DEV_GPU_TEMP=95.0)
+                for g in range(2)
+            ]
+            + [reading(3, now - 35)],  # and a late replay
+            nics=[nic("mlx5_2", now - 20, link_state="down", link_downed=1, symbol_error=7)],
+            events=[{"ts": now - 20, "type": "xid", "xid": 79, "gpu": 5}],
+        ),
+        node_batch("gpu-a1", now - 40) | {"batch_id": ids[0]},  # a duplicate
+        batch(
+            None,
+            batch_id=ids[4],
+            readings=[
+                reading(g, now - 10 + step, node=node)
+                for node in ("gpu-a1", "gpu-a2")
+                for g in range(8)
+                for step in range(2)
+            ],
+            nics=[nic(f"mlx5_{n}", now - 10, node="gpu-a2", port_xmit_wait=n * 1000) for n in range(8)],
+        ),
         node_batch("gpu-a2", now - 5) | {"batch_id": ids[5]},
     ]
     results = {}
     for name in ("postgresql", "portable"):
         if name == "portable":
             monkeypatch.setattr(ingest, "PostgresStore", ingest.PortableStore)
-        answers = [telemetry_ingest(cluster=world["cluster"], body=json.dumps(body).encode()).as_dict()
-                   for body in bodies]
+        answers = [
+            telemetry_ingest(cluster=world["cluster"], body=json.dumps(body).encode()).as_dict()
+            for body in bodies
+        ]
         results[name] = ([(a["duplicate"], a["readings"], len(a["faults"])) for a in answers], _snapshot())
-        for model in (GPUSample, GPUState, NICState, NodeMinute, FacilitySample, FacilityState, IngestBatch, FaultEvent):
+        for model in (
+            GPUSample,
+            GPUState,
+            NICState,
+            NodeMinute,
+            FacilitySample,
+            FacilityState,
+            IngestBatch,
+            FaultEvent,
+        ):
             model.objects.all().delete()
-    assert results["postgresql"][0] == [(False, 8, 0), (False, 8, 0), (False, 3, 6), (True, 8, 0), (False, 32, 0),
-                                        (False, 8, 0)]
+    assert results["postgresql"][0] == [
+        (False, 8, 0),
+        (False, 8, 0),
+        (False, 3, 6),
+        (True, 8, 0),
+        (False, 32, 0),
+        (False, 8, 0),
+    ]
     assert results["postgresql"] == results["portable"]

@@ -22,7 +22,9 @@ def test_metrics_expose_lockstep_figures_with_prometheus_names(api, users):
     assert "# TYPE lockstep_rollouts gauge" in text
 
 
-@pytest.mark.parametrize("role, status", [("tenant-admin", 403), ("tenant-viewer", 403), ("provider-admin", 200)])
+@pytest.mark.parametrize(
+    "role, status", [("tenant-admin", 403), ("tenant-viewer", 403), ("provider-admin", 200)]
+)
 def test_metrics_are_fleet_wide_figures_for_providers(api, users, role, status):
     api.as_token(users[role], "read")
     assert api.get("/metrics").status_code == status
@@ -41,7 +43,11 @@ def test_grafana_dashboard_reads_only_metrics_lockstep_exposes(api, users):
 
     dashboard = json.loads((Path(settings.BASE_DIR) / "docs" / "grafana-lockstep.json").read_text())
     api.as_token(users["operator"], "read")
-    exposed = {line.split(" ")[2] for line in api.get("/metrics").content.decode().splitlines() if line.startswith("# TYPE")}
+    exposed = {
+        line.split(" ")[2]
+        for line in api.get("/metrics").content.decode().splitlines()
+        if line.startswith("# TYPE")
+    }
     series = set()
     for name in exposed:
         series |= {name, f"{name}_total", f"{name}_bucket", f"{name}_sum", f"{name}_count"}

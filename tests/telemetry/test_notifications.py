@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def _loopback_receivers_allowed(settings):
-    settings.NOTIFICATION_ALLOW_PRIVATE_TARGETS = True   # the receivers here listen on 127.0.0.1
+    settings.NOTIFICATION_ALLOW_PRIVATE_TARGETS = True  # the receivers here listen on 127.0.0.1
 
 
 class Receiver:
@@ -59,8 +59,16 @@ def receiver():
 
 def failed_action():
     """Recovery gave up on job 7 (jobs.services.jobs.job_fail publishes this)."""
-    events.publish(["fleet"], "job.state", {"job": 7, "name": "llm-pretrain", "state": "Failed",
-                                            "reason": "restart from checkpoint failed 4 times; last: no spare"})
+    events.publish(
+        ["fleet"],
+        "job.state",
+        {
+            "job": 7,
+            "name": "llm-pretrain",
+            "state": "Failed",
+            "reason": "restart from checkpoint failed 4 times; last: no spare",
+        },
+    )
 
 
 def test_failed_recovery_reaches_generic_and_slack_webhooks_once(users, receiver):
@@ -75,8 +83,12 @@ def test_failed_recovery_reaches_generic_and_slack_webhooks_once(users, receiver
     assert counts["delivered"] == 2
     generic = next(b for b in receiver.bodies if "rule" in b)
     slack = next(b for b in receiver.bodies if "text" in b)
-    assert generic["rule"] == "job_failed" and generic["kind"] == "job.state" and generic["payload"]["job"] == 7
-    assert "llm-pretrain (7) failed: restart from checkpoint failed 4 times" in slack["text"] and slack["blocks"]
+    assert (
+        generic["rule"] == "job_failed" and generic["kind"] == "job.state" and generic["payload"]["job"] == 7
+    )
+    assert (
+        "llm-pretrain (7) failed: restart from checkpoint failed 4 times" in slack["text"] and slack["blocks"]
+    )
     assert notifications_deliver()["delivered"] == 0
     assert len(receiver.bodies) == 2
 
@@ -85,7 +97,7 @@ def test_a_failed_attempt_that_falls_back_is_not_announced_but_a_failed_ladder_s
     channel_create(actor=users["provider-admin"], name="ops", url=receiver.url)
     events.publish(["fleet"], "action.failed", {"summary": "live migration failed", "job": 7, "node": 3})
     events.publish(["fleet"], "job.state", {"job": 7, "state": "Running"})
-    assert notifications_dispatch() == 0       # the next attempt carries the recovery on
+    assert notifications_dispatch() == 0  # the next attempt carries the recovery on
     events.publish(["fleet"], "action.failed", {"summary": "gpu reset failed", "job": None, "node": 3})
     assert notifications_dispatch() == 1
     notifications_deliver()
@@ -123,26 +135,46 @@ def test_unreachable_receiver_is_logged(users):
 
 
 def test_channel_rules_filter_and_rollout_and_needs_human_notices(users, receiver):
-    channel_create(actor=users["provider-admin"], name="rollouts-only", url=receiver.url, rules=["rollout_stopped"])
+    channel_create(
+        actor=users["provider-admin"], name="rollouts-only", url=receiver.url, rules=["rollout_stopped"]
+    )
     failed_action()
-    events.publish(["fleet"], "rollout.rolledback", {"rollout": 4, "state": "RolledBack", "reason": "failure budget spent"})
-    events.publish(["fleet"], "node.escalation", {"node": 9, "hostname": "dgx-9", "stage": "failed", "needs_human": True})
+    events.publish(
+        ["fleet"],
+        "rollout.rolledback",
+        {"rollout": 4, "state": "RolledBack", "reason": "failure budget spent"},
+    )
+    events.publish(
+        ["fleet"], "node.escalation", {"node": 9, "hostname": "dgx-9", "stage": "failed", "needs_human": True}
+    )
     assert notifications_dispatch() == 1
     assert NotificationDelivery.objects.get().rule == "rollout_stopped"
     channel_create(actor=users["provider-admin"], name="all", url=receiver.url)
-    events.publish(["fleet"], "node.escalation", {"node": 9, "hostname": "dgx-9", "stage": "failed", "needs_human": True})
+    events.publish(
+        ["fleet"], "node.escalation", {"node": 9, "hostname": "dgx-9", "stage": "failed", "needs_human": True}
+    )
     assert notifications_dispatch() == 1
     assert NotificationDelivery.objects.filter(rule="needs_human").count() == 1
 
 
 def test_channel_api_is_for_the_provider_admin(api, users, receiver):
     api.as_token(users["operator"])
-    assert api.post("/api/v1/notification-channels/", {"name": "x", "url": receiver.url}, format="json").status_code == 403
+    assert (
+        api.post(
+            "/api/v1/notification-channels/", {"name": "x", "url": receiver.url}, format="json"
+        ).status_code
+        == 403
+    )
     api.as_token(users["provider-admin"])
-    created = api.post("/api/v1/notification-channels/", {"name": "x", "url": receiver.url, "kind": "slack",
-                                                          "rules": ["recovery_failed"]}, format="json")
+    created = api.post(
+        "/api/v1/notification-channels/",
+        {"name": "x", "url": receiver.url, "kind": "slack", "rules": ["recovery_failed"]},
+        format="json",
+    )
     assert created.status_code == 201, created.content
-    bad = api.post("/api/v1/notification-channels/", {"name": "y", "url": "not a url", "rules": ["nope"]}, format="json")
+    bad = api.post(
+        "/api/v1/notification-channels/", {"name": "y", "url": "not a url", "rules": ["nope"]}, format="json"
+    )
     assert bad.status_code == 400 and {"url", "rules"} <= set(bad.json())
     assert NotificationChannel.objects.count() == 1
     assert api.get("/api/v1/notification-deliveries/").status_code == 200
@@ -156,7 +188,7 @@ def test_pausing_automation_on_a_fleet_or_cluster_is_announced(users, receiver):
     channel_create(actor=admin, name="ops", url=receiver.url, rules=["automation_paused"])
     fleet = make_fleet(name="us-west")
     cluster = make_cluster(fleet, name="usw-1")
-    fleet_update(actor=admin, fleet=fleet, description="renamed region")     # not about automation
+    fleet_update(actor=admin, fleet=fleet, description="renamed region")  # not about automation
     fleet_update(actor=admin, fleet=fleet, automation="paused")
     cluster_update(actor=admin, cluster=cluster, automation="paused")
     assert notifications_dispatch() == 2

@@ -38,9 +38,9 @@ from tests.support.processes import celery_worker, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-TICK = 10.0                      # the simulator's tick: one batch per cluster every 10 s
-SWEEP = 60.0                     # RISK_SWEEP_SECONDS: beat sweeps once a minute
-STRIKES = {                      # precursor -> the fault it announces (simulator.profiles)
+TICK = 10.0  # the simulator's tick: one batch per cluster every 10 s
+SWEEP = 60.0  # RISK_SWEEP_SECONDS: beat sweeps once a minute
+STRIKES = {  # precursor -> the fault it announces (simulator.profiles)
     "thermal": Strike(0.0, "GPU", "gpu_xid", 79, "thermal", "agent", 0),
     "ecc": Strike(0.0, "GPU HBM3 Memory", "ecc_uncorrectable", 48, "ecc", "agent", 0),
     "nic": Strike(0.0, "Network Switch/Cable", "nic_down", None, "nic", "agent", 0),
@@ -55,7 +55,9 @@ def simulated_fleet(cluster, seed: int) -> Runner:
     for node in Node.objects.filter(cluster=cluster).order_by("hostname"):
         gpus = [GPUSim(temperature=runner.random.uniform(48, 62)) for _ in range(node.gpus.count())]
         nics = {name: NICSim() for name in node.nics.order_by("name").values_list("name", flat=True)}
-        runner.nodes.append(NodeSim(node.id, node.hostname, node.rack, cluster.name, node.leaf_switch, gpus, nics))
+        runner.nodes.append(
+            NodeSim(node.id, node.hostname, node.rack, cluster.name, node.leaf_switch, gpus, nics)
+        )
         runner.racks.setdefault((cluster.name, node.rack), 180_000.0)
     return runner
 
@@ -66,7 +68,12 @@ def world(tenant):
     job = submit(cluster, tenant, gpus=16, checkpoint_interval=10**9)
     # it has trained for an hour since its last checkpoint: a failure would cost that hour, so moving pays
     Job.objects.filter(pk=job.pk).update(iteration_at=timezone.now() - timedelta(hours=1))
-    node = JobAllocation.objects.filter(job=job, released_at__isnull=True).order_by("node__hostname").first().node
+    node = (
+        JobAllocation.objects.filter(job=job, released_at__isnull=True)
+        .order_by("node__hostname")
+        .first()
+        .node
+    )
     _, raw = agent_token_create(actor=None, cluster=cluster, name="simulator")
     agent = APIClient()
     agent.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
@@ -82,8 +89,9 @@ def warm_up(runner, *, until: float, days: float = 1.5) -> None:
         features = {}
         for node in runner.nodes:
             hottest = max(gpu.temperature for gpu in node.gpus) + abs(noise.gauss(0, 0.8))
-            features[node.id] = NodeFeatures(node_id=node.id, temperature_max=hottest,
-                                             sbe_rate_max=noise.choice([0.0] * 9 + [36.0]))
+            features[node.id] = NodeFeatures(
+                node_id=node.id, temperature_max=hottest, sbe_rate_max=noise.choice([0.0] * 9 + [36.0])
+            )
         online.observe(features, until - 60.0 * minute)
 
 
@@ -121,11 +129,12 @@ def clean_detectors():
 
 @pytest.mark.parametrize("precursor", ["thermal", "ecc", "nic"])
 def test_a_precursor_becomes_a_prediction_a_proactive_move_before_the_fault_and_a_true_outcome(
-        tmp_path, tenant_a, client, precursor, clean_detectors):
+    tmp_path, tenant_a, client, precursor, clean_detectors
+):
     cluster, job, node, agent = world(tenant_a)
     runner = simulated_fleet(cluster, seed=5)
     sim_node = next(n for n in runner.nodes if n.id == node.pk)
-    start = time.time() - 160.0                      # the precursor's first minutes, as sent
+    start = time.time() - 160.0  # the precursor's first minutes, as sent
     warm_up(runner, until=start)
     item = Pending(STRIKES[precursor], sim_node, 1, due=start + PRECURSOR_SECONDS)
     runner.pending.append(item)
@@ -139,8 +148,9 @@ def test_a_precursor_becomes_a_prediction_a_proactive_move_before_the_fault_and_
         assert prediction.horizon_hours * 3600 == pytest.approx(144.0)
 
         def moved():
-            return RecoveryAction.objects.filter(fault_id=prediction.fault_id, kind="proactive_migration",
-                                                 state=ActionState.SUCCEEDED).exists()
+            return RecoveryAction.objects.filter(
+                fault_id=prediction.fault_id, kind="proactive_migration", state=ActionState.SUCCEEDED
+            ).exists()
 
         wait_for(moved, 60, 0.3, what="the proactive migration off the node at risk")
         assert not JobAllocation.objects.filter(job=job, node=node, released_at__isnull=True).exists()
@@ -148,8 +158,12 @@ def test_a_precursor_becomes_a_prediction_a_proactive_move_before_the_fault_and_
         events: dict = {}
         runner._strike(item, events)
         post(agent, runner, cluster, time.time(), events.get(cluster.name, []))
-        wait_for(lambda: FaultEvent.objects.filter(node=node, kind=item.strike.kind).exists(), 20, 0.2,
-                 what=f"the {item.strike.kind} fault")
+        wait_for(
+            lambda: FaultEvent.objects.filter(node=node, kind=item.strike.kind).exists(),
+            20,
+            0.2,
+            what=f"the {item.strike.kind} fault",
+        )
         log = worker.log.read_text()
     assert "Traceback" not in log, log[-3000:]
     predictions_resolve()
@@ -166,21 +180,24 @@ def test_a_precursor_becomes_a_prediction_a_proactive_move_before_the_fault_and_
     assert f"{figures['precision_lift']:.1f}×" in page
 
 
-def test_without_a_precursor_nothing_is_predicted_and_the_fault_is_a_miss(tmp_path, tenant_a, client,
-                                                                           clean_detectors):
+def test_without_a_precursor_nothing_is_predicted_and_the_fault_is_a_miss(
+    tmp_path, tenant_a, client, clean_detectors
+):
     cluster, job, node, agent = world(tenant_a)
     runner = simulated_fleet(cluster, seed=6)
     sim_node = next(n for n in runner.nodes if n.id == node.pk)
     start = time.time() - 160.0
     warm_up(runner, until=start)
-    strike = Strike(0.0, "GPU", "gpu_xid", 79, "", "agent", 0)      # strikes without warning
+    strike = Strike(0.0, "GPU", "gpu_xid", 79, "", "agent", 0)  # strikes without warning
     with celery_worker(tmp_path) as worker, beat_in_a_thread(cluster_ids=[cluster.pk]):
         raised = run_precursor_clock(agent, runner, cluster, start=start, seconds=160.0)
         assert raised == [] and not Prediction.objects.exists()
         events: dict = {}
         runner._strike(Pending(strike, sim_node, 1, due=time.time()), events)
         post(agent, runner, cluster, time.time(), events.get(cluster.name, []))
-        wait_for(lambda: FaultEvent.objects.filter(node=node, kind="gpu_xid").exists(), 20, 0.2, what="the Xid")
+        wait_for(
+            lambda: FaultEvent.objects.filter(node=node, kind="gpu_xid").exists(), 20, 0.2, what="the Xid"
+        )
         log = worker.log.read_text()
     assert "Traceback" not in log, log[-3000:]
     risk_sweep()

@@ -13,7 +13,7 @@ from telemetry.prediction.detector import CONFIG
 from telemetry.prediction.scoring import Scores
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "anomaly"
-TADGAN_AWS = Scores(12, 2, 1)          # Orion's published TadGAN sums on the nine realAWSCloudwatch series
+TADGAN_AWS = Scores(12, 2, 1)  # Orion's published TadGAN sums on the nine realAWSCloudwatch series
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +52,10 @@ def test_held_out_f1_beats_tadgan_on_aws_and_holds_its_floors(evaluated):
     # the median lead is +0.0 h, not above it (docs/prediction.md, *Lead time*): a floor at what is reached
     assert statistics.median(leads) >= 0.0 and sum(lead > 0 for lead in leads) >= 9
     early_inside = sum(fold.result.early[1] for fold in folds)
-    assert early_inside >= 7   # detections raised inside their window ahead of the label, not held from before
-    assert seconds < 180   # eight candidates over 103,758 readings: 46-82 s on two cores at load average 6-7, 110 s at 10
+    assert early_inside >= 7  # detections raised inside their window ahead of the label, not held from before
+    assert (
+        seconds < 180
+    )  # eight candidates over 103,758 readings: 46-82 s on two cores at load average 6-7, 110 s at 10
 
 
 def test_the_shipped_configuration_is_the_one_chosen_on_all_sixteen(evaluated):
@@ -71,13 +73,13 @@ def _result(tp, fp, fn, leads):
 
 def test_the_choice_prefers_the_earlier_warning_among_candidates_of_similar_f1():
     hour = 3600.0
-    best = [_result(10, 1, 1, [0.0] * 10)]                          # F1 0.909, warns at the label
-    close = [_result(10, 1, 1, [2 * hour] * 6 + [0.0] * 4)]         # the same F1, two hours earlier
-    slightly_worse = [_result(10, 1, 2, [5 * hour] * 10)]           # F1 0.870: beyond the margin
+    best = [_result(10, 1, 1, [0.0] * 10)]  # F1 0.909, warns at the label
+    close = [_result(10, 1, 1, [2 * hour] * 6 + [0.0] * 4)]  # the same F1, two hours earlier
+    slightly_worse = [_result(10, 1, 2, [5 * hour] * 10)]  # F1 0.870: beyond the margin
     assert evaluation.choose([best, close], [0]) == 1
     assert evaluation.choose([best, slightly_worse], [0]) == 0
     assert evaluation.F1_MARGIN < best[0].scores.f1 - slightly_worse[0].scores.f1
-    within = [_result(17, 2, 2, [hour] * 17)]                       # F1 0.895: within 0.02 of 0.909, an hour early
+    within = [_result(17, 2, 2, [hour] * 17)]  # F1 0.895: within 0.02 of 0.909, an hour early
     assert evaluation.choose([best, within], [0]) == 1
     # at the same lead, the better F1; at the same F1 and lead, the simpler (the first)
     assert evaluation.choose([[_result(9, 1, 2, [0.0] * 9)], best], [0]) == 1

@@ -21,12 +21,14 @@ def test_a_quiet_node_scores_zero_and_each_sign_raises_it():
     assert ecc.kind == "ecc" and 0.8 < ecc.score <= 0.9
     both = node_risk(NodeFeatures(node_id=1, sbe_rate_max=150, nic_symbol_rate_max=1000))
     alone = node_risk(NodeFeatures(node_id=1, sbe_rate_max=150))
-    assert both.score > alone.score   # several weak signs add up
+    assert both.score > alone.score  # several weak signs add up
 
 
 def test_a_rack_losing_cooling_is_one_cause_for_all_its_nodes():
     rack = RackFacility(pressure_drop=0.3, warming=4.0)
-    risks = [node_risk(NodeFeatures(node_id=n, rack="rack07", temperature_trend_max=4.0), rack) for n in range(3)]
+    risks = [
+        node_risk(NodeFeatures(node_id=n, rack="rack07", temperature_trend_max=4.0), rack) for n in range(3)
+    ]
     assert {r.kind for r in risks} == {"facility"} and len({r.cause for r in risks}) == 1
     assert "rack rack07" in risks[0].cause and risks[0].score > 0.8
 
@@ -59,16 +61,26 @@ def test_sweep_scores_records_and_predicts_once(cluster_with_state):
     assert fault.sources == ["predictor"] and fault.details["prediction"] == prediction.pk
     assert RiskSample.objects.filter(node=hot).count() == 1
     again = risk_sweep()
-    assert again.predictions == [] and Prediction.objects.count() == 1   # an open prediction is not raised twice
+    assert (
+        again.predictions == [] and Prediction.objects.count() == 1
+    )  # an open prediction is not raised twice
 
 
 @pytest.mark.django_db
 def test_facility_drift_predicts_the_whole_rack(cluster_with_state):
     cluster, nodes = cluster_with_state
     now = timezone.now()
-    FacilityState.objects.create(cluster=cluster, scope="rack", target="rack01", series="cdu|loop|cdu_differential_pressure_pascals",
-                                 metric="cdu_differential_pressure_pascals", ts=now, value=120_000, ewma=120_000,
-                                 baseline=180_000)
+    FacilityState.objects.create(
+        cluster=cluster,
+        scope="rack",
+        target="rack01",
+        series="cdu|loop|cdu_differential_pressure_pascals",
+        metric="cdu_differential_pressure_pascals",
+        ts=now,
+        value=120_000,
+        ewma=120_000,
+        baseline=180_000,
+    )
     GPUState.objects.filter(node__rack="rack01").update(temperature_trend=5.0)
     result = risk_sweep()
     predicted = set(Prediction.objects.values_list("node__hostname", flat=True))
@@ -78,17 +90,23 @@ def test_facility_drift_predicts_the_whole_rack(cluster_with_state):
 
 @pytest.mark.django_db
 def test_predictions_are_judged_and_measured(cluster_with_state, settings):
-    settings.SIMULATOR_ACCELERATION = 1.0   # the fault model's time is the wall clock: a 24 h horizon
+    settings.SIMULATOR_ACCELERATION = 1.0  # the fault model's time is the wall clock: a 24 h horizon
     cluster, nodes = cluster_with_state
     GPUState.objects.filter(node__in=nodes[:2]).update(sbe_rate=2000.0)
     risk_sweep()
     assert Prediction.objects.count() == 2
     later = timezone.now() + timedelta(hours=2)
-    fault_ingest(source="agent", kind="ecc_uncorrectable", node=nodes[0], gpu_index=1, detected_at=timezone.now())
-    fault_ingest(source="agent", kind="nic_down", node=nodes[3], nic_name="mlx5_1")   # not predicted
+    fault_ingest(
+        source="agent", kind="ecc_uncorrectable", node=nodes[0], gpu_index=1, detected_at=timezone.now()
+    )
+    fault_ingest(source="agent", kind="nic_down", node=nodes[3], nic_name="mlx5_1")  # not predicted
     predictions_resolve(now=later)
     came_true = Prediction.objects.get(node=nodes[0])
-    assert came_true.outcome == "failed" and came_true.lead_seconds >= 0 and came_true.failure.kind == "ecc_uncorrectable"
+    assert (
+        came_true.outcome == "failed"
+        and came_true.lead_seconds >= 0
+        and came_true.failure.kind == "ecc_uncorrectable"
+    )
     assert Prediction.objects.get(node=nodes[1]).outcome == "open"
     predictions_resolve(now=timezone.now() + timedelta(hours=25))
     assert Prediction.objects.get(node=nodes[1]).outcome == "held"
@@ -97,7 +115,10 @@ def test_predictions_are_judged_and_measured(cluster_with_state, settings):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("role, status", [("operator", 200), ("provider-admin", 200), ("tenant-admin", 403), ("tenant-viewer", 403)])
+@pytest.mark.parametrize(
+    "role, status",
+    [("operator", 200), ("provider-admin", 200), ("tenant-admin", 403), ("tenant-viewer", 403)],
+)
 def test_prediction_api_and_page_are_for_providers(api, client, users, cluster_with_state, role, status):
     GPUState.objects.filter(node=cluster_with_state[1][0]).update(sbe_rate=5000.0)
     risk_sweep()
@@ -158,12 +179,22 @@ def test_chance_figures_are_the_share_of_node_time_a_failure_follows_within_the_
     from telemetry.services.prediction import chance_figures
 
     # two nodes over 100 s, a 10 s horizon; node 1 fails at 50 and 55 (covered: 40..55), node 2 at 5 (0..5)
-    precision, recall = chance_figures(failures={1: [55.0, 50.0], 2: [5.0]}, nodes=2, start=0.0, end=100.0,
-                                       horizon_seconds=10.0, predictions=4)
+    precision, recall = chance_figures(
+        failures={1: [55.0, 50.0], 2: [5.0]},
+        nodes=2,
+        start=0.0,
+        end=100.0,
+        horizon_seconds=10.0,
+        predictions=4,
+    )
     assert precision == pytest.approx((15 + 5) / 200)
     assert recall == pytest.approx(1 - (1 - 0.1 / 2) ** 4)
-    assert chance_figures(failures={}, nodes=2, start=0.0, end=100.0, horizon_seconds=10.0, predictions=3) == (0.0, None)
-    assert chance_figures(failures={}, nodes=0, start=0.0, end=100.0, horizon_seconds=10.0, predictions=3) == (None, None)
+    assert chance_figures(
+        failures={}, nodes=2, start=0.0, end=100.0, horizon_seconds=10.0, predictions=3
+    ) == (0.0, None)
+    assert chance_figures(
+        failures={}, nodes=0, start=0.0, end=100.0, horizon_seconds=10.0, predictions=3
+    ) == (None, None)
 
 
 @pytest.mark.django_db
@@ -179,8 +210,9 @@ def test_random_predictions_score_what_chance_says_and_ours_show_their_lift(clus
     failures = {n: sorted(rng.uniform(0, span) for _ in range(rng.randint(0, 4))) for n in range(nodes)}
     trials = [(rng.randrange(nodes), rng.uniform(0, span - horizon)) for _ in range(20_000)]
     hits = sum(any(t <= f <= t + horizon for f in failures[n]) for n, t in trials)
-    precision, _ = chance_figures(failures=failures, nodes=nodes, start=0.0, end=span, horizon_seconds=horizon,
-                                  predictions=len(trials))
+    precision, _ = chance_figures(
+        failures=failures, nodes=nodes, start=0.0, end=span, horizon_seconds=horizon, predictions=len(trials)
+    )
     assert hits / len(trials) == pytest.approx(precision, abs=0.01)
 
     settings.SIMULATOR_ACCELERATION = 1.0
@@ -193,4 +225,7 @@ def test_random_predictions_score_what_chance_says_and_ours_show_their_lift(clus
     assert figures["precision"] == 1.0 and figures["recall"] == 1.0 and figures["failures"] == 1
     assert FaultEvent.objects.filter(kind="ecc_uncorrectable").count() == 1
     assert 0 < figures["chance_precision"] <= 1.0
-    assert figures["precision_lift"] == pytest.approx(1.0 / figures["chance_precision"], rel=0.01) and figures["precision_lift"] > 1
+    assert (
+        figures["precision_lift"] == pytest.approx(1.0 / figures["chance_precision"], rel=0.01)
+        and figures["precision_lift"] > 1
+    )

@@ -34,7 +34,7 @@ def test_scope_replaces_and_also_adds_what_a_tenant_sees(users):
 def test_may_see_and_sees_answer_for_one_row(users, tenant_a, tenant_b):
     viewer = principal(users["tenant-viewer"])
     assert may_see(viewer, Tenant, tenant_a.pk) and not may_see(viewer, Tenant, tenant_b.pk)
-    assert may_see(principal(users["operator"]), Tenant, 10**9)   # providers: any key, even one not there yet
+    assert may_see(principal(users["operator"]), Tenant, 10**9)  # providers: any key, even one not there yet
     assert sees(users["tenant-viewer"], tenant_a) and not sees(users["tenant-viewer"], tenant_b)
     assert not sees(AnonymousUser(), tenant_a)
 

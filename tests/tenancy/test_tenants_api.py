@@ -59,7 +59,10 @@ def test_bad_input_is_400_naming_the_field_and_writes_nothing(api, users, body, 
     assert (AuditEntry.objects.count(), Event.objects.count()) == before
 
 
-@pytest.mark.parametrize("payload, content_type", [("{not json", "application/json"), ("name=x", "text/plain"), ("[]", "application/json")])
+@pytest.mark.parametrize(
+    "payload, content_type",
+    [("{not json", "application/json"), ("name=x", "text/plain"), ("[]", "application/json")],
+)
 def test_malformed_bodies_are_4xx(api, users, payload, content_type):
     api.as_token(users["provider-admin"])
     response = api.generic("POST", URL, payload, content_type=content_type)
@@ -85,9 +88,17 @@ def test_users_api_scoped_and_created_by_tenant_admin(api, users, tenant_a, tena
     api.as_token(users["tenant-admin"])
     names = {row["username"] for row in api.get("/api/v1/users/").json()["results"]}
     assert names == {users["tenant-admin"].username, users["tenant-viewer"].username}
-    created = api.post("/api/v1/users/", {"username": "new-viewer", "role": "tenant-viewer", "tenant": tenant_a.pk}, format="json")
+    created = api.post(
+        "/api/v1/users/",
+        {"username": "new-viewer", "role": "tenant-viewer", "tenant": tenant_a.pk},
+        format="json",
+    )
     assert created.status_code == 201 and created.json()["password"]
-    into_other = api.post("/api/v1/users/", {"username": "sneaky", "role": "tenant-viewer", "tenant": tenant_b.pk}, format="json")
+    into_other = api.post(
+        "/api/v1/users/",
+        {"username": "sneaky", "role": "tenant-viewer", "tenant": tenant_b.pk},
+        format="json",
+    )
     assert into_other.status_code == 400 and "tenant" in into_other.json()
     provider = api.post("/api/v1/users/", {"username": "sneaky2", "role": "operator"}, format="json")
     assert provider.status_code == 403

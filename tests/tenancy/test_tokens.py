@@ -64,8 +64,9 @@ def test_no_credentials_is_401(api):
 
 
 def test_expired_token_is_401(api, admin):
-    token, raw = services.token_create(actor=admin, owner=admin, name="old", scope="read",
-                                       expires_at=timezone.now() + timedelta(hours=1))
+    token, raw = services.token_create(
+        actor=admin, owner=admin, name="old", scope="read", expires_at=timezone.now() + timedelta(hours=1)
+    )
     ApiToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     response = api.get(URL, **bearer(raw))
     assert response.status_code == 401
@@ -93,7 +94,10 @@ def test_read_token_cannot_write(api, admin):
     assert response.status_code == 403
     assert "scope is 'read'" in response.json()["detail"]
     _, raw_write = services.token_create(actor=admin, owner=admin, name="rw", scope="write")
-    assert api.post(URL, {"name": "Initech", "slug": "initech"}, format="json", **bearer(raw_write)).status_code == 201
+    assert (
+        api.post(URL, {"name": "Initech", "slug": "initech"}, format="json", **bearer(raw_write)).status_code
+        == 201
+    )
 
 
 def test_expiry_in_the_past_is_refused(api, admin):
@@ -124,7 +128,9 @@ def test_users_see_only_tokens_they_manage(api, users):
     names = {row["user"] for row in api.as_token(viewer, "read").get("/api/v1/tokens/").json()["results"]}
     assert names == {viewer.username}
     tenant_admin = users["tenant-admin"]
-    names = {row["user"] for row in api.as_token(tenant_admin, "read").get("/api/v1/tokens/").json()["results"]}
+    names = {
+        row["user"] for row in api.as_token(tenant_admin, "read").get("/api/v1/tokens/").json()["results"]
+    }
     assert names == {tenant_admin.username, viewer.username}
     other = ApiToken.objects.filter(user=users["other-viewer"]).first()
     assert api.as_token(tenant_admin).delete(f"/api/v1/tokens/{other.pk}/").status_code == 404
@@ -135,7 +141,9 @@ def test_tenant_admin_creates_token_for_own_user_not_others(api, users):
     api.as_token(users["tenant-admin"])
     ok = api.post("/api/v1/tokens/", {"name": "x", "user": users["tenant-viewer"].username}, format="json")
     assert ok.status_code == 201
-    refused = api.post("/api/v1/tokens/", {"name": "x", "user": users["other-viewer"].username}, format="json")
+    refused = api.post(
+        "/api/v1/tokens/", {"name": "x", "user": users["other-viewer"].username}, format="json"
+    )
     assert refused.status_code == 400 and "user" in refused.json()
 
 
@@ -190,7 +198,7 @@ def test_a_bearer_token_loads_its_user_and_role_in_one_statement(role, tenant_a)
     else:
         user = make_user(role, tenant_a if role == Role.TENANT_VIEWER else None)
     _, raw = services.token_create(actor=user, owner=user, name="t", scope="write")
-    ApiToken.objects.update(last_used_at=timezone.now())      # no last-used write in the count
+    ApiToken.objects.update(last_used_at=timezone.now())  # no last-used write in the count
     with CaptureQueriesContext(connection) as statements:
         found, token = user_for_bearer(raw)
         who = principal(found)
@@ -230,7 +238,7 @@ def test_every_kind_of_token_is_made_hashed_and_noted_as_used_once_per_resolutio
         first = type(token).objects.get(pk=token.pk).last_used_at
         assert first is not None
         authentication().check(raw)
-        assert type(token).objects.get(pk=token.pk).last_used_at == first      # within the resolution: no write
+        assert type(token).objects.get(pk=token.pk).last_used_at == first  # within the resolution: no write
         settings.TOKEN_LAST_USED_RESOLUTION = 0
         authentication().check(raw)
         assert type(token).objects.get(pk=token.pk).last_used_at > first

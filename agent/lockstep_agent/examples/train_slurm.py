@@ -232,8 +232,17 @@ def _moving(reporter) -> bool:
     return bool(flag.item())
 
 
-def _train(args: argparse.Namespace, model, optimizer, protect, reporter, rank: int, world: int, ranks: Path,
-           step: int) -> bool:
+def _train(
+    args: argparse.Namespace,
+    model,
+    optimizer,
+    protect,
+    reporter,
+    rank: int,
+    world: int,
+    ranks: Path,
+    step: int,
+) -> bool:
     """Train from ``step`` to ``--steps``, checkpointing and reporting as it goes. True when Lockstep asked
     for a write-through and the job was held for it (the loop ends there)."""
     import torch
@@ -271,8 +280,9 @@ def _train(args: argparse.Namespace, model, optimizer, protect, reporter, rank: 
     return False
 
 
-def _write_through_and_hold(args: argparse.Namespace, protect, reporter, rank: int, step: int,
-                            started: float) -> None:
+def _write_through_and_hold(
+    args: argparse.Namespace, protect, reporter, rank: int, step: int, started: float
+) -> None:
     """Lockstep moves the job off a node predicted to fail: snapshot this step, write it through, hold until
     the relaunch (which restores this step from memory: nothing is lost)."""
     protect.request_write_through()

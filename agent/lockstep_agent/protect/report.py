@@ -59,8 +59,13 @@ class SnapshotReporter:
                 # cost still counts, so it carries on in the newer one.
                 replaced = self._latest_point or {}
                 if replaced.get("overhead_seconds") is not None:
-                    body = {**body, "overhead_seconds": round(
-                        float(body.get("overhead_seconds") or 0.0) + float(replaced["overhead_seconds"]), 6)}
+                    body = {
+                        **body,
+                        "overhead_seconds": round(
+                            float(body.get("overhead_seconds") or 0.0) + float(replaced["overhead_seconds"]),
+                            6,
+                        ),
+                    }
                 self._latest_point = body
             self._cond.notify()
 

@@ -629,9 +629,7 @@ class Protection:
                 "seconds": round(result.seconds, 6),
                 "bytes": len(data),
                 "note": reason,
-                "locations": [
-                    {"rank": r, "source": "disk checkpoint"} for r in range(min(self.world, 64))
-                ],
+                "locations": [{"rank": r, "source": "disk checkpoint"} for r in range(min(self.world, 64))],
             },
             rank0=True,
         )

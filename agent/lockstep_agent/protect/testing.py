@@ -154,8 +154,9 @@ def _protect(args: argparse.Namespace, ddp, optimizer, data, emit) -> tuple[Prot
     return protect, protect.start_iteration
 
 
-def _train(args: argparse.Namespace, ddp, parameters, optimizer, data, protect, start: int,
-           emit) -> list[float]:
+def _train(
+    args: argparse.Namespace, ddp, parameters, optimizer, data, protect, start: int, emit
+) -> list[float]:
     """Train from ``start + 1`` to ``--iterations``, stalling where told; returns each step's seconds."""
     loss_fn = nn.MSELoss()
     step_times = []

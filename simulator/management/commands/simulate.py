@@ -25,9 +25,15 @@ from simulator.profiles import PROFILES
 
 def _drift_arguments(parser):
     parser.add_argument("--cluster", required=True, help="the simulated cluster's name")
-    parser.add_argument("--addon", help="which add-on (default: the first by name; for extra, the new one's name)")
-    parser.add_argument("--kind", choices=DRIFT_KINDS, default="version",
-                        help="version bump, values change, remove, an extra add-on, or degrade the release")
+    parser.add_argument(
+        "--addon", help="which add-on (default: the first by name; for extra, the new one's name)"
+    )
+    parser.add_argument(
+        "--kind",
+        choices=DRIFT_KINDS,
+        default="version",
+        help="version bump, values change, remove, an extra add-on, or degrade the release",
+    )
     parser.add_argument("--version", default="", help="the version to drift to (version and extra)")
 
 
@@ -41,7 +47,9 @@ def _named_cluster(name: str) -> Cluster:
 def _drift(command, options):
     cluster = _named_cluster(options["cluster"])
     try:
-        done = simulate_drift(cluster, addon=options.get("addon"), kind=options["kind"], version=options["version"])
+        done = simulate_drift(
+            cluster, addon=options.get("addon"), kind=options["kind"], version=options["version"]
+        )
     except DriverError as error:
         raise CommandError(str(error)) from error
     command.stdout.write(done)
@@ -50,16 +58,26 @@ def _drift(command, options):
 def _fail_next_arguments(parser):
     parser.add_argument("--cluster", required=True, help="the simulated cluster's name")
     parser.add_argument("--count", type=int, default=1, help="how many recovery operations fail")
-    parser.add_argument("--operation", action="append", choices=sorted(op.value for op in RECOVERY_OPERATIONS),
-                        help="only this recovery operation (repeatable; default: any)")
-    parser.add_argument("--how", choices=FAILURE_KINDS, default="fail",
-                        help="fail: started, then reported failed; refuse: the cluster refuses the call")
+    parser.add_argument(
+        "--operation",
+        action="append",
+        choices=sorted(op.value for op in RECOVERY_OPERATIONS),
+        help="only this recovery operation (repeatable; default: any)",
+    )
+    parser.add_argument(
+        "--how",
+        choices=FAILURE_KINDS,
+        default="fail",
+        help="fail: started, then reported failed; refuse: the cluster refuses the call",
+    )
 
 
 def _fail_next(command, options):
     cluster = _named_cluster(options["cluster"])
     try:
-        done = fail_next_recovery(cluster, count=options["count"], operations=options["operation"], how=options["how"])
+        done = fail_next_recovery(
+            cluster, count=options["count"], operations=options["operation"], how=options["how"]
+        )
     except DriverError as error:
         raise CommandError(str(error)) from error
     command.stdout.write(done)
@@ -68,8 +86,12 @@ def _fail_next(command, options):
 def _fail_health_check_arguments(parser):
     parser.add_argument("--cluster", required=True, help="the simulated cluster's name")
     parser.add_argument("--count", type=int, default=1, help="how many health checks fail")
-    parser.add_argument("--how", choices=FAILURE_KINDS, default="fail",
-                        help="fail: the check runs and reports failed; refuse: the cluster refuses to run it")
+    parser.add_argument(
+        "--how",
+        choices=FAILURE_KINDS,
+        default="fail",
+        help="fail: the check runs and reports failed; refuse: the cluster refuses to run it",
+    )
 
 
 def _fail_health_check(command, options):
@@ -94,20 +116,31 @@ def _world(command, options):
     if not built.created:
         command.stdout.write(f"A demo world exists (seed {built.world.seed}); nothing to build.")
         return
-    command.stdout.write(command.style.SUCCESS("Demo world built: 2 tenants, 2 fleets, 4 clusters, jobs running."))
+    command.stdout.write(
+        command.style.SUCCESS("Demo world built: 2 tenants, 2 fleets, 4 clusters, jobs running.")
+    )
     for username, password in built.passwords.items():
         command.stdout.write(f"  tenant user {username!r} password {password!r} (shown once)")
 
 
 def _run_arguments(parser):
     _world_arguments(parser)
-    parser.add_argument("--url", default=os.environ.get("LOCKSTEP_URL", "http://127.0.0.1:8000"),
-                        help="the control plane to speak to [LOCKSTEP_URL]")
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("LOCKSTEP_URL", "http://127.0.0.1:8000"),
+        help="the control plane to speak to [LOCKSTEP_URL]",
+    )
     parser.add_argument("--profile", choices=sorted(PROFILES), default="llama3")
-    parser.add_argument("--acceleration", type=float, default=settings.SIMULATOR_ACCELERATION,
-                        help="how much faster than real time faults strike (demo time compression) [SIMULATOR_ACCELERATION]")
+    parser.add_argument(
+        "--acceleration",
+        type=float,
+        default=settings.SIMULATOR_ACCELERATION,
+        help="how much faster than real time faults strike (demo time compression) [SIMULATOR_ACCELERATION]",
+    )
     parser.add_argument("--tick", type=float, default=10.0, help="seconds between telemetry batches")
-    parser.add_argument("--ticks", type=int, default=None, help="stop after this many ticks (default: run until stopped)")
+    parser.add_argument(
+        "--ticks", type=int, default=None, help="stop after this many ticks (default: run until stopped)"
+    )
 
 
 def _run(command, options):
@@ -118,7 +151,9 @@ def _run(command, options):
 
     _world(command, options)
     names = world_set_recovery_failures(probability=DEMO_RECOVERY_FAILURE_PROBABILITY)
-    command.stdout.write(f"{DEMO_RECOVERY_FAILURE_PROBABILITY:.0%} of recovery operations fail on {', '.join(names)}.")
+    command.stdout.write(
+        f"{DEMO_RECOVERY_FAILURE_PROBABILITY:.0%} of recovery operations fail on {', '.join(names)}."
+    )
     url = options["url"].rstrip("/")
     for _ in range(240):
         try:
@@ -126,13 +161,20 @@ def _run(command, options):
                 break
         except requests.RequestException:
             time.sleep(0.5)
-    runner = Runner(url=url, profile=options["profile"], acceleration=options["acceleration"], tick_seconds=options["tick"])
+    runner = Runner(
+        url=url,
+        profile=options["profile"],
+        acceleration=options["acceleration"],
+        tick_seconds=options["tick"],
+    )
     command.stdout.write(f"Simulating {runner.describe()}; speaking to {url}.")
     try:
         stats = runner.run(ticks=options["ticks"])
     except KeyboardInterrupt:
         stats = runner.stats
-    command.stdout.write(f"{stats.ticks} ticks, {stats.batches_sent} batches sent, {len(stats.strikes)} interruptions.")
+    command.stdout.write(
+        f"{stats.ticks} ticks, {stats.batches_sent} batches sent, {len(stats.strikes)} interruptions."
+    )
 
 
 def _whatif_arguments(parser):
@@ -157,8 +199,17 @@ def _whatif(command, options):
     from simulator.whatif import whatif_run
     from simulator.whatif_text import format_report
 
-    keys = ("seed", "gpus", "days", "profile", "checkpoint_minutes", "restart_overhead_minutes",
-            "checkpoint_write_seconds", "migration_pause_seconds", "spare_fraction")
+    keys = (
+        "seed",
+        "gpus",
+        "days",
+        "profile",
+        "checkpoint_minutes",
+        "restart_overhead_minutes",
+        "checkpoint_write_seconds",
+        "migration_pause_seconds",
+        "spare_fraction",
+    )
     try:
         config = clean_config({key: options[key] for key in keys})
     except ServiceError as error:
@@ -192,24 +243,41 @@ def _abnic(command, options):
     if actor is None:
         raise CommandError("build the demo world first: manage.py simulate world")
     try:
-        scenario = abnic_start(actor=actor.user, gpus=options["gpus"], strike_after_seconds=options["strike_after"])
+        scenario = abnic_start(
+            actor=actor.user, gpus=options["gpus"], strike_after_seconds=options["strike_after"]
+        )
     except ServiceError as error:
         raise CommandError(error.detail) from error
-    command.stdout.write(f"ab-nic #{scenario.pk}: jobs {scenario.jobs}; NIC {scenario.nic_name} fails at "
-                         f"{scenario.strike_at:%H:%M:%S} (beat fires it). Watch /scenarios/{scenario.pk}/")
+    command.stdout.write(
+        f"ab-nic #{scenario.pk}: jobs {scenario.jobs}; NIC {scenario.nic_name} fails at "
+        f"{scenario.strike_at:%H:%M:%S} (beat fires it). Watch /scenarios/{scenario.pk}/"
+    )
 
 
 SUBCOMMANDS = {
     "ab-nic": ("two identical jobs, protected and not, lose the same NIC", _abnic_arguments, _abnic),
-    "what-if": ("replay a long training run through Lockstep's planner, without and with protection",
-                _whatif_arguments, _whatif),
+    "what-if": (
+        "replay a long training run through Lockstep's planner, without and with protection",
+        _whatif_arguments,
+        _whatif,
+    ),
     "drift": ("change a simulated cluster's add-ons out of band, to create drift", _drift_arguments, _drift),
-    "fail-next": ("make a simulated cluster's next recovery operations fail or be refused", _fail_next_arguments,
-                  _fail_next),
-    "fail-health-check": ("make a simulated cluster's next health checks of repaired nodes fail",
-                          _fail_health_check_arguments, _fail_health_check),
+    "fail-next": (
+        "make a simulated cluster's next recovery operations fail or be refused",
+        _fail_next_arguments,
+        _fail_next,
+    ),
+    "fail-health-check": (
+        "make a simulated cluster's next health checks of repaired nodes fail",
+        _fail_health_check_arguments,
+        _fail_health_check,
+    ),
     "world": ("build the demo world if there is none", _world_arguments, _world),
-    "run": ("build the demo world if needed, then run it: telemetry, jobs, faults (the default)", _run_arguments, _run),
+    "run": (
+        "build the demo world if needed, then run it: telemetry, jobs, faults (the default)",
+        _run_arguments,
+        _run,
+    ),
 }
 
 

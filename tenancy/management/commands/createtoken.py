@@ -25,7 +25,9 @@ class Command(BaseCommand):
         expires_at = timezone.now() + timedelta(days=expires_days) if expires_days else None
         token_ctx = context.set_context(context.RequestContext(source="cli"))
         try:
-            _, raw = services.token_create(actor=user, owner=user, name=name, scope=scope, expires_at=expires_at)
+            _, raw = services.token_create(
+                actor=user, owner=user, name=name, scope=scope, expires_at=expires_at
+            )
         finally:
             context.reset(token_ctx)
         self.stdout.write(raw)

@@ -16,6 +16,10 @@ class Command(BaseCommand):
         finally:
             context.reset(token_ctx)
         if password:
-            self.stdout.write(self.style.SUCCESS(f"Demo admin created: user {username!r}, password {password!r} (shown once)."))
+            self.stdout.write(
+                self.style.SUCCESS(
+                    f"Demo admin created: user {username!r}, password {password!r} (shown once)."
+                )
+            )
         else:
             self.stdout.write(f"Demo admin {username!r} exists; its password was shown when it was created.")

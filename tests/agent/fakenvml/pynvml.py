@@ -87,7 +87,12 @@ DEFAULT_GPU = {
     "power_mw": 312500,
     "utilization": [87, 35],
     "memory": {"total": 85520809984, "used": 61203283968},
-    "ecc": {"corrected_volatile": 3, "uncorrected_volatile": 0, "corrected_aggregate": 17, "uncorrected_aggregate": 0},
+    "ecc": {
+        "corrected_volatile": 3,
+        "uncorrected_volatile": 0,
+        "corrected_aggregate": 17,
+        "uncorrected_aggregate": 0,
+    },
     "retired_pages": None,  # Ampere and later: NOT_SUPPORTED; a list [sbe_pages, dbe_pages] for older GPUs
     "remapped_rows": [2, 0, 0, 0],
     "throttle_reasons": 0x4,
@@ -102,7 +107,9 @@ DEFAULT_GPU = {
 _state: dict = {}
 
 
-def configure(*, fail: str | None = None, gpus: list[dict] | None = None, driver: str = "550.54.15", xids=()) -> None:
+def configure(
+    *, fail: str | None = None, gpus: list[dict] | None = None, driver: str = "550.54.15", xids=()
+) -> None:
     """Reset the fake: `fail` is None, "library_not_found" or "driver_not_loaded"; `gpus` overrides per
     GPU (merged over DEFAULT_GPU); `xids` are (gpu index, xid) events already waiting in the event set."""
     devices = []
@@ -113,7 +120,9 @@ def configure(*, fail: str | None = None, gpus: list[dict] | None = None, driver
         gpu["index"] = index
         devices.append(types.SimpleNamespace(**gpu))
     _state.clear()
-    _state.update(fail=fail, devices=devices, driver=driver, initialized=False, events=collections.deque(), calls=[])
+    _state.update(
+        fail=fail, devices=devices, driver=driver, initialized=False, events=collections.deque(), calls=[]
+    )
     for index, xid in xids:
         inject_xid(index, xid)
 
@@ -121,8 +130,13 @@ def configure(*, fail: str | None = None, gpus: list[dict] | None = None, driver
 def inject_xid(index: int, xid: int) -> None:
     """An Xid on GPU `index`, delivered by the next nvmlEventSetWait."""
     _state["events"].append(
-        types.SimpleNamespace(device=_state["devices"][index], eventType=nvmlEventTypeXidCriticalError, eventData=xid,
-                              gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+        types.SimpleNamespace(
+            device=_state["devices"][index],
+            eventType=nvmlEventTypeXidCriticalError,
+            eventData=xid,
+            gpuInstanceId=0xFFFFFFFF,
+            computeInstanceId=0xFFFFFFFF,
+        )
     )
 
 
@@ -194,7 +208,9 @@ def nvmlDeviceGetUtilizationRates(handle):
 
 def nvmlDeviceGetMemoryInfo(handle):
     memory = _device(handle).memory
-    return types.SimpleNamespace(total=memory["total"], used=memory["used"], free=memory["total"] - memory["used"])
+    return types.SimpleNamespace(
+        total=memory["total"], used=memory["used"], free=memory["total"] - memory["used"]
+    )
 
 
 def nvmlDeviceGetTotalEccErrors(handle, error_type, counter_type):
@@ -248,8 +264,15 @@ _TOTAL_FIELDS = {
 
 def _field_value(field_id, gpu):
     value = types.SimpleNamespace(ullVal=0, uiVal=0, dVal=0.0, sllVal=0, siVal=0, ulVal=0, usVal=0)
-    result = types.SimpleNamespace(fieldId=field_id, scopeId=0, timestamp=0, latencyUsec=0,
-                                   valueType=NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, nvmlReturn=NVML_SUCCESS, value=value)
+    result = types.SimpleNamespace(
+        fieldId=field_id,
+        scopeId=0,
+        timestamp=0,
+        latencyUsec=0,
+        valueType=NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+        nvmlReturn=NVML_SUCCESS,
+        value=value,
+    )
     if field_id in _TOTAL_FIELDS and gpu.nvlink_totals is not None:
         value.ullVal = gpu.nvlink_totals[_TOTAL_FIELDS[field_id]]
     elif field_id == NVML_FI_DEV_MEMORY_TEMP and gpu.memory_temperature is not None:

@@ -22,46 +22,24 @@ from controlplane.audit import audit_record
 from controlplane.errors import ServiceError
 from fleet.choices import DriverName
 from fleet.drivers import DriverError, driver_for
+from fleet.services.cluster_tokens import cluster_token_issue, cluster_token_revoke
 from jobs.choices import ACTIVE_JOB_STATES, IncidentState, JobState
 from jobs.models import Incident, Job, LauncherCredential, SlurmJob
 from jobs.services.jobs import job_submit, job_token_create
 from tenancy.authentication import TokenAuthentication, TokenPrincipal
 from tenancy.models import Tenant
-from tenancy.services import token_issue, token_mark_revoked
 
 
 # --- credentials ----------------------------------------------------------------------------------------------
-@transaction.atomic
 def launcher_credential_create(*, actor, cluster, name: str) -> tuple[LauncherCredential, str]:
     """A new launcher credential for one cluster; the token is shown only now."""
-    credential, raw = token_issue(
-        model=LauncherCredential,
-        cluster=cluster,
-        name=name[:100],
-        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+    return cluster_token_issue(
+        model=LauncherCredential, action="launcher_credential.create", actor=actor, cluster=cluster, name=name
     )
-    audit_record(
-        actor=actor,
-        action="launcher_credential.create",
-        target=credential,
-        tenant_id=cluster.dedicated_tenant_id,
-        changes={"cluster": cluster.name, "name": name},
-    )
-    return credential, raw
 
 
-@transaction.atomic
 def launcher_credential_revoke(*, actor, credential: LauncherCredential) -> LauncherCredential:
-    credential = LauncherCredential.objects.select_for_update().get(pk=credential.pk)
-    if token_mark_revoked(token=credential):
-        audit_record(
-            actor=actor,
-            action="launcher_credential.revoke",
-            target=credential,
-            tenant_id=credential.cluster.dedicated_tenant_id,
-            changes={"revoked": True},
-        )
-    return credential
+    return cluster_token_revoke(action="launcher_credential.revoke", actor=actor, token=credential)
 
 
 class LauncherPrincipal(TokenPrincipal):

@@ -324,51 +324,59 @@ class Runner:
             return False
         return True
 
-    def _batch(self, cluster: str, now: float, events: list[dict]) -> dict:
-        readings, nics, facility = [], [], []
-        monotonic = time.monotonic()
-        for node in self.nodes:
-            if node.cluster != cluster or node.dead:
-                continue
-            for index, gpu in enumerate(node.gpus):
-                gpu.sbe += 1 if self.random.random() < 0.01 else 0
-                temperature = gpu.temperature + gpu.warming + self.random.gauss(0, 0.8)
-                readings.append(
-                    {
-                        "ts": now,
-                        "node": node.hostname,
-                        "gpu": index,
-                        "uuid": f"{node.hostname}-{index}",
-                        "fields": {
-                            "DCGM_FI_DEV_GPU_TEMP": round(temperature, 1),
-                            "DCGM_FI_DEV_POWER_USAGE": round(self.random.uniform(580, 690), 1),
-                            "DCGM_FI_DEV_GPU_UTIL": round(self.random.uniform(88, 99), 1),
-                            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": gpu.sbe,
-                            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": gpu.dbe,
-                            "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 0x20 if temperature > 85 else 0,
-                        },
-                    }
-                )
-            for name, nic in node.nics.items():
-                nic.symbol_error += int(nic.noisy)
-                nic.xmit_wait += self.random.randint(20, 200) + int(nic.congested)
-                down = nic.down_until > monotonic
-                nics.append(
-                    {
-                        "ts": now,
-                        "node": node.hostname,
-                        "name": name,
-                        "kind": "infiniband",
-                        "link_state": "down" if down else "up",
-                        "fields": {
-                            "link_downed": nic.link_downed,
-                            "symbol_error": nic.symbol_error,
-                            "link_error_recovery": 0,
-                            "port_rcv_errors": 0,
-                            "port_xmit_wait": nic.xmit_wait,
-                        },
-                    }
-                )
+    def _gpu_readings(self, node: NodeSim, now: float) -> list[dict]:
+        """One DCGM reading per GPU of ``node`` at ``now``, its corrected-ECC count moving on as it is read."""
+        readings = []
+        for index, gpu in enumerate(node.gpus):
+            gpu.sbe += 1 if self.random.random() < 0.01 else 0
+            temperature = gpu.temperature + gpu.warming + self.random.gauss(0, 0.8)
+            readings.append(
+                {
+                    "ts": now,
+                    "node": node.hostname,
+                    "gpu": index,
+                    "uuid": f"{node.hostname}-{index}",
+                    "fields": {
+                        "DCGM_FI_DEV_GPU_TEMP": round(temperature, 1),
+                        "DCGM_FI_DEV_POWER_USAGE": round(self.random.uniform(580, 690), 1),
+                        "DCGM_FI_DEV_GPU_UTIL": round(self.random.uniform(88, 99), 1),
+                        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": gpu.sbe,
+                        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": gpu.dbe,
+                        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 0x20 if temperature > 85 else 0,
+                    },
+                }
+            )
+        return readings
+
+    def _nic_readings(self, node: NodeSim, now: float, monotonic: float) -> list[dict]:
+        """One reading per NIC of ``node`` at ``now``, its counters moving on as it is read; a link whose repair
+        is not done by ``monotonic`` reads down."""
+        nics = []
+        for name, nic in node.nics.items():
+            nic.symbol_error += int(nic.noisy)
+            nic.xmit_wait += self.random.randint(20, 200) + int(nic.congested)
+            down = nic.down_until > monotonic
+            nics.append(
+                {
+                    "ts": now,
+                    "node": node.hostname,
+                    "name": name,
+                    "kind": "infiniband",
+                    "link_state": "down" if down else "up",
+                    "fields": {
+                        "link_downed": nic.link_downed,
+                        "symbol_error": nic.symbol_error,
+                        "link_error_recovery": 0,
+                        "port_rcv_errors": 0,
+                        "port_xmit_wait": nic.xmit_wait,
+                    },
+                }
+            )
+        return nics
+
+    def _facility_readings(self, cluster: str, now: float) -> list[dict]:
+        """The cooling loop's pressure and the PDU's current of every rack of ``cluster`` at ``now``."""
+        facility = []
         for (name, rack), pressure in self.racks.items():
             if name == cluster:
                 facility.append(
@@ -398,6 +406,19 @@ class Runner:
                         ),
                     }
                 )
+        return facility
+
+    def _batch(self, cluster: str, now: float, events: list[dict]) -> dict:
+        """The relay's telemetry batch for ``cluster`` at ``now``: every live node's GPU and NIC readings, the
+        racks' facility readings, and ``events``."""
+        readings, nics = [], []
+        monotonic = time.monotonic()
+        for node in self.nodes:
+            if node.cluster != cluster or node.dead:
+                continue
+            readings.extend(self._gpu_readings(node, now))
+            nics.extend(self._nic_readings(node, now, monotonic))
+        facility = self._facility_readings(cluster, now)
         return {
             "schema_version": 1,
             "batch_id": str(uuid.uuid4()),

@@ -17,7 +17,7 @@ from controlplane.access import Role
 from fleet.choices import DriftMode, NodeState
 from fleet.desired import desired_state
 from fleet.drivers.simulated import set_recovery_failure_probability, simulate_drift
-from fleet.models import GPU, NIC, Cluster, Node, SimulatedAddon
+from fleet.models import GPU, NIC, Blueprint, BlueprintVersion, Cluster, Fleet, Node, SimulatedAddon
 from fleet.services.blueprints import blueprint_create, version_create
 from fleet.services.clusters import cluster_create, fleet_create
 from fleet.services.drift import drift_sweep
@@ -170,6 +170,161 @@ def _install(cluster: Cluster) -> None:
     )
 
 
+def _tenants(actor) -> tuple[dict[str, Tenant], dict[str, str]]:
+    """The two demo tenants by slug, each with an admin and a viewer; returns them and the users' passwords."""
+    passwords = {}
+    tenants = {
+        "acme": tenant_create(actor=actor, name="Acme Research", slug="acme", tier="standard"),
+        "nimbus": tenant_create(actor=actor, name="Nimbus AI", slug="nimbus", tier="resilient"),
+    }
+    for slug, tenant in tenants.items():
+        for role in (Role.TENANT_ADMIN, Role.TENANT_VIEWER):
+            username = f"{slug}-{role.split('-')[1]}"
+            _, password = user_create(actor=actor, username=username, role=role, tenant=tenant)
+            passwords[username] = password
+    return tenants, passwords
+
+
+def _base_blueprint(actor) -> tuple[Blueprint, BlueprintVersion]:
+    """The gpu-base blueprint with its golden version and a newer one (gpu-operator 24.9.0), both activated;
+    returns the blueprint and its newer version, the one the demo rollout moves to."""
+    base = blueprint_create(
+        actor=actor,
+        name="gpu-base",
+        description="GPU operator, networking, monitoring",
+        auto_rollout=False,
+        drift_mode=DriftMode.NOTIFY,
+    )
+    version_create(
+        actor=actor,
+        blueprint=base,
+        addons=BASE_ADDONS,
+        node_software=NODE_SOFTWARE,
+        policy={"protection": {"nic_failover": False, "live_migration": False}},
+        notes="golden base",
+        activate=True,
+    )
+    newer = [dict(a, version="24.9.0") if a["name"] == "gpu-operator" else a for a in BASE_ADDONS]
+    base_v2 = version_create(
+        actor=actor,
+        blueprint=base,
+        addons=newer,
+        node_software=NODE_SOFTWARE,
+        policy={"protection": {"nic_failover": False, "live_migration": False}},
+        notes="gpu-operator 24.9.0",
+        activate=True,
+    )
+    return base, base_v2
+
+
+def _resilient_blueprint(actor) -> Blueprint:
+    """The gpu-resilient blueprint (gpu-base plus NIC failover and live migration) with two activated versions."""
+    resilient = blueprint_create(
+        actor=actor,
+        name="gpu-resilient",
+        description="gpu-base plus NIC failover and live migration",
+        auto_rollout=False,
+        drift_mode=DriftMode.NOTIFY,
+    )
+    policy = {"protection": {"nic_failover": True, "live_migration": True}, "risk_threshold": 0.8}
+    version_create(
+        actor=actor,
+        blueprint=resilient,
+        addons=BASE_ADDONS + PROTECTION_ADDONS,
+        node_software=NODE_SOFTWARE,
+        policy=policy,
+        notes="protection on",
+        activate=True,
+    )
+    protection_v2 = [
+        dict(a, version="1.3.0") if a["name"] == "nic-failover" else a for a in PROTECTION_ADDONS
+    ]
+    version_create(
+        actor=actor,
+        blueprint=resilient,
+        addons=BASE_ADDONS + protection_v2,
+        node_software=NODE_SOFTWARE,
+        policy=policy,
+        notes="nic-failover 1.3.0",
+        activate=True,
+    )
+    return resilient
+
+
+def _clusters(
+    *,
+    actor,
+    fleets: dict[str, Fleet],
+    tenants: dict[str, Tenant],
+    blueprints: dict[str, Blueprint],
+    nodes_per_cluster: int,
+    spares: int,
+) -> list[Cluster]:
+    """The CLUSTERS, each on its blueprint version, with its hardware and that version installed."""
+    clusters = []
+    for name, fleet, model, tenant_slug, blueprint, number in CLUSTERS:
+        cluster = cluster_create(
+            actor=actor,
+            fleet=fleets[fleet],
+            name=name,
+            region=fleet,
+            kind="kubernetes",
+            driver="simulated",
+            dedicated_tenant=tenants[tenant_slug] if tenant_slug else None,
+            labels={"gpu": model.lower(), "region": fleet},
+            connection={"apply_seconds": 20, "nic_failover_seconds": 1, "migration_pause_seconds": 30},
+        )
+        version = blueprints[blueprint].versions.get(number=number)
+        Cluster.objects.filter(pk=cluster.pk).update(
+            blueprint=blueprints[blueprint], blueprint_version=version
+        )
+        cluster.refresh_from_db()
+        _hardware(cluster, model, nodes_per_cluster, spares)
+        _install(cluster)
+        clusters.append(cluster)
+    return clusters
+
+
+def _jobs(
+    *,
+    actor,
+    tenants: dict[str, Tenant],
+    clusters: list[Cluster],
+    nodes_per_cluster: int,
+    rng: random.Random,
+) -> None:
+    """Running jobs of several sizes on every cluster, for the tenants that may use it, leaving spare room."""
+    numbers: dict[str, int] = {}  # per tenant: the same job name must not appear on several clusters
+    for cluster in clusters:
+        owners = [t for t in tenants.values() if cluster.dedicated_tenant_id in (None, t.pk)]
+        free = nodes_per_cluster
+        for index, size in enumerate((128, 96, 64, 64, 32, 32, 16)):
+            if size // 8 > free - 4:
+                continue
+            tenant = owners[index % len(owners)]
+            numbers[tenant.slug] = numbers.get(tenant.slug, 0) + 1
+            job_submit(
+                actor=actor,
+                tenant=tenant,
+                cluster=cluster,
+                name=f"{tenant.slug}-{['llm', 'moe', 'vision', 'rl'][index % 4]}-{numbers[tenant.slug]}",
+                gpus=size,
+                seconds_per_iteration=round(rng.uniform(1.5, 6.0), 2),
+                checkpoint_interval=rng.choice([300, 500, 1000]),
+                total_iterations=10_000_000,
+            )
+            free -= size // 8
+
+
+def _agent_tokens(*, actor, clusters: list[Cluster]) -> dict[str, str]:
+    """A new agent token for each cluster's simulated agents; returns the raw tokens by cluster name."""
+    tokens = {}
+    for cluster in clusters:
+        _, raw = agent_token_create(actor=actor, cluster=cluster, name="simulated agents")
+        tokens[cluster.name] = raw
+    return tokens
+
+
 def world_build(*, seed: int = 7, nodes_per_cluster: int = 64, spares: int = 8) -> BuiltWorld:
     """Build the demo world if there is none. Returns it, whether it was created, and new users' passwords."""
     existing = SimWorld.objects.first()
@@ -178,125 +333,25 @@ def world_build(*, seed: int = 7, nodes_per_cluster: int = 64, spares: int = 8) 
     rng = random.Random(seed)
     with transaction.atomic():
         actor = _service_user()
-        passwords = {}
-        tenants = {
-            "acme": tenant_create(actor=actor, name="Acme Research", slug="acme", tier="standard"),
-            "nimbus": tenant_create(actor=actor, name="Nimbus AI", slug="nimbus", tier="resilient"),
-        }
-        for slug, tenant in tenants.items():
-            for role in (Role.TENANT_ADMIN, Role.TENANT_VIEWER):
-                username = f"{slug}-{role.split('-')[1]}"
-                _, password = user_create(actor=actor, username=username, role=role, tenant=tenant)
-                passwords[username] = password
+        tenants, passwords = _tenants(actor)
         fleets = {
             name: fleet_create(actor=actor, name=name, description=f"{name} region")
             for name in ("us-east", "eu-west")
         }
-        base = blueprint_create(
+        base, base_v2 = _base_blueprint(actor)
+        resilient = _resilient_blueprint(actor)
+        clusters = _clusters(
             actor=actor,
-            name="gpu-base",
-            description="GPU operator, networking, monitoring",
-            auto_rollout=False,
-            drift_mode=DriftMode.NOTIFY,
+            fleets=fleets,
+            tenants=tenants,
+            blueprints={"gpu-base": base, "gpu-resilient": resilient},
+            nodes_per_cluster=nodes_per_cluster,
+            spares=spares,
         )
-        version_create(
-            actor=actor,
-            blueprint=base,
-            addons=BASE_ADDONS,
-            node_software=NODE_SOFTWARE,
-            policy={"protection": {"nic_failover": False, "live_migration": False}},
-            notes="golden base",
-            activate=True,
-        )
-        newer = [dict(a, version="24.9.0") if a["name"] == "gpu-operator" else a for a in BASE_ADDONS]
-        base_v2 = version_create(
-            actor=actor,
-            blueprint=base,
-            addons=newer,
-            node_software=NODE_SOFTWARE,
-            policy={"protection": {"nic_failover": False, "live_migration": False}},
-            notes="gpu-operator 24.9.0",
-            activate=True,
-        )
-        resilient = blueprint_create(
-            actor=actor,
-            name="gpu-resilient",
-            description="gpu-base plus NIC failover and live migration",
-            auto_rollout=False,
-            drift_mode=DriftMode.NOTIFY,
-        )
-        policy = {"protection": {"nic_failover": True, "live_migration": True}, "risk_threshold": 0.8}
-        version_create(
-            actor=actor,
-            blueprint=resilient,
-            addons=BASE_ADDONS + PROTECTION_ADDONS,
-            node_software=NODE_SOFTWARE,
-            policy=policy,
-            notes="protection on",
-            activate=True,
-        )
-        protection_v2 = [
-            dict(a, version="1.3.0") if a["name"] == "nic-failover" else a for a in PROTECTION_ADDONS
-        ]
-        version_create(
-            actor=actor,
-            blueprint=resilient,
-            addons=BASE_ADDONS + protection_v2,
-            node_software=NODE_SOFTWARE,
-            policy=policy,
-            notes="nic-failover 1.3.0",
-            activate=True,
-        )
-        blueprints = {"gpu-base": base, "gpu-resilient": resilient}
-        clusters = []
-        for name, fleet, model, tenant_slug, blueprint, number in CLUSTERS:
-            cluster = cluster_create(
-                actor=actor,
-                fleet=fleets[fleet],
-                name=name,
-                region=fleet,
-                kind="kubernetes",
-                driver="simulated",
-                dedicated_tenant=tenants[tenant_slug] if tenant_slug else None,
-                labels={"gpu": model.lower(), "region": fleet},
-                connection={"apply_seconds": 20, "nic_failover_seconds": 1, "migration_pause_seconds": 30},
-            )
-            version = blueprints[blueprint].versions.get(number=number)
-            Cluster.objects.filter(pk=cluster.pk).update(
-                blueprint=blueprints[blueprint], blueprint_version=version
-            )
-            cluster.refresh_from_db()
-            _hardware(cluster, model, nodes_per_cluster, spares)
-            _install(cluster)
-            clusters.append(cluster)
         drift_sweep(cluster_ids=[c.pk for c in clusters])
         simulate_drift(Cluster.objects.get(name="euw-h200-d"), addon="dcgm-exporter", kind="values")
-        jobs = []
-        numbers: dict[str, int] = {}  # per tenant: the same job name must not appear on several clusters
-        for cluster in clusters:
-            owners = [t for t in tenants.values() if cluster.dedicated_tenant_id in (None, t.pk)]
-            free = nodes_per_cluster
-            for index, size in enumerate((128, 96, 64, 64, 32, 32, 16)):
-                if size // 8 > free - 4:
-                    continue
-                tenant = owners[index % len(owners)]
-                numbers[tenant.slug] = numbers.get(tenant.slug, 0) + 1
-                job, _ = job_submit(
-                    actor=actor,
-                    tenant=tenant,
-                    cluster=cluster,
-                    name=f"{tenant.slug}-{['llm', 'moe', 'vision', 'rl'][index % 4]}-{numbers[tenant.slug]}",
-                    gpus=size,
-                    seconds_per_iteration=round(rng.uniform(1.5, 6.0), 2),
-                    checkpoint_interval=rng.choice([300, 500, 1000]),
-                    total_iterations=10_000_000,
-                )
-                jobs.append(job.pk)
-                free -= size // 8
-        tokens = {}
-        for cluster in clusters:
-            _, raw = agent_token_create(actor=actor, cluster=cluster, name="simulated agents")
-            tokens[cluster.name] = raw
+        _jobs(actor=actor, tenants=tenants, clusters=clusters, nodes_per_cluster=nodes_per_cluster, rng=rng)
+        tokens = _agent_tokens(actor=actor, clusters=clusters)
         _, api_token = token_create(actor=actor, owner=actor, name="simulator", scope="write")
         world = SimWorld.objects.create(seed=seed, agent_tokens=tokens, api_token=api_token)
     # The rollout starts after the world is committed: its first batch runs on the beat-driven step.

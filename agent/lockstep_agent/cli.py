@@ -29,12 +29,9 @@ def _env_float(name: str, default: float) -> float:
     return float(value) if value else default
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _add_control_plane_arguments(parser: argparse.ArgumentParser) -> None:
+    """The control plane the batches go to, and the node they speak for."""
     env = os.environ.get
-    parser = argparse.ArgumentParser(
-        prog="lockstep-agent",
-        description="Send this node's GPU, NIC and facility telemetry to Lockstep (docs/agent.md).",
-    )
     parser.add_argument(
         "--url",
         default=env("LOCKSTEP_URL"),
@@ -48,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("LOCKSTEP_NODE") or socket.gethostname(),
         help="this node's hostname in Lockstep [LOCKSTEP_NODE, else the hostname]",
     )
+
+
+def _add_batch_arguments(parser: argparse.ArgumentParser) -> None:
+    """How often a batch is made, how many, and what becomes of it: printed, or spooled until delivered."""
+    env = os.environ.get
     parser.add_argument(
         "--interval",
         type=float,
@@ -66,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("LOCKSTEP_SPOOL_DIR", "/var/lib/lockstep-agent"),
         help="where undelivered batches wait [LOCKSTEP_SPOOL_DIR, /var/lib/lockstep-agent]",
     )
+
+
+def _add_collection_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is read on the node itself: its GPUs (through NVML) and its NICs (through sysfs)."""
+    env = os.environ.get
     parser.add_argument(
         "--require-gpus", action="store_true", help="exit with status 2 when NVML or GPUs are missing"
     )
@@ -82,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also report interfaces without a device (lo, bridges)",
     )
+
+
+def _add_facility_arguments(parser: argparse.ArgumentParser) -> None:
+    """The node's BMC and the facility's CDUs and PDUs to poll over Redfish, and how often."""
+    env = os.environ.get
     parser.add_argument(
         "--redfish-url",
         action="append",
@@ -105,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env_float("LOCKSTEP_FACILITY_INTERVAL", 30.0),
         help="seconds between Redfish polls [LOCKSTEP_FACILITY_INTERVAL, 30]",
     )
+
+
+def _add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
+    """The /metrics endpoint that serves the GPU readings under dcgm-exporter's names."""
+    env = os.environ.get
     parser.add_argument(
         "--metrics-port",
         type=int,
@@ -117,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("LOCKSTEP_METRICS_ADDRESS", "0.0.0.0"),
         help="address /metrics listens on [LOCKSTEP_METRICS_ADDRESS, 0.0.0.0]",
     )
+
+
+def _add_delivery_arguments(parser: argparse.ArgumentParser) -> None:
+    """How a batch is sent to the control plane: timeout, retries and their backoff."""
     parser.add_argument(
         "--timeout", type=float, default=10.0, help="HTTP timeout towards the control plane, seconds"
     )
@@ -125,6 +146,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--backoff", type=float, default=1.0, help="first retry delay, seconds; doubles up to --max-backoff"
     )
     parser.add_argument("--max-backoff", type=float, default=60.0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The lockstep-agent command's options, in the order ``--help`` lists them."""
+    env = os.environ.get
+    parser = argparse.ArgumentParser(
+        prog="lockstep-agent",
+        description="Send this node's GPU, NIC and facility telemetry to Lockstep (docs/agent.md).",
+    )
+    _add_control_plane_arguments(parser)
+    _add_batch_arguments(parser)
+    _add_collection_arguments(parser)
+    _add_facility_arguments(parser)
+    _add_metrics_arguments(parser)
+    _add_delivery_arguments(parser)
     parser.add_argument("--log-level", default=env("LOCKSTEP_LOG_LEVEL", "INFO"))
     parser.add_argument("--version", action="version", version=f"lockstep-agent {__version__}")
     return parser

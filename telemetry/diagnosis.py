@@ -70,12 +70,28 @@ def _slowness(job: Job) -> dict:
     }
 
 
-def diagnose(job: Job) -> dict:
-    """The verdict for one job: ``fabric`` true/false, the likeliest culprit and the evidence."""
-    allocations = list(job.allocations.filter(released_at__isnull=True).select_related("node"))
-    nodes = {a.node_id: a.node for a in allocations}
-    on_path = {nic.pk: nic for nic in NIC.objects.filter(node_id__in=nodes).select_related("node")}
-    states = {s.nic_id: s for s in NICState.objects.filter(node__cluster_id=job.cluster_id)}
+def _nic_finding(nic: NIC, state: NICState, spreads: dict) -> Finding | None:
+    """A NIC on the path that stands out against the cluster's spread (or whose link is down), or None."""
+    evidence, worst = [], 0.0
+    for measure, (meaning, _) in NIC_MEASURES.items():
+        median, scale = spreads[measure]
+        z = (getattr(state, measure) - median) / scale
+        if z >= OUTLIER_Z:
+            evidence.append(
+                f"{meaning} {getattr(state, measure):,.0f}/h against a cluster median of {median:,.0f}/h"
+            )
+            worst = max(worst, z)
+    if state.link_state == "down":
+        evidence.append("link down")
+        worst = max(worst, 50.0)
+    if not evidence:
+        return None
+    label = f"{nic.node.hostname}/{nic.name} (rail {nic.rail}, port {nic.switch_port or '?'})"
+    return Finding("nic", label, worst, evidence)
+
+
+def _path_findings(on_path: dict, states: dict) -> list[Finding]:
+    """The NICs on the job's path that stand out, then the leaf switches and rails where several of them do."""
     findings: list[Finding] = []
     spreads = {
         m: _spread([getattr(s, m) for s in states.values()], floor) for m, (_, floor) in NIC_MEASURES.items()
@@ -85,23 +101,11 @@ def diagnose(job: Job) -> dict:
         state = states.get(nic_id)
         if state is None:
             continue
-        evidence, worst = [], 0.0
-        for measure, (meaning, _) in NIC_MEASURES.items():
-            median, scale = spreads[measure]
-            z = (getattr(state, measure) - median) / scale
-            if z >= OUTLIER_Z:
-                evidence.append(
-                    f"{meaning} {getattr(state, measure):,.0f}/h against a cluster median of {median:,.0f}/h"
-                )
-                worst = max(worst, z)
-        if state.link_state == "down":
-            evidence.append("link down")
-            worst = max(worst, 50.0)
-        if evidence:
-            label = f"{nic.node.hostname}/{nic.name} (rail {nic.rail}, port {nic.switch_port or '?'})"
-            findings.append(Finding("nic", label, worst, evidence))
-            per_leaf[nic.node.leaf_switch].append(label)
-            per_rail[nic.rail].append(label)
+        finding = _nic_finding(nic, state, spreads)
+        if finding is not None:
+            findings.append(finding)
+            per_leaf[nic.node.leaf_switch].append(finding.name)
+            per_rail[nic.rail].append(finding.name)
     for leaf, labels in per_leaf.items():
         if len(labels) >= 2 and leaf:
             findings.append(
@@ -123,6 +127,12 @@ def diagnose(job: Job) -> dict:
                     [f"rail {rail} stands out on {len(nodes_hit)} of the job's nodes"],
                 )
             )
+    return findings
+
+
+def _gpu_findings(nodes: dict) -> list[Finding]:
+    """The job's GPUs that stand out against its other GPUs: throttled, hotter or less busy."""
+    findings = []
     gpu_rows = list(GPUState.objects.filter(node_id__in=nodes).select_related("gpu", "node"))
     job_means = GPUState.objects.filter(node_id__in=nodes).aggregate(
         t=Avg("temperature"), u=Avg("utilization")
@@ -147,9 +157,12 @@ def diagnose(job: Job) -> dict:
             findings.append(
                 Finding("gpu", f"{row.node.hostname}/gpu{row.gpu.index}", 5.0 + 5.0 * len(evidence), evidence)
             )
-    fabric = sorted((f for f in findings if f.where in ("nic", "leaf", "rail")), key=lambda f: -f.score)
-    hosts = sorted((f for f in findings if f.where in ("gpu", "host")), key=lambda f: -f.score)
-    slowness = _slowness(job)
+    return findings
+
+
+def _verdict(fabric: list[Finding], hosts: list[Finding], slowness: dict) -> dict:
+    """Fabric or not, the culprit and a summary: the strongest finding wins, the fabric on a tie; a job at its own
+    best pace is said to be not slow first."""
     if fabric and (not hosts or fabric[0].score >= hosts[0].score):
         culprit = fabric[0]
         verdict = {
@@ -183,6 +196,20 @@ def diagnose(job: Job) -> dict:
             verdict["summary"] = (
                 f"Not slow: {slowness['detail']}; nothing on its path or among its GPUs stands out."
             )
+    return verdict
+
+
+def diagnose(job: Job) -> dict:
+    """The verdict for one job: ``fabric`` true/false, the likeliest culprit and the evidence."""
+    allocations = list(job.allocations.filter(released_at__isnull=True).select_related("node"))
+    nodes = {a.node_id: a.node for a in allocations}
+    on_path = {nic.pk: nic for nic in NIC.objects.filter(node_id__in=nodes).select_related("node")}
+    states = {s.nic_id: s for s in NICState.objects.filter(node__cluster_id=job.cluster_id)}
+    findings = _path_findings(on_path, states) + _gpu_findings(nodes)
+    fabric = sorted((f for f in findings if f.where in ("nic", "leaf", "rail")), key=lambda f: -f.score)
+    hosts = sorted((f for f in findings if f.where in ("gpu", "host")), key=lambda f: -f.score)
+    slowness = _slowness(job)
+    verdict = _verdict(fabric, hosts, slowness)
     return {
         "job": job.pk,
         **verdict,

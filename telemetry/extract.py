@@ -145,42 +145,31 @@ def gpu_step(
     return state, faults
 
 
-def nic_step(
-    prev: dict | None, ts: float, link_state: str, fields: dict, *, symbol_rate_limit: float
-) -> tuple[dict, list[tuple[str, dict]]]:
-    """Fold one NIC reading into its state: any increase in link-downed is fatal; symbol errors above a rate or
-    repeated link error recovery mean degraded; time spent down accumulates (it counts more than flaps).
-    ``errors_at`` is the time of the last reading with the link down or any new error: a link is clean again when
-    it has stayed up with no new error for a while after it. Fault details follow ``NicFaultDetails``."""
-    state = (
-        dict(prev)
-        if prev
-        else {
-            "ts": None,
-            "link_state": "up",
-            "link_downed": 0,
-            "symbol_errors": 0,
-            "link_error_recovery": 0,
-            "port_rcv_errors": 0,
-            "symbol_rate": 0.0,
-            "recovery_rate": 0.0,
-            "rcv_error_rate": 0.0,
-            "down_seconds": 0.0,
-            "flaps": 0,
-            "congestion_rate": 0.0,
-            "xmit_wait": 0,
-            "errors_at": None,
-        }
-    )
+def _new_nic_state() -> dict:
+    """The state of a NIC before its first reading: link up, every counter and rate at zero."""
+    return {
+        "ts": None,
+        "link_state": "up",
+        "link_downed": 0,
+        "symbol_errors": 0,
+        "link_error_recovery": 0,
+        "port_rcv_errors": 0,
+        "symbol_rate": 0.0,
+        "recovery_rate": 0.0,
+        "rcv_error_rate": 0.0,
+        "down_seconds": 0.0,
+        "flaps": 0,
+        "congestion_rate": 0.0,
+        "xmit_wait": 0,
+        "errors_at": None,
+    }
+
+
+def _nic_down(state: dict, link_state: str, downed, first: bool) -> tuple[int, list[tuple[str, dict]]]:
+    """Fold the link-downed counter into ``state`` (each new down a flap). Returns how many times the link went
+    down since the last reading and the ``nic_down`` fault candidate, if any: raised on an increase of the counter,
+    or on a link newly seen down."""
     faults: list[tuple[str, dict]] = []
-    first = state["ts"] is None
-    seconds = ts - state["ts"] if not first else 0.0
-    downed = fields.get("link_downed")
-    symbols = fields.get("symbol_error")
-    recoveries = fields.get("link_error_recovery")
-    rcv = fields.get("port_rcv_errors")
-    if not first and state["link_state"] == "down" and seconds > 0:
-        state["down_seconds"] += seconds
     went_down = 0
     if downed is not None:
         if not first and downed > state["link_downed"]:
@@ -207,6 +196,26 @@ def nic_step(
                 ).as_details(),
             )
         )
+    return went_down, faults
+
+
+def nic_step(
+    prev: dict | None, ts: float, link_state: str, fields: dict, *, symbol_rate_limit: float
+) -> tuple[dict, list[tuple[str, dict]]]:
+    """Fold one NIC reading into its state: any increase in link-downed is fatal; symbol errors above a rate or
+    repeated link error recovery mean degraded; time spent down accumulates (it counts more than flaps).
+    ``errors_at`` is the time of the last reading with the link down or any new error: a link is clean again when
+    it has stayed up with no new error for a while after it. Fault details follow ``NicFaultDetails``."""
+    state = dict(prev) if prev else _new_nic_state()
+    first = state["ts"] is None
+    seconds = ts - state["ts"] if not first else 0.0
+    downed = fields.get("link_downed")
+    symbols = fields.get("symbol_error")
+    recoveries = fields.get("link_error_recovery")
+    rcv = fields.get("port_rcv_errors")
+    if not first and state["link_state"] == "down" and seconds > 0:
+        state["down_seconds"] += seconds
+    went_down, faults = _nic_down(state, link_state, downed, first)
     rate_before = state["symbol_rate"]
     new_symbols = _count(state, "symbol_errors", "symbol_rate", symbols, seconds, first)
     new_recoveries = (

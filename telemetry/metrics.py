@@ -36,6 +36,15 @@ def _by(queryset, field: str, choices) -> list[tuple[str, int]]:
 
 class LockstepCollector:
     def collect(self):
+        """Every figure, read from the database at scrape time, in exposition order."""
+        yield from self._inventory()
+        yield from self._faults_and_actions()
+        yield from self._faults_waiting_and_gpu_time()
+        yield from self._decision_latency()
+        yield from self._rollouts_and_drift()
+
+    def _inventory(self):
+        """GPUs by health and nodes by state."""
         gpus = GaugeMetricFamily("lockstep_gpus", "GPUs by health", labels=["health"])
         for health, n in _by(GPU.objects.all(), "health", GPUHealth):
             gpus.add_metric([health], n)
@@ -46,6 +55,8 @@ class LockstepCollector:
             nodes.add_metric([state], n)
         yield nodes
 
+    def _faults_and_actions(self):
+        """Fault events by kind; recovery actions by kind and outcome."""
         faults = CounterMetricFamily("lockstep_faults", "Fault events stored, by kind", labels=["kind"])
         for kind, n in _by(FaultEvent.objects.all(), "kind", FaultKind):
             faults.add_metric([kind], n)
@@ -65,6 +76,8 @@ class LockstepCollector:
             actions.add_metric([kind, state], n)
         yield actions
 
+    def _faults_waiting_and_gpu_time(self):
+        """The undecided faults (how many, how long the oldest has waited); GPU time saved and lost."""
         waiting = FaultEvent.objects.filter(state=FaultState.NEW).aggregate(
             n=Count("pk"), oldest=Min("received_at")
         )
@@ -91,6 +104,8 @@ class LockstepCollector:
             value=(saved["lost"] or 0.0) * 3600,
         )
 
+    def _decision_latency(self):
+        """From a fault's receipt to its recovery action, as a histogram."""
         latency = ExpressionWrapper(F("planned_at") - F("fault__received_at"), output_field=DurationField())
         decided = RecoveryAction.objects.filter(fault__isnull=False).annotate(latency=latency)
         counts = decided.aggregate(
@@ -109,6 +124,8 @@ class LockstepCollector:
         )
         yield histogram
 
+    def _rollouts_and_drift(self):
+        """Rollouts by state and open drift findings by kind."""
         rollouts = GaugeMetricFamily("lockstep_rollouts", "Rollouts by state", labels=["state"])
         for state, n in _by(Rollout.objects.all(), "state", RolloutState):
             rollouts.add_metric([state], n)

@@ -190,27 +190,7 @@ def _apply(rollout: Rollout, row: RolloutCluster, now) -> None:
         row.save(update_fields=["reason", "deadline_at"])
         return
     if mode == AutomationMode.DRY_RUN:
-        would = {
-            "blueprint_version": [str(row.previous_version) if row.previous_version else None, str(version)],
-            "node_software": new_software if new_software != old_software else "unchanged",
-            "nodes_to_drain": cluster.nodes.filter(state=NodeState.READY).count()
-            if new_software != old_software
-            else 0,
-        }
-        audit_record(
-            actor=None,
-            action="rollout.cluster_apply",
-            target=cluster,
-            tenant_id=cluster.dedicated_tenant_id,
-            changes={"rollout": rollout.pk, "dry_run": True, "would": would},
-        )
-        _finish(
-            row,
-            Status.SKIPPED,
-            f"dry run: would apply {version}"
-            f"{' with node software ' + str(new_software) if new_software != old_software else ''}; nothing changed",
-            now,
-        )
+        _apply_dry_run(rollout, row, cluster, new_software, old_software, now)
         return
     if new_software != old_software and not _roll_nodes(rollout, row, cluster, now):
         return
@@ -223,6 +203,41 @@ def _apply(rollout: Rollout, row: RolloutCluster, now) -> None:
         else:
             _finish(row, Status.FAILED, f"the cluster refused: {error}", now)
         return
+    _record_applied(rollout, row, cluster, applied, now)
+
+
+def _apply_dry_run(
+    rollout: Rollout, row: RolloutCluster, cluster: Cluster, new_software: dict, old_software: dict, now
+) -> None:
+    """A cluster in dry-run: audit what applying the version would have done, and skip it with nothing changed."""
+    version = rollout.version
+    would = {
+        "blueprint_version": [str(row.previous_version) if row.previous_version else None, str(version)],
+        "node_software": new_software if new_software != old_software else "unchanged",
+        "nodes_to_drain": cluster.nodes.filter(state=NodeState.READY).count()
+        if new_software != old_software
+        else 0,
+    }
+    audit_record(
+        actor=None,
+        action="rollout.cluster_apply",
+        target=cluster,
+        tenant_id=cluster.dedicated_tenant_id,
+        changes={"rollout": rollout.pk, "dry_run": True, "would": would},
+    )
+    _finish(
+        row,
+        Status.SKIPPED,
+        f"dry run: would apply {version}"
+        f"{' with node software ' + str(new_software) if new_software != old_software else ''}; nothing changed",
+        now,
+    )
+
+
+def _record_applied(rollout: Rollout, row: RolloutCluster, cluster: Cluster, applied, now) -> None:
+    """The driver applied the version: the cluster is on it and its row Progressing (observed until healthy),
+    audited and published."""
+    version = rollout.version
     cluster.blueprint = version.blueprint
     cluster.blueprint_version = version
     cluster.save(update_fields=["blueprint", "blueprint_version"])
@@ -439,27 +454,7 @@ def _soak(rollout: Rollout, batch: RolloutBatch, now) -> str:
             _finish(row, Status.FAILED, f"lost health while soaking: {', '.join(broken[:5])}", now)
             continue
         drifting.append(row)
-        waiting = [
-            f"{c.name} {c.sync}/{c.health}" + (f" ({c.kind})" if c.kind else "")
-            for c in checks or []
-            if not c.ready
-        ] or ["not observed"]
-        reason = f"drift while soaking: {', '.join(waiting[:5])}; the batch waits for it to converge"[:500]
-        if row.reason != reason:
-            row.reason = reason
-            row.save(update_fields=["reason"])
-            publish(
-                "rollout.drift",
-                {
-                    "rollout": rollout.pk,
-                    "cluster": row.cluster_id,
-                    "batch": batch.index,
-                    "reason": reason[:200],
-                },
-                rollout_url(rollout),
-                clusters=[row.cluster_id],
-                rollout=rollout.pk,
-            )
+        _report_drift(rollout, batch, row, checks)
     if _budget_spent(rollout, now):
         return "stopped"
     if now < batch.soak_until:
@@ -477,6 +472,39 @@ def _soak(rollout: Rollout, batch: RolloutBatch, now) -> str:
             )
         if _budget_spent(rollout, now):
             return "stopped"
+    return _gate_batch(rollout, batch, rows, ready, now)
+
+
+def _report_drift(rollout: Rollout, batch: RolloutBatch, row: RolloutCluster, checks) -> None:
+    """A soaking cluster out of sync but not broken: its reason names what drifts, published when it changes."""
+    waiting = [
+        f"{c.name} {c.sync}/{c.health}" + (f" ({c.kind})" if c.kind else "")
+        for c in checks or []
+        if not c.ready
+    ] or ["not observed"]
+    reason = f"drift while soaking: {', '.join(waiting[:5])}; the batch waits for it to converge"[:500]
+    if row.reason != reason:
+        row.reason = reason
+        row.save(update_fields=["reason"])
+        publish(
+            "rollout.drift",
+            {
+                "rollout": rollout.pk,
+                "cluster": row.cluster_id,
+                "batch": batch.index,
+                "reason": reason[:200],
+            },
+            rollout_url(rollout),
+            clusters=[row.cluster_id],
+            rollout=rollout.pk,
+        )
+
+
+def _gate_batch(
+    rollout: Rollout, batch: RolloutBatch, rows: list[RolloutCluster], ready: dict[int, bool], now
+) -> str:
+    """The end of a soak: the fault-rate gate over the batch's ready clusters passes the batch or fails it (and
+    those clusters with it)."""
     cluster_ids = [row.cluster_id for row in rows if ready.get(row.cluster_id)]
     result = fault_gate(cluster_ids, batch.started_at, now)
     batch.faults_before, batch.faults_after = result.before, result.after

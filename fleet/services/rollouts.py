@@ -152,29 +152,13 @@ def rollout_plan(
     return RolloutPlan(strategy=strategy, ready=ready, busy=busy, canary_ids=canary_ids, waves=waves)
 
 
-@transaction.atomic
-@batched_events
-def rollout_start(
-    *, actor, version: BlueprintVersion, targets: dict, strategy: dict | None = None, skip_busy: bool = False
-) -> Rollout:
-    """Write a rollout, its batches and one row per cluster; the beat-driven step starts the first batch.
-
-    Refused with 400 naming the field: a version that is not active, targets matching no cluster, a cluster
-    already in an unfinished rollout (unless ``skip_busy``: such clusters are recorded as Skipped).
-    """
-    version = BlueprintVersion.objects.select_related("blueprint").get(pk=version.pk)
-    plan = rollout_plan(version=version, targets=targets, strategy=strategy, skip_busy=skip_busy)
-    strategy, ready, busy, canary_ids, waves = (
-        plan.strategy,
-        plan.ready,
-        plan.busy,
-        plan.canary_ids,
-        plan.waves,
-    )
-    rollout = Rollout.objects.create(
+def _new_rollout(*, actor, version: BlueprintVersion, targets: dict, plan: RolloutPlan) -> Rollout:
+    """The rollout row for a start: the version, the targets and the plan's strategy and canaries."""
+    strategy = plan.strategy
+    return Rollout.objects.create(
         version=version,
         targets=targets,
-        canary=canary_ids,
+        canary=plan.canary_ids,
         batch_size=strategy["batch_size"],
         batch_percent=strategy["batch_percent"],
         max_failures=strategy["max_failures"],
@@ -184,13 +168,13 @@ def rollout_start(
         auto_rollback=strategy["auto_rollback"],
         created_by=actor if getattr(actor, "is_authenticated", False) else None,
     )
-    RolloutBatch.objects.bulk_create(
-        [
-            RolloutBatch(rollout=rollout, index=i, canary=bool(canary_ids) and i == 0)
-            for i in range(len(waves))
-        ]
-    )
-    by_id = {c["id"]: c for c in ready}
+
+
+def _rollout_cluster_rows(rollout: Rollout, plan: RolloutPlan) -> list[RolloutCluster]:
+    """One unsaved row per cluster the rollout moves, in its batch and with the version it had, then one Skipped
+    row per busy cluster (in the last batch), naming the rollout that holds it."""
+    waves = plan.waves
+    by_id = {c["id"]: c for c in plan.ready}
     rows = [
         RolloutCluster(
             rollout=rollout,
@@ -211,8 +195,32 @@ def rollout_start(
             status=RolloutClusterStatus.SKIPPED,
             reason=f"already in rollout #{other}",
         )
-        for cid, other in busy.items()
+        for cid, other in plan.busy.items()
     ]
+    return rows
+
+
+@transaction.atomic
+@batched_events
+def rollout_start(
+    *, actor, version: BlueprintVersion, targets: dict, strategy: dict | None = None, skip_busy: bool = False
+) -> Rollout:
+    """Write a rollout, its batches and one row per cluster; the beat-driven step starts the first batch.
+
+    Refused with 400 naming the field: a version that is not active, targets matching no cluster, a cluster
+    already in an unfinished rollout (unless ``skip_busy``: such clusters are recorded as Skipped).
+    """
+    version = BlueprintVersion.objects.select_related("blueprint").get(pk=version.pk)
+    plan = rollout_plan(version=version, targets=targets, strategy=strategy, skip_busy=skip_busy)
+    strategy, ready, canary_ids, waves = plan.strategy, plan.ready, plan.canary_ids, plan.waves
+    rollout = _new_rollout(actor=actor, version=version, targets=targets, plan=plan)
+    RolloutBatch.objects.bulk_create(
+        [
+            RolloutBatch(rollout=rollout, index=i, canary=bool(canary_ids) and i == 0)
+            for i in range(len(waves))
+        ]
+    )
+    rows = _rollout_cluster_rows(rollout, plan)
     try:
         with transaction.atomic():
             RolloutCluster.objects.bulk_create(rows, batch_size=5000)

@@ -101,35 +101,7 @@ def start_through_driver(
         result_handle, done_at = "", now
     else:
         try:
-            # A scheduler that places the job itself (Slurm) is told which hosts a whole-job restart leaves, and
-            # where Lockstep placed it instead.
-            exclude = {allocation.node.hostname for allocation, _ in moves}
-            if action.impact == "node" and action.node_id and action.kind in WHOLE_JOB_KINDS:
-                # The node is gone even when Lockstep may not take it out of service yet (a fleet-wide cap).
-                exclude.add(action.node.hostname)
-            exclude = sorted(exclude)
-            nodes = (
-                [h for h in _placed_hosts(action, moves) if h not in exclude]
-                if action.kind in WHOLE_JOB_KINDS
-                else []
-            )
-            if action.kind == ActionKind.RESTART_FROM_CHECKPOINT:
-                result = driver_for(cluster).restart_from_checkpoint(
-                    action.job.ref, exclude=exclude, nodes=nodes
-                )
-            elif action.kind == ActionKind.PROACTIVE_MIGRATION and _asks_write_through(cluster):
-                from jobs.services.moves import move_ask
-
-                result = move_ask(action)  # written through first, then relaunched (jobs.services.moves)
-            elif action.kind == ActionKind.RESTORE_FROM_SNAPSHOT:
-                result = driver_for(cluster).restore_from_snapshot(
-                    action.job.ref,
-                    action.snapshot.handle if action.snapshot else "",
-                    exclude=exclude,
-                    nodes=nodes,
-                )
-            else:
-                result = call(driver_for(cluster), action)
+            result = _driver_start(action, cluster, call, moves)
             result_handle, done_at = result.handle, result.done_at or now
         except (DriverError, NotImplementedError) as error:
             if getattr(error, "transient", False):
@@ -149,6 +121,38 @@ def start_through_driver(
         budget.cluster_running += 1
         budget.leaf_running[leaf] = budget.leaf_running.get(leaf, 0) + 1
     return "started"
+
+
+def _driver_start(action: RecoveryAction, cluster: Cluster, call, moves: list):
+    """Make the driver call that starts ``action`` (``call``, its entry in ``CALLS``), telling a scheduler that
+    places a whole-job restart itself where Lockstep placed it (``moves``). Returns the driver's operation; driver
+    errors propagate to ``start_through_driver``."""
+    # A scheduler that places the job itself (Slurm) is told which hosts a whole-job restart leaves, and
+    # where Lockstep placed it instead.
+    exclude = {allocation.node.hostname for allocation, _ in moves}
+    if action.impact == "node" and action.node_id and action.kind in WHOLE_JOB_KINDS:
+        # The node is gone even when Lockstep may not take it out of service yet (a fleet-wide cap).
+        exclude.add(action.node.hostname)
+    exclude = sorted(exclude)
+    nodes = (
+        [h for h in _placed_hosts(action, moves) if h not in exclude]
+        if action.kind in WHOLE_JOB_KINDS
+        else []
+    )
+    if action.kind == ActionKind.RESTART_FROM_CHECKPOINT:
+        return driver_for(cluster).restart_from_checkpoint(action.job.ref, exclude=exclude, nodes=nodes)
+    if action.kind == ActionKind.PROACTIVE_MIGRATION and _asks_write_through(cluster):
+        from jobs.services.moves import move_ask
+
+        return move_ask(action)  # written through first, then relaunched (jobs.services.moves)
+    if action.kind == ActionKind.RESTORE_FROM_SNAPSHOT:
+        return driver_for(cluster).restore_from_snapshot(
+            action.job.ref,
+            action.snapshot.handle if action.snapshot else "",
+            exclude=exclude,
+            nodes=nodes,
+        )
+    return call(driver_for(cluster), action)
 
 
 def _placed_hosts(action: RecoveryAction, moves: list) -> list[str]:

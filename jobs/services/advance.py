@@ -13,6 +13,7 @@ from django.utils import timezone
 from controlplane import events
 from controlplane.audit import audit_entry, audit_record_many
 from controlplane.bulk import update_rows
+from controlplane.models import AuditEntry
 from fleet.drivers import DriverError, driver_for
 from fleet.models import Cluster
 from fleet.services import hardware
@@ -125,6 +126,43 @@ LEDGER_FIELDS = [
 ]
 
 
+def _complete_action(
+    action: RecoveryAction, job: Job, now, *, measured: list, stopped_at: list, degraded_jobs: set
+) -> AuditEntry:
+    """One finished action of ``_complete_many``, in memory but for its allocation and node: book its ledger, mark
+    it Succeeded, move its allocation, and note its duration (``measured``), the progress its job loses
+    (``stopped_at``) and a job now degraded (``degraded_jobs``). Returns its audit entry."""
+    book_completion(action, job, now)
+    if action.kind in MEASURES and action.started_at is not None:
+        measured.append((action.cluster_id, MEASURES[action.kind], (now - action.started_at).total_seconds()))
+    action.state, action.ended_at = ActionState.SUCCEEDED, now
+    if action.kind in (
+        ActionKind.LIVE_MIGRATION,
+        ActionKind.PROACTIVE_MIGRATION,
+        ActionKind.INTRA_NODE_MIGRATION,
+    ):
+        _move_allocation(action)
+    if action.kind in (ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION):
+        hardware.node_cool_down(node_id=action.node_id, seconds=settings.NODE_COOLDOWN_SECONDS)
+    if action.kind in RESTORING_KINDS and action.restore_iteration is not None:
+        # It lost the iterations since its restore point: its curve stays flat while it was stopped, then drops.
+        stopped_at.append(JobProgress(job=job, at=now, iteration=job.iteration))
+        job.iteration = action.restore_iteration
+    if action.kind == ActionKind.NIC_FAILOVER:
+        # Degraded from now until the link is healthy again and the job fails back.
+        job.slowdown, job.degraded_until = action.slowdown, None
+        degraded_jobs.add(job.pk)
+    entry = audit_entry(
+        actor=None,
+        action="recovery.complete",
+        target=action,
+        tenant_id=job.tenant_id,
+        changes={"gpu_hours_saved": round(action.gpu_hours_saved, 4), "saving": action.saving},
+    )
+    action.job = job
+    return entry
+
+
 def _complete_many(actions: list[RecoveryAction]) -> None:
     """The driver finished these actions (of one cluster, its lock held): write the ledger, move the jobs, return
     them to Running. Written together: one statement per table, not per action."""
@@ -139,39 +177,16 @@ def _complete_many(actions: list[RecoveryAction]) -> None:
         job.iteration = job.iteration_now(now)  # a running job's progress so far, before its speed changes
     entries, degraded_jobs, stopped_at, measured = [], set(), [], []
     for action in actions:
-        job = jobs[action.job_id]
-        book_completion(action, job, now)
-        if action.kind in MEASURES and action.started_at is not None:
-            measured.append(
-                (action.cluster_id, MEASURES[action.kind], (now - action.started_at).total_seconds())
-            )
-        action.state, action.ended_at = ActionState.SUCCEEDED, now
-        if action.kind in (
-            ActionKind.LIVE_MIGRATION,
-            ActionKind.PROACTIVE_MIGRATION,
-            ActionKind.INTRA_NODE_MIGRATION,
-        ):
-            _move_allocation(action)
-        if action.kind in (ActionKind.LIVE_MIGRATION, ActionKind.PROACTIVE_MIGRATION):
-            hardware.node_cool_down(node_id=action.node_id, seconds=settings.NODE_COOLDOWN_SECONDS)
-        if action.kind in RESTORING_KINDS and action.restore_iteration is not None:
-            # It lost the iterations since its restore point: its curve stays flat while it was stopped, then drops.
-            stopped_at.append(JobProgress(job=job, at=now, iteration=job.iteration))
-            job.iteration = action.restore_iteration
-        if action.kind == ActionKind.NIC_FAILOVER:
-            # Degraded from now until the link is healthy again and the job fails back.
-            job.slowdown, job.degraded_until = action.slowdown, None
-            degraded_jobs.add(job.pk)
         entries.append(
-            audit_entry(
-                actor=None,
-                action="recovery.complete",
-                target=action,
-                tenant_id=job.tenant_id,
-                changes={"gpu_hours_saved": round(action.gpu_hours_saved, 4), "saving": action.saving},
+            _complete_action(
+                action,
+                jobs[action.job_id],
+                now,
+                measured=measured,
+                stopped_at=stopped_at,
+                degraded_jobs=degraded_jobs,
             )
         )
-        action.job = job
     update_rows(actions, LEDGER_FIELDS)
     estimates_record(measured)
     placement.release_many(actions)

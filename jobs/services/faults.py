@@ -251,6 +251,32 @@ def _tenant_of(node) -> int | None:
     return node.cluster.dedicated_tenant_id if hasattr(node, "cluster") else None
 
 
+def _correlation_since(now: datetime) -> datetime:
+    """The earliest receipt a report at ``now`` still joins (FAULT_CORRELATION_SECONDS)."""
+    return now - timedelta(seconds=settings.FAULT_CORRELATION_SECONDS)
+
+
+def _fault_with_key(idempotency_key: str, digest: str) -> int | None:
+    """The fault stored under this Idempotency-Key, or None; a ServiceError (409) when it was stored for a report
+    other than the one ``digest`` describes."""
+    existing, bound_to = FaultEvent.objects.filter(idempotency_key=idempotency_key).values_list(
+        "pk", "request_digest"
+    ).first() or (None, "")
+    if existing is not None and bound_to and bound_to != digest:
+        raise ServiceError("this Idempotency-Key was used for a different report", status=409)
+    return existing
+
+
+def _correlated_fault(key: str, now: datetime) -> int | None:
+    """The latest fault with this correlation key received within the correlation window, or None."""
+    return (
+        FaultEvent.objects.filter(correlation_key=key, received_at__gte=_correlation_since(now))
+        .order_by("-received_at")
+        .values_list("pk", flat=True)
+        .first()
+    )
+
+
 def fault_ingest(
     *,
     source: str,
@@ -292,21 +318,11 @@ def fault_ingest(
         # Reports of one node are serialised (its faults merge, its incident folds them) by one lock per node.
         _advisory_lock(idempotency_key or f"node:{node.pk}")
         if idempotency_key:
-            existing, bound_to = FaultEvent.objects.filter(idempotency_key=idempotency_key).values_list(
-                "pk", "request_digest"
-            ).first() or (None, "")
+            existing = _fault_with_key(idempotency_key, digest)
             if existing is not None:
-                if bound_to and bound_to != digest:
-                    raise ServiceError("this Idempotency-Key was used for a different report", status=409)
                 return _merge(existing, source=source, details=details, now=now), False
             _advisory_lock(f"node:{node.pk}")
-        window = timedelta(seconds=settings.FAULT_CORRELATION_SECONDS)
-        existing = (
-            FaultEvent.objects.filter(correlation_key=key, received_at__gte=now - window)
-            .order_by("-received_at")
-            .values_list("pk", flat=True)
-            .first()
-        )
+        existing = _correlated_fault(key, now)
         if existing is not None:
             return _merge(existing, source=source, details=details, now=now), False
         try:
@@ -350,16 +366,11 @@ class FaultReport(NamedTuple):
     details: dict | None = None
 
 
-def fault_ingest_many(
-    *, source: str, reports: list[FaultReport], actor=None
-) -> list[tuple[FaultEvent, bool]]:
-    """``fault_ingest`` for several reports at once (an agent's batch: a node's eight NICs going down together), in
-    one transaction: the same rules and the same result for each report, in order, but its devices checked, its
-    nodes locked, its correlated faults looked up, its new faults stored, audited and published together, and their
-    handling queued once per cluster. A report refused refuses them all (ServiceError), as a batch is one request."""
-    if not reports:
-        return []
-    now = timezone.now()
+def _prepared_reports(
+    source: str, reports: list[FaultReport], now: datetime
+) -> list[tuple[FaultReport, dict | None, datetime, str]]:
+    """Each report checked (a ServiceError refuses the batch) with its bounded details and detection time and its
+    correlation key, in order: ``(report, details, detected_at, key)``."""
     prepared = []
     for report in reports:
         _validate_values(source, report.kind, report.severity)
@@ -375,6 +386,33 @@ def fault_ingest_many(
             details=details,
         )
         prepared.append((report, details, detected_at, key))
+    return prepared
+
+
+def _latest_correlated(keys: set[str], now: datetime) -> dict[str, int]:
+    """For each of these correlation keys with a fault received within the correlation window, the latest one's
+    id (one statement)."""
+    existing: dict[str, int] = {}
+    for correlation, pk in (
+        FaultEvent.objects.filter(correlation_key__in=keys, received_at__gte=_correlation_since(now))
+        .order_by("received_at")
+        .values_list("correlation_key", "pk")
+    ):
+        existing[correlation] = pk  # the latest of each key, as fault_ingest takes
+    return existing
+
+
+def fault_ingest_many(
+    *, source: str, reports: list[FaultReport], actor=None
+) -> list[tuple[FaultEvent, bool]]:
+    """``fault_ingest`` for several reports at once (an agent's batch: a node's eight NICs going down together), in
+    one transaction: the same rules and the same result for each report, in order, but its devices checked, its
+    nodes locked, its correlated faults looked up, its new faults stored, audited and published together, and their
+    handling queued once per cluster. A report refused refuses them all (ServiceError), as a batch is one request."""
+    if not reports:
+        return []
+    now = timezone.now()
+    prepared = _prepared_reports(source, reports, now)
     _devices_exist([report for report, *_ in prepared])
     results: list[tuple[FaultEvent, bool] | None] = []
     with transaction.atomic():
@@ -383,16 +421,7 @@ def fault_ingest_many(
             {report.node.pk for report in reports}
         ):  # in one order: two batches never cross
             _advisory_lock(f"node:{node_id}")
-        window = timedelta(seconds=settings.FAULT_CORRELATION_SECONDS)
-        existing: dict[str, int] = {}
-        for correlation, pk in (
-            FaultEvent.objects.filter(
-                correlation_key__in={key for *_, key in prepared}, received_at__gte=now - window
-            )
-            .order_by("received_at")
-            .values_list("correlation_key", "pk")
-        ):
-            existing[correlation] = pk  # the latest of each key, as fault_ingest takes
+        existing = _latest_correlated({key for *_, key in prepared}, now)
         pending: list[tuple[int, FaultEvent, FaultVerdict]] = []  # (index in results, new fault, its triage)
         stored: list[tuple[FaultEvent, str, str, int | None]] = []
 

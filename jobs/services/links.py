@@ -101,40 +101,8 @@ def _fail_back_job(job_id: int, clean: set[tuple[int, str]], now) -> int:
         link = (action.node_id, action.nic_name)
         if link not in clean:
             continue
-        try:
-            driver_for(job.cluster).fail_over_nic(action.node, action.to_nic_name, action.nic_name)
-        except DriverError as error:
-            log.warning(
-                "failback of job %s to %s failed: %s; it stays degraded", job.pk, action.nic_name, error
-            )
+        if not _fail_back_action(job, action, now, measured):
             continue
-        seconds = max(0.0, (now - (action.ended_at or now)).total_seconds())
-        action.failed_back_at, action.degraded_seconds = now, seconds
-        action.gpu_hours_lost = actual_gpu_hours(
-            gpus=action.gpus,
-            pause_seconds=action.pause_seconds,
-            work_lost_seconds=action.work_lost_seconds,
-            degraded_seconds=seconds,
-            slowdown=action.slowdown,
-        )
-        action.gpu_hours_saved = action.gpu_hours_baseline - action.gpu_hours_lost
-        action.save(update_fields=["failed_back_at", "degraded_seconds", "gpu_hours_lost", "gpu_hours_saved"])
-        measured.append(
-            (job.cluster_id, DEGRADED_MEASURES["degraded" if action.impact == "degraded" else "nic"], seconds)
-        )
-        audit_record(
-            actor=None,
-            action="recovery.failback",
-            target=action,
-            tenant_id=job.tenant_id,
-            changes={"nic": action.nic_name, "degraded_seconds": round(seconds, 1)},
-        )
-        events.publish(
-            job_topics(job),
-            "action.failed_back",
-            {**action_payload(action), "summary": f"failed back to {action.nic_name} after {seconds:.0f} s"},
-            url=f"/api/v1/actions/{action.pk}/",
-        )
         back.add(link)
         done += 1
     remaining = [a for a in mine if a.failed_back_at is None]
@@ -167,3 +135,41 @@ def _fail_back_job(job_id: int, clean: set[tuple[int, str]], now) -> int:
         hardware.nic_links_set(links=back, state=LinkState.UP)
     estimates_record(measured)
     return done
+
+
+def _fail_back_action(job: Job, action: RecoveryAction, now, measured: list) -> bool:
+    """Move one failover of ``job`` back to its healthy NIC through the driver and book its degraded stretch
+    (its measure goes to ``measured``). Returns False, leaving it degraded, when the driver refuses."""
+    try:
+        driver_for(job.cluster).fail_over_nic(action.node, action.to_nic_name, action.nic_name)
+    except DriverError as error:
+        log.warning("failback of job %s to %s failed: %s; it stays degraded", job.pk, action.nic_name, error)
+        return False
+    seconds = max(0.0, (now - (action.ended_at or now)).total_seconds())
+    action.failed_back_at, action.degraded_seconds = now, seconds
+    action.gpu_hours_lost = actual_gpu_hours(
+        gpus=action.gpus,
+        pause_seconds=action.pause_seconds,
+        work_lost_seconds=action.work_lost_seconds,
+        degraded_seconds=seconds,
+        slowdown=action.slowdown,
+    )
+    action.gpu_hours_saved = action.gpu_hours_baseline - action.gpu_hours_lost
+    action.save(update_fields=["failed_back_at", "degraded_seconds", "gpu_hours_lost", "gpu_hours_saved"])
+    measured.append(
+        (job.cluster_id, DEGRADED_MEASURES["degraded" if action.impact == "degraded" else "nic"], seconds)
+    )
+    audit_record(
+        actor=None,
+        action="recovery.failback",
+        target=action,
+        tenant_id=job.tenant_id,
+        changes={"nic": action.nic_name, "degraded_seconds": round(seconds, 1)},
+    )
+    events.publish(
+        job_topics(job),
+        "action.failed_back",
+        {**action_payload(action), "summary": f"failed back to {action.nic_name} after {seconds:.0f} s"},
+        url=f"/api/v1/actions/{action.pk}/",
+    )
+    return True

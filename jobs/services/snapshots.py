@@ -234,20 +234,7 @@ def restore_measured(*, job: Job, report: JobSnapshot) -> RecoveryAction | None:
     from its start, the job ran until then) until the runtime had restored (training resumes from there). A
     proactive move's saving stays expected until its prediction settles. The action then points at this report, so
     a report is booked once. Returns the action rebooked, or None when none of Lockstep's waits for its report."""
-    action = (
-        RecoveryAction.objects.select_for_update(of=("self",), no_key=True)
-        .filter(
-            job=job,
-            kind__in=(ActionKind.RESTORE_FROM_SNAPSHOT, ActionKind.PROACTIVE_MIGRATION),
-            dry_run=False,
-            state=ActionState.SUCCEEDED,
-            ended_at__lte=report.ended_at,
-            ended_at__gte=report.ended_at - RESTORE_REPORT_WINDOW,
-        )
-        .exclude(snapshot__kind__in=(SnapshotKind.RESTORE, SnapshotKind.DISK_FALLBACK))
-        .order_by("-ended_at")
-        .first()
-    )
+    action = _action_awaiting_report(job, report)
     if action is None:
         return None
     proactive = action.kind == ActionKind.PROACTIVE_MIGRATION
@@ -289,6 +276,35 @@ def restore_measured(*, job: Job, report: JobSnapshot) -> RecoveryAction | None:
         f"{action.pause_seconds:.1f} s after detection; its snapshots had cost "
         f"{action.snapshot_overhead_seconds:.1f} s of training since the previous recovery."
     )[:4000]
+    _save_measured(action, job=job, report=report, planned=planned, reached=reached)
+    publish_action(action, "action.measured")
+    return action
+
+
+def _action_awaiting_report(job: Job, report: JobSnapshot) -> RecoveryAction | None:
+    """The job's latest restore or proactive move (locked) that finished within ``RESTORE_REPORT_WINDOW`` before
+    the runtime's ``report`` and has not been booked from one of its restore reports yet, or None."""
+    return (
+        RecoveryAction.objects.select_for_update(of=("self",), no_key=True)
+        .filter(
+            job=job,
+            kind__in=(ActionKind.RESTORE_FROM_SNAPSHOT, ActionKind.PROACTIVE_MIGRATION),
+            dry_run=False,
+            state=ActionState.SUCCEEDED,
+            ended_at__lte=report.ended_at,
+            ended_at__gte=report.ended_at - RESTORE_REPORT_WINDOW,
+        )
+        .exclude(snapshot__kind__in=(SnapshotKind.RESTORE, SnapshotKind.DISK_FALLBACK))
+        .order_by("-ended_at")
+        .first()
+    )
+
+
+def _save_measured(
+    action: RecoveryAction, *, job: Job, report: JobSnapshot, planned: int | None, reached: int
+) -> None:
+    """Write the measured ledger ``restore_measured`` booked on ``action`` and audit it, against the
+    ``planned`` restore iteration and the iteration the job had ``reached``."""
     action.save(
         update_fields=[
             "snapshot",
@@ -317,8 +333,6 @@ def restore_measured(*, job: Job, report: JobSnapshot) -> RecoveryAction | None:
             "gpu_hours_expected": round(action.gpu_hours_expected or 0.0, 4),
         },
     )
-    publish_action(action, "action.measured")
-    return action
 
 
 def _overhead_since_previous_recovery(job: Job, action: RecoveryAction) -> float:

@@ -356,18 +356,20 @@ def recovery_dashboard(*, user, now, since, truncate) -> dict:
     }
 
 
+def realized_saving() -> Sum:
+    """A job's GPU-hours saved by its recoveries that happened (succeeded, not dry runs), for ``annotate``."""
+    return Sum(
+        "actions__gpu_hours_saved", filter=Q(actions__state=ActionState.SUCCEEDED, actions__dry_run=False)
+    )
+
+
 def tenant_recent_jobs(*, user, tenant_id: int, limit: int = 100) -> list[Job]:
     """A tenant's newest jobs, each with the GPU-hours its recoveries saved (``saved``)."""
 
     return list(
         restrict(Job.objects.filter(tenant_id=tenant_id), user)
         .select_related("cluster__blueprint_version__blueprint")
-        .annotate(
-            saved=Sum(
-                "actions__gpu_hours_saved",
-                filter=Q(actions__state=ActionState.SUCCEEDED, actions__dry_run=False),
-            )
-        )
+        .annotate(saved=realized_saving())
         .order_by("-created_at")[:limit]
     )
 

@@ -4,7 +4,6 @@ feed of incidents and their reports, paged; GPU-hours saved), the incident page,
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.paginator import InvalidPage
-from django.db.models import Q, Sum
 from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -28,6 +27,14 @@ from jobs.services import jobs as job_services
 from jobs.tables import JobTable
 
 
+def _feed_topic(who) -> str:
+    """The topic a reader's job list and fault feed follow: the fleet's for provider roles, a tenant user's own
+    tenant's, none for a user of no tenant."""
+    if who.is_provider:
+        return events.topic("fleet")
+    return events.topic("tenant", who.tenant_id) if who.tenant_id else ""
+
+
 class JobListView(LoginRequiredMixin, SingleTableMixin, FilterView):
     """Training jobs the reader may see: sortable, filtered by the same FilterSet as /api/v1/jobs/, live."""
 
@@ -37,21 +44,16 @@ class JobListView(LoginRequiredMixin, SingleTableMixin, FilterView):
     filterset_class = JobFilterSet
 
     def get_queryset(self):
-        saved = Sum("actions__gpu_hours_saved", filter=Q(actions__state="succeeded", actions__dry_run=False))
         return (
             selectors.job_list(user=self.request.user)
             .select_related("tenant", "cluster")
-            .annotate(gpu_hours_saved=saved)
+            .annotate(gpu_hours_saved=selectors.realized_saving())
         )
 
     def get_table(self, **kwargs):
         table = super().get_table(**kwargs)
         who = principal(self.request.user)
-        topic = (
-            events.topic("fleet")
-            if who.is_provider
-            else (events.topic("tenant", who.tenant_id) if who.tenant_id else "")
-        )
+        topic = _feed_topic(who)
         after = topic_seq(topic)
         table.attrs = {
             "class": "table",
@@ -136,11 +138,7 @@ def fault_overview(request):
     """Live fault feed (an incident a row, its reports folded under it) and GPU-hours saved over time: the
     fleet's for provider roles, the tenant's own otherwise."""
     who = principal(request.user)
-    topic = (
-        events.topic("fleet")
-        if who.is_provider
-        else (events.topic("tenant", who.tenant_id) if who.tenant_id else "")
-    )
+    topic = _feed_topic(who)
     faults = selectors.job_fault_list(user=request.user)
     actions = selectors.action_list(user=request.user)
     cluster = None

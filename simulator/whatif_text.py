@@ -37,6 +37,9 @@ def format_report(report: dict) -> str:
     lines.append(
         f"published: Llama 3 effective training time {report['published']['llama3_effective_training_time']}"
     )
+    real = report.get("real_path")
+    if real:
+        lines += _real_path_lines(real)
     advice = report.get("checkpoint_advice")
     if advice:
         for key, label in (("unprotected", "without protection"), ("protected", "with Lockstep")):
@@ -65,3 +68,21 @@ def format_report(report: dict) -> str:
             unit = f" {item['unit']}" if item["unit"] else ""
             lines.append(f"  {item['name']}: {item['value']}{unit} — {item['source']}")
     return "\n".join(lines)
+
+
+def _real_path_lines(real: dict) -> list[str]:
+    """The real-path replay's lines (``--real-path``): what Lockstep's own services did with the same faults."""
+    timing = real["timing"]
+    return [
+        f"through Lockstep's own services (scratch store, {timing['replay_seconds']:.0f} s, "
+        f"{timing['ms_per_interruption']:.0f} ms an interruption): effective training time "
+        f"{real['effective_training_time']:.1%} with Lockstep",
+        f"  {real['replayed']} of {real['interruptions']} interruptions decided, recoveries {real['recoveries']}; "
+        f"job {real['job_state'].lower()} at the end; {real['nodes_repaired']} nodes repaired and back, "
+        f"{real['links_failed_back']} links failed back",
+        f"  recovering {real['recovering_hours']:.1f} h, work redone {real['work_redone_hours']:.1f} h, degraded "
+        f"{real['degraded_hours']:.1f} h, checkpoint writes {real['checkpoint_write_hours']:.1f} h; "
+        f"GPU-hours lost {real['gpu_hours_lost']:,.0f} (restart baseline {real['gpu_hours_baseline']:,.0f})",
+        f"  actions: {real['actions']}",
+        f"  not modelled yet: {', '.join(real['not_modelled'])}",
+    ]

@@ -188,6 +188,11 @@ def _whatif_arguments(parser):
     parser.add_argument("--migration-pause-seconds", type=float, default=30)
     parser.add_argument("--spare-fraction", type=float, default=0.02)
     parser.add_argument("--json", action="store_true", help="print the whole report as one JSON document")
+    parser.add_argument(
+        "--real-path",
+        action="store_true",
+        help="also replay the interruptions through Lockstep's own services in a scratch store (report: real_path)",
+    )
 
 
 def _whatif(command, options):
@@ -225,7 +230,39 @@ def _whatif(command, options):
 
     report = whatif_run(config, progress=progress)
     command.stderr.write(f"replayed in {time.monotonic() - started:.2f} s")
+    if options["real_path"]:
+        from simulator.replay import run_in_scratch
+
+        command.stderr.write("replaying through Lockstep's services in a scratch store…")
+        try:
+            report["real_path"] = run_in_scratch(config)
+        except RuntimeError as error:
+            raise CommandError(str(error)) from error
+        command.stderr.write(f"real path replayed in {report['real_path']['timing']['replay_seconds']:.1f} s")
     command.stdout.write(json.dumps(report, indent=2) if options["json"] else format_report(report))
+
+
+def _real_path_arguments(parser):
+    parser.add_argument("--config", required=True, help="the what-if's configuration, as JSON")
+
+
+def _real_path(command, options):
+    """One real-path replay on the scratch settings (run_in_scratch starts it): its report as JSON on stdout."""
+    import json
+
+    from controlplane.errors import ServiceError
+    from simulator.replay import NotScratch, replay_real_path
+    from simulator.services.whatifs import clean_config
+
+    try:
+        config = clean_config(json.loads(options["config"]))
+    except (ServiceError, ValueError) as error:
+        raise CommandError(f"--config: {getattr(error, 'detail', error)}") from error
+    try:
+        report = replay_real_path(config)
+    except NotScratch as error:
+        raise CommandError(str(error)) from error
+    command.stdout.write(json.dumps(report))
 
 
 def _abnic_arguments(parser):
@@ -260,6 +297,11 @@ SUBCOMMANDS = {
         "replay a long training run through Lockstep's planner, without and with protection",
         _whatif_arguments,
         _whatif,
+    ),
+    "real-path": (
+        "the what-if's interruptions through Lockstep's own services (scratch settings only; what-if --real-path)",
+        _real_path_arguments,
+        _real_path,
     ),
     "drift": ("change a simulated cluster's add-ons out of band, to create drift", _drift_arguments, _drift),
     "fail-next": (

@@ -1,0 +1,384 @@
+"""The what-if's interruptions through the product's own services, on a virtual clock, in a scratch store.
+
+``manage.py simulate what-if --real-path`` adds this run to the what-if's report (issue 20). The formula replay
+(``simulator.whatif``) calls the planner's pure functions; this one feeds the same sampled interruptions (the same
+``FaultSampler``, profile and seed) to the running product's code: fault intake and its incident, the decision
+(placement, budgets, the escalation ladder), the simulated driver's operations with their durations, beat's
+recovery step, failback, the ledger. It builds one protected cluster (the job's nodes and ``spare_fraction`` spares,
+16 nodes a leaf) and one job on all of it, then for each strike in turn moves the clock to it (``time-machine``:
+every ``timezone.now()`` of the product reads it), reports it through ``fault_ingest`` (the decision runs in-process)
+and moves the clock to each due step, running ``recovery_advance``, until nothing is planned or running.
+
+Between strikes it plays the two parts the product leaves to the world: a node whose ladder waits for a repair is
+repaired after an exponential time of mean ``repair_hours`` (the formula replay's assumption) through
+``escalation_repaired``, after which the ladder checks it and returns it to the spare pool; and a downed NIC comes
+back after the planner's own assumption (``Estimates.nic_degraded_seconds``), after which beat's failback ends the
+degraded stretch.
+
+It runs only in a process on the scratch settings (``simulator.replay_settings``: an in-memory SQLite database,
+an in-process channel layer and cache, Celery eager), which ``run_in_scratch`` starts; ``replay_real_path`` refuses
+anything else, so it cannot write to the live fleet. Not modelled yet, which the formula replay has: failed
+recoveries, rack and leaf failures, lemon nodes, predictions from precursors, checkpoint-write stalls (booked here
+with the formula's assumption), the unprotected run and the sensitivity table (both stay the formula's).
+"""
+
+import heapq
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from simulator.whatif import WhatIfConfig
+
+START = datetime(2026, 1, 5, tzinfo=UTC)  # the virtual clock's origin: any fixed moment does
+STEPS_PER_RECOVERY = 50  # beat steps after which a recovery that has not ended is counted as such
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class NotScratch(RuntimeError):
+    """The real-path replay writes what a fleet would: it runs only on the scratch settings."""
+
+
+def _require_scratch() -> None:
+    from django.conf import settings
+    from django.db import connection
+
+    if not getattr(settings, "SCRATCH_REPLAY", False) or connection.settings_dict["NAME"] != ":memory:":
+        raise NotScratch(
+            "the real-path replay runs only on simulator.replay_settings (run_in_scratch starts one)"
+        )
+
+
+def _world(config: WhatIfConfig):
+    """One protected cluster with the job's nodes and its spares, and the job on all of it."""
+    from django.db import transaction
+
+    from fleet.models import Cluster
+    from fleet.services.clusters import cluster_create, fleet_create
+    from fleet.services.drift import drift_sweep
+    from jobs.services.jobs import job_submit
+    from simulator.world import _hardware, _install, _resilient_blueprint, _service_user
+    from tenancy.services import tenant_create
+
+    nodes = config.gpus // 8
+    with transaction.atomic():
+        actor = _service_user()
+        tenant = tenant_create(actor=actor, name="What-if", slug="what-if", tier="resilient")
+        fleet = fleet_create(actor=actor, name="what-if", description="the real-path replay's fleet")
+        blueprint = _resilient_blueprint(actor)
+        cluster = cluster_create(
+            actor=actor,
+            fleet=fleet,
+            name="what-if",
+            region="what-if",
+            kind="kubernetes",
+            driver="simulated",
+            connection={
+                "apply_seconds": 0,
+                "migration_pause_seconds": config.migration_pause_seconds,
+                "restart_seconds": config.restart_overhead_minutes * 60,
+            },
+        )
+        Cluster.objects.filter(pk=cluster.pk).update(
+            blueprint=blueprint, blueprint_version=blueprint.versions.get(number=1)
+        )
+        cluster.refresh_from_db()
+        _hardware(cluster, "H100", nodes, max(1, int(nodes * config.spare_fraction)))
+        _install(cluster)
+    drift_sweep(cluster_ids=[cluster.pk])
+    job, _ = job_submit(
+        actor=actor,
+        tenant=tenant,
+        cluster=cluster,
+        name="training-run",
+        gpus=config.gpus,
+        checkpoint_interval=max(1, round(config.checkpoint_minutes * 60 / 2.0)),
+        seconds_per_iteration=2.0,
+        total_iterations=10**9,
+    )
+    return cluster, job
+
+
+def _report_of(strike, job) -> dict | None:
+    """The fault report a strike makes, on the node that holds its GPU's rank now (None: the job holds none)."""
+    from jobs.models import JobAllocation
+
+    rank = strike.gpu
+    allocation = (
+        JobAllocation.objects.filter(
+            job=job, released_at__isnull=True, rank_start__lte=rank, rank_end__gte=rank
+        )
+        .select_related("node")
+        .first()
+    )
+    if allocation is None:
+        return None
+    report = {"source": "simulator", "kind": strike.kind, "node": allocation.node}
+    if strike.kind == "gpu_xid":
+        report |= {"xid": strike.xid or 79, "gpu_index": rank % 8}
+    elif strike.kind in ("ecc_uncorrectable", "nvlink_error", "thermal"):
+        report |= {"gpu_index": rank % 8}
+    elif strike.kind in ("nic_down", "link_flap", "link_degraded"):
+        report |= {"nic_name": f"mlx5_{rank % 8}"}
+    return report
+
+
+def _recover(clock, cluster) -> str:
+    """Beat's recovery step, each time with the clock moved to the next moment something is due (a running step's
+    end or deadline, a waiting one's retry), until nothing is planned or running. Returns how it ended: "ended",
+    "waiting" (nothing more is due: it waits for the world, a repaired spare, and goes on when one comes) or
+    "unended" (still going after STEPS_PER_RECOVERY steps)."""
+    from django.utils import timezone
+
+    from jobs.models import RecoveryAction
+    from jobs.services.advance import recovery_advance
+
+    pending = RecoveryAction.objects.filter(cluster=cluster, state__in=("planned", "running"))
+
+    def next_due():
+        now = timezone.now()
+        times = [t for row in pending.values_list("done_at", "deadline_at", "retry_at") for t in row if t]
+        return min((t for t in times if t > now), default=None)
+
+    for _ in range(STEPS_PER_RECOVERY):
+        if not pending.exists():
+            return "ended"
+        due = next_due()
+        if due is None:  # what is due is due now: one step at this moment, then it is up to the world
+            recovery_advance(cluster_ids=[cluster.pk])
+            if not pending.exists():
+                return "ended"
+            if next_due() is None:
+                return "waiting"
+            continue
+        clock.move_to(due + timedelta(seconds=1))
+        recovery_advance(cluster_ids=[cluster.pk])
+    return "unended"
+
+
+@dataclass
+class _Repairs:
+    """The operator: a node whose ladder waits for a repair is repaired after an exponential time of mean ``hours``
+    through ``escalation_repaired``; the ladder then checks it and returns it to the spare pool."""
+
+    cluster: object
+    hours: float
+    seed: int
+    due: list = field(default_factory=list)  # heap of (when, node id)
+    waiting: set = field(default_factory=set)
+    done: int = 0
+
+    def __post_init__(self):
+        self.random = random.Random(f"real-path-repairs-{self.seed}")
+
+    def schedule(self, now: datetime) -> None:
+        from jobs.models import NodeEscalation
+
+        failed = NodeEscalation.objects.filter(node__cluster=self.cluster, stage="failed")
+        for node_id in set(failed.values_list("node_id", flat=True)) - self.waiting:
+            self.waiting.add(node_id)
+            hours = -math.log(1.0 - self.random.random()) * self.hours
+            heapq.heappush(self.due, (now + timedelta(hours=hours), node_id))
+
+    def run_next(self, clock) -> None:
+        from django.db import transaction
+
+        from fleet.models import Node
+        from jobs.services.escalation import escalation_repaired
+
+        at, node_id = heapq.heappop(self.due)
+        self.waiting.discard(node_id)
+        clock.move_to(at)
+        with transaction.atomic():
+            escalation_repaired(actor=None, node=Node.objects.get(pk=node_id), reason="replayed repair")
+        _recover(clock, self.cluster)
+        self.done += 1
+        self.schedule(at)
+
+
+@dataclass
+class _Links:
+    """A downed link comes back after the planner's own assumption; beat's failback then ends the degraded
+    stretch once the link has been clean for LINK_CLEAN_SECONDS."""
+
+    cluster: object
+    due: list = field(default_factory=list)  # heap of (when, 0 up / 1 fail back, node id, NIC)
+    failed_back: int = 0
+
+    def schedule(self, at: datetime, report: dict) -> None:
+        from jobs.planner import Estimates
+
+        if report.get("nic_name"):
+            up = at + timedelta(seconds=Estimates().nic_degraded_seconds)
+            heapq.heappush(self.due, (up, 0, report["node"].pk, report["nic_name"]))
+
+    def run_next(self, clock) -> None:
+        from django.conf import settings
+
+        from fleet.services.hardware import nic_links_set
+        from jobs.services.links import links_fail_back
+
+        at, order, node_id, nic = heapq.heappop(self.due)
+        clock.move_to(at)
+        if order == 0:
+            nic_links_set(links=[(node_id, nic)], state="up")
+            back = at + timedelta(seconds=settings.LINK_CLEAN_SECONDS + 1)
+            heapq.heappush(self.due, (back, 1, node_id, nic))
+        else:
+            self.failed_back += links_fail_back()
+            _recover(clock, self.cluster)
+
+
+def _world_events_until(clock, until: datetime, queues) -> None:
+    """Every repair and link event due before ``until``, in time order."""
+    while True:
+        ready = [queue for queue in queues if queue.due and queue.due[0][0] <= until]
+        if not ready:
+            return
+        min(ready, key=lambda queue: queue.due[0][0]).run_next(clock)
+
+
+def _recorded(job, config: WhatIfConfig, end: datetime) -> dict:
+    """What the product recorded for the job: its phases' hours, the ledger's GPU-hours and work redone, and the
+    effective training time they come to (with the formula's checkpoint-write stalls, which the simulated job does
+    not have): a job that failed stops running, and its hours after that count as lost."""
+    from django.db.models import Sum
+
+    from jobs.models import JobPhase, RecoveryAction
+
+    hours = {"running": 0.0, "recovering": 0.0, "degraded": 0.0}
+    for kind, began, ended in JobPhase.objects.filter(job=job).values_list("kind", "started_at", "ended_at"):
+        began, ended = max(began, START), min(ended or end, end)
+        if ended > began:
+            hours[kind] = hours.get(kind, 0.0) + (ended - began).total_seconds() / 3600
+    sums = RecoveryAction.objects.filter(job=job).aggregate(
+        lost=Sum("gpu_hours_lost"),
+        baseline=Sum("gpu_hours_baseline"),
+        work=Sum("work_lost_seconds"),
+        slowed=Sum("degraded_seconds"),
+    )
+    wall = config.days * 24
+    work = (sums["work"] or 0.0) / 3600
+    checkpoint_writes = hours["running"] * 3600 / (config.checkpoint_minutes * 60)
+    stalls = checkpoint_writes * config.checkpoint_write_seconds / 3600
+    lost = sums["lost"] or 0.0
+    return {
+        "recovering_hours": round(hours["recovering"], 2),
+        "degraded_hours": round(hours["degraded"], 2),
+        "work_redone_hours": round(work, 2),
+        "checkpoint_write_hours": round(stalls, 2),
+        "gpu_hours_lost": round(lost, 1),
+        "gpu_hours_baseline": round(sums["baseline"] or 0.0, 1),
+        "gpu_hours_saved": round((sums["baseline"] or 0.0) - lost, 1),
+        "running_hours": round(hours["running"], 2),
+        # the job's hours at full speed: running, less the work redone, the checkpoint stalls and the slowdown
+        "effective_training_time": round(
+            max(0.0, hours["running"] - work - stalls - _slowdown_hours(job)) / wall, 4
+        ),
+    }
+
+
+def _slowdown_hours(job) -> float:
+    from jobs.models import RecoveryAction
+
+    rows = RecoveryAction.objects.filter(job=job).values_list("degraded_seconds", "slowdown")
+    return sum((seconds or 0.0) * (slowdown or 0.0) for seconds, slowdown in rows) / 3600
+
+
+def replay_real_path(config: WhatIfConfig) -> dict:
+    """Replay ``config``'s interruptions through the product on a virtual clock; returns the run's report."""
+    import time_machine
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from jobs.models import RecoveryAction
+    from jobs.services.faults import fault_ingest
+    from simulator.profiles import PROFILES
+    from simulator.sampling import FaultSampler
+
+    _require_scratch()
+    began = time.perf_counter()
+    end = START + timedelta(days=config.days)
+    with time_machine.travel(START, tick=False) as clock:
+        call_command("migrate", verbosity=0)
+        cluster, job = _world(config)
+        built = time.perf_counter()
+        strikes = FaultSampler(PROFILES[config.profile], config.gpus, config.seed).until(config.days * 24)
+        repairs, links = _Repairs(cluster, config.repair_hours, config.seed), _Links(cluster)
+        actions, outcomes, decide_ms, missing = Counter(), Counter(), [], 0
+        for strike in strikes:
+            at = START + timedelta(hours=strike.at_hours)
+            _world_events_until(clock, at, (repairs, links))
+            clock.move_to(at)
+            report = _report_of(strike, job)
+            if report is None:  # the job holds no nodes now (it failed, or waits for them)
+                missing += 1
+                continue
+            t0 = time.perf_counter()
+            fault, _ = fault_ingest(**report)
+            decide_ms.append(1000 * (time.perf_counter() - t0))
+            links.schedule(at, report)
+            outcomes[_recover(clock, cluster)] += 1
+            repairs.schedule(timezone.now())
+            actions.update(RecoveryAction.objects.filter(fault=fault).values_list("kind", flat=True))
+        _world_events_until(clock, end, (repairs, links))
+        clock.move_to(end)
+        job.refresh_from_db()
+        still_open = RecoveryAction.objects.filter(cluster=cluster, state__in=("planned", "running")).count()
+        report = {
+            "config": asdict(config),
+            "interruptions": len(strikes),
+            "replayed": len(decide_ms),
+            "struck_while_job_held_no_nodes": missing,
+            # how each recovery stood once its strike was handled ("waiting": for a repaired spare), and how many
+            # were still planned or running when the run ended
+            "recoveries": dict(outcomes),
+            "recoveries_open_at_end": still_open,
+            "actions": dict(sorted(actions.items())),
+            "nodes_repaired": repairs.done,
+            "links_failed_back": links.failed_back,
+            "job_state": job.state,
+            **_recorded(job, config, end),
+        }
+    done = time.perf_counter()
+    report["timing"] = {
+        "world_seconds": round(built - began, 2),
+        "replay_seconds": round(done - built, 2),
+        "ms_per_interruption": round(1000 * (done - built) / max(1, len(decide_ms)), 1),
+        "intake_and_decision_ms_median": round(statistics.median(decide_ms), 1) if decide_ms else 0.0,
+    }
+    report["not_modelled"] = [
+        "failed recoveries",
+        "rack and leaf failures",
+        "lemon nodes",
+        "predictions from precursors",
+        "checkpoint-write stalls (booked with the formula's assumption)",
+    ]
+    return report
+
+
+def run_in_scratch(config: WhatIfConfig, *, timeout: float = 600.0) -> dict:
+    """``replay_real_path`` in a process of its own on the scratch settings; returns its report."""
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="simulator.replay_settings", PYTHONUNBUFFERED="1")
+    command = [
+        sys.executable,
+        str(ROOT / "manage.py"),
+        "simulate",
+        "real-path",
+        "--config",
+        json.dumps(asdict(config)),
+    ]
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the real-path replay failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout)

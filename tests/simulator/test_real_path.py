@@ -1,0 +1,65 @@
+"""The what-if's real-path replay: the sampled interruptions through Lockstep's own services, in a scratch store.
+
+Each replay runs in a process of its own on ``simulator.replay_settings`` (an in-memory SQLite database, an in-process
+channel layer and cache, Celery eager), as ``manage.py simulate what-if --real-path`` runs it.
+"""
+
+from dataclasses import replace
+
+import pytest
+
+from fleet.models import Cluster, Node
+from jobs.models import Job, RecoveryAction
+from simulator.replay import NotScratch, replay_real_path, run_in_scratch
+from simulator.whatif import WhatIfConfig
+
+# 2,048 GPUs for 54 days (5 spares): about 50 interruptions, about 10 s through the real path
+SMALL = WhatIfConfig(seed=3, gpus=2048, days=54.0)
+
+
+@pytest.fixture(scope="module")
+def replayed():
+    return run_in_scratch(SMALL, timeout=300)
+
+
+def test_it_refuses_to_run_on_the_live_database():
+    with pytest.raises(NotScratch):
+        replay_real_path(SMALL)
+
+
+@pytest.mark.django_db
+def test_every_interruption_goes_through_the_services_and_every_recovery_ends(replayed):
+    assert replayed["interruptions"] >= 10
+    assert replayed["replayed"] == replayed["interruptions"] - replayed["struck_while_job_held_no_nodes"]
+    # each recovery ended, or waited for a repaired spare and went on when one came: none is left at the end
+    assert set(replayed["recoveries"]) <= {"ended", "waiting"}, replayed["recoveries"]
+    assert sum(replayed["recoveries"].values()) == replayed["replayed"]
+    assert replayed["recoveries_open_at_end"] == 0
+    actions = replayed["actions"]
+    # the decision's own choices: dead nodes migrated off (the ladder cordons and drains them), others restarted
+    assert (
+        actions["live_migration"] >= 1 and actions["cordon"] == actions["drain"] >= actions["live_migration"]
+    )
+    assert actions.get("restart_from_checkpoint", 0) >= 1
+    # the replay's operator repaired the failed nodes, and the ladder returned them to the spare pool
+    assert replayed["nodes_repaired"] >= 1 and replayed["job_state"] == "Running"
+    assert 0 < replayed["gpu_hours_lost"] < replayed["gpu_hours_baseline"]
+    assert 0.5 < replayed["effective_training_time"] < 1.0
+    # the scratch store is a database of its own: nothing of the replay is in the suite's
+    assert not Job.objects.filter(name="training-run").exists()
+    assert not Cluster.objects.filter(name="what-if").exists()
+    assert not Node.objects.exists() and not RecoveryAction.objects.exists()
+
+
+def test_the_same_seed_replays_the_same_decisions(replayed):
+    again = run_in_scratch(SMALL, timeout=300)
+    for key in ("actions", "recoveries", "nodes_repaired", "gpu_hours_lost", "effective_training_time"):
+        assert again[key] == replayed[key], key
+
+
+def test_the_spares_run_out_when_repairs_are_slow_and_the_job_pays_for_it(replayed):
+    # one spare for 128 nodes, repaired in a month: the spare is used up, the next restart finds no healthy spare
+    # node for the dead one's ranks, and the job fails (the product gives up after its attempts)
+    scarce = run_in_scratch(replace(SMALL, gpus=1024, spare_fraction=0.005, repair_hours=720.0), timeout=300)
+    assert scarce["job_state"] == "Failed" and scarce["struck_while_job_held_no_nodes"] > 0, scarce
+    assert scarce["effective_training_time"] < replayed["effective_training_time"] - 0.2

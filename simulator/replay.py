@@ -39,7 +39,8 @@ from pathlib import Path
 from simulator.whatif import WhatIfConfig
 
 START = datetime(2026, 1, 5, tzinfo=UTC)  # the virtual clock's origin: any fixed moment does
-STEPS_PER_RECOVERY = 50  # beat steps after which a recovery that has not ended is counted as such
+STEPS_PER_RECOVERY = 100  # beat steps after which a recovery that has not ended is counted as such
+IDLE_BEATS = 10  # beat steps with nothing due after which a recovery waits for the world
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -57,8 +58,9 @@ def _require_scratch() -> None:
         )
 
 
-def _world(config: WhatIfConfig):
-    """One protected cluster with the job's nodes and its spares, and the job on all of it."""
+def _world(config: WhatIfConfig, connection: dict | None = None):
+    """One protected cluster with the job's nodes and its spares, and the job on all of it. ``connection``
+    overrides the simulated driver's settings (operation durations)."""
     from django.db import transaction
 
     from fleet.models import Cluster
@@ -85,6 +87,7 @@ def _world(config: WhatIfConfig):
                 "apply_seconds": 0,
                 "migration_pause_seconds": config.migration_pause_seconds,
                 "restart_seconds": config.restart_overhead_minutes * 60,
+                **(connection or {}),
             },
         )
         Cluster.objects.filter(pk=cluster.pk).update(
@@ -132,34 +135,51 @@ def _report_of(strike, job) -> dict | None:
 
 
 def _recover(clock, cluster) -> str:
-    """Beat's recovery step, each time with the clock moved to the next moment something is due (a running step's
-    end or deadline, a waiting one's retry), until nothing is planned or running. Returns how it ended: "ended",
-    "waiting" (nothing more is due: it waits for the world, a repaired spare, and goes on when one comes) or
-    "unended" (still going after STEPS_PER_RECOVERY steps)."""
+    """Beat's recovery step, each time with the clock moved to the next moment something is due, until nothing is
+    planned or running and no escalation ladder is open. Due: a running step's end or deadline, a waiting one's
+    retry, a ladder's remediation, a simulated operation's end (a health check, a reset). Returns how it ended:
+    "ended", "waiting" (nothing more is due: it waits for the world, a repaired spare, and goes on when one comes)
+    or "unended" (still going after STEPS_PER_RECOVERY steps)."""
+    from django.conf import settings
     from django.utils import timezone
 
-    from jobs.models import RecoveryAction
+    from fleet.models import SimulatedOperation
+    from jobs.models import NodeEscalation, RecoveryAction
     from jobs.services.advance import recovery_advance
+    from jobs.services.escalation import OPEN_STAGES
 
     pending = RecoveryAction.objects.filter(cluster=cluster, state__in=("planned", "running"))
+    ladders = NodeEscalation.objects.filter(node__cluster=cluster, stage__in=OPEN_STAGES)
+
+    def busy() -> bool:
+        return pending.exists() or ladders.exists()
 
     def next_due():
+        """The earliest moment something is due (it may be past: due now); None when nothing has a time."""
         now = timezone.now()
-        times = [t for row in pending.values_list("done_at", "deadline_at", "retry_at") for t in row if t]
-        return min((t for t in times if t > now), default=None)
+        times = [t for row in pending.values_list("done_at", "deadline_at", "retry_at") for t in row]
+        times += ladders.values_list("done_at", flat=True)
+        times += SimulatedOperation.objects.filter(cluster=cluster, done_at__gt=now).values_list(
+            "done_at", flat=True
+        )
+        return min((t for t in times if t), default=None)
 
+    beat, idle = settings.CELERY_BEAT_SCHEDULE["jobs-recovery-advance"]["schedule"], 0
     for _ in range(STEPS_PER_RECOVERY):
-        if not pending.exists():
+        if not busy():
             return "ended"
         due = next_due()
-        if due is None:  # what is due is due now: one step at this moment, then it is up to the world
-            recovery_advance(cluster_ids=[cluster.pk])
-            if not pending.exists():
-                return "ended"
-            if next_due() is None:
+        if due is None:
+            # nothing has a time of its own: beat's next step (a ladder moves one stage a step); after IDLE_BEATS
+            # of them it waits for the world (a repaired spare) and goes on when it comes
+            idle += 1
+            if idle > IDLE_BEATS:
                 return "waiting"
-            continue
-        clock.move_to(due + timedelta(seconds=1))
+            due = timezone.now()
+        else:
+            idle = 0
+        # beat's next tick: one beat on when something is due by then, else the moment it is due
+        clock.move_to(max(due, timezone.now() + beat))
         recovery_advance(cluster_ids=[cluster.pk])
     return "unended"
 
@@ -293,8 +313,29 @@ def _slowdown_hours(job) -> float:
     return sum((seconds or 0.0) * (slowdown or 0.0) for seconds, slowdown in rows) / 3600
 
 
-def replay_real_path(config: WhatIfConfig) -> dict:
-    """Replay ``config``'s interruptions through the product on a virtual clock; returns the run's report."""
+def decisions_of(job) -> list[dict]:
+    """Each fault of the job's cluster in order: its kind and the recovery actions recorded for it (kind, state),
+    and the ledger's GPU-hours: what the live path and the replay are compared on."""
+    from jobs.models import FaultEvent, RecoveryAction
+
+    out = []
+    for fault in FaultEvent.objects.filter(cluster_id=job.cluster_id).order_by("received_at", "pk"):
+        actions = RecoveryAction.objects.filter(fault=fault).order_by("pk")
+        out.append(
+            {
+                "kind": fault.kind,
+                "actions": [[a.kind, a.state] for a in actions],
+                "gpu_hours_lost": round(sum(a.gpu_hours_lost or 0.0 for a in actions), 3),
+            }
+        )
+    return out
+
+
+def replay_real_path(
+    config: WhatIfConfig, *, strikes: list | None = None, connection: dict | None = None
+) -> dict:
+    """Replay ``config``'s interruptions (or ``strikes``, hours from the start) through the product on a virtual
+    clock; ``connection`` overrides the simulated driver's settings. Returns the run's report."""
     import time_machine
     from django.core.management import call_command
     from django.utils import timezone
@@ -309,9 +350,10 @@ def replay_real_path(config: WhatIfConfig) -> dict:
     end = START + timedelta(days=config.days)
     with time_machine.travel(START, tick=False) as clock:
         call_command("migrate", verbosity=0)
-        cluster, job = _world(config)
+        cluster, job = _world(config, connection)
         built = time.perf_counter()
-        strikes = FaultSampler(PROFILES[config.profile], config.gpus, config.seed).until(config.days * 24)
+        if strikes is None:
+            strikes = FaultSampler(PROFILES[config.profile], config.gpus, config.seed).until(config.days * 24)
         repairs, links = _Repairs(cluster, config.repair_hours, config.seed), _Links(cluster)
         actions, outcomes, decide_ms, missing = Counter(), Counter(), [], 0
         for strike in strikes:
@@ -330,7 +372,7 @@ def replay_real_path(config: WhatIfConfig) -> dict:
             repairs.schedule(timezone.now())
             actions.update(RecoveryAction.objects.filter(fault=fault).values_list("kind", flat=True))
         _world_events_until(clock, end, (repairs, links))
-        clock.move_to(end)
+        clock.move_to(max(end, timezone.now()))
         job.refresh_from_db()
         still_open = RecoveryAction.objects.filter(cluster=cluster, state__in=("planned", "running")).count()
         report = {
@@ -347,6 +389,7 @@ def replay_real_path(config: WhatIfConfig) -> dict:
             "links_failed_back": links.failed_back,
             "job_state": job.state,
             **_recorded(job, config, end),
+            "decisions": decisions_of(job),
         }
     done = time.perf_counter()
     report["timing"] = {
@@ -365,17 +408,21 @@ def replay_real_path(config: WhatIfConfig) -> dict:
     return report
 
 
-def run_in_scratch(config: WhatIfConfig, *, timeout: float = 600.0) -> dict:
+def run_in_scratch(
+    config: WhatIfConfig,
+    *,
+    strikes: list | None = None,
+    connection: dict | None = None,
+    timeout: float = 600.0,
+) -> dict:
     """``replay_real_path`` in a process of its own on the scratch settings; returns its report."""
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="simulator.replay_settings", PYTHONUNBUFFERED="1")
-    command = [
-        sys.executable,
-        str(ROOT / "manage.py"),
-        "simulate",
-        "real-path",
-        "--config",
-        json.dumps(asdict(config)),
-    ]
+    command = [sys.executable, str(ROOT / "manage.py"), "simulate", "real-path"]
+    command += ["--config", json.dumps(asdict(config))]
+    if strikes is not None:
+        command += ["--strikes", json.dumps([asdict(strike) for strike in strikes])]
+    if connection:
+        command += ["--connection", json.dumps(connection)]
     done = subprocess.run(
         command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )

@@ -244,6 +244,10 @@ def _whatif(command, options):
 
 def _real_path_arguments(parser):
     parser.add_argument("--config", required=True, help="the what-if's configuration, as JSON")
+    parser.add_argument(
+        "--strikes", help="these interruptions (JSON list of simulator.sampling.Strike) instead"
+    )
+    parser.add_argument("--connection", help="the simulated driver's settings to override (JSON object)")
 
 
 def _real_path(command, options):
@@ -252,14 +256,19 @@ def _real_path(command, options):
 
     from controlplane.errors import ServiceError
     from simulator.replay import NotScratch, replay_real_path
+    from simulator.sampling import Strike
     from simulator.services.whatifs import clean_config
 
     try:
         config = clean_config(json.loads(options["config"]))
-    except (ServiceError, ValueError) as error:
-        raise CommandError(f"--config: {getattr(error, 'detail', error)}") from error
+        strikes = [Strike(**item) for item in json.loads(options["strikes"])] if options["strikes"] else None
+        connection = json.loads(options["connection"]) if options["connection"] else None
+    except (ServiceError, ValueError, TypeError) as error:
+        raise CommandError(
+            f"--config, --strikes or --connection: {getattr(error, 'detail', error)}"
+        ) from error
     try:
-        report = replay_real_path(config)
+        report = replay_real_path(config, strikes=strikes, connection=connection)
     except NotScratch as error:
         raise CommandError(str(error)) from error
     command.stdout.write(json.dumps(report))

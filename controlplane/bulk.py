@@ -35,66 +35,46 @@ def update_rows(objs: list[Model], fields: list[str]) -> int:
     if not objs:
         return 0
     model = type(objs[0])
-    if connection.vendor == "sqlite" and connection.Database.sqlite_version_info >= SQLITE_UPDATE_FROM:
-        return _update_rows_sqlite(model, objs, fields)
-    if connection.vendor != "postgresql":
+    sqlite = connection.vendor == "sqlite" and connection.Database.sqlite_version_info >= SQLITE_UPDATE_FROM
+    if connection.vendor != "postgresql" and not sqlite:
         return model.objects.bulk_update(objs, fields)
     meta = model._meta
     columns = [meta.get_field(name) for name in fields]
     quote = connection.ops.quote_name
-    last = {obj.pk: obj for obj in objs}  # a row listed twice gets its last values, as with bulk_update
-    row = "(" + ", ".join(f"%s::{_cast(field)}" for field in [meta.pk, *columns]) + ")"
+    table, pk = quote(meta.db_table), quote(meta.pk.column)
     names = ", ".join(quote(field.column) for field in [meta.pk, *columns])
     assignments = ", ".join(f"{quote(field.column)} = v.{quote(field.column)}" for field in columns)
-    changed = 0
-    batch = list(last.values())
-    with connection.cursor() as cursor:
-        for start in range(0, len(batch), ROWS_PER_STATEMENT):
-            chunk = batch[start : start + ROWS_PER_STATEMENT]
-            params = []
-            for obj in chunk:
-                params.append(meta.pk.get_db_prep_save(obj.pk, connection))
-                for field in columns:
-                    value = getattr(obj, field.attname)
-                    if hasattr(value, "resolve_expression"):
-                        raise TypeError(f"update_rows writes values, not expressions ({field.name})")
-                    params.append(field.get_db_prep_save(value, connection))
-            cursor.execute(
-                f"UPDATE {quote(meta.db_table)} AS t SET {assignments} "
-                f"FROM (VALUES {', '.join([row] * len(chunk))}) AS v({names}) "
-                f"WHERE t.{quote(meta.pk.column)} = v.{quote(meta.pk.column)}",
-                params,
-            )
-            changed += cursor.rowcount
-    return changed
+    if sqlite:
+        row = "(" + ", ".join(["%s"] * (len(columns) + 1)) + ")"
+        per_statement = max(1, SQLITE_PARAMETERS // (len(columns) + 1))
 
+        def statement(values: str) -> str:
+            return f"WITH v({names}) AS (VALUES {values}) UPDATE {table} SET {assignments} FROM v WHERE {table}.{pk} = v.{pk}"
+    else:
+        row = "(" + ", ".join(f"%s::{_cast(field)}" for field in [meta.pk, *columns]) + ")"
+        per_statement = ROWS_PER_STATEMENT
 
-def _update_rows_sqlite(model, objs: list[Model], fields: list[str]) -> int:
-    meta = model._meta
-    columns = [meta.get_field(name) for name in fields]
-    quote = connection.ops.quote_name
-    pk = quote(meta.pk.column)
-    names = ", ".join(quote(field.column) for field in [meta.pk, *columns])
-    assignments = ", ".join(f"{quote(field.column)} = v.{quote(field.column)}" for field in columns)
-    row = "(" + ", ".join(["%s"] * (len(columns) + 1)) + ")"
+        def statement(values: str) -> str:
+            return f"UPDATE {table} AS t SET {assignments} FROM (VALUES {values}) AS v({names}) WHERE t.{pk} = v.{pk}"
+
     batch = list({obj.pk: obj for obj in objs}.values())  # a row listed twice gets its last values
-    per_statement = max(1, SQLITE_PARAMETERS // (len(columns) + 1))
     changed = 0
     with connection.cursor() as cursor:
         for start in range(0, len(batch), per_statement):
             chunk = batch[start : start + per_statement]
-            params = []
-            for obj in chunk:
-                params.append(meta.pk.get_db_prep_save(obj.pk, connection))
-                for field in columns:
-                    value = getattr(obj, field.attname)
-                    if hasattr(value, "resolve_expression"):
-                        raise TypeError(f"update_rows writes values, not expressions ({field.name})")
-                    params.append(field.get_db_prep_save(value, connection))
-            cursor.execute(
-                f"WITH v({names}) AS (VALUES {', '.join([row] * len(chunk))}) "
-                f"UPDATE {quote(meta.db_table)} SET {assignments} FROM v WHERE {quote(meta.db_table)}.{pk} = v.{pk}",
-                params,
-            )
+            cursor.execute(statement(", ".join([row] * len(chunk))), _params(chunk, meta.pk, columns))
             changed += cursor.rowcount
     return changed
+
+
+def _params(chunk: list[Model], pk, columns) -> list:
+    """Each row's key and values, each prepared by its field as ``save()`` would."""
+    params = []
+    for obj in chunk:
+        params.append(pk.get_db_prep_save(obj.pk, connection))
+        for field in columns:
+            value = getattr(obj, field.attname)
+            if hasattr(value, "resolve_expression"):
+                raise TypeError(f"update_rows writes values, not expressions ({field.name})")
+            params.append(field.get_db_prep_save(value, connection))
+    return params

@@ -270,7 +270,7 @@ def _recorded(job, config: WhatIfConfig, end: datetime) -> dict:
     """What the product recorded for the job: its phases' hours, the ledger's GPU-hours and work redone, and the
     effective training time they come to (with the formula's checkpoint-write stalls, which the simulated job does
     not have): a job that failed stops running, and its hours after that count as lost."""
-    from django.db.models import Sum
+    from django.db.models import F, Sum
 
     from jobs.models import JobPhase, RecoveryAction
 
@@ -283,7 +283,7 @@ def _recorded(job, config: WhatIfConfig, end: datetime) -> dict:
         lost=Sum("gpu_hours_lost"),
         baseline=Sum("gpu_hours_baseline"),
         work=Sum("work_lost_seconds"),
-        slowed=Sum("degraded_seconds"),
+        slowed=Sum(F("degraded_seconds") * F("slowdown")),  # full-speed seconds lost to running degraded
     )
     wall = config.days * 24
     work = (sums["work"] or 0.0) / 3600
@@ -301,26 +301,22 @@ def _recorded(job, config: WhatIfConfig, end: datetime) -> dict:
         "running_hours": round(hours["running"], 2),
         # the job's hours at full speed: running, less the work redone, the checkpoint stalls and the slowdown
         "effective_training_time": round(
-            max(0.0, hours["running"] - work - stalls - _slowdown_hours(job)) / wall, 4
+            max(0.0, hours["running"] - work - stalls - (sums["slowed"] or 0.0) / 3600) / wall, 4
         ),
     }
-
-
-def _slowdown_hours(job) -> float:
-    from jobs.models import RecoveryAction
-
-    rows = RecoveryAction.objects.filter(job=job).values_list("degraded_seconds", "slowdown")
-    return sum((seconds or 0.0) * (slowdown or 0.0) for seconds, slowdown in rows) / 3600
 
 
 def decisions_of(job) -> list[dict]:
     """Each fault of the job's cluster in order: its kind and the recovery actions recorded for it (kind, state),
     and the ledger's GPU-hours: what the live path and the replay are compared on."""
+    from django.db.models import Prefetch
+
     from jobs.models import FaultEvent, RecoveryAction
 
+    faults = FaultEvent.objects.filter(cluster_id=job.cluster_id).order_by("received_at", "pk")
     out = []
-    for fault in FaultEvent.objects.filter(cluster_id=job.cluster_id).order_by("received_at", "pk"):
-        actions = RecoveryAction.objects.filter(fault=fault).order_by("pk")
+    for fault in faults.prefetch_related(Prefetch("actions", RecoveryAction.objects.order_by("pk"))):
+        actions = list(fault.actions.all())
         out.append(
             {
                 "kind": fault.kind,
@@ -375,6 +371,7 @@ def replay_real_path(
         clock.move_to(max(end, timezone.now()))
         job.refresh_from_db()
         still_open = RecoveryAction.objects.filter(cluster=cluster, state__in=("planned", "running")).count()
+        decisions = decisions_of(job)
         report = {
             "config": asdict(config),
             "interruptions": len(strikes),
@@ -389,7 +386,7 @@ def replay_real_path(
             "links_failed_back": links.failed_back,
             "job_state": job.state,
             **_recorded(job, config, end),
-            "decisions": decisions_of(job),
+            "decisions": decisions,
         }
     done = time.perf_counter()
     report["timing"] = {

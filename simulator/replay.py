@@ -351,7 +351,7 @@ def replay_real_path(
         if strikes is None:
             strikes = FaultSampler(PROFILES[config.profile], config.gpus, config.seed).until(config.days * 24)
         repairs, links = _Repairs(cluster, config.repair_hours, config.seed), _Links(cluster)
-        actions, outcomes, decide_ms, missing = Counter(), Counter(), [], 0
+        outcomes, decide_ms, missing = Counter(), [], 0
         for strike in strikes:
             at = START + timedelta(hours=strike.at_hours)
             _world_events_until(clock, at, (repairs, links))
@@ -361,17 +361,17 @@ def replay_real_path(
                 missing += 1
                 continue
             t0 = time.perf_counter()
-            fault, _ = fault_ingest(**report)
+            fault_ingest(**report)
             decide_ms.append(1000 * (time.perf_counter() - t0))
             links.schedule(at, report)
             outcomes[_recover(clock, cluster)] += 1
             repairs.schedule(timezone.now())
-            actions.update(RecoveryAction.objects.filter(fault=fault).values_list("kind", flat=True))
         _world_events_until(clock, end, (repairs, links))
         clock.move_to(max(end, timezone.now()))
         job.refresh_from_db()
         still_open = RecoveryAction.objects.filter(cluster=cluster, state__in=("planned", "running")).count()
         decisions = decisions_of(job)
+        actions = Counter(kind for decision in decisions for kind, _ in decision["actions"])
         report = {
             "config": asdict(config),
             "interruptions": len(strikes),

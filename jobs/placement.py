@@ -329,10 +329,14 @@ def replacements(
     fault says is dead, not yet out of service in Lockstep): a healthy spare for each worker there (from ``pool``,
     never one in ``taken``, which grows). Returns the moves for ``allocations_move``, or none and why not: all or
     nothing."""
-    allocations = list(JobAllocation.objects.filter(job=job, released_at__isnull=True).select_related("node"))
+    allocations = list(JobAllocation.objects.filter(job=job, released_at__isnull=True))
     bad = unusable_nodes(allocations) | set(gone)
+    leaving = [a for a in allocations if a.node_id in bad]
+    # only the nodes it leaves: a job may hold thousands
+    nodes = Node.objects.in_bulk({a.node_id for a in leaving})
     moves = []
-    for allocation in (a for a in allocations if a.node_id in bad):
+    for allocation in leaving:
+        allocation.node = nodes[allocation.node_id]
         spare = pool.pick(near=allocation.node, gpus=allocation.gpu_count, exclude=taken)
         if spare is None:
             taken.difference_update(node.pk for _, node in moves)

@@ -6,8 +6,13 @@
 (placement, budgets, the escalation ladder), the simulated driver's operations with their durations, beat's
 recovery step, failback, the ledger. It builds one protected cluster (the job's nodes and ``spare_fraction`` spares,
 16 nodes a leaf) and one job on all of it, then for each strike in turn moves the clock to it (``time-machine``:
-every ``timezone.now()`` of the product reads it), reports it through ``fault_ingest`` (the decision runs in-process)
-and moves the clock to each due step, running ``recovery_advance``, until nothing is planned or running.
+every ``timezone.now()`` of the product reads it), reports it through ``fault_ingest_many`` (the decision runs
+in-process) and moves the clock to each due step, running ``recovery_advance``, until nothing is planned or running.
+It uses the formula replay's own per-strike draws, so the same strikes are correlated in both: a node-level fault
+takes its whole rack at ``rack_failure_share`` (each of the rack's 8 nodes reported unreachable at once), a switch or
+cable fault its leaf at ``leaf_failure_share`` (the same rail NIC down on each of its 16 nodes). The simulated driver
+fails ``failed_recovery_share`` of the recovery operations partway (``recovery_failure_probability``, seeded), and the
+product falls back as it would live.
 
 Between strikes it plays the two parts the product leaves to the world: a node whose ladder waits for a repair is
 repaired after an exponential time of mean ``repair_hours`` (the formula replay's assumption) through
@@ -17,9 +22,9 @@ degraded stretch.
 
 It runs only in a process on the scratch settings (``simulator.replay_settings``: an in-memory SQLite database,
 an in-process channel layer and cache, Celery eager), which ``run_in_scratch`` starts; ``replay_real_path`` refuses
-anything else, so it cannot write to the live fleet. Not modelled yet, which the formula replay has: failed
-recoveries, rack and leaf failures, lemon nodes, predictions from precursors, checkpoint-write stalls (booked here
-with the formula's assumption), the unprotected run and the sensitivity table (both stay the formula's).
+anything else, so it cannot write to the live fleet. Not modelled yet, which the formula replay has: lemon nodes,
+predictions from precursors, checkpoint-write stalls (booked here with the formula's assumption), the unprotected run
+and the sensitivity table (both stay the formula's).
 """
 
 import heapq
@@ -36,10 +41,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from simulator.whatif import WhatIfConfig
+from simulator.whatif import WhatIfConfig, strike_draws
 
 START = datetime(2026, 1, 5, tzinfo=UTC)  # the virtual clock's origin: any fixed moment does
-STEPS_PER_RECOVERY = 100  # beat steps after which a recovery that has not ended is counted as such
+STEPS_PER_RECOVERY = 100  # beat steps per fault after which a recovery that has not ended is counted as such
 IDLE_BEATS = 10  # beat steps with nothing due after which a recovery waits for the world
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,6 +92,9 @@ def _world(config: WhatIfConfig, connection: dict | None = None):
                 "apply_seconds": 0,
                 "migration_pause_seconds": config.migration_pause_seconds,
                 "restart_seconds": config.restart_overhead_minutes * 60,
+                # the formula's failed-recovery share: a recovery operation fails partway, and the planner goes on
+                "recovery_failure_probability": config.failed_recovery_share,
+                "recovery_failure_seed": config.seed,
                 **(connection or {}),
             },
         )
@@ -124,7 +132,7 @@ def _report_of(strike, job) -> dict | None:
     )
     if allocation is None:
         return None
-    report = {"source": "simulator", "kind": strike.kind, "node": allocation.node}
+    report = {"kind": strike.kind, "node": allocation.node}
     if strike.kind == "gpu_xid":
         report |= {"xid": strike.xid or 79, "gpu_index": rank % 8}
     elif strike.kind in ("ecc_uncorrectable", "nvlink_error", "thermal"):
@@ -134,12 +142,37 @@ def _report_of(strike, job) -> dict | None:
     return report
 
 
-def _recover(clock, cluster) -> str:
+def _reports_of(strike, draw, job, config: WhatIfConfig) -> tuple[list[dict], str]:
+    """The reports a strike makes and its scope: with the formula replay's own draw (the same strikes are
+    correlated in both), a node-level fault takes its whole rack ("rack": each of the rack's nodes unreachable)
+    and a switch or cable fault its leaf ("leaf": the same rail NIC down on each node under the switch); else the
+    one report ("node"). Empty when the job holds no node for the strike's rank."""
+    from fleet.models import Node
+    from simulator.profiles import LEAF_COMPONENTS, RACK_COMPONENTS
+
+    report = _report_of(strike, job)
+    if report is None:
+        return [], "node"
+    node = report["node"]
+    if strike.component in RACK_COMPONENTS and draw.scope < config.rack_failure_share:
+        peers = Node.objects.filter(cluster_id=node.cluster_id, rack=node.rack).order_by("pk")
+        return [{"kind": "node_unreachable", "node": peer} for peer in peers], "rack"
+    if (
+        strike.component in LEAF_COMPONENTS
+        and draw.scope < config.leaf_failure_share
+        and report.get("nic_name")
+    ):
+        peers = Node.objects.filter(cluster_id=node.cluster_id, leaf_switch=node.leaf_switch).order_by("pk")
+        return [report | {"node": peer} for peer in peers], "leaf"
+    return [report], "node"
+
+
+def _recover(clock, cluster, faults: int = 1) -> str:
     """Beat's recovery step, each time with the clock moved to the next moment something is due, until nothing is
     planned or running and no escalation ladder is open. Due: a running step's end or deadline, a waiting one's
     retry, a ladder's remediation, a simulated operation's end (a health check, a reset). Returns how it ended:
     "ended", "waiting" (nothing more is due: it waits for the world, a repaired spare, and goes on when one comes)
-    or "unended" (still going after STEPS_PER_RECOVERY steps)."""
+    or "unended" (still going after STEPS_PER_RECOVERY steps for each of its ``faults``)."""
     from django.conf import settings
     from django.utils import timezone
 
@@ -165,7 +198,7 @@ def _recover(clock, cluster) -> str:
         return min((t for t in times if t), default=None)
 
     beat, idle = settings.CELERY_BEAT_SCHEDULE["jobs-recovery-advance"]["schedule"], 0
-    for _ in range(STEPS_PER_RECOVERY):
+    for _ in range(STEPS_PER_RECOVERY * faults):
         if not busy():
             return "ended"
         due = next_due()
@@ -337,7 +370,7 @@ def replay_real_path(
     from django.utils import timezone
 
     from jobs.models import RecoveryAction
-    from jobs.services.faults import fault_ingest
+    from jobs.services.faults import FaultReport, fault_ingest_many
     from simulator.profiles import PROFILES
     from simulator.sampling import FaultSampler
 
@@ -352,19 +385,22 @@ def replay_real_path(
             strikes = FaultSampler(PROFILES[config.profile], config.gpus, config.seed).until(config.days * 24)
         repairs, links = _Repairs(cluster, config.repair_hours, config.seed), _Links(cluster)
         outcomes, decide_ms, missing = Counter(), [], 0
-        for strike in strikes:
+        correlated = Counter()
+        for strike, draw in zip(strikes, strike_draws(config.seed, len(strikes)), strict=True):
             at = START + timedelta(hours=strike.at_hours)
             _world_events_until(clock, at, (repairs, links))
             clock.move_to(at)
-            report = _report_of(strike, job)
-            if report is None:  # the job holds no nodes now (it failed, or waits for them)
+            reports, scope = _reports_of(strike, draw, job, config)
+            if not reports:  # the job holds no nodes now (it failed, or waits for them)
                 missing += 1
                 continue
             t0 = time.perf_counter()
-            fault_ingest(**report)
+            fault_ingest_many(source="simulator", reports=[FaultReport(**report) for report in reports])
             decide_ms.append(1000 * (time.perf_counter() - t0))
-            links.schedule(at, report)
-            outcomes[_recover(clock, cluster)] += 1
+            correlated[scope] += 1
+            for report in reports:
+                links.schedule(at, report)
+            outcomes[_recover(clock, cluster, len(reports))] += 1
             repairs.schedule(timezone.now())
         _world_events_until(clock, end, (repairs, links))
         clock.move_to(max(end, timezone.now()))
@@ -381,6 +417,8 @@ def replay_real_path(
             # were still planned or running when the run ended
             "recoveries": dict(outcomes),
             "recoveries_open_at_end": still_open,
+            # strikes that took a whole rack or one rail of a whole leaf (the formula replay's draws)
+            "correlated": {scope: n for scope, n in sorted(correlated.items()) if scope != "node"},
             "actions": dict(sorted(actions.items())),
             "nodes_repaired": repairs.done,
             "links_failed_back": links.failed_back,
@@ -396,8 +434,6 @@ def replay_real_path(
         "intake_and_decision_ms_median": round(statistics.median(decide_ms), 1) if decide_ms else 0.0,
     }
     report["not_modelled"] = [
-        "failed recoveries",
-        "rack and leaf failures",
         "lemon nodes",
         "predictions from precursors",
         "checkpoint-write stalls (booked with the formula's assumption)",

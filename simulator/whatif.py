@@ -164,7 +164,7 @@ class _Draws:
     slot: float
 
 
-def _draws(seed: int, count: int) -> list[_Draws]:
+def strike_draws(seed: int, count: int) -> list[_Draws]:
     rng = random.Random(f"whatif-{seed}")
     return [_Draws(*(rng.random() for _ in range(5))) for _ in range(count)]
 
@@ -390,7 +390,7 @@ def _trace(config: WhatIfConfig) -> tuple[list[Strike], list[_Draws]]:
     if config.software_crash_share is not None:
         sampler.weights = root_cause_weights(config.software_crash_share)  # one draw per strike either way
     strikes = sampler.until(config.days * 24)
-    return strikes, _draws(config.seed, len(strikes))
+    return strikes, strike_draws(config.seed, len(strikes))
 
 
 def _both(config: WhatIfConfig, progress=None) -> tuple[dict, dict]:

@@ -160,10 +160,8 @@ def _placed_hosts(action: RecoveryAction, moves: list) -> list[str]:
     the caller then excludes without a spare for it is left to the scheduler to fill (Slurm: ``ReqNodeList`` names
     the nodes the job must have, and it adds others up to its node count)."""
     moved = {allocation.pk: spare.hostname for allocation, spare in moves}
-    allocations = JobAllocation.objects.filter(job_id=action.job_id, released_at__isnull=True).select_related(
-        "node"
-    )
-    return list(dict.fromkeys(moved.get(a.pk, a.node.hostname) for a in allocations.order_by("rank_start")))
+    held = JobAllocation.objects.filter(job_id=action.job_id, released_at__isnull=True).order_by("rank_start")
+    return list(dict.fromkeys(moved.get(pk, host) for pk, host in held.values_list("pk", "node__hostname")))
 
 
 def _asks_write_through(cluster) -> bool:

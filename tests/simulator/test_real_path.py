@@ -11,10 +11,12 @@ import pytest
 from fleet.models import Cluster, Node
 from jobs.models import Job, RecoveryAction
 from simulator.replay import NotScratch, replay_real_path, run_in_scratch
+from simulator.sampling import Strike
 from simulator.whatif import WhatIfConfig
 
-# 2,048 GPUs for 54 days (5 spares): about 50 interruptions, about 10 s through the real path
-SMALL = WhatIfConfig(seed=3, gpus=2048, days=54.0)
+# 2,048 GPUs for 54 days: about 50 interruptions, about 10 s through the real path; 12 spares, so that a whole rack
+# failing (8 nodes) finds enough (with the default 2 %, 5 spares, it fails the job: see the rack test below)
+SMALL = WhatIfConfig(seed=3, gpus=2048, days=54.0, spare_fraction=0.05)
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +65,29 @@ def test_the_spares_run_out_when_repairs_are_slow_and_the_job_pays_for_it(replay
     scarce = run_in_scratch(replace(SMALL, gpus=1024, spare_fraction=0.005, repair_hours=720.0), timeout=300)
     assert scarce["job_state"] == "Failed" and scarce["struck_while_job_held_no_nodes"] > 0, scarce
     assert scarce["effective_training_time"] < replayed["effective_training_time"] - 0.2
+
+
+def _rack_strike(config):
+    # a power supply on node 12 of 32 (3 spares): with rack_failure_share 1 it takes the node's rack, nodes 8-15
+    strikes = [Strike(1.0, "Power Supply", "node_unreachable", None, "", "", 100)]
+    return run_in_scratch(config, strikes=strikes, timeout=300)
+
+
+def test_a_rack_failure_uses_up_the_spares_and_the_job_pays_for_it():
+    config = WhatIfConfig(seed=5, gpus=256, days=1.0, spare_fraction=0.1, failed_recovery_share=0.0)
+    one = _rack_strike(replace(config, rack_failure_share=0.0))
+    rack = _rack_strike(replace(config, rack_failure_share=1.0))
+
+    # one node down: a spare takes its ranks and the job runs on
+    assert one["correlated"] == {} and [d["kind"] for d in one["decisions"]] == ["node_unreachable"]
+    assert ("live_migration", "succeeded") in map(tuple, one["decisions"][0]["actions"])
+    assert one["job_state"] == "Running"
+    # its rack: eight nodes at once and three spares; each restart finds no healthy spare, and the job fails
+    assert rack["correlated"] == {"rack": 1}
+    assert [d["kind"] for d in rack["decisions"]] == ["node_unreachable"] * 8
+    restarts = [
+        state for d in rack["decisions"] for kind, state in d["actions"] if kind == "restart_from_checkpoint"
+    ]
+    assert restarts and set(restarts) == {"failed"}, rack["decisions"]
+    assert rack["job_state"] == "Failed"
+    assert rack["effective_training_time"] < one["effective_training_time"] - 0.5

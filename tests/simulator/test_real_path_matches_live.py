@@ -10,17 +10,20 @@ from django.utils import timezone
 
 from jobs.models import FaultEvent, NodeEscalation, RecoveryAction
 from jobs.services.escalation import OPEN_STAGES
-from jobs.services.faults import fault_ingest
+from jobs.services.faults import FaultReport, fault_ingest_many
 from simulator import replay
 from simulator.sampling import Strike
-from simulator.whatif import WhatIfConfig
+from simulator.whatif import WhatIfConfig, strike_draws
 from tests.support.jobs import INSTANT, beat_in_a_thread
 from tests.support.processes import celery_worker, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# 32 nodes and 3 spares; every operation instant, so that real time and the virtual clock see the same pauses
-CONFIG = WhatIfConfig(seed=5, gpus=256, days=0.02, spare_fraction=0.1)
+# 32 nodes and 3 spares; every operation instant, so that real time and the virtual clock see the same pauses; no
+# chance failures (the worker and the replay would roll them in whatever order their operations start)
+CONFIG = WhatIfConfig(
+    seed=5, gpus=256, days=0.02, spare_fraction=0.1, failed_recovery_share=0.0, leaf_failure_share=1.0
+)
 SECONDS_APART = 8
 
 
@@ -35,26 +38,29 @@ STRIKES = [
     _strike(2, "software_crash", gpu=50),  # a crash: restart from the checkpoint
     _strike(3, "gpu_xid", gpu=170, xid=48),  # a double-bit ECC error on node 21
     _strike(4, "ecc_uncorrectable", gpu=220),  # node 27
+    # a leaf switch: rail 1 down on each of its 16 nodes (leaf_failure_share 1: every switch fault takes its leaf)
+    _strike(5, "nic_down", gpu=137, component="Network Switch/Cable"),
 ]
 
 
 def _live(job) -> None:
     """Report each strike at its moment; wait until the worker has decided it and beat has finished its recovery."""
     started = job.created_at
-    for strike in STRIKES:
+    for strike, draw in zip(STRIKES, strike_draws(CONFIG.seed, len(STRIKES)), strict=True):
         pause = (started + timezone.timedelta(hours=strike.at_hours) - timezone.now()).total_seconds()
         time.sleep(max(0.0, pause))
-        report = replay._report_of(strike, job)
-        assert report is not None, strike
-        fault, created = fault_ingest(**report)
-        assert created
-        wait_for(lambda fault=fault: _settled(fault, job), 30, what=f"the live recovery of {strike.kind}")
+        reports, _ = replay._reports_of(strike, draw, job, CONFIG)
+        assert reports, strike
+        faults = fault_ingest_many(source="simulator", reports=[FaultReport(**r) for r in reports])
+        assert all(created for _, created in faults)
+        ids = [fault.pk for fault, _ in faults]
+        wait_for(lambda ids=ids: _settled(ids, job), 30, what=f"the live recovery of {strike.kind}")
 
 
-def _settled(fault, job) -> bool:
+def _settled(fault_ids, job) -> bool:
     """Decided, nothing planned or running, no escalation ladder open: where the replay moves on too."""
     return (
-        FaultEvent.objects.get(pk=fault.pk).state != "new"
+        not FaultEvent.objects.filter(pk__in=fault_ids, state="new").exists()
         and not RecoveryAction.objects.filter(
             cluster_id=job.cluster_id, state__in=("planned", "running")
         ).exists()
@@ -69,7 +75,7 @@ def test_the_live_path_and_the_replay_decide_the_same(tmp_path):
     live = replay.decisions_of(job)
     replayed = replay.run_in_scratch(CONFIG, strikes=STRIKES, connection=INSTANT, timeout=300)["decisions"]
 
-    assert [d["kind"] for d in live] == [s.kind for s in STRIKES]
+    assert [d["kind"] for d in live] == [s.kind for s in STRIKES[:-1]] + ["nic_down"] * 16
     kinds = {kind for d in live for kind, _ in d["actions"]}
     assert {"nic_failover", "live_migration", "restart_from_checkpoint"} <= kinds, live
     assert [d["actions"] for d in replayed] == [d["actions"] for d in live], (live, replayed)

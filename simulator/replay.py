@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from simulator.whatif import WhatIfConfig, strike_draws
+from simulator.whatif import WhatIfConfig, strike_draws, trace
 
 START = datetime(2026, 1, 5, tzinfo=UTC)  # the virtual clock's origin: any fixed moment does
 STEPS_PER_RECOVERY = 100  # beat steps per fault after which a recovery that has not ended is counted as such
@@ -303,7 +303,7 @@ def _recorded(job, config: WhatIfConfig, end: datetime) -> dict:
     """What the product recorded for the job: its phases' hours, the ledger's GPU-hours and work redone, and the
     effective training time they come to (with the formula's checkpoint-write stalls, which the simulated job does
     not have): a job that failed stops running, and its hours after that count as lost."""
-    from django.db.models import F, Sum
+    from django.db.models import Count, F, Sum
 
     from jobs.models import JobPhase, RecoveryAction
 
@@ -312,7 +312,16 @@ def _recorded(job, config: WhatIfConfig, end: datetime) -> dict:
         began, ended = max(began, START), min(ended or end, end)
         if ended > began:
             hours[kind] = hours.get(kind, 0.0) + (ended - began).total_seconds() / 3600
-    sums = RecoveryAction.objects.filter(job=job).aggregate(
+    mine = RecoveryAction.objects.filter(job=job)
+    by_kind = {
+        kind: {"succeeded": n, "work_redone_hours": round((work or 0.0) / 3600, 3)}
+        for kind, n, work in mine.filter(state="succeeded")
+        .values("kind")
+        .annotate(n=Count("pk"), work=Sum("work_lost_seconds"))
+        .values_list("kind", "n", "work")
+        .order_by("kind")
+    }
+    sums = mine.aggregate(
         lost=Sum("gpu_hours_lost"),
         baseline=Sum("gpu_hours_baseline"),
         work=Sum("work_lost_seconds"),
@@ -323,6 +332,7 @@ def _recorded(job, config: WhatIfConfig, end: datetime) -> dict:
     checkpoint_writes = hours["running"] * 3600 / (config.checkpoint_minutes * 60)
     stalls = checkpoint_writes * config.checkpoint_write_seconds / 3600
     lost = sums["lost"] or 0.0
+    slowed = (sums["slowed"] or 0.0) / 3600
     return {
         "recovering_hours": round(hours["recovering"], 2),
         "degraded_hours": round(hours["degraded"], 2),
@@ -332,10 +342,11 @@ def _recorded(job, config: WhatIfConfig, end: datetime) -> dict:
         "gpu_hours_baseline": round(sums["baseline"] or 0.0, 1),
         "gpu_hours_saved": round((sums["baseline"] or 0.0) - lost, 1),
         "running_hours": round(hours["running"], 2),
+        "slowed_hours": round(slowed, 3),  # full-speed hours lost to running degraded
         # the job's hours at full speed: running, less the work redone, the checkpoint stalls and the slowdown
-        "effective_training_time": round(
-            max(0.0, hours["running"] - work - stalls - (sums["slowed"] or 0.0) / 3600) / wall, 4
-        ),
+        "effective_training_time": round(max(0.0, hours["running"] - work - stalls - slowed) / wall, 4),
+        # the succeeded recoveries of each kind and the work each kind redid (what re-costing a price needs)
+        "by_kind": by_kind,
     }
 
 
@@ -371,8 +382,6 @@ def replay_real_path(
 
     from jobs.models import RecoveryAction
     from jobs.services.faults import FaultReport, fault_ingest_many
-    from simulator.profiles import PROFILES
-    from simulator.sampling import FaultSampler
 
     _require_scratch()
     began = time.perf_counter()
@@ -381,12 +390,14 @@ def replay_real_path(
         call_command("migrate", verbosity=0)
         cluster, job = _world(config, connection)
         built = time.perf_counter()
-        if strikes is None:
-            strikes = FaultSampler(PROFILES[config.profile], config.gpus, config.seed).until(config.days * 24)
+        if strikes is None:  # the formula replay's own trace (its software-crash share included)
+            strikes, draws = trace(config)
+        else:
+            draws = strike_draws(config.seed, len(strikes))
         repairs, links = _Repairs(cluster, config.repair_hours, config.seed), _Links(cluster)
         outcomes, decide_ms, missing = Counter(), [], 0
         correlated = Counter()
-        for strike, draw in zip(strikes, strike_draws(config.seed, len(strikes)), strict=True):
+        for strike, draw in zip(strikes, draws, strict=True):
             at = START + timedelta(hours=strike.at_hours)
             _world_events_until(clock, at, (repairs, links))
             clock.move_to(at)

@@ -385,7 +385,8 @@ def protected_restart_share(config: WhatIfConfig) -> float:
     return share / total
 
 
-def _trace(config: WhatIfConfig) -> tuple[list[Strike], list[_Draws]]:
+def trace(config: WhatIfConfig) -> tuple[list[Strike], list[_Draws]]:
+    """The config's sampled interruptions and their per-strike draws: the same for every replay of a seed."""
     sampler = FaultSampler(PROFILES[config.profile], config.gpus, config.seed)
     if config.software_crash_share is not None:
         sampler.weights = root_cause_weights(config.software_crash_share)  # one draw per strike either way
@@ -394,7 +395,7 @@ def _trace(config: WhatIfConfig) -> tuple[list[Strike], list[_Draws]]:
 
 
 def _both(config: WhatIfConfig, progress=None) -> tuple[dict, dict]:
-    strikes, draws = _trace(config)
+    strikes, draws = trace(config)
     hours = config.days * 24
 
     def half(offset):

@@ -85,4 +85,25 @@ def _real_path_lines(real: dict) -> list[str]:
         f"GPU-hours lost {real['gpu_hours_lost']:,.0f} (restart baseline {real['gpu_hours_baseline']:,.0f})",
         f"  actions: {real['actions']}",
         f"  not modelled yet: {', '.join(real['not_modelled'])}",
+        *_real_path_sensitivity_lines(real.get("sensitivity") or []),
     ]
+
+
+def _real_path_sensitivity_lines(rows: list[dict]) -> list[str]:
+    """The real path's sensitivity rows: its protected figure with one assumption moved, and how it was got."""
+    if not rows:
+        return []
+    lines = [
+        "  sensitivity through the real path (effective training time with Lockstep; re-costed: the recorded "
+        "decisions booked at the row's price; replayed: a whole replay at the row's value):",
+        f"    {'assumption':42s}{'value':>10s}{'pessimistic':>14s}{'':>8s}{'optimistic':>12s}{'':>8s}  how",
+    ]
+    for row in rows:
+        pess, opt = row["pessimistic"], row["optimistic"]
+        lines.append(
+            f"    {row['assumption']:42s}{row['value']:>10g}{pess['value']:>14g}{pess['protected']:>8.1%}"
+            f"{opt['value']:>12g}{opt['protected']:>8.1%}  {row['how']}"
+        )
+    if not any(row["how"] == "replayed" for row in rows):
+        lines.append("    (the capacity rows replay the whole run again each: --real-path-sensitivity)")
+    return lines

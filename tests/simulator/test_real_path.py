@@ -11,6 +11,7 @@ import pytest
 from fleet.models import Cluster, Node
 from jobs.models import Job, RecoveryAction
 from simulator.replay import NotScratch, replay_real_path, run_in_scratch
+from simulator.replay_sensitivity import RECOSTED, real_path_runs, recost
 from simulator.sampling import Strike
 from simulator.whatif import WhatIfConfig
 
@@ -91,3 +92,38 @@ def test_a_rack_failure_uses_up_the_spares_and_the_job_pays_for_it():
     assert restarts and set(restarts) == {"failed"}, rack["decisions"]
     assert rack["job_state"] == "Failed"
     assert rack["effective_training_time"] < one["effective_training_time"] - 0.5
+
+
+def test_a_price_row_books_the_recorded_decisions_again(replayed):
+    # at the run's own value each price gives back the recorded figure (to its rounding)
+    for field in RECOSTED:
+        again = recost(replayed, SMALL, field, getattr(SMALL, field))
+        assert again == pytest.approx(replayed["effective_training_time"], abs=0.0006), field
+    kinds = replayed["by_kind"]
+    assert kinds["restart_from_checkpoint"]["succeeded"] >= 1 and kinds["live_migration"]["succeeded"] >= 1
+    # dearer prices cost training time, cheaper ones give some back
+    base = replayed["effective_training_time"]
+    for field, dearer, cheaper in (
+        ("checkpoint_write_seconds", 120, 5),
+        ("restart_overhead_minutes", 60, 1),
+        ("migration_pause_seconds", 3600, 1),
+    ):
+        assert recost(replayed, SMALL, field, dearer) < base < recost(replayed, SMALL, field, cheaper), field
+    # without write stalls, doubling the interval doubles the work the restarts redid, and nothing else
+    free_writes = replace(SMALL, checkpoint_write_seconds=0)
+    at_30, at_60 = (recost(replayed, free_writes, "checkpoint_minutes", minutes) for minutes in (30, 60))
+    restarts = kinds["restart_from_checkpoint"]["work_redone_hours"]
+    assert restarts > 0 and at_30 - at_60 == pytest.approx(restarts / (SMALL.days * 24), abs=0.0002)
+    with pytest.raises(ValueError):
+        recost(replayed, SMALL, "spare_fraction", 0.5)
+
+
+def test_the_pessimistic_spare_share_lowers_the_protected_figure_through_the_real_path():
+    real = real_path_runs(SMALL, replay=("spare_fraction",))
+    rows = {row["field"]: row for row in real["sensitivity"]}
+    assert set(rows) == {*RECOSTED, "spare_fraction"}
+    spares = rows["spare_fraction"]
+    assert spares["how"] == "replayed" and rows["checkpoint_write_seconds"]["how"] == "re-costed"
+    # 0.5 % of 256 nodes is one spare: the first dead node's ranks take it, a later one finds none
+    assert spares["pessimistic"]["protected"] < real["effective_training_time"] - 0.1, spares
+    assert spares["optimistic"]["protected"] == real["effective_training_time"]  # 5 %: the run's own share

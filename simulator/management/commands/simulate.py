@@ -191,7 +191,14 @@ def _whatif_arguments(parser):
     parser.add_argument(
         "--real-path",
         action="store_true",
-        help="also replay the interruptions through Lockstep's own services in a scratch store (report: real_path)",
+        help="also replay the interruptions through Lockstep's own services in a scratch store (report: real_path),"
+        " with the sensitivity table's price rows re-costed from what it recorded",
+    )
+    parser.add_argument(
+        "--real-path-sensitivity",
+        action="store_true",
+        help="with --real-path, also replay the capacity rows (spare share, repair time, failed recoveries, rack"
+        " failures, software crashes) through the real path: ten more replays, two at a time",
     )
 
 
@@ -231,11 +238,11 @@ def _whatif(command, options):
     report = whatif_run(config, progress=progress)
     command.stderr.write(f"replayed in {time.monotonic() - started:.2f} s")
     if options["real_path"]:
-        from simulator.replay import run_in_scratch
+        from simulator.replay_sensitivity import real_path_runs
 
         command.stderr.write("replaying through Lockstep's services in a scratch store…")
         try:
-            report["real_path"] = run_in_scratch(config)
+            report["real_path"] = real_path_runs(config, replay=options["real_path_sensitivity"])
         except RuntimeError as error:
             raise CommandError(str(error)) from error
         command.stderr.write(f"real path replayed in {report['real_path']['timing']['replay_seconds']:.1f} s")

@@ -23,8 +23,8 @@ degraded stretch.
 It runs only in a process on the scratch settings (``simulator.replay_settings``: an in-memory SQLite database,
 an in-process channel layer and cache, Celery eager), which ``run_in_scratch`` starts; ``replay_real_path`` refuses
 anything else, so it cannot write to the live fleet. Not modelled yet, which the formula replay has: lemon nodes,
-predictions from precursors, checkpoint-write stalls (booked here with the formula's assumption), the unprotected run
-and the sensitivity table (both stay the formula's).
+predictions from precursors, checkpoint-write stalls (booked here with the formula's assumption) and the unprotected
+run (still the formula's). ``simulator.replay_sensitivity`` builds the sensitivity table on this run.
 """
 
 import heapq

@@ -40,6 +40,7 @@ REPLAYED = (
     "failed_recovery_share",
     "rack_failure_share",
 )
+CASES = ("pessimistic", "optimistic")
 PARALLEL_REPLAYS = 2  # scratch processes at once (this machine has two cores)
 
 
@@ -69,10 +70,7 @@ def recost(real: dict, config: WhatIfConfig, field: str, value: float) -> float:
 
 def _replayed_cases(fields) -> list[tuple[str, str, float]]:
     return [
-        (row.field, case, getattr(row, case))
-        for row in SENSITIVITY
-        if row.field in fields
-        for case in ("pessimistic", "optimistic")
+        (row.field, case, getattr(row, case)) for row in SENSITIVITY if row.field in fields for case in CASES
     ]
 
 
@@ -97,13 +95,10 @@ def real_path_runs(
     for row in SENSITIVITY:
         if row.field in RECOSTED:
             how = "re-costed"
-            figure = {
-                case: recost(real, config, row.field, getattr(row, case))
-                for case in ("pessimistic", "optimistic")
-            }
+            figure = {case: recost(real, config, row.field, getattr(row, case)) for case in CASES}
         elif (row.field, "pessimistic") in replayed:
             how = "replayed"
-            figure = {case: replayed[(row.field, case)] for case in ("pessimistic", "optimistic")}
+            figure = {case: replayed[(row.field, case)] for case in CASES}
         else:
             continue
         rows.append(

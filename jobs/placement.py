@@ -34,16 +34,14 @@ def lock_cluster(cluster_id: int) -> Cluster:
     )
 
 
-def lock_nodes(node_ids) -> dict[int, Node]:
+def lock_nodes(node_ids, *, related: tuple[str, ...] = ()) -> dict[int, Node]:
     """Lock node rows (as fleet's node services do), in id order so two lockers never wait on each other;
-    returns them, as read under the lock, by id."""
+    returns them, as read under the lock, by id, with the ``related`` rows read beside them (not locked)."""
     ids = sorted({pk for pk in node_ids if pk})
     if not ids:
         return {}
-    return {
-        node.pk: node
-        for node in Node.objects.select_for_update(of=("self",)).filter(pk__in=ids).order_by("pk")
-    }
+    rows = Node.objects.select_for_update(of=("self",)).select_related(*related)
+    return {node.pk: node for node in rows.filter(pk__in=ids).order_by("pk")}
 
 
 def _skip_locked(queryset):

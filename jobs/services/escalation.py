@@ -547,8 +547,7 @@ def _advance_ladders(cluster_id: int, ids: list[int]) -> int:
         .order_by("pk")
         if ladder.stage in OPEN_STAGES
     ]
-    lock_nodes([ladder.node_id for ladder in ladders])
-    nodes = Node.objects.select_related("cluster__fleet").in_bulk([ladder.node_id for ladder in ladders])
+    nodes = lock_nodes([ladder.node_id for ladder in ladders], related=("cluster__fleet",))
     before = {ladder.pk: ladder.stage for ladder in ladders}
     entries, now = [], timezone.now()
     with events.gathered():

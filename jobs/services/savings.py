@@ -20,13 +20,18 @@ def savings_settle(*, now) -> int:
     saving booked at completion), or the horizon passed without a failure (nothing saved). The horizon is the
     prediction's own (its fault's ``details.horizon_hours``: scaled to a simulated cluster's time compression),
     else PREDICTION_HORIZON_HOURS. Returns how many."""
-    pending = list(
+    # Most beats find none: the ids first (the partial index's few rows), the rows with their job and fault only
+    # for those there are.
+    ids = list(
         RecoveryAction.objects.filter(
             kind=ActionKind.PROACTIVE_MIGRATION, state=ActionState.SUCCEEDED, saving=SavingState.EXPECTED
         )
-        .select_related("job", "fault")
-        .order_by("pk")[:500]
+        .order_by("pk")
+        .values_list("pk", flat=True)[:500]
     )
+    if not ids:
+        return 0
+    pending = list(RecoveryAction.objects.filter(pk__in=ids).select_related("job", "fault").order_by("pk"))
     settled = []
     for action in pending:
         end = action.detected_at + timedelta(hours=_horizon_hours(action))

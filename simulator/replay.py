@@ -22,9 +22,11 @@ degraded stretch.
 
 It runs only in a process on the scratch settings (``simulator.replay_settings``: an in-memory SQLite database,
 an in-process channel layer and cache, Celery eager), which ``run_in_scratch`` starts; ``replay_real_path`` refuses
-anything else, so it cannot write to the live fleet. Not modelled yet, which the formula replay has: lemon nodes,
-predictions from precursors, checkpoint-write stalls (booked here with the formula's assumption) and the unprotected
-run (still the formula's). ``simulator.replay_sensitivity`` builds the sensitivity table on this run.
+anything else, so it cannot write to the live fleet. Lemon nodes are the formula's (``_Lemons``: the same share of
+nodes takes the same share of hardware faults, and the operator replaces one found out on its repair). Not
+modelled yet: predictions from precursors (the formula replay has none either), checkpoint-write stalls (booked
+here with the formula's assumption) and the unprotected run (still the formula's). ``simulator.replay_sensitivity``
+builds the sensitivity table on this run.
 """
 
 import heapq
@@ -61,6 +63,35 @@ def _require_scratch() -> None:
         raise NotScratch(
             "the real-path replay runs only on simulator.replay_settings (run_in_scratch starts one)"
         )
+
+
+_SCHEMA = []  # the migrated, empty scratch database, copied for each later replay of the process
+
+
+def _fresh_store() -> None:
+    """An empty scratch store with the product's schema: the first replay of a process migrates it and keeps a copy
+    (SQLite's backup API); each later one copies that back over what the last replay left, and forgets what the
+    process kept beside the database (the cache, the simulated driver's seeded failure draws)."""
+    import sqlite3
+
+    from django.contrib.contenttypes.models import ContentType
+    from django.core.cache import cache
+    from django.core.management import call_command
+    from django.db import connection
+
+    from fleet.drivers.simulated import forget_failure_draws
+
+    if not _SCHEMA:
+        call_command("migrate", verbosity=0)
+        connection.ensure_connection()
+        _SCHEMA.append(sqlite3.connect(":memory:"))
+        connection.connection.backup(_SCHEMA[0])
+    else:
+        connection.ensure_connection()
+        _SCHEMA[0].backup(connection.connection)
+    cache.clear()
+    ContentType.objects.clear_cache()
+    forget_failure_draws()
 
 
 def _world(config: WhatIfConfig, connection: dict | None = None):
@@ -118,11 +149,12 @@ def _world(config: WhatIfConfig, connection: dict | None = None):
     return cluster, job
 
 
-def _report_of(strike, job) -> dict | None:
-    """The fault report a strike makes, on the node that holds its GPU's rank now (None: the job holds none)."""
+def _report_of(strike, job, rank: int | None = None) -> dict | None:
+    """The fault report a strike makes, on the node that holds its GPU's rank now (or ``rank``: a lemon's), None
+    when the job holds none."""
     from jobs.models import JobAllocation
 
-    rank = strike.gpu
+    rank = strike.gpu if rank is None else rank
     allocation = (
         JobAllocation.objects.filter(
             job=job, released_at__isnull=True, rank_start__lte=rank, rank_end__gte=rank
@@ -142,29 +174,108 @@ def _report_of(strike, job) -> dict | None:
     return report
 
 
-def _reports_of(strike, draw, job, config: WhatIfConfig) -> tuple[list[dict], str]:
+@dataclass
+class _Lemons:
+    """Lemon nodes, as the formula replay has them: ``lemon_node_share`` of the nodes (drawn node by node, job
+    nodes then spares, from the formula's own seeded draws) take ``lemon_fault_share`` of the hardware faults that
+    strike while the job holds one; the operator replaces a lemon that has failed ``lemon_retire_after`` times
+    with a sound node when it repairs it (``_Repairs``). Where a lemon is, the product does not know: it sees the
+    faults."""
+
+    ids: set
+    share: float
+    retire_after: int
+    failures: Counter = field(default_factory=Counter)
+    nodes: int = 0
+    hardware: int = 0
+    on_lemons: int = 0
+    retired: int = 0
+
+    @classmethod
+    def of(cls, cluster, config: WhatIfConfig) -> "_Lemons":
+        from fleet.models import Node
+
+        draws = random.Random(f"lemons-{config.seed}")
+        pks = Node.objects.filter(cluster=cluster).order_by("hostname").values_list("pk", flat=True)
+        ids = {pk for pk in pks if draws.random() < config.lemon_node_share}
+        return cls(ids, config.lemon_fault_share, config.lemon_retire_after, nodes=len(ids))
+
+    def rank_hit(self, strike, draw, job) -> int | None:
+        """The rank a hardware strike hits on a lemon the job holds (the draw picks which), else None."""
+        from jobs.models import JobAllocation
+        from simulator.profiles import SOFTWARE_COMPONENTS
+
+        if strike.component in SOFTWARE_COMPONENTS:
+            return None
+        self.hardware += 1
+        if not self.ids or draw.lemon >= self.share:
+            return None
+        held = list(
+            JobAllocation.objects.filter(job=job, released_at__isnull=True, node_id__in=self.ids)
+            .order_by("rank_start")
+            .values_list("rank_start", flat=True)
+        )
+        if not held:
+            return None
+        return held[min(len(held) - 1, int(draw.slot * len(held)))] + strike.gpu % 8
+
+    def struck(self, strike, node_id: int, down: list[int]) -> None:
+        """A hardware strike on ``node_id`` (``down``: the nodes that failed with it, a rack's): each counts a
+        failure toward the lemon's replacement."""
+        from simulator.profiles import SOFTWARE_COMPONENTS
+
+        if strike.component in SOFTWARE_COMPONENTS:
+            return
+        self.on_lemons += node_id in self.ids
+        self.failures.update({node_id, *down})
+
+    def repaired(self, node_id: int) -> None:
+        if node_id in self.ids and self.failures[node_id] >= self.retire_after:
+            # found out: the lemon goes back to its vendor and a sound node takes its place
+            self.ids.discard(node_id)
+            self.failures[node_id] = 0
+            self.retired += 1
+
+    def report(self) -> dict:
+        return {
+            "lemon_nodes": self.nodes,
+            "hardware_faults": self.hardware,
+            "hardware_faults_on_lemon_nodes": round(self.on_lemons / self.hardware, 4)
+            if self.hardware
+            else 0.0,
+            "lemons_retired": self.retired,
+        }
+
+
+def _reports_of(
+    strike, draw, job, config: WhatIfConfig, lemons: _Lemons | None = None
+) -> tuple[list[dict], str]:
     """The reports a strike makes and its scope: with the formula replay's own draw (the same strikes are
-    correlated in both), a node-level fault takes its whole rack ("rack": each of the rack's nodes unreachable)
-    and a switch or cable fault its leaf ("leaf": the same rail NIC down on each node under the switch); else the
-    one report ("node"). Empty when the job holds no node for the strike's rank."""
+    correlated in both), a hardware fault lands on a lemon the job holds at ``lemon_fault_share`` (``lemons``),
+    a node-level fault takes its whole rack ("rack": each of the rack's nodes unreachable) and a switch or cable
+    fault its leaf ("leaf": the same rail NIC down on each node under the switch); else the one report ("node").
+    Empty when the job holds no node for the strike's rank."""
     from fleet.models import Node
     from simulator.profiles import LEAF_COMPONENTS, RACK_COMPONENTS
 
-    report = _report_of(strike, job)
+    report = _report_of(strike, job, lemons.rank_hit(strike, draw, job) if lemons else None)
     if report is None:
         return [], "node"
     node = report["node"]
+    reports, scope = [report], "node"
     if strike.component in RACK_COMPONENTS and draw.scope < config.rack_failure_share:
         peers = Node.objects.filter(cluster_id=node.cluster_id, rack=node.rack).order_by("pk")
-        return [{"kind": "node_unreachable", "node": peer} for peer in peers], "rack"
-    if (
+        reports, scope = [{"kind": "node_unreachable", "node": peer} for peer in peers], "rack"
+    elif (
         strike.component in LEAF_COMPONENTS
         and draw.scope < config.leaf_failure_share
         and report.get("nic_name")
     ):
         peers = Node.objects.filter(cluster_id=node.cluster_id, leaf_switch=node.leaf_switch).order_by("pk")
-        return [report | {"node": peer} for peer in peers], "leaf"
-    return [report], "node"
+        reports, scope = [report | {"node": peer} for peer in peers], "leaf"
+    if lemons:
+        lemons.struck(strike, node.pk, [r["node"].pk for r in reports] if scope == "rack" else [])
+    return reports, scope
 
 
 def _recover(clock, cluster, faults: int = 1) -> str:
@@ -188,32 +299,38 @@ def _recover(clock, cluster, faults: int = 1) -> str:
         return pending.exists() or ladders.exists()
 
     def next_due():
-        """The earliest moment something is due (it may be past: due now); None when nothing has a time."""
+        """The earliest moment after now that something is due: a running action's end or deadline, a planned
+        one's retry, a ladder's or a simulated operation's end. None when nothing has a time ahead. (A time
+        already past is not due: the beat at or after it has run, and what still waits, waits for something
+        else.)"""
         now = timezone.now()
-        times = [t for row in pending.values_list("done_at", "deadline_at", "retry_at") for t in row]
+        running = pending.filter(state="running").values_list("done_at", "deadline_at")
+        planned = pending.filter(state="planned").values_list("retry_at", "deadline_at")
+        times = [t for rows in (running, planned) for row in rows for t in row]
         times += ladders.values_list("done_at", flat=True)
         times += SimulatedOperation.objects.filter(cluster=cluster, done_at__gt=now).values_list(
             "done_at", flat=True
         )
-        return min((t for t in times if t), default=None)
+        return min((t for t in times if t and t > now), default=None)
 
-    beat, idle = settings.CELERY_BEAT_SCHEDULE["jobs-recovery-advance"]["schedule"], 0
+    beat, idle, moved = settings.CELERY_BEAT_SCHEDULE["jobs-recovery-advance"]["schedule"], 0, True
     for _ in range(STEPS_PER_RECOVERY * faults):
         if not busy():
             return "ended"
-        due = next_due()
-        if due is None:
-            # nothing has a time of its own: beat's next step (a ladder moves one stage a step); after IDLE_BEATS
-            # of them it waits for the world (a repaired spare) and goes on when it comes
+        # Beat is level-triggered: after a step that changed something, the next one may take the step it made
+        # possible (a ladder moves one stage a step), so it comes one beat later. After a step that changed
+        # nothing, nothing changes until the next moment something is due, so the clock moves there.
+        due = None
+        if moved:
+            idle = 0
+        elif (due := next_due()) is None:
+            # nothing has a time of its own: beat's next step; after IDLE_BEATS of them that change nothing it
+            # waits for the world (a repaired spare) and goes on when it comes
             idle += 1
             if idle > IDLE_BEATS:
                 return "waiting"
-            due = timezone.now()
-        else:
-            idle = 0
-        # beat's next tick: one beat on when something is due by then, else the moment it is due
-        clock.move_to(max(due, timezone.now() + beat))
-        recovery_advance(cluster_ids=[cluster.pk])
+        clock.move_to(max(due or timezone.now(), timezone.now() + beat))
+        moved = any(recovery_advance(cluster_ids=[cluster.pk]).values())
     return "unended"
 
 
@@ -225,6 +342,7 @@ class _Repairs:
     cluster: object
     hours: float
     seed: int
+    lemons: _Lemons | None = None
     due: list = field(default_factory=list)  # heap of (when, node id)
     waiting: set = field(default_factory=set)
     done: int = 0
@@ -252,6 +370,8 @@ class _Repairs:
         clock.move_to(at)
         with transaction.atomic():
             escalation_repaired(actor=None, node=Node.objects.get(pk=node_id), reason="replayed repair")
+        if self.lemons:
+            self.lemons.repaired(node_id)
         _recover(clock, self.cluster)
         self.done += 1
         self.schedule(at)
@@ -377,7 +497,6 @@ def replay_real_path(
     """Replay ``config``'s interruptions (or ``strikes``, hours from the start) through the product on a virtual
     clock; ``connection`` overrides the simulated driver's settings. Returns the run's report."""
     import time_machine
-    from django.core.management import call_command
     from django.utils import timezone
 
     from jobs.models import RecoveryAction
@@ -387,21 +506,22 @@ def replay_real_path(
     began = time.perf_counter()
     end = START + timedelta(days=config.days)
     with time_machine.travel(START, tick=False) as clock:
-        call_command("migrate", verbosity=0)
+        _fresh_store()
         cluster, job = _world(config, connection)
         built = time.perf_counter()
         if strikes is None:  # the formula replay's own trace (its software-crash share included)
             strikes, draws = trace(config)
         else:
             draws = strike_draws(config.seed, len(strikes))
-        repairs, links = _Repairs(cluster, config.repair_hours, config.seed), _Links(cluster)
+        lemons = _Lemons.of(cluster, config)
+        repairs, links = _Repairs(cluster, config.repair_hours, config.seed, lemons), _Links(cluster)
         outcomes, decide_ms, missing = Counter(), [], 0
         correlated = Counter()
         for strike, draw in zip(strikes, draws, strict=True):
             at = START + timedelta(hours=strike.at_hours)
             _world_events_until(clock, at, (repairs, links))
             clock.move_to(at)
-            reports, scope = _reports_of(strike, draw, job, config)
+            reports, scope = _reports_of(strike, draw, job, config, lemons)
             if not reports:  # the job holds no nodes now (it failed, or waits for them)
                 missing += 1
                 continue
@@ -433,6 +553,7 @@ def replay_real_path(
             "actions": dict(sorted(actions.items())),
             "nodes_repaired": repairs.done,
             "links_failed_back": links.failed_back,
+            **lemons.report(),
             "job_state": job.state,
             **_recorded(job, config, end),
             "decisions": decisions,
@@ -445,7 +566,6 @@ def replay_real_path(
         "intake_and_decision_ms_median": round(statistics.median(decide_ms), 1) if decide_ms else 0.0,
     }
     report["not_modelled"] = [
-        "lemon nodes",
         "predictions from precursors",
         "checkpoint-write stalls (booked with the formula's assumption)",
     ]
@@ -460,9 +580,21 @@ def run_in_scratch(
     timeout: float = 600.0,
 ) -> dict:
     """``replay_real_path`` in a process of its own on the scratch settings; returns its report."""
+    return run_in_scratch_many([config], strikes=strikes, connection=connection, timeout=timeout)[0]
+
+
+def run_in_scratch_many(
+    configs: list[WhatIfConfig],
+    *,
+    strikes: list | None = None,
+    connection: dict | None = None,
+    timeout: float = 600.0,
+) -> list[dict]:
+    """``replay_real_path`` for each of ``configs`` in turn, in one process of its own on the scratch settings,
+    each on a fresh store (``_fresh_store``); returns their reports in order."""
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="simulator.replay_settings", PYTHONUNBUFFERED="1")
     command = [sys.executable, str(ROOT / "manage.py"), "simulate", "real-path"]
-    command += ["--config", json.dumps(asdict(config))]
+    command += ["--config", json.dumps([asdict(config) for config in configs])]
     if strikes is not None:
         command += ["--strikes", json.dumps([asdict(strike) for strike in strikes])]
     if connection:

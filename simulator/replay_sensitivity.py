@@ -13,8 +13,12 @@ went through Lockstep's own services, and says how its figure was got.
   planner's costs do depend on the pause, so at the extremes it might have chosen otherwise; the report says so).
 - **Replayed** (``replay=True``): rows that change what there is to decide with, or what strikes: the spare share,
   the repair time, the failed-recovery share, the share of rack failures and the software-crash share. Each value is
-  a whole real-path replay of its own, in its own scratch process, two at a time beside the main one. They are the
-  costly part (about as long as the main run each), so they run only when asked (``--real-path-sensitivity``).
+  a whole real-path replay of its own, at the run's own scale, on a fresh scratch store: the replays are shared out
+  over two scratch processes (this machine has two cores), the main one first, and each process migrates its store
+  once. They are the costly part (about as long as the main run each), so they run only when asked
+  (``--real-path-sensitivity``). They are not replayed on a smaller cluster scaled up: a rack is 8 nodes whatever
+  the cluster's size, so a smaller cluster with the same spare share has too few spares for a rack (at 1,024 GPUs
+  and 2 %, 2 spares), and its spare and rack rows would say what a small cluster suffers, not this one.
 
 The work lost per migration off a dead node has no row here: the real path does not assume it, the product books
 the work since the job's last snapshot from its own progress.
@@ -23,7 +27,7 @@ the work since the job's last snapshot from its own progress.
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from simulator.replay import run_in_scratch
+from simulator.replay import run_in_scratch_many
 from simulator.whatif import WhatIfConfig
 from simulator.whatif_assumptions import SENSITIVITY, value_of
 
@@ -75,22 +79,28 @@ def _replayed_cases(fields) -> list[tuple[str, str, float]]:
 
 
 def real_path_runs(
-    config: WhatIfConfig, *, replay: bool | tuple[str, ...] = False, run=run_in_scratch
+    config: WhatIfConfig, *, replay: bool | tuple[str, ...] = False, run_many=run_in_scratch_many
 ) -> dict:
     """The real-path report for ``config`` with its ``sensitivity`` rows: the price rows re-costed, and with
-    ``replay`` the capacity rows replayed (all of REPLAYED, or the ones named), PARALLEL_REPLAYS scratch processes
-    at once, the main run among them."""
+    ``replay`` the capacity rows replayed (all of REPLAYED, or the ones named). The replays are shared out over
+    PARALLEL_REPLAYS scratch processes, the main run first in the first; each process migrates its store once
+    and replays its share one after another on a fresh copy."""
     fields = REPLAYED if replay is True else tuple(replay or ())
     if unknown := set(fields) - set(REPLAYED):
         raise ValueError(f"not a replayed row: {', '.join(sorted(unknown))}")
-    cases = _replayed_cases(fields)
-    with ThreadPoolExecutor(max_workers=PARALLEL_REPLAYS) as pool:
-        main = pool.submit(run, config)
-        others = {
-            (field, case): pool.submit(run, replace(config, **{field: value})) for field, case, value in cases
+    keys = [None] + [(field, case) for field, case, _ in _replayed_cases(fields)]
+    configs = [config] + [replace(config, **{field: value}) for field, _, value in _replayed_cases(fields)]
+    shares = [list(range(len(configs)))[n::PARALLEL_REPLAYS] for n in range(PARALLEL_REPLAYS)]
+    shares = [share for share in shares if share]
+    with ThreadPoolExecutor(max_workers=len(shares)) as pool:
+        futures = [pool.submit(run_many, [configs[i] for i in share], timeout=3600) for share in shares]
+        reports = {
+            i: report
+            for share, future in zip(shares, futures, strict=True)
+            for i, report in zip(share, future.result(), strict=True)
         }
-        real = main.result()
-        replayed = {key: future.result()["effective_training_time"] for key, future in others.items()}
+    real = reports[0]
+    replayed = {keys[i]: reports[i]["effective_training_time"] for i in range(1, len(configs))}
     rows = []
     for row in SENSITIVITY:
         if row.field in RECOSTED:

@@ -72,6 +72,12 @@ def _chance_for(cluster) -> random.Random:
     return _seeded_chances[key]
 
 
+def forget_failure_draws() -> None:
+    """Forget the seeded generators: a process that starts its clusters again (the what-if's scratch replays, one
+    after another on a fresh store) draws each cluster's failures from its seed again."""
+    _seeded_chances.clear()
+
+
 def _change_connection(cluster, change):
     """Run ``change`` on the cluster's stored connection settings, read under the row lock (FOR NO KEY UPDATE, as
     the fault path holds it), write them back if it edited them, and leave the same dict in ``cluster.connection``.

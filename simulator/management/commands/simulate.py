@@ -250,7 +250,11 @@ def _whatif(command, options):
 
 
 def _real_path_arguments(parser):
-    parser.add_argument("--config", required=True, help="the what-if's configuration, as JSON")
+    parser.add_argument(
+        "--config",
+        required=True,
+        help="the what-if's configuration, as JSON; a list of them replays each in turn (a list of reports)",
+    )
     parser.add_argument(
         "--strikes", help="these interruptions (JSON list of simulator.sampling.Strike) instead"
     )
@@ -258,7 +262,8 @@ def _real_path_arguments(parser):
 
 
 def _real_path(command, options):
-    """One real-path replay on the scratch settings (run_in_scratch starts it): its report as JSON on stdout."""
+    """Real-path replays on the scratch settings (run_in_scratch starts them): the report as JSON on stdout (a list of
+    reports for a list of configurations, each replayed on a fresh store)."""
     import json
 
     from controlplane.errors import ServiceError
@@ -267,7 +272,8 @@ def _real_path(command, options):
     from simulator.services.whatifs import clean_config
 
     try:
-        config = clean_config(json.loads(options["config"]))
+        given = json.loads(options["config"])
+        configs = [clean_config(item) for item in (given if isinstance(given, list) else [given])]
         strikes = [Strike(**item) for item in json.loads(options["strikes"])] if options["strikes"] else None
         connection = json.loads(options["connection"]) if options["connection"] else None
     except (ServiceError, ValueError, TypeError) as error:
@@ -275,10 +281,10 @@ def _real_path(command, options):
             f"--config, --strikes or --connection: {getattr(error, 'detail', error)}"
         ) from error
     try:
-        report = replay_real_path(config, strikes=strikes, connection=connection)
+        reports = [replay_real_path(config, strikes=strikes, connection=connection) for config in configs]
     except NotScratch as error:
         raise CommandError(str(error)) from error
-    command.stdout.write(json.dumps(report))
+    command.stdout.write(json.dumps(reports if isinstance(given, list) else reports[0]))
 
 
 def _abnic_arguments(parser):

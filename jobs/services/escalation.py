@@ -5,7 +5,8 @@
 
 A fault that takes a GPU or the node out of service quarantines the node at once; non-fatal faults that
 count toward escalation quarantine it when ESCALATION_STRIKES of them fall within ESCALATION_WINDOW_SECONDS.
-Each later step is taken by beat (``escalation_advance``), one step per call, through the fleet's node
+Each later step is taken by beat (``escalation_advance``), as many in one call as are ready (a drain, a repair
+checked and a check passed each let the next step follow at once; ``CHAINED_STAGES``), through the fleet's node
 services (which enforce the fleet-wide cordon and drain caps and the share circuit breaker: a step refused over
 a cap waits and retries). Paused automation (the cluster's, its fleet's or the provider's switch) holds every
 ladder of the cluster where it stands.
@@ -505,10 +506,15 @@ def _step(escalation: NodeEscalation, node: Node | None = None) -> str:
 
 
 LADDERS_PER_TRANSACTION = 50
+# A step that ends in one of these stages makes the next one possible at once (the drain done, the repair
+# checked, the check passed), so beat takes it in the same call; the others wait for something (an operation,
+# the clean-telemetry window, a human).
+CHAINED_STAGES = (EscalationStage.DRAINING, EscalationStage.REPAIRED, EscalationStage.VALIDATED)
+STEPS_PER_BEAT = 4
 
 
 def escalation_advance(*, cluster_ids: list[int] | None = None) -> int:
-    """Move every open ladder one step (beat). Returns how many moved."""
+    """Move every open ladder on (beat): each takes the steps ready now. Returns how many steps were taken."""
     if provider_automation() == AutomationMode.PAUSED:
         return 0
     rows = (
@@ -548,31 +554,43 @@ def _advance_ladders(cluster_id: int, ids: list[int]) -> int:
         if ladder.stage in OPEN_STAGES
     ]
     nodes = lock_nodes([ladder.node_id for ladder in ladders], related=("cluster__fleet",))
-    before = {ladder.pk: ladder.stage for ladder in ladders}
     entries, now = [], timezone.now()
     with events.gathered():
         for ladder in ladders:
             ladder.node = nodes[ladder.node_id]
-        # the quarantined ladders together (their cordons and drains: one call of each node service), then the rest
-        _quarantined_steps(
-            [ladder for ladder in ladders if ladder.stage == EscalationStage.QUARANTINED], nodes
-        )
-        for escalation in ladders:
-            if before[escalation.pk] != EscalationStage.QUARANTINED:
-                _step(escalation, nodes[escalation.node_id])
-            escalation.updated_at = now
-            before_stage = before[escalation.pk]
-            if escalation.stage != before_stage:
+        # The quarantined ladders together (their cordons and drains: one call of each node service), then the
+        # rest; then again those whose step made the next one possible now (CHAINED_STAGES), up to
+        # STEPS_PER_BEAT steps in all.
+        stepping = ladders
+        for _ in range(STEPS_PER_BEAT):
+            before = {ladder.pk: ladder.stage for ladder in stepping}
+            _quarantined_steps(
+                [ladder for ladder in stepping if ladder.stage == EscalationStage.QUARANTINED], nodes
+            )
+            for escalation in stepping:
+                if before[escalation.pk] != EscalationStage.QUARANTINED:
+                    _step(escalation, nodes[escalation.node_id])
+            moved = [ladder for ladder in stepping if ladder.stage != before[ladder.pk]]
+            for escalation in moved:
                 entries.append(
                     audit_entry(
                         actor=None,
                         action="node.escalation",
                         target=escalation.node,
                         tenant_id=escalation.node.cluster.dedicated_tenant_id,
-                        changes={"stage": [before_stage, escalation.stage]},
+                        changes={"stage": [before[escalation.pk], escalation.stage]},
                     )
                 )
                 _publish(escalation, "node.escalation")
+            stepping = [ladder for ladder in moved if ladder.stage in CHAINED_STAGES]
+            if not stepping:
+                break
+            # their nodes as the step left them (locked above, in this transaction)
+            nodes |= Node.objects.select_related("cluster__fleet").in_bulk(
+                [ladder.node_id for ladder in stepping]
+            )
+        for escalation in ladders:
+            escalation.updated_at = now
         update_rows(ladders, LADDER_FIELDS)
         audit_record_many(entries)
     return len(entries)

@@ -98,10 +98,9 @@ def test_a_failed_health_check_sends_the_node_back_to_failed(users, client):
     section = page[page.index('id="cluster-repairs"') : page.index('id="cluster-rollouts"')]
     assert node.hostname in section and 'health_check: <span class="bad">failed</span>' in section
     assert "validation failed (health check sim-" in section
-    # repaired again: this time the check passes; with no agent, no telemetry is awaited
+    # repaired again: this time the check passes; with no agent, no telemetry is awaited, and the node goes back
+    # to the spare pool in the same beat (checked, validated, returned: each step ready as the one before ends)
     escalation_repaired(actor=users["operator"], node=node, reason="replaced the GPU")
-    recovery_advance()
-    assert ladder(node).stage == EscalationStage.VALIDATED
     recovery_advance()
     escalation = ladder(node)
     assert escalation.stage == EscalationStage.RETURNED and not escalation.has_agent
@@ -127,7 +126,8 @@ def test_a_passing_check_and_clean_telemetry_return_a_node_with_an_agent(users, 
     assert (
         escalation.stage == EscalationStage.VALIDATED and escalation.has_agent and escalation.check_passed_at
     )
-    assert escalation.blocked == "waits for 300 s of clean telemetry"
+    # the same beat looked at the window: it has not passed yet
+    assert escalation.blocked.startswith("waits for clean telemetry until ")
     recovery_advance()  # the window has not passed
     assert ladder(node).stage == EscalationStage.VALIDATED
     # the window has passed (the check passed 301 s ago), but the node has not reported since: it waits
@@ -206,7 +206,8 @@ def test_paused_automation_holds_the_ladder(users):
     assert escalation_advance() == 0
     cluster.automation = AutomationMode.ACTIVE
     cluster.save(update_fields=["automation"])
-    assert escalation_advance() == 1 and ladder(node).stage == EscalationStage.VALIDATED
+    # checked and validated, then returned to the spare pool (no agent): two steps in the one beat
+    assert escalation_advance() == 2 and ladder(node).stage == EscalationStage.RETURNED
 
 
 def test_the_share_circuit_breaker_makes_a_quarantine_wait_and_retry(users):

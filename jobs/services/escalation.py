@@ -20,11 +20,13 @@ silence for twice the window. What validation saw is kept on the ladder (``evide
 cluster page.
 """
 
+import copy
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from controlplane import events
@@ -517,8 +519,15 @@ def escalation_advance(*, cluster_ids: list[int] | None = None) -> int:
     """Move every open ladder on (beat): each takes the steps ready now. Returns how many steps were taken."""
     if provider_automation() == AutomationMode.PAUSED:
         return 0
+    now = timezone.now()
+    # A ladder waiting for its GPU reset or its health check to end, before the driver said it would, has no step
+    # to take: it is not locked and stepped for nothing.
+    running = Q(done_at__gt=now) & (
+        Q(stage=EscalationStage.REMEDIATING) | (Q(stage=EscalationStage.REPAIRED) & ~Q(check_handle=""))
+    )
     rows = (
         NodeEscalation.objects.filter(stage__in=OPEN_STAGES)
+        .exclude(running)
         .exclude(node__cluster__automation=AutomationMode.PAUSED)
         .exclude(node__cluster__fleet__automation=AutomationMode.PAUSED)
     )
@@ -534,6 +543,16 @@ def escalation_advance(*, cluster_ids: list[int] | None = None) -> int:
 
 
 LADDER_FIELDS = [field.name for field in NodeEscalation._meta.concrete_fields if not field.primary_key]
+_KEPT = [
+    field.attname
+    for field in NodeEscalation._meta.concrete_fields
+    if not field.primary_key and field.name != "updated_at"
+]
+
+
+def _kept(ladder: NodeEscalation) -> tuple:
+    """What a step may change on a ladder (a copy: its lists are replaced, not edited, but a copy is sure)."""
+    return copy.deepcopy(tuple(getattr(ladder, name) for name in _KEPT))
 
 
 @transaction.atomic
@@ -555,6 +574,7 @@ def _advance_ladders(cluster_id: int, ids: list[int]) -> int:
     ]
     nodes = lock_nodes([ladder.node_id for ladder in ladders], related=("cluster__fleet",))
     entries, now = [], timezone.now()
+    kept = {ladder.pk: _kept(ladder) for ladder in ladders}
     with events.gathered():
         for ladder in ladders:
             ladder.node = nodes[ladder.node_id]
@@ -589,9 +609,11 @@ def _advance_ladders(cluster_id: int, ids: list[int]) -> int:
             nodes |= Node.objects.select_related("cluster__fleet").in_bulk(
                 [ladder.node_id for ladder in stepping]
             )
-        for escalation in ladders:
+        # written when a step changed them (a ladder that waits as it waited is left as it was)
+        changed = [ladder for ladder in ladders if _kept(ladder) != kept[ladder.pk]]
+        for escalation in changed:
             escalation.updated_at = now
-        update_rows(ladders, LADDER_FIELDS)
+        update_rows(changed, LADDER_FIELDS)
         audit_record_many(entries)
     return len(entries)
 

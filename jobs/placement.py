@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from django.db import OperationalError, connection, transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
 from controlplane.bulk import update_rows
@@ -174,11 +174,8 @@ class SparePool:
         if gpu_model not in self._by_model or wait:
             now = timezone.now()
             booked = SpareBooking.objects.filter(released_at__isnull=True, whole_node=True).values("node_id")
-            unhealthy = (
-                GPU.objects.filter(node__cluster=self.cluster)
-                .exclude(health=GPUHealth.HEALTHY)
-                .values("node_id")
-            )
+            # each spare's own GPUs (an index lookup a spare), not every GPU of the cluster (16,384 at 2,048 nodes)
+            unhealthy = GPU.objects.filter(node_id=OuterRef("pk")).exclude(health=GPUHealth.HEALTHY)
             rows = (
                 Node.objects.filter(
                     cluster=self.cluster,
@@ -188,7 +185,7 @@ class SparePool:
                 )
                 .filter(Q(cooldown_until__isnull=True) | Q(cooldown_until__lte=now))
                 .exclude(pk__in=booked)
-                .exclude(pk__in=unhealthy)
+                .exclude(Exists(unhealthy))
             )
             ordered = rows.order_by("risk_score", "hostname")
             found = _wait_briefly(ordered) if wait else None
@@ -305,19 +302,25 @@ def allocations_move(moves: list[tuple[JobAllocation, Node]]) -> None:
         join_as_replacement(node, allocation.job_id)
 
 
-def unusable_nodes(allocations: list[JobAllocation]) -> set[int]:
-    """Of the nodes these allocations hold, those a restarted job must not come back on: not ready (failed,
-    cordoned or quarantined, draining), or with a GPU of the allocation out of health."""
-    node_ids = {a.node_id for a in allocations}
-    bad = set(
-        Node.objects.filter(pk__in=node_ids).exclude(state=NodeState.READY).values_list("pk", flat=True)
-    )
-    sick = set(
-        GPU.objects.filter(node_id__in=node_ids)
-        .exclude(health=GPUHealth.HEALTHY)
-        .values_list("node_id", "index")
-    )
-    return bad | {a.node_id for a in allocations if any((a.node_id, i) in sick for i in a.gpu_indices)}
+def unusable_nodes(job, gone: frozenset[int] = frozenset()) -> list[JobAllocation]:
+    """The job's allocations on nodes a restarted job must not come back on: not ready (failed, cordoned or
+    quarantined, draining), with a GPU of the allocation out of health, or ``gone``. Found in SQL, so that only
+    those allocations are read, not every one of a job that may hold thousands."""
+    held = {"job_allocations__job": job, "job_allocations__released_at__isnull": True}
+    bad = set(Node.objects.filter(**held).exclude(state=NodeState.READY).values_list("pk", flat=True))
+    held = {f"node__{key}": value for key, value in held.items()}
+    sick = set(GPU.objects.filter(**held).exclude(health=GPUHealth.HEALTHY).values_list("node_id", "index"))
+    suspect = bad | set(gone) | {node_id for node_id, _ in sick}
+    if not suspect:
+        return []
+    allocations = JobAllocation.objects.filter(job=job, released_at__isnull=True, node_id__in=suspect)
+    return [
+        allocation
+        for allocation in allocations.select_related("node").order_by("rank_start")
+        if allocation.node_id in bad
+        or allocation.node_id in gone
+        or any((allocation.node_id, i) in sick for i in allocation.gpu_indices)
+    ]
 
 
 def replacements(
@@ -327,14 +330,8 @@ def replacements(
     fault says is dead, not yet out of service in Lockstep): a healthy spare for each worker there (from ``pool``,
     never one in ``taken``, which grows). Returns the moves for ``allocations_move``, or none and why not: all or
     nothing."""
-    allocations = list(JobAllocation.objects.filter(job=job, released_at__isnull=True))
-    bad = unusable_nodes(allocations) | set(gone)
-    leaving = [a for a in allocations if a.node_id in bad]
-    # only the nodes it leaves: a job may hold thousands
-    nodes = Node.objects.in_bulk({a.node_id for a in leaving})
     moves = []
-    for allocation in leaving:
-        allocation.node = nodes[allocation.node_id]
+    for allocation in unusable_nodes(job, frozenset(gone)):
         spare = pool.pick(near=allocation.node, gpus=allocation.gpu_count, exclude=taken)
         if spare is None:
             taken.difference_update(node.pk for _, node in moves)

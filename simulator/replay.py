@@ -68,10 +68,28 @@ def _require_scratch() -> None:
 _SCHEMA = []  # the migrated, empty scratch database, copied for each later replay of the process
 
 
+def _schema_file() -> Path:
+    """Where the migrated, empty scratch database is kept between processes: named by a digest of every
+    installed app's migrations and Django's version, so a changed migration makes a new one."""
+    import hashlib
+    import tempfile
+
+    import django
+    from django.apps import apps
+
+    digest = hashlib.sha256(django.__version__.encode())
+    for app in sorted(apps.get_app_configs(), key=lambda app: app.label):
+        for migration in sorted((Path(app.path) / "migrations").glob("*.py")):
+            digest.update(f"{app.label}/{migration.name}".encode())
+            digest.update(migration.read_bytes())
+    return Path(tempfile.gettempdir()) / f"lockstep-replay-schema-{digest.hexdigest()[:16]}.sqlite3"
+
+
 def _fresh_store() -> None:
-    """An empty scratch store with the product's schema: the first replay of a process migrates it and keeps a copy
-    (SQLite's backup API); each later one copies that back over what the last replay left, and forgets what the
-    process kept beside the database (the cache, the simulated driver's seeded failure draws)."""
+    """An empty scratch store with the product's schema. The first replay of a process copies it from the schema
+    file (SQLite's backup API), migrating and writing that first when there is none; each later one copies it
+    back over what the last replay left, and forgets what the process kept beside the database (the cache, the
+    simulated driver's seeded failure draws)."""
     import sqlite3
 
     from django.contrib.contenttypes.models import ContentType
@@ -81,14 +99,21 @@ def _fresh_store() -> None:
 
     from fleet.drivers.simulated import forget_failure_draws
 
+    connection.ensure_connection()
     if not _SCHEMA:
-        call_command("migrate", verbosity=0)
-        connection.ensure_connection()
         _SCHEMA.append(sqlite3.connect(":memory:"))
-        connection.connection.backup(_SCHEMA[0])
-    else:
-        connection.ensure_connection()
-        _SCHEMA[0].backup(connection.connection)
+        path = _schema_file()
+        if path.exists():
+            with sqlite3.connect(path) as kept:
+                kept.backup(_SCHEMA[0])
+        else:
+            call_command("migrate", verbosity=0)
+            connection.connection.backup(_SCHEMA[0])
+            written = path.with_suffix(f".{os.getpid()}.tmp")
+            with sqlite3.connect(written) as copy:
+                _SCHEMA[0].backup(copy)
+            written.replace(path)  # whole or not at all, should two processes write it at once
+    _SCHEMA[0].backup(connection.connection)
     cache.clear()
     ContentType.objects.clear_cache()
     forget_failure_draws()

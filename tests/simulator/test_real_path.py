@@ -10,7 +10,7 @@ import pytest
 
 from fleet.models import Cluster, Node
 from jobs.models import Job, RecoveryAction
-from simulator.replay import NotScratch, replay_real_path, run_in_scratch
+from simulator.replay import NotScratch, replay_real_path, run_in_scratch, run_in_scratch_many
 from simulator.replay_sensitivity import RECOSTED, real_path_runs, recost
 from simulator.sampling import Strike
 from simulator.whatif import WhatIfConfig
@@ -144,3 +144,20 @@ def test_lemon_nodes_draw_the_hardware_faults_until_the_operator_replaces_them(r
     assert found_out["hardware_faults_on_lemon_nodes"] < stuck["hardware_faults_on_lemon_nodes"] - 0.3, (
         found_out
     )
+
+
+def test_a_replay_run_second_in_a_process_gives_what_a_fresh_process_gives():
+    # each replay of a process starts from a copy of the migrated schema, with the cache and the simulated driver's
+    # seeded failure draws forgotten: what the first replay left cannot move the second
+    short = replace(SMALL, days=13.5, failed_recovery_share=0.2)
+    fresh = run_in_scratch(short, timeout=300)
+    after_another = run_in_scratch_many([replace(short, spare_fraction=0.005, seed=4), short], timeout=300)[1]
+    for key in (
+        "actions",
+        "recoveries",
+        "decisions",
+        "gpu_hours_lost",
+        "effective_training_time",
+        "lemon_nodes",
+    ):
+        assert after_another[key] == fresh[key], key

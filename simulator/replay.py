@@ -48,6 +48,10 @@ from simulator.whatif import WhatIfConfig, strike_draws, trace
 START = datetime(2026, 1, 5, tzinfo=UTC)  # the virtual clock's origin: any fixed moment does
 STEPS_PER_RECOVERY = 100  # beat steps per fault after which a recovery that has not ended is counted as such
 IDLE_BEATS = 10  # beat steps with nothing due after which a recovery waits for the world
+# What beat counts that can make a next step possible: an action completed, started or failed (its fallback), a
+# ladder's step. An incident resolved, a saving settled or a snapshot finished cannot, so a beat that did only
+# those is not followed by another at once.
+RECOVERY_STEPS = ("completed", "started", "failed", "ladder")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -342,9 +346,9 @@ def _recover(clock, cluster, faults: int = 1) -> str:
     for _ in range(STEPS_PER_RECOVERY * faults):
         if not busy():
             return "ended"
-        # Beat is level-triggered: after a step that changed something, the next one may take the step it made
-        # possible (a ladder moves one stage a step), so it comes one beat later. After a step that changed
-        # nothing, nothing changes until the next moment something is due, so the clock moves there.
+        # Beat is level-triggered: after a step that moved a recovery on (RECOVERY_STEPS), the next one may take
+        # the step it made possible (a ladder blocked by a cap another freed), so it comes one beat later. After a
+        # step that moved nothing, nothing changes until the next moment something is due: the clock moves there.
         due = None
         if moved:
             idle = 0
@@ -355,7 +359,8 @@ def _recover(clock, cluster, faults: int = 1) -> str:
             if idle > IDLE_BEATS:
                 return "waiting"
         clock.move_to(max(due or timezone.now(), timezone.now() + beat))
-        moved = any(recovery_advance(cluster_ids=[cluster.pk]).values())
+        counts = recovery_advance(cluster_ids=[cluster.pk])
+        moved = any(counts.get(kind) for kind in RECOVERY_STEPS)
     return "unended"
 
 

@@ -302,7 +302,7 @@ def allocations_move(moves: list[tuple[JobAllocation, Node]]) -> None:
         join_as_replacement(node, allocation.job_id)
 
 
-def unusable_nodes(job, gone: frozenset[int] = frozenset()) -> list[JobAllocation]:
+def leaving_allocations(job, gone: frozenset[int] = frozenset()) -> list[JobAllocation]:
     """The job's allocations on nodes a restarted job must not come back on: not ready (failed, cordoned or
     quarantined, draining), with a GPU of the allocation out of health, or ``gone``. Found in SQL, so that only
     those allocations are read, not every one of a job that may hold thousands."""
@@ -331,7 +331,7 @@ def replacements(
     never one in ``taken``, which grows). Returns the moves for ``allocations_move``, or none and why not: all or
     nothing."""
     moves = []
-    for allocation in unusable_nodes(job, frozenset(gone)):
+    for allocation in leaving_allocations(job, gone):
         spare = pool.pick(near=allocation.node, gpus=allocation.gpu_count, exclude=taken)
         if spare is None:
             taken.difference_update(node.pk for _, node in moves)

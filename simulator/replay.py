@@ -333,9 +333,13 @@ def _recover(clock, cluster, faults: int = 1) -> str:
         already past is not due: the beat at or after it has run, and what still waits, waits for something
         else.)"""
         now = timezone.now()
-        running = pending.filter(state="running").values_list("done_at", "deadline_at")
-        planned = pending.filter(state="planned").values_list("retry_at", "deadline_at")
-        times = [t for rows in (running, planned) for row in rows for t in row]
+        times = [
+            t
+            for state, done_at, deadline_at, retry_at in pending.values_list(
+                "state", "done_at", "deadline_at", "retry_at"
+            )
+            for t in ((done_at, deadline_at) if state == "running" else (retry_at, deadline_at))
+        ]
         times += ladders.values_list("done_at", flat=True)
         times += SimulatedOperation.objects.filter(cluster=cluster, done_at__gt=now).values_list(
             "done_at", flat=True

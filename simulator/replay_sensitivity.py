@@ -14,8 +14,8 @@ went through Lockstep's own services, and says how its figure was got.
 - **Replayed** (``replay=True``): rows that change what there is to decide with, or what strikes: the spare share,
   the repair time, the failed-recovery share, the share of rack failures and the software-crash share. Each value is
   a whole real-path replay of its own, at the run's own scale, on a fresh scratch store: the replays are shared out
-  over two scratch processes (this machine has two cores), the main one first, and each process migrates its store
-  once. They are the costly part (about as long as the main run each), so they run only when asked
+  over two scratch processes (this machine has two cores), the main one first, and each process prepares its store
+  once (the schema copied, not migrated again). They are the costly part (about as long as the main run each), so they run only when asked
   (``--real-path-sensitivity``). They are not replayed on a smaller cluster scaled up: a rack is 8 nodes whatever
   the cluster's size, so a smaller cluster with the same spare share has too few spares for a rack (at 1,024 GPUs
   and 2 %, 2 spares), and its spare and rack rows would say what a small cluster suffers, not this one.
@@ -83,15 +83,16 @@ def real_path_runs(
 ) -> dict:
     """The real-path report for ``config`` with its ``sensitivity`` rows: the price rows re-costed, and with
     ``replay`` the capacity rows replayed (all of REPLAYED, or the ones named). The replays are shared out over
-    PARALLEL_REPLAYS scratch processes, the main run first in the first; each process migrates its store once
+    PARALLEL_REPLAYS scratch processes, the main run first in the first; each process prepares its store once
     and replays its share one after another on a fresh copy."""
     fields = REPLAYED if replay is True else tuple(replay or ())
     if unknown := set(fields) - set(REPLAYED):
         raise ValueError(f"not a replayed row: {', '.join(sorted(unknown))}")
-    keys = [None] + [(field, case) for field, case, _ in _replayed_cases(fields)]
-    configs = [config] + [replace(config, **{field: value}) for field, _, value in _replayed_cases(fields)]
-    shares = [list(range(len(configs)))[n::PARALLEL_REPLAYS] for n in range(PARALLEL_REPLAYS)]
-    shares = [share for share in shares if share]
+    cases = _replayed_cases(fields)
+    configs = [config] + [replace(config, **{field: value}) for field, _, value in cases]
+    shares = [
+        list(range(n, len(configs), PARALLEL_REPLAYS)) for n in range(min(PARALLEL_REPLAYS, len(configs)))
+    ]
     with ThreadPoolExecutor(max_workers=len(shares)) as pool:
         futures = [pool.submit(run_many, [configs[i] for i in share], timeout=3600) for share in shares]
         reports = {
@@ -100,7 +101,9 @@ def real_path_runs(
             for i, report in zip(share, future.result(), strict=True)
         }
     real = reports[0]
-    replayed = {keys[i]: reports[i]["effective_training_time"] for i in range(1, len(configs))}
+    replayed = {
+        (field, case): reports[i]["effective_training_time"] for i, (field, case, _) in enumerate(cases, 1)
+    }
     rows = []
     for row in SENSITIVITY:
         if row.field in RECOSTED:

@@ -24,7 +24,7 @@ The work lost per migration off a dead node has no row here: the real path does 
 the work since the job's last snapshot from its own progress.
 """
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
 from simulator.replay import run_in_scratch_many
@@ -46,6 +46,9 @@ REPLAYED = (
 )
 CASES = ("pessimistic", "optimistic")
 PARALLEL_REPLAYS = 2  # scratch processes at once (this machine has two cores)
+# The largest run the real path replays, in GPU-days: twice the issue's 54 days at 16,384 GPUs (about 840
+# interruptions, a minute or two through the services on two cores). A larger run keeps the formula's figures.
+MAX_GPU_DAYS = 2 * 16_384 * 54
 
 
 def recost(real: dict, config: WhatIfConfig, field: str, value: float) -> float:
@@ -126,3 +129,27 @@ def real_path_runs(
         )
     real["sensitivity"] = rows
     return real
+
+
+def not_replayed(config: WhatIfConfig) -> str:
+    """Why the real path leaves ``config`` out (empty when it replays it)."""
+    if config.gpus * config.days > MAX_GPU_DAYS:
+        return (
+            f"{config.gpus:,} GPUs for {config.days:g} days is more than the real path replays "
+            f"({MAX_GPU_DAYS:,} GPU-days); the formula's figures stand alone"
+        )
+    return ""
+
+
+def real_path_beside(config: WhatIfConfig, *, replay: bool | tuple[str, ...] = False) -> Future:
+    """``real_path_runs`` started in a thread, so that its scratch processes run beside the caller's own work (the
+    formula replay); returns its future. A run too large for the real path (``not_replayed``) is not started: the
+    future holds ``{"not_replayed": why}``."""
+    if why := not_replayed(config):
+        done: Future = Future()
+        done.set_result({"not_replayed": why})
+        return done
+    pool = ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(real_path_runs, config, replay=replay)
+    pool.shutdown(wait=False)
+    return future

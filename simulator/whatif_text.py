@@ -72,6 +72,8 @@ def format_report(report: dict) -> str:
 
 def _real_path_lines(real: dict) -> list[str]:
     """The real-path replay's lines (``--real-path``): what Lockstep's own services did with the same faults."""
+    if "not_replayed" in real:
+        return [f"not replayed through Lockstep's own services: {real['not_replayed']}"]
     timing = real["timing"]
     return [
         f"through Lockstep's own services (scratch store, {timing['replay_seconds']:.0f} s, "

@@ -84,9 +84,15 @@ def test_replay_started_through_the_api_runs_on_a_real_worker(api, users, client
         wait_for(lambda: WhatIfRun.objects.get(pk=run_id).state == "done", 30, what="the what-if task")
     body = api.get(f"/api/v1/whatif/{run_id}/").json()
     assert body["progress"] == 1.0 and body["report"]["protected"]["interruptions"] > 0
+    # the worker replayed the same interruptions through Lockstep's own services too, in a scratch store
+    real = body["report"]["real_path"]
+    assert real["interruptions"] == body["report"]["protected"]["interruptions"], real
+    assert real["replayed"] >= 1 and real["recoveries_open_at_end"] == 0
+    assert 0.5 < real["effective_training_time"] <= 1.0
     client.force_login(users["operator"])
     page = client.get(f"/whatif/{run_id}/").content.decode()
     assert "<progress" in page and "Effective training time" in page
+    assert 'id="whatif-real-path"' in page and "Through Lockstep's own services" in page
     from controlplane.models import Event
 
     kinds = list(
@@ -119,3 +125,25 @@ def test_whatif_page_shows_progress_assumptions_sensitivity_and_checkpoint_advic
     assert 'id="whatif-sensitivity"' in page and "migration pause" in page and "checkpoint write cost" in page
     assert 'id="whatif-assumptions"' in page and "arXiv:2407.21783" in page and "assumed" in page
     assert 'id="whatif-checkpoint-advice"' in page and "Young/Daly" in page
+    # the real path's figures and its price rows, re-costed from what the services recorded
+    real = WhatIfRun.objects.get(pk=run.pk).report["real_path"]
+    assert 'id="whatif-real-path"' in page and 'id="whatif-real-path-sensitivity"' in page
+    assert f"{real['effective_training_time'] * 100:.1f}" in page and "re-costed" in page
+
+
+@pytest.mark.django_db
+def test_a_run_too_large_for_the_real_path_keeps_the_formula_and_says_why(client, users, monkeypatch):
+    from simulator.services.whatifs import whatif_execute, whatif_start
+
+    # the cap lowered under this small run (the real cap is twice 54 days at 16,384 GPUs)
+    monkeypatch.setattr("simulator.replay_sensitivity.MAX_GPU_DAYS", 1024 * 5 - 1)
+    run = whatif_start(actor=users["operator"], config={"gpus": 1024, "days": 5})
+    assert whatif_execute(run_id=run.pk) == "done"
+    report = WhatIfRun.objects.get(pk=run.pk).report
+    assert (
+        report["protected"]["interruptions"] > 0
+        and "more than the real path replays" in (report["real_path"]["not_replayed"])
+    )
+    client.force_login(users["operator"])
+    page = client.get(f"/whatif/{run.pk}/").content.decode()
+    assert "Not replayed through the services" in page

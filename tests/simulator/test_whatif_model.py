@@ -7,7 +7,7 @@ from dataclasses import replace
 from io import StringIO
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from simulator import checkpointing
 from simulator.profiles import (
@@ -233,6 +233,34 @@ def test_json_is_one_document_with_the_old_and_new_keys_and_progress_goes_to_std
     assert all({"name", "value", "source"} <= set(item) for item in report["assumptions"])
     assert "replayed in" in err.getvalue() and "replaying… 100 %" in err.getvalue()
     assert "replaying" not in out.getvalue()
+    # by default the same interruptions go through Lockstep's own services too (issue 20)
+    real = report["real_path"]
+    assert (
+        real["interruptions"] == report["protected"]["interruptions"] and real["recoveries_open_at_end"] == 0
+    )
+    assert {row["how"] for row in real["sensitivity"]} == {"re-costed"}
+    assert "real path replayed in" in err.getvalue()
+
+
+def test_formula_only_leaves_the_real_path_out():
+    out, err = StringIO(), StringIO()
+    call_command(
+        "simulate",
+        "what-if",
+        "--json",
+        "--formula-only",
+        "--days",
+        "5",
+        "--gpus",
+        "1024",
+        stdout=out,
+        stderr=err,
+    )
+    report = json.loads(out.getvalue())
+    assert "real_path" not in report and "effective_training_time" in report["protected"]
+    assert "real path" not in err.getvalue()
+    with pytest.raises(CommandError):
+        call_command("simulate", "what-if", "--formula-only", "--real-path", stdout=out, stderr=err)
 
 
 def test_text_report_keeps_todays_lines_first_then_advice_and_the_table():

@@ -189,16 +189,21 @@ def _whatif_arguments(parser):
     parser.add_argument("--spare-fraction", type=float, default=0.02)
     parser.add_argument("--json", action="store_true", help="print the whole report as one JSON document")
     parser.add_argument(
+        "--formula-only",
+        action="store_true",
+        help="only the formula replay (seconds): leave out the replay through Lockstep's own services (real_path)",
+    )
+    parser.add_argument(
         "--real-path",
         action="store_true",
-        help="also replay the interruptions through Lockstep's own services in a scratch store (report: real_path),"
-        " with the sensitivity table's price rows re-costed from what it recorded",
+        help="(the default) also replay the interruptions through Lockstep's own services in a scratch store"
+        " (report: real_path), with the sensitivity table's price rows re-costed from what it recorded",
     )
     parser.add_argument(
         "--real-path-sensitivity",
         action="store_true",
-        help="with --real-path, also replay the capacity rows (spare share, repair time, failed recoveries, rack"
-        " failures, software crashes) through the real path: ten more replays, two at a time",
+        help="also replay the capacity rows (spare share, repair time, failed recoveries, rack failures, software"
+        " crashes) through the real path: ten more replays, two at a time (minutes, not seconds)",
     )
 
 
@@ -235,17 +240,15 @@ def _whatif(command, options):
             shown[0] = percent
             command.stderr.write(f"replaying… {percent} %")
 
+    if options["formula_only"] and (options["real_path"] or options["real_path_sensitivity"]):
+        raise CommandError("--formula-only leaves the real path out: drop --real-path(-sensitivity)")
     real_path = None
-    if options["real_path"]:
-        from concurrent.futures import ThreadPoolExecutor
-
-        from simulator.replay_sensitivity import real_path_runs
+    if not options["formula_only"]:
+        from simulator.replay_sensitivity import real_path_beside
 
         # its scratch processes start first and run beside the formula replay (the machine has two cores)
         command.stderr.write("replaying through Lockstep's services in a scratch store…")
-        pool = ThreadPoolExecutor(max_workers=1)
-        real_path = pool.submit(real_path_runs, config, replay=options["real_path_sensitivity"])
-        pool.shutdown(wait=False)
+        real_path = real_path_beside(config, replay=options["real_path_sensitivity"])
     report = whatif_run(config, progress=progress)
     command.stderr.write(f"replayed in {time.monotonic() - started:.2f} s")
     if real_path is not None:
@@ -253,7 +256,9 @@ def _whatif(command, options):
             report["real_path"] = real_path.result()
         except RuntimeError as error:
             raise CommandError(str(error)) from error
-        command.stderr.write(f"real path replayed in {report['real_path']['timing']['replay_seconds']:.1f} s")
+        if "timing" in report["real_path"]:
+            replayed = report["real_path"]["timing"]["replay_seconds"]
+            command.stderr.write(f"real path replayed in {replayed:.1f} s")
     command.stdout.write(json.dumps(report, indent=2) if options["json"] else format_report(report))
 
 
@@ -329,7 +334,7 @@ SUBCOMMANDS = {
         _whatif,
     ),
     "real-path": (
-        "the what-if's interruptions through Lockstep's own services (scratch settings only; what-if --real-path)",
+        "the what-if's interruptions through Lockstep's own services (scratch settings only; what-if runs it)",
         _real_path_arguments,
         _real_path,
     ),

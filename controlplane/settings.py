@@ -243,6 +243,16 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
         30.0,
         "The first retry of a failed restart waits this long; each later one twice as long.",
     ),
+    "RECOVERY_SPARE_WAIT_SECONDS": (
+        float,
+        86400.0,
+        "How long a restart that finds no healthy spare for a dead node's workers waits for one (a repaired node coming back, its own included), counted from the fault; then it fails and the job with it. 0: fail at once.",
+    ),
+    "RECOVERY_SPARE_POLL_SECONDS": (
+        float,
+        300.0,
+        "How often a restart waiting for a spare looks again; a node returned to service makes it look at once.",
+    ),
     "PROACTIVE_PRECISION_PRIOR": (
         float,
         0.5,
@@ -693,6 +703,8 @@ RECOVERY_DEADLINE_FACTOR = env("RECOVERY_DEADLINE_FACTOR")
 RECOVERY_DEADLINE_EXTRA_SECONDS = env("RECOVERY_DEADLINE_EXTRA_SECONDS")
 RECOVERY_RESTART_RETRIES = env("RECOVERY_RESTART_RETRIES")
 RECOVERY_RETRY_BACKOFF_SECONDS = env("RECOVERY_RETRY_BACKOFF_SECONDS")
+RECOVERY_SPARE_WAIT_SECONDS = env("RECOVERY_SPARE_WAIT_SECONDS")
+RECOVERY_SPARE_POLL_SECONDS = env("RECOVERY_SPARE_POLL_SECONDS")
 PROACTIVE_PRECISION_PRIOR = env("PROACTIVE_PRECISION_PRIOR")
 PROACTIVE_PRECISION_MIN_JUDGED = env("PROACTIVE_PRECISION_MIN_JUDGED")
 

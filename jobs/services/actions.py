@@ -66,10 +66,11 @@ def start_through_driver(
 ) -> str:
     """Ask the driver to carry out a planned action, the migration budget permitting, and set the action's fields
     in memory (the caller writes them). Returns ``"started"`` (and counts it in ``budget``), ``"waiting"`` (over
-    the budget, or a transient driver error: it stays planned and ``error`` says why) or ``"refused"`` (``error``
-    says why; the caller fails it). ``budget`` is needed for the budgeted kinds only. A whole-job restart first
-    finds healthy spares for its workers on failed or quarantined nodes (never one in ``taken``, the spares this
-    decision already handed out) and moves them there once the driver has started it; with none it is refused. A
+    the budget, a transient driver error, or a restart waiting for a spare: it stays planned and ``error`` says
+    why; ``WAITING_FIELDS`` are what may have changed) or ``"refused"`` (``error`` says why; the caller fails it).
+    ``budget`` is needed for the budgeted kinds only. A whole-job restart first finds healthy spares for its
+    workers on failed or quarantined nodes (never one in ``taken``, the spares this decision already handed out)
+    and moves them there once the driver has started it; with none it waits for one (``_wait_for_spare``). A
     decision passes its own spare ``pool`` (read and locked once for all its actions; a storm's 64 restarts would
     otherwise each read the spares afresh, twice, and wait for their locks each time)."""
     moves = []
@@ -77,15 +78,15 @@ def start_through_driver(
         taken = taken if taken is not None else set()
         pool = pool if pool is not None else placement.SparePool(cluster)
         moves, problem = [], "no dead node"
-        if action.impact == "node" and action.node_id:
+        if action.impact == "node" and action.node_id and not waits_for_spare(action):
             # The node is dead even while Lockstep may not take it out of service yet (a fleet-wide cap): a spare
             # for its workers too, where there is one, so that the scheduler cannot hand out one booked for another.
+            # (Once the restart has waited, the ladder has taken the node out of service, or returned it repaired.)
             moves, problem = placement.replacements(action.job, pool, taken, gone=frozenset({action.node_id}))
         if problem:
             moves, problem = placement.replacements(action.job, pool, taken)
         if problem:
-            action.error = problem[:300]
-            return "refused"
+            return _wait_for_spare(action, problem)
     leaf = ""
     if action.kind in BUDGETED_KINDS:
         leaf = action.to_node.leaf_switch if action.to_node_id else ""
@@ -121,6 +122,48 @@ def start_through_driver(
         budget.cluster_running += 1
         budget.leaf_running[leaf] = budget.leaf_running.get(leaf, 0) + 1
     return "started"
+
+
+# A whole-job restart that found no healthy spare says so in its error, which marks it as waiting for one.
+SPARE_WAIT = "waiting for a healthy spare"
+WAITING_FIELDS = ["error", "retry_at", "deadline_at"]
+
+
+def waits_for_spare(action: RecoveryAction) -> bool:
+    """Whether this planned whole-job action is waiting for a healthy spare (``_wait_for_spare``)."""
+    return action.state == ActionState.PLANNED and action.error.startswith(SPARE_WAIT)
+
+
+def _wait_for_spare(action: RecoveryAction, problem: str) -> str:
+    """A whole-job restart with no healthy spare for a dead node's workers waits for one, up to
+    RECOVERY_SPARE_WAIT_SECONDS from the fault (the recovery's ``detected_at``): it looks again every
+    RECOVERY_SPARE_POLL_SECONDS, and at once when a node returns to service (``spares_returned``). Meanwhile its
+    dead nodes go through their ladder to a repair (``escalation.Presence`` does not wait for a job parked so), and
+    one repaired comes back to the job. Past the wait it is refused, and the recovery falls back as any refused
+    restart does (its retries, then the job Failed). Returns ``"waiting"`` or ``"refused"``."""
+    now = timezone.now()
+    until = (action.detected_at or now) + timedelta(seconds=settings.RECOVERY_SPARE_WAIT_SECONDS)
+    if now >= until:
+        action.error = problem[:300]
+        return "refused"
+    action.error = f"{SPARE_WAIT} (until {until:%Y-%m-%d %H:%M} UTC): {problem}"[:300]
+    action.retry_at = min(until, now + timedelta(seconds=settings.RECOVERY_SPARE_POLL_SECONDS))
+    action.deadline_at = until
+    return "waiting"
+
+
+def spares_returned(cluster_id: int) -> int:
+    """Nodes of the cluster came back into service: the restarts waiting for a spare there look again at once
+    (beat's next step). Returns how many were woken."""
+    now = timezone.now()
+    return RecoveryAction.objects.filter(
+        cluster_id=cluster_id,
+        state=ActionState.PLANNED,
+        dry_run=False,
+        kind__in=WHOLE_JOB_KINDS,
+        error__startswith=SPARE_WAIT,
+        retry_at__gt=now,
+    ).update(retry_at=now)
 
 
 def _driver_start(action: RecoveryAction, cluster: Cluster, call, moves: list):

@@ -32,6 +32,7 @@ from jobs.models import Job, JobAllocation, JobPhase, JobProgress, RecoveryActio
 from jobs.services.actions import (
     CALLS,
     STARTED_FIELDS,
+    WAITING_FIELDS,
     after_start,
     fail_action,
     start_through_driver,
@@ -314,12 +315,12 @@ def action_start(*, action: RecoveryAction, cluster: Cluster, publish: bool = Tr
     an action over budget, or refused by a transient driver error, stays planned for beat to retry."""
     if action.dry_run or action.state != ActionState.PLANNED:
         return False
-    before = action.error
+    before = [getattr(action, name) for name in WAITING_FIELDS]
     budget = placement.migration_budget(cluster) if action.kind in BUDGETED_KINDS else None
     outcome = start_through_driver(action, cluster, budget)
     if outcome == "waiting":
-        if action.error != before:
-            RecoveryAction.objects.filter(pk=action.pk).update(error=action.error)
+        if [getattr(action, name) for name in WAITING_FIELDS] != before:
+            action.save(update_fields=WAITING_FIELDS)
         return False
     if outcome == "refused":
         fail_and_fall_back(cluster, [(action, action.error)])

@@ -48,6 +48,8 @@ from jobs.choices import (
     JobState,
 )
 from jobs.models import FaultEvent, JobAllocation, NodeEscalation, RecoveryAction
+from jobs.planner import WHOLE_JOB_KINDS
+from jobs.services.actions import SPARE_WAIT, spares_returned
 from jobs.services.publishing import cluster_topics, publish_action
 from jobs.triage import FaultVerdict
 
@@ -253,12 +255,22 @@ class Presence:
     @classmethod
     def of(cls, node_ids) -> "Presence":
         jobs: dict[int, list[int]] = {}
+        # A job whose restart waits for a spare (``actions._wait_for_spare``) is parked: its workers are stopped,
+        # and its dead nodes go on to a repair (one repaired comes back to it) instead of waiting for it to leave.
+        parked = RecoveryAction.objects.filter(
+            state=ActionState.PLANNED,
+            dry_run=False,
+            kind__in=WHOLE_JOB_KINDS,
+            error__startswith=SPARE_WAIT,
+            job__isnull=False,
+        ).values("job_id")
         for node_id, job_id in (
             JobAllocation.objects.filter(
                 node_id__in=node_ids,
                 released_at__isnull=True,
                 job__state__in=(JobState.RUNNING, JobState.RECOVERING),
             )
+            .exclude(job_id__in=parked)
             .values_list("node_id", "job_id")
             .distinct()
             .order_by("node_id", "job_id")
@@ -492,15 +504,20 @@ def _step(escalation: NodeEscalation, node: Node | None = None) -> str:
     if stage == EscalationStage.VALIDATED:
         if waiting := _clean_telemetry(escalation, node):
             return waiting
+        # a job parked on the node while it was repaired (its restart waiting for a spare) gets it back
+        held = JobAllocation.objects.filter(
+            node=node, released_at__isnull=True, job__state__in=(JobState.RUNNING, JobState.RECOVERING)
+        ).exists()
         try:
             node_services.node_return_to_service(
-                actor=None, node=node, reason="validated by health check", as_spare=True
+                actor=None, node=node, reason="validated by health check", as_spare=not held
             )
         except ServiceError as error:
             escalation.blocked = f"return waits: {error.detail}"[:300]
             return "blocked"
         _node_step(escalation, ActionKind.RETURN_TO_SERVICE)
-        _evidence(escalation, "returned", "ok", "back in the spare pool")
+        spares_returned(node.cluster_id)
+        _evidence(escalation, "returned", "ok", "back to its job" if held else "back in the spare pool")
         escalation.stage, escalation.blocked, escalation.needs_human = EscalationStage.RETURNED, "", False
         escalation.strikes = []
         return "returned"

@@ -86,8 +86,13 @@ def overlapping(intervals) -> bool:
     return any(later[0] < earlier[1] for earlier, later in itertools.pairwise(ordered))
 
 
-# Short back-offs, so the restarts that find no healthy node give up within the test (in the worker and here).
-RETRIES = {"RECOVERY_RESTART_RETRIES": 1, "RECOVERY_RETRY_BACKOFF_SECONDS": 0.2}
+# Short back-offs and a one-second wait for a spare, so the restarts that find no healthy node wait, then give up
+# within the test (in the worker and here).
+RETRIES = {
+    "RECOVERY_RESTART_RETRIES": 1,
+    "RECOVERY_RETRY_BACKOFF_SECONDS": 0.2,
+    "RECOVERY_SPARE_WAIT_SECONDS": 1.0,
+}
 FAILING_MIGRATIONS = 4
 
 

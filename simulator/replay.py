@@ -307,12 +307,15 @@ def _reports_of(
     return reports, scope
 
 
-def _recover(clock, cluster, faults: int = 1) -> str:
+def _recover(clock, cluster, faults: int = 1, until: datetime | None = None, world=None) -> str:
     """Beat's recovery step, each time with the clock moved to the next moment something is due, until nothing is
-    planned or running and no escalation ladder is open. Due: a running step's end or deadline, a waiting one's
-    retry, a ladder's remediation, a simulated operation's end (a health check, a reset). Returns how it ended:
-    "ended", "waiting" (nothing more is due: it waits for the world, a repaired spare, and goes on when one comes)
-    or "unended" (still going after STEPS_PER_RECOVERY steps for each of its ``faults``)."""
+    planned or running and no escalation ladder is open, or the next step would fall after ``until`` (the world's
+    next event: a repair, a link coming back, the next strike). Due: a running step's end or deadline, a waiting
+    one's retry, a ladder's remediation, a simulated operation's end (a health check, a reset). Returns how it
+    ended: "ended", "waiting" (for the world: its next event comes first, or nothing more is due and it goes on when
+    the world brings something, a repaired spare) or "unended" (still changing after STEPS_PER_RECOVERY steps that
+    changed something, for each of its ``faults``). With ``world`` (the repairs and links), a ladder that reaches
+    its repair has the repair scheduled at once, and the step stops before the world's first event too."""
     from django.conf import settings
     from django.utils import timezone
 
@@ -347,25 +350,33 @@ def _recover(clock, cluster, faults: int = 1) -> str:
         return min((t for t in times if t and t > now), default=None)
 
     beat, idle, moved = settings.CELERY_BEAT_SCHEDULE["jobs-recovery-advance"]["schedule"], 0, True
-    for _ in range(STEPS_PER_RECOVERY * faults):
-        if not busy():
-            return "ended"
+    changes = 0
+    while busy():
         # Beat is level-triggered: after a step that moved a recovery on (RECOVERY_STEPS), the next one may take
         # the step it made possible (a ladder blocked by a cap another freed), so it comes one beat later. After a
         # step that moved nothing, nothing changes until the next moment something is due: the clock moves there.
         due = None
         if moved:
             idle = 0
+            changes += 1
+            if changes > STEPS_PER_RECOVERY * faults:
+                return "unended"
         elif (due := next_due()) is None:
             # nothing has a time of its own: beat's next step; after IDLE_BEATS of them that change nothing it
             # waits for the world (a repaired spare) and goes on when it comes
             idle += 1
             if idle > IDLE_BEATS:
                 return "waiting"
-        clock.move_to(max(due or timezone.now(), timezone.now() + beat))
+        at = max(due or timezone.now(), timezone.now() + beat)
+        limit = _bound(world, until) if world and until else until
+        if limit is not None and at > limit:
+            return "waiting"  # the world's next event comes first; the recovery goes on after it
+        clock.move_to(at)
         counts = recovery_advance(cluster_ids=[cluster.pk])
         moved = any(counts.get(kind) for kind in RECOVERY_STEPS)
-    return "unended"
+        if world and counts.get("ladder"):
+            world[0].schedule(at)  # a ladder that reached its repair: the operator's clock starts now
+    return "ended"
 
 
 @dataclass
@@ -406,9 +417,7 @@ class _Repairs:
             escalation_repaired(actor=None, node=Node.objects.get(pk=node_id), reason="replayed repair")
         if self.lemons:
             self.lemons.repaired(node_id)
-        _recover(clock, self.cluster)
         self.done += 1
-        self.schedule(at)
 
 
 @dataclass
@@ -441,16 +450,33 @@ class _Links:
             heapq.heappush(self.due, (back, 1, node_id, nic))
         else:
             self.failed_back += links_fail_back()
-            _recover(clock, self.cluster)
 
 
-def _world_events_until(clock, until: datetime, queues) -> None:
-    """Every repair and link event due before ``until``, in time order."""
+def _next_event(queues, until: datetime):
+    """The world's queue whose event comes first, at or before ``until`` (None when none does)."""
+    ready = [queue for queue in queues if queue.due and queue.due[0][0] <= until]
+    return min(ready, key=lambda queue: queue.due[0][0], default=None)
+
+
+def _bound(queues, until: datetime) -> datetime:
+    """``until``, or the world's first event before it: how far beat's steps may go before the world acts."""
+    first = _next_event(queues, until)
+    return first.due[0][0] if first else until
+
+
+def _until(clock, cluster, until: datetime, repairs: "_Repairs", links: "_Links") -> None:
+    """Beat's steps and the world's events (repairs, links coming back and failing back), in time order, up to
+    ``until``: the clock only moves forward, and never past an event before the step after it."""
+    from django.utils import timezone
+
+    queues = (repairs, links)
     while True:
-        ready = [queue for queue in queues if queue.due and queue.due[0][0] <= until]
-        if not ready:
+        _recover(clock, cluster, until=until, world=queues)
+        repairs.schedule(timezone.now())
+        first = _next_event(queues, until)
+        if first is None:
             return
-        min(ready, key=lambda queue: queue.due[0][0]).run_next(clock)
+        first.run_next(clock)
 
 
 def _recorded(job, config: WhatIfConfig, end: datetime) -> dict:
@@ -551,10 +577,10 @@ def replay_real_path(
         repairs, links = _Repairs(cluster, config.repair_hours, config.seed, lemons), _Links(cluster)
         outcomes, decide_ms, missing = Counter(), [], 0
         correlated = Counter()
-        for strike, draw in zip(strikes, draws, strict=True):
-            at = START + timedelta(hours=strike.at_hours)
-            _world_events_until(clock, at, (repairs, links))
-            clock.move_to(at)
+        times = [START + timedelta(hours=strike.at_hours) for strike in strikes]
+        for n, (strike, draw, at) in enumerate(zip(strikes, draws, times, strict=True)):
+            _until(clock, cluster, at, repairs, links)
+            clock.move_to(max(at, timezone.now()))
             reports, scope = _reports_of(strike, draw, job, config, lemons)
             if not reports:  # the job holds no nodes now (it failed, or waits for them)
                 missing += 1
@@ -565,9 +591,11 @@ def replay_real_path(
             correlated[scope] += 1
             for report in reports:
                 links.schedule(at, report)
-            outcomes[_recover(clock, cluster, len(reports))] += 1
+            # how the strike's recovery stands when the world's next event or the next strike comes
+            following = min(times[n + 1] if n + 1 < len(times) else end, end)
+            outcomes[_recover(clock, cluster, len(reports), until=following, world=(repairs, links))] += 1
             repairs.schedule(timezone.now())
-        _world_events_until(clock, end, (repairs, links))
+        _until(clock, cluster, end, repairs, links)
         clock.move_to(max(end, timezone.now()))
         job.refresh_from_db()
         still_open = RecoveryAction.objects.filter(cluster=cluster, state__in=("planned", "running")).count()

@@ -65,6 +65,11 @@ def main() -> int:
         f"{report['nodes_repaired']} nodes repaired, {report['links_failed_back']} links failed back"
     )
     print(f"actions: {report['actions']}")
+    print(
+        f"precursors: {report['precursors_shown']} of {report['precursors']} shown "
+        f"{report['precursor_lead_hours']:g} h ahead; {report['predictions']} predictions, "
+        f"{report['predictions_came_true']} came true, {report['predictions_held']} held"
+    )
     return 0
 
 

@@ -276,18 +276,25 @@ class _Lemons:
         }
 
 
+def _target(strike, draw, job, lemons: _Lemons | None = None) -> dict | None:
+    """The report of the node a strike hits: the one that holds its rank now, or with the formula replay's own draw
+    a lemon the job holds (at ``lemon_fault_share``). None when the job holds no node for it."""
+    return _report_of(strike, job, lemons.rank_hit(strike, draw, job) if lemons else None)
+
+
 def _reports_of(
-    strike, draw, job, config: WhatIfConfig, lemons: _Lemons | None = None
+    strike, draw, job, config: WhatIfConfig, lemons: _Lemons | None = None, report: dict | None = None
 ) -> tuple[list[dict], str]:
     """The reports a strike makes and its scope: with the formula replay's own draw (the same strikes are
     correlated in both), a hardware fault lands on a lemon the job holds at ``lemon_fault_share`` (``lemons``),
     a node-level fault takes its whole rack ("rack": each of the rack's nodes unreachable) and a switch or cable
     fault its leaf ("leaf": the same rail NIC down on each node under the switch); else the one report ("node").
-    Empty when the job holds no node for the strike's rank."""
+    ``report``: the struck node's, found earlier (``_target``: a precursor warned of that node). Empty when the job
+    holds no node for the strike's rank."""
     from fleet.models import Node
     from simulator.profiles import LEAF_COMPONENTS, RACK_COMPONENTS
 
-    report = _report_of(strike, job, lemons.rank_hit(strike, draw, job) if lemons else None)
+    report = report or _target(strike, draw, job, lemons)
     if report is None:
         return [], "node"
     node = report["node"]
@@ -379,6 +386,127 @@ def _recover(clock, cluster, faults: int = 1, until: datetime | None = None, wor
     return "ended"
 
 
+# A precursor shows on its node this long before its strike: the median lead the live demo measured for its
+# predictions (83 s of wall clock at 600×, about 14 h of the fault model's time; docs/prediction.md).
+PRECURSOR_LEAD_HOURS = 14.0
+# What a precursor leaves in the features ingest keeps from the agent's readings, at the strength the simulator's
+# own precursors (simulator.runner.Runner._precursors) reach, over their window of PRECURSOR_SECONDS × 600 (30 h)
+# of the fault model's time: corrected ECC errors rising by 5-40 a 10-second report; a GPU warming 25 °C over the
+# window; 2,000 symbol errors a report on one port; a rack's cooling loop losing 35 % of its pressure.
+PRECURSOR_EVIDENCE = {
+    "ecc": {"sbe_rate": 22.5 * 360},  # corrected errors per hour
+    "thermal": {"temperature": 60.0 + 25.0, "temperature_trend": 25.0 / 30.0},  # °C, °C per hour
+    "nic": {"symbol_rate": 2000.0 * 360},  # symbol errors per hour
+    "facility": {"pressure_drop": 0.35},
+}
+
+
+@dataclass
+class _Precursors:
+    """The fault model's precursors through the product's own risk sweep: a strike that has one (the trace's
+    ``precursor``) shows its evidence on the node it will hit PRECURSOR_LEAD_HOURS before it (written where ingest
+    keeps the agent's features: the GPU's or the port's rates, the rack's cooling loop); the sweep
+    (``risk_sweep``) scores the nodes, and a node at its cluster's threshold gets a prediction and a
+    ``predicted_failure`` fault, which the planner answers (a proactive migration, within the budgets). The strike
+    then hits the node it warned of, whether the job is still there or not. The streaming detectors' anomaly term is
+    off here (it learns a node's telemetry for a day, which the replay does not write). At the strike the node's
+    evidence ends (its features clean, its score 0) and the open predictions are judged."""
+
+    cluster: object
+    job: object
+    strikes: list
+    draws: list
+    lemons: _Lemons | None
+    due: list = field(default_factory=list)  # heap of (onset, strike index)
+    targets: dict = field(default_factory=dict)  # strike index -> the struck node's report, found at onset
+    shown: int = 0
+
+    def __post_init__(self):
+        for n, strike in enumerate(self.strikes):
+            if strike.precursor:
+                onset = START + timedelta(hours=max(0.0, strike.at_hours - PRECURSOR_LEAD_HOURS))
+                heapq.heappush(self.due, (onset, n))
+
+    def run_next(self, clock) -> None:
+        from telemetry.services.prediction import risk_sweep
+
+        at, n = heapq.heappop(self.due)
+        clock.move_to(at)
+        strike = self.strikes[n]
+        report = _target(strike, self.draws[n], self.job, self.lemons)
+        if report is None:
+            return
+        self.targets[n] = report
+        self._evidence(strike.precursor, report["node"], strike.gpu % 8, on=True)
+        self.shown += 1
+        # the sweep scores the node whose features changed (every other node's score stands)
+        risk_sweep(cluster_ids=[self.cluster.pk], node_ids=[report["node"].pk], now=at)
+
+    def struck(self, n: int) -> None:
+        """Strike ``n`` hit: its precursor's evidence ends with it, and the open predictions are judged."""
+        from django.utils import timezone
+
+        from fleet.services.hardware import nodes_set_risk
+        from telemetry.services.prediction import predictions_resolve
+
+        report = self.targets.get(n)
+        if report is None:
+            return
+        self._evidence(self.strikes[n].precursor, report["node"], self.strikes[n].gpu % 8, on=False)
+        nodes_set_risk(scores={report["node"].pk: 0.0}, at=timezone.now())
+        predictions_resolve(now=timezone.now())
+
+    def _evidence(self, kind: str, node, index: int, *, on: bool) -> None:
+        from django.utils import timezone
+
+        from fleet.models import GPU, NIC
+        from telemetry.models import FacilityState, GPUState, NICState
+
+        values = PRECURSOR_EVIDENCE[kind] if on else dict.fromkeys(PRECURSOR_EVIDENCE[kind], 0.0)
+        now = timezone.now()
+        if kind in ("ecc", "thermal"):
+            gpu = GPU.objects.get(node=node, index=index)
+            if kind == "thermal" and not on:
+                values = {"temperature": 60.0, "temperature_trend": 0.0}
+            GPUState.objects.update_or_create(gpu=gpu, defaults={"node": node, "ts": now, **values})
+        elif kind == "nic":
+            nic = NIC.objects.filter(node=node).order_by("name")[index % 8]
+            NICState.objects.update_or_create(
+                nic=nic, defaults={"node": node, "ts": now, "link_state": "up", **values}
+            )
+        else:
+            baseline = 180_000.0
+            pressure = baseline * (1.0 - values["pressure_drop"])
+            FacilityState.objects.update_or_create(
+                cluster_id=node.cluster_id,
+                scope="rack",
+                target=node.rack,
+                series=f"cdu-{node.rack}|loop|cdu_differential_pressure_pascals",
+                defaults={
+                    "metric": "cdu_differential_pressure_pascals",
+                    "ts": now,
+                    "value": pressure,
+                    "ewma": pressure,
+                    "baseline": baseline,
+                },
+            )
+
+    def report(self) -> dict:
+        from telemetry.models import Prediction
+
+        predictions = Prediction.objects.filter(cluster=self.cluster)
+        outcomes = Counter(predictions.values_list("outcome", flat=True))
+        return {
+            "precursors": sum(1 for strike in self.strikes if strike.precursor),
+            "precursors_shown": self.shown,
+            "predictions": predictions.count(),
+            "predictions_came_true": outcomes.get(Prediction.Outcome.FAILED, 0),
+            "predictions_held": outcomes.get(Prediction.Outcome.HELD, 0),
+            "predictions_open": outcomes.get(Prediction.Outcome.OPEN, 0),
+            "precursor_lead_hours": PRECURSOR_LEAD_HOURS,
+        }
+
+
 @dataclass
 class _Repairs:
     """The operator: a node whose ladder waits for a repair is repaired after an exponential time of mean ``hours``
@@ -464,16 +592,16 @@ def _bound(queues, until: datetime) -> datetime:
     return first.due[0][0] if first else until
 
 
-def _until(clock, cluster, until: datetime, repairs: "_Repairs", links: "_Links") -> None:
-    """Beat's steps and the world's events (repairs, links coming back and failing back), in time order, up to
-    ``until``: the clock only moves forward, and never past an event before the step after it."""
+def _until(clock, cluster, until: datetime, world: tuple) -> None:
+    """Beat's steps and the world's events (``world``: the repairs first, then links coming back and failing back,
+    precursors showing), in time order, up to ``until``: the clock only moves forward, and never past an event
+    before the step after it."""
     from django.utils import timezone
 
-    queues = (repairs, links)
     while True:
-        _recover(clock, cluster, until=until, world=queues)
-        repairs.schedule(timezone.now())
-        first = _next_event(queues, until)
+        _recover(clock, cluster, until=until, world=world)
+        world[0].schedule(timezone.now())
+        first = _next_event(world, until)
         if first is None:
             return
         first.run_next(clock)
@@ -561,6 +689,8 @@ def replay_real_path(
 
     from jobs.models import RecoveryAction
     from jobs.services.faults import FaultReport, fault_ingest_many
+    from jobs.services.savings import savings_settle
+    from telemetry.services.prediction import predictions_resolve
 
     _require_scratch()
     began = time.perf_counter()
@@ -575,28 +705,35 @@ def replay_real_path(
             draws = strike_draws(config.seed, len(strikes))
         lemons = _Lemons.of(cluster, config)
         repairs, links = _Repairs(cluster, config.repair_hours, config.seed, lemons), _Links(cluster)
+        precursors = _Precursors(cluster, job, strikes, draws, lemons)
+        world = (repairs, links, precursors)
         outcomes, decide_ms, missing = Counter(), [], 0
         correlated = Counter()
         times = [START + timedelta(hours=strike.at_hours) for strike in strikes]
         for n, (strike, draw, at) in enumerate(zip(strikes, draws, times, strict=True)):
-            _until(clock, cluster, at, repairs, links)
+            _until(clock, cluster, at, world)
             clock.move_to(max(at, timezone.now()))
-            reports, scope = _reports_of(strike, draw, job, config, lemons)
+            # a strike a precursor warned of hits the node it warned of, whether the job is still there or not
+            reports, scope = _reports_of(strike, draw, job, config, lemons, precursors.targets.get(n))
             if not reports:  # the job holds no nodes now (it failed, or waits for them)
                 missing += 1
                 continue
             t0 = time.perf_counter()
             fault_ingest_many(source="simulator", reports=[FaultReport(**report) for report in reports])
             decide_ms.append(1000 * (time.perf_counter() - t0))
+            precursors.struck(n)
             correlated[scope] += 1
             for report in reports:
                 links.schedule(at, report)
             # how the strike's recovery stands when the world's next event or the next strike comes
             following = min(times[n + 1] if n + 1 < len(times) else end, end)
-            outcomes[_recover(clock, cluster, len(reports), until=following, world=(repairs, links))] += 1
+            outcomes[_recover(clock, cluster, len(reports), until=following, world=world)] += 1
             repairs.schedule(timezone.now())
-        _until(clock, cluster, end, repairs, links)
+        _until(clock, cluster, end, world)
         clock.move_to(max(end, timezone.now()))
+        # the predictions still open are judged at the end, and the savings they carry settled
+        predictions_resolve(now=timezone.now())
+        savings_settle(now=timezone.now())
         job.refresh_from_db()
         still_open = RecoveryAction.objects.filter(cluster=cluster, state__in=("planned", "running")).count()
         decisions = decisions_of(job)
@@ -616,6 +753,7 @@ def replay_real_path(
             "nodes_repaired": repairs.done,
             "links_failed_back": links.failed_back,
             **lemons.report(),
+            **precursors.report(),
             "job_state": job.state,
             **_recorded(job, config, end),
             "decisions": decisions,
@@ -628,7 +766,7 @@ def replay_real_path(
         "intake_and_decision_ms_median": round(statistics.median(decide_ms), 1) if decide_ms else 0.0,
     }
     report["not_modelled"] = [
-        "predictions from precursors",
+        "the streaming detectors' anomaly term (precursors reach the risk sweep as features only)",
         "checkpoint-write stalls (booked with the formula's assumption)",
     ]
     return report

@@ -10,6 +10,9 @@ import secrets
 
 os.environ["DATABASE_URL"] = "sqlite://:memory:"
 os.environ["CELERY_ALWAYS_EAGER"] = "true"
+# Nothing here may reach the live Redis: the risk sweep's streaming detectors keep their state there, and the
+# scratch store's node ids are the live fleet's too. A port nothing listens on: the sweep scores without them.
+os.environ["REDIS_URL"] = "redis://127.0.0.1:1/0"
 os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(48))
 os.environ.setdefault("LOG_LEVEL", "WARNING")
 
@@ -26,3 +29,8 @@ CELERY_BROKER_URL = "memory://localhost/"
 SCRATCH_REPLAY = True
 # one process, no requests: the rate limiter's need for a cache shared between processes does not arise
 SILENCED_SYSTEM_CHECKS = [*SILENCED_SYSTEM_CHECKS, "django_ratelimit.E003"]  # noqa: F405
+# The replay's clock is the fault model's own time: a prediction looks PREDICTION_HORIZON_HOURS ahead of it
+SIMULATOR_ACCELERATION = 0
+# the sweep's note that it scores without the streaming detectors (no Redis here, by design) is not news
+_loggers = {**LOGGING.get("loggers", {}), "telemetry.services.prediction": {"level": "ERROR"}}  # noqa: F405
+LOGGING = {**LOGGING, "loggers": _loggers}  # noqa: F405

@@ -58,17 +58,21 @@ class SweepResult:
 
 
 def gather(
-    cluster_ids: list[int] | None = None,
+    cluster_ids: list[int] | None = None, node_ids: list[int] | None = None
 ) -> tuple[dict[int, NodeFeatures], dict[tuple[int, str], RackFacility], dict]:
-    """Features of every node (three aggregate queries) and each rack's facility state (one more)."""
+    """Features of every node (three aggregate queries) and each rack's facility state (one more); of the
+    ``cluster_ids``' nodes only, or of the ``node_ids`` only (with their racks' every node, whose warming the
+    facility term averages)."""
     nodes = Node.objects.all() if cluster_ids is None else Node.objects.filter(cluster_id__in=cluster_ids)
+    if node_ids is not None:
+        racks = Node.objects.filter(pk__in=node_ids).exclude(rack="").values("cluster_id", "rack")
+        nodes = nodes.filter(
+            Q(pk__in=node_ids) | Q(cluster_id__in=racks.values("cluster_id"), rack__in=racks.values("rack"))
+        )
+    scoped = cluster_ids is not None or node_ids is not None
     meta = {row[0]: row for row in nodes.values_list("id", "cluster_id", "rack", "risk_score")}
     features = {node_id: NodeFeatures(node_id=node_id, rack=row[2]) for node_id, row in meta.items()}
-    gpus = (
-        GPUState.objects.filter(node_id__in=meta.keys())
-        if cluster_ids is not None
-        else GPUState.objects.all()
-    )
+    gpus = GPUState.objects.filter(node_id__in=meta.keys()) if scoped else GPUState.objects.all()
     for row in (
         gpus.values("node_id")
         .annotate(
@@ -91,11 +95,7 @@ def gather(
             row["nvlink"] or 0.0,
         )
         f.throttle_share_max = row["throttle"] or 0.0
-    nics = (
-        NICState.objects.filter(node_id__in=meta.keys())
-        if cluster_ids is not None
-        else NICState.objects.all()
-    )
+    nics = NICState.objects.filter(node_id__in=meta.keys()) if scoped else NICState.objects.all()
     for row in (
         nics.values("node_id")
         .annotate(symbols=Max("symbol_rate"), recoveries=Max("recovery_rate"))
@@ -110,8 +110,8 @@ def gather(
             warming[(meta[node_id][1], f.rack)].append(f.temperature_trend_max)
     racks: dict[tuple[int, str], RackFacility] = {}
     facility = FacilityState.objects.filter(scope="rack", metric__in=PRESSURE_METRICS)
-    if cluster_ids is not None:
-        facility = facility.filter(cluster_id__in=cluster_ids)
+    if scoped:
+        facility = facility.filter(cluster_id__in={row[1] for row in meta.values()})
     for cluster_id, target, ewma, baseline in facility.values_list(
         "cluster_id", "target", "ewma", "baseline"
     ):
@@ -241,13 +241,16 @@ def predictions_resolve(*, now=None) -> int:
     return resolved
 
 
-def risk_sweep(*, cluster_ids: list[int] | None = None, now=None) -> SweepResult:
+def risk_sweep(
+    *, cluster_ids: list[int] | None = None, node_ids: list[int] | None = None, now=None
+) -> SweepResult:
     """Score every node (its kept features, and its streaming detectors' alarms), record history, raise
-    predictions over the threshold, judge past ones."""
+    predictions over the threshold, judge past ones. ``node_ids``: score only these (and their racks' nodes),
+    whose features just changed: every other node's score stands as the last sweep left it."""
     now = now or timezone.now()
-    features, racks, meta = gather(cluster_ids)
+    features, racks, meta = gather(cluster_ids, node_ids)
     try:  # the anomaly term: each node's series through its streaming detector (state kept in Redis)
-        online.observe(features, now.timestamp(), prune=cluster_ids is None)
+        online.observe(features, now.timestamp(), prune=cluster_ids is None and node_ids is None)
     except redis.RedisError as error:  # without Redis the other evidence still scores every node
         log.warning("risk sweep without the anomaly term: %s", error)
     scores = {node_id: node_risk(f, racks.get((meta[node_id][1], f.rack))) for node_id, f in features.items()}

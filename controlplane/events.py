@@ -172,8 +172,9 @@ def publish_many(items: Iterable[Item]) -> list[Event]:
     if connection.vendor == "postgresql":
         events = _insert_postgresql(rows, back, counts, prepared)
     else:
-        with transaction.atomic():
-            last = {name: _next_seq_by(name, counts[name]) for name in sorted(counts)}
+        # no savepoint: the two statements stand or fall with the caller's transaction (one of their own outside one)
+        with transaction.atomic(savepoint=False):
+            last = _next_seqs(counts)
             events = Event.objects.bulk_create(
                 [
                     Event(
@@ -186,21 +187,23 @@ def publish_many(items: Iterable[Item]) -> list[Event]:
                     for (name, i), down in zip(rows, back, strict=True)
                 ]
             )
-    messages = [(event.pk, event.as_message()) for event in events]
-    transaction.on_commit(lambda: relay(messages))
+    if settings.OUTBOX_RELAY:
+        messages = [(event.pk, event.as_message()) for event in events]
+        transaction.on_commit(lambda: relay(messages))
     return events
 
 
-def _next_seq_by(name: str, count: int) -> int:
-    """Add ``count`` to a topic's sequence; returns the new last number."""
-    table = TopicSequence._meta.db_table
+def _next_seqs(counts: collections.Counter) -> dict[str, int]:
+    """Add each topic's count to its sequence, in topic order, in one statement; returns each new last number."""
+    table, topics = TopicSequence._meta.db_table, sorted(counts)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {table} (topic, last_seq) VALUES (%s, %s) "
-            f"ON CONFLICT (topic) DO UPDATE SET last_seq = {table}.last_seq + EXCLUDED.last_seq RETURNING last_seq",
-            [name, count],
+            f"INSERT INTO {table} (topic, last_seq) VALUES {', '.join(['(%s, %s)'] * len(topics))} "
+            f"ON CONFLICT (topic) DO UPDATE SET last_seq = {table}.last_seq + EXCLUDED.last_seq "
+            f"RETURNING topic, last_seq",
+            [value for name in topics for value in (name, counts[name])],
         )
-        return cursor.fetchone()[0]
+        return dict(cursor.fetchall())
 
 
 def _insert_postgresql(

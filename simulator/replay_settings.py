@@ -27,6 +27,9 @@ CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"
 CELERY_TASK_ALWAYS_EAGER = True
 CELERY_BROKER_URL = "memory://localhost/"
 SCRATCH_REPLAY = True
+# no browser, no worker, no sweep: nothing can listen to the scratch store's events, so they are written (their
+# topics' sequence numbers are the product's) but not relayed, and stay unsent as when Redis is away
+OUTBOX_RELAY = False
 # one process, no requests: the rate limiter's need for a cache shared between processes does not arise
 SILENCED_SYSTEM_CHECKS = [*SILENCED_SYSTEM_CHECKS, "django_ratelimit.E003"]  # noqa: F405
 # The replay's clock is the fault model's own time: a prediction looks PREDICTION_HORIZON_HOURS ahead of it

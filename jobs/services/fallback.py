@@ -102,13 +102,11 @@ def recovery_fall_back(
     if action.kind == ActionKind.RESTART_FROM_CHECKPOINT:
         excluded |= {k for k in ActionKind.values if k != ActionKind.RESTART_FROM_CHECKPOINT}
         retry_at = action.ended_at + retry_backoff(restarts)
-    allocations = list(
-        JobAllocation.objects.filter(job=job, released_at__isnull=True)
-        .select_related("node")
-        .order_by("rank_start")
-    )
-    here = [a for a in allocations if a.node_id == action.node_id] or allocations
-    if not here:
+    # the job's first allocation on the failed attempt's node, else its first (the others are not read)
+    allocations = JobAllocation.objects.filter(job=job, released_at__isnull=True).select_related("node")
+    first = allocations.filter(node_id=action.node_id).order_by("rank_start").first()
+    allocation = first or allocations.order_by("rank_start").first()
+    if allocation is None:
         _keep_baseline(action, baseline)
         return None
     impact = Impact(action.impact or Impact.RESTART)
@@ -128,7 +126,7 @@ def recovery_fall_back(
         job=job,
         fault=action.fault,
         impact=impact,
-        allocation=here[0],
+        allocation=allocation,
         retry=retry,
         link=action.kind in LINK_KINDS,
         only_link=action.kind in LINK_KINDS and others.exclude(kind__in=LINK_KINDS).exists(),
@@ -137,7 +135,7 @@ def recovery_fall_back(
         ctx,
         hit,
         snapshots=snapshots_of([job]).get(job.pk, []),
-        healthy_nics=healthy_nics_of([here[0].node_id]).get(here[0].node_id, []),
+        healthy_nics=healthy_nics_of([allocation.node_id]).get(allocation.node_id, []),
     )
     if nxt is None:
         # Nothing left to do (a proactive move with no other spare: the job stays where it is, at risk).

@@ -470,7 +470,7 @@ class _Precursors:
                 values = {"temperature": 60.0, "temperature_trend": 0.0}
             GPUState.objects.update_or_create(gpu=gpu, defaults={"node": node, "ts": now, **values})
         elif kind == "nic":
-            nic = NIC.objects.filter(node=node).order_by("name")[index % 8]
+            nic = NIC.objects.get(node=node, name=f"mlx5_{index}")  # the port the strike takes down
             NICState.objects.update_or_create(
                 nic=nic, defaults={"node": node, "ts": now, "link_state": "up", **values}
             )

@@ -16,8 +16,8 @@ from controlplane.bulk import update_rows
 from fleet.drivers import DriverError, driver_for
 from fleet.models import Cluster
 from jobs import placement
-from jobs.choices import BUDGETED_KINDS, ActionKind, ActionState, JobPhaseKind, JobState
-from jobs.models import JobAllocation, RecoveryAction
+from jobs.choices import BUDGETED_KINDS, ActionKind, ActionState, EscalationStage, JobPhaseKind, JobState
+from jobs.models import JobAllocation, NodeEscalation, RecoveryAction
 from jobs.planner import WHOLE_JOB_KINDS
 from jobs.services.phases import phase_start, record_progress
 from jobs.services.publishing import publish_action
@@ -78,10 +78,10 @@ def start_through_driver(
         taken = taken if taken is not None else set()
         pool = pool if pool is not None else placement.SparePool(cluster)
         moves, problem = [], "no dead node"
-        if action.impact == "node" and action.node_id and not waits_for_spare(action):
+        if action.impact == "node" and action.node_id and not _returned_since(action):
             # The node is dead even while Lockstep may not take it out of service yet (a fleet-wide cap): a spare
             # for its workers too, where there is one, so that the scheduler cannot hand out one booked for another.
-            # (Once the restart has waited, the ladder has taken the node out of service, or returned it repaired.)
+            # (Unless the restart waited and the node came back repaired meanwhile: then it is the job's again.)
             moves, problem = placement.replacements(action.job, pool, taken, gone=frozenset({action.node_id}))
         if problem:
             moves, problem = placement.replacements(action.job, pool, taken)
@@ -132,6 +132,17 @@ WAITING_FIELDS = ["error", "retry_at", "deadline_at"]
 def waits_for_spare(action: RecoveryAction) -> bool:
     """Whether this planned whole-job action is waiting for a healthy spare (``_wait_for_spare``)."""
     return action.state == ActionState.PLANNED and action.error.startswith(SPARE_WAIT)
+
+
+def _returned_since(action: RecoveryAction) -> bool:
+    """Whether the dead node of a restart that waited for a spare was repaired and returned to service since its
+    fault (its ladder's last step), so that the restart may take it back."""
+    return (
+        waits_for_spare(action)
+        and NodeEscalation.objects.filter(
+            node_id=action.node_id, stage=EscalationStage.RETURNED, updated_at__gte=action.detected_at
+        ).exists()
+    )
 
 
 def _wait_for_spare(action: RecoveryAction, problem: str) -> str:

@@ -679,6 +679,50 @@ def decisions_of(job) -> list[dict]:
     return out
 
 
+@dataclass
+class _Tally:
+    """What the strikes' loop counted: how each strike's recovery stood when the world's next event or the next
+    strike came, intake and decision times, strikes that found the job on no node, correlated strikes by scope."""
+
+    outcomes: Counter = field(default_factory=Counter)
+    decide_ms: list = field(default_factory=list)
+    missing: int = 0
+    correlated: Counter = field(default_factory=Counter)
+
+
+def _strike_all(
+    clock, cluster, job, config: WhatIfConfig, strikes, draws, world: tuple, end: datetime
+) -> _Tally:
+    """Each strike in turn: the world's events and beat's steps up to it, its reports through the product's intake
+    (the decision in-process), then its recovery until the world's next event or the next strike."""
+    from django.utils import timezone
+
+    from jobs.services.faults import FaultReport, fault_ingest_many
+
+    repairs, links, precursors = world
+    tally = _Tally()
+    times = [START + timedelta(hours=strike.at_hours) for strike in strikes]
+    for n, (strike, draw, at) in enumerate(zip(strikes, draws, times, strict=True)):
+        _until(clock, cluster, at, world)
+        clock.move_to(max(at, timezone.now()))
+        # a strike a precursor warned of hits the node it warned of, whether the job is still there or not
+        reports, scope = _reports_of(strike, draw, job, config, precursors.lemons, precursors.targets.get(n))
+        if not reports:  # the job holds no nodes now (it failed, or waits for them)
+            tally.missing += 1
+            continue
+        t0 = time.perf_counter()
+        fault_ingest_many(source="simulator", reports=[FaultReport(**report) for report in reports])
+        tally.decide_ms.append(1000 * (time.perf_counter() - t0))
+        precursors.struck(n)
+        tally.correlated[scope] += 1
+        for report in reports:
+            links.schedule(at, report)
+        following = min(times[n + 1] if n + 1 < len(times) else end, end)
+        tally.outcomes[_recover(clock, cluster, len(reports), until=following, world=world)] += 1
+        repairs.schedule(timezone.now())
+    return tally
+
+
 def replay_real_path(
     config: WhatIfConfig, *, strikes: list | None = None, connection: dict | None = None
 ) -> dict:
@@ -688,7 +732,6 @@ def replay_real_path(
     from django.utils import timezone
 
     from jobs.models import RecoveryAction
-    from jobs.services.faults import FaultReport, fault_ingest_many
     from jobs.services.savings import savings_settle
     from telemetry.services.prediction import predictions_resolve
 
@@ -707,28 +750,7 @@ def replay_real_path(
         repairs, links = _Repairs(cluster, config.repair_hours, config.seed, lemons), _Links(cluster)
         precursors = _Precursors(cluster, job, strikes, draws, lemons)
         world = (repairs, links, precursors)
-        outcomes, decide_ms, missing = Counter(), [], 0
-        correlated = Counter()
-        times = [START + timedelta(hours=strike.at_hours) for strike in strikes]
-        for n, (strike, draw, at) in enumerate(zip(strikes, draws, times, strict=True)):
-            _until(clock, cluster, at, world)
-            clock.move_to(max(at, timezone.now()))
-            # a strike a precursor warned of hits the node it warned of, whether the job is still there or not
-            reports, scope = _reports_of(strike, draw, job, config, lemons, precursors.targets.get(n))
-            if not reports:  # the job holds no nodes now (it failed, or waits for them)
-                missing += 1
-                continue
-            t0 = time.perf_counter()
-            fault_ingest_many(source="simulator", reports=[FaultReport(**report) for report in reports])
-            decide_ms.append(1000 * (time.perf_counter() - t0))
-            precursors.struck(n)
-            correlated[scope] += 1
-            for report in reports:
-                links.schedule(at, report)
-            # how the strike's recovery stands when the world's next event or the next strike comes
-            following = min(times[n + 1] if n + 1 < len(times) else end, end)
-            outcomes[_recover(clock, cluster, len(reports), until=following, world=world)] += 1
-            repairs.schedule(timezone.now())
+        tally = _strike_all(clock, cluster, job, config, strikes, draws, world, end)
         _until(clock, cluster, end, world)
         clock.move_to(max(end, timezone.now()))
         # the predictions still open are judged at the end, and the savings they carry settled
@@ -741,14 +763,14 @@ def replay_real_path(
         report = {
             "config": asdict(config),
             "interruptions": len(strikes),
-            "replayed": len(decide_ms),
-            "struck_while_job_held_no_nodes": missing,
+            "replayed": len(tally.decide_ms),
+            "struck_while_job_held_no_nodes": tally.missing,
             # how each recovery stood once its strike was handled ("waiting": for a repaired spare), and how many
             # were still planned or running when the run ended
-            "recoveries": dict(outcomes),
+            "recoveries": dict(tally.outcomes),
             "recoveries_open_at_end": still_open,
             # strikes that took a whole rack or one rail of a whole leaf (the formula replay's draws)
-            "correlated": {scope: n for scope, n in sorted(correlated.items()) if scope != "node"},
+            "correlated": {scope: n for scope, n in sorted(tally.correlated.items()) if scope != "node"},
             "actions": dict(sorted(actions.items())),
             "nodes_repaired": repairs.done,
             "links_failed_back": links.failed_back,
@@ -759,6 +781,7 @@ def replay_real_path(
             "decisions": decisions,
         }
     done = time.perf_counter()
+    decide_ms = tally.decide_ms
     report["timing"] = {
         "world_seconds": round(built - began, 2),
         "replay_seconds": round(done - built, 2),

@@ -125,6 +125,7 @@ def test_whatif_page_shows_progress_assumptions_sensitivity_and_checkpoint_advic
     assert 'id="whatif-sensitivity"' in page and "migration pause" in page and "checkpoint write cost" in page
     assert 'id="whatif-assumptions"' in page and "arXiv:2407.21783" in page and "assumed" in page
     assert 'id="whatif-checkpoint-advice"' in page and "Young/Daly" in page
+    assert "Published: Llama 3 effective training time &gt;90 % (Llama 3 405B" in page
     # the real path's figures and its price rows, re-costed from what the services recorded
     real = WhatIfRun.objects.get(pk=run.pk).report["real_path"]
     assert 'id="whatif-real-path"' in page and 'id="whatif-real-path-sensitivity"' in page

@@ -11,7 +11,7 @@ from django.utils import timezone
 from jobs.models import FaultEvent, NodeEscalation, RecoveryAction
 from jobs.services.escalation import OPEN_STAGES
 from jobs.services.faults import FaultReport, fault_ingest_many
-from simulator import replay
+from simulator import replay, replay_world
 from simulator.sampling import Strike
 from simulator.whatif import WhatIfConfig, strike_draws
 from tests.support.jobs import INSTANT, beat_in_a_thread
@@ -45,11 +45,11 @@ STRIKES = [
 
 def _live(job) -> None:
     """Report each strike at its moment; wait until the worker has decided it and beat has finished its recovery."""
-    started, lemons = job.created_at, replay._Lemons.of(job.cluster, CONFIG)
+    started, lemons = job.created_at, replay_world.Lemons.of(job.cluster, CONFIG)
     for strike, draw in zip(STRIKES, strike_draws(CONFIG.seed, len(STRIKES)), strict=True):
         pause = (started + timezone.timedelta(hours=strike.at_hours) - timezone.now()).total_seconds()
         time.sleep(max(0.0, pause))
-        reports, _ = replay._reports_of(strike, draw, job, CONFIG, lemons)
+        reports, _ = replay_world.reports_of(strike, draw, job, CONFIG, lemons)
         assert reports, strike
         faults = fault_ingest_many(source="simulator", reports=[FaultReport(**r) for r in reports])
         assert all(created for _, created in faults)

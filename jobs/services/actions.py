@@ -163,18 +163,18 @@ def _wait_for_spare(action: RecoveryAction, problem: str) -> str:
     return "waiting"
 
 
+def waiting_for_spares():
+    """The whole-job restarts waiting for a healthy spare (``_wait_for_spare``), as a queryset."""
+    return RecoveryAction.objects.filter(
+        state=ActionState.PLANNED, dry_run=False, kind__in=WHOLE_JOB_KINDS, error__startswith=SPARE_WAIT
+    )
+
+
 def spares_returned(cluster_id: int) -> int:
     """Nodes of the cluster came back into service: the restarts waiting for a spare there look again at once
     (beat's next step). Returns how many were woken."""
     now = timezone.now()
-    return RecoveryAction.objects.filter(
-        cluster_id=cluster_id,
-        state=ActionState.PLANNED,
-        dry_run=False,
-        kind__in=WHOLE_JOB_KINDS,
-        error__startswith=SPARE_WAIT,
-        retry_at__gt=now,
-    ).update(retry_at=now)
+    return waiting_for_spares().filter(cluster_id=cluster_id, retry_at__gt=now).update(retry_at=now)
 
 
 def _driver_start(action: RecoveryAction, cluster: Cluster, call, moves: list):

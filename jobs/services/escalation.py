@@ -48,8 +48,7 @@ from jobs.choices import (
     JobState,
 )
 from jobs.models import FaultEvent, JobAllocation, NodeEscalation, RecoveryAction
-from jobs.planner import WHOLE_JOB_KINDS
-from jobs.services.actions import SPARE_WAIT, spares_returned
+from jobs.services.actions import spares_returned, waiting_for_spares
 from jobs.services.publishing import cluster_topics, publish_action
 from jobs.triage import FaultVerdict
 
@@ -257,13 +256,7 @@ class Presence:
         jobs: dict[int, list[int]] = {}
         # A job whose restart waits for a spare (``actions._wait_for_spare``) is parked: its workers are stopped,
         # and its dead nodes go on to a repair (one repaired comes back to it) instead of waiting for it to leave.
-        parked = RecoveryAction.objects.filter(
-            state=ActionState.PLANNED,
-            dry_run=False,
-            kind__in=WHOLE_JOB_KINDS,
-            error__startswith=SPARE_WAIT,
-            job__isnull=False,
-        ).values("job_id")
+        parked = waiting_for_spares().filter(job__isnull=False).values("job_id")
         for node_id, job_id in (
             JobAllocation.objects.filter(
                 node_id__in=node_ids,

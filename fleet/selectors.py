@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from django.db.models import Count, Q, QuerySet
 
 from controlplane.access import principal, require
+from controlplane.prepared import PreparedQuery
 from fleet.choices import GPUHealth, HealthStatus, NodeState, SyncStatus
 from fleet.models import (
     GPU,
@@ -63,6 +64,56 @@ def cluster_list(*, user) -> QuerySet[Cluster]:
 
 def node_list(*, user) -> QuerySet[Node]:
     return restrict(Node.objects.select_related("cluster"), user)
+
+
+def _nodes_named(who, *, node=None, hostname=None, cluster=None, cluster_name=None) -> QuerySet:
+    nodes = node_list(user=who)
+    if node is not None:
+        nodes = nodes.filter(pk=node)
+    if hostname is not None:
+        nodes = nodes.filter(hostname=hostname)
+    if cluster is not None:
+        nodes = nodes.filter(cluster_id=cluster)
+    if cluster_name is not None:
+        nodes = nodes.filter(cluster__name=cluster_name)
+    return nodes.values_list(
+        "id", "hostname", "rack", "cluster_id", "cluster__name", "cluster__dedicated_tenant_id"
+    )[:2]
+
+
+# A fault report names its node: the hot read of intake, compiled once per user (its scope) and way of naming.
+_NODES_NAMED = PreparedQuery(_nodes_named, node=int, hostname=str, cluster=int, cluster_name=str)
+
+
+def nodes_named(
+    *,
+    user,
+    node: int | None = None,
+    hostname: str | None = None,
+    cluster: int | None = None,
+    cluster_name: str | None = None,
+) -> list[Node]:
+    """At most two of the nodes the user sees with this id or hostname (on this cluster, by id or name): two say
+    the name is ambiguous. Each has its id, hostname, rack and cluster loaded, and its cluster its id, name and
+    dedicated tenant (the fields fault intake reads); any other field loads when read, as with ``only()``."""
+    found = []
+    for node_id, name, rack, cluster_id, cluster_name_, tenant_id in _NODES_NAMED.rows(
+        principal(user), node=node, hostname=hostname, cluster=cluster, cluster_name=cluster_name
+    ):
+        row = Node.from_db(
+            "default", *_loaded(Node, id=node_id, hostname=name, rack=rack, cluster_id=cluster_id)
+        )
+        row.cluster = Cluster.from_db(
+            "default", *_loaded(Cluster, id=cluster_id, name=cluster_name_, dedicated_tenant_id=tenant_id)
+        )
+        found.append(row)
+    return found
+
+
+def _loaded(model, **values) -> tuple[list[str], list]:
+    """``from_db``'s field names and values for these columns, in the model's order (which it reads them in)."""
+    fields = [field.attname for field in model._meta.concrete_fields if field.attname in values]
+    return fields, [values[name] for name in fields]
 
 
 def node_hardware(*, user, node: Node) -> dict[str, list]:

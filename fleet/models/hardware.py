@@ -4,6 +4,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from controlplane.prepared import PreparedQuery
 from controlplane.security_crypto import EncryptedJSONField
 from fleet.choices import (
     AutomationMode,
@@ -45,10 +46,14 @@ class AutomationSwitch(models.Model):
         return f"provider automation: {self.mode}"
 
 
+# Read by every decision: compiled once per process.
+_PROVIDER_SWITCH = PreparedQuery(lambda: AutomationSwitch.objects.filter(pk=1).values_list("mode")[:1])
+
+
 def provider_automation() -> str:
     """The provider switch's mode (active when it was never set)."""
-    mode = AutomationSwitch.objects.filter(pk=1).values_list("mode", flat=True).first()
-    return mode or AutomationMode.ACTIVE
+    row = _PROVIDER_SWITCH.first()
+    return (row[0] if row else None) or AutomationMode.ACTIVE
 
 
 class Fleet(models.Model):

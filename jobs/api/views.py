@@ -12,7 +12,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from controlplane.access import require
-from controlplane.api import ScopedViewSet
+from controlplane.api import ScopedViewSet, represented, validated
 from controlplane.openapi import ErrorSerializer
 from controlplane.timerange import RANGES
 from fleet import selectors as fleet_selectors
@@ -253,9 +253,7 @@ class FaultViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewS
     )
     def create(self, request):
         require(self.principal.may_operate, "only provider roles report faults")
-        data = FaultReportSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        values = dict(data.validated_data)
+        values = validated(FaultReportSerializer, request.data)
         node = self._reported_node(
             node=values.pop("node", None),
             hostname=values.pop("hostname", None),
@@ -267,7 +265,7 @@ class FaultViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewS
         fault, created = fault_services.fault_ingest(
             node=node, idempotency_key=key, actor=request.user, **values
         )
-        body = FaultSerializer(fault).data
+        body = represented(FaultSerializer, fault)
         return Response(
             {**body, "created": created}, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
         )
@@ -276,28 +274,27 @@ class FaultViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewS
         self, *, node: int | str | None, hostname: str | None, cluster: int | str | None
     ) -> Node:
         """The node a report names: by id, or by hostname (with its cluster where several clusters have it)."""
-        # Only what intake reads (the hot path of fault reports: every column of a node and its cluster costs).
-        nodes = fleet_selectors.node_list(user=self.request.user).only(*fault_services.INGEST_NODE_FIELDS)
-        if isinstance(node, int):
-            nodes = nodes.filter(pk=node)
-        else:
-            hostname = node if node is not None else hostname
-            nodes = nodes.filter(hostname=hostname)
-        if cluster is not None:
-            nodes = (
-                nodes.filter(cluster_id=cluster)
-                if isinstance(cluster, int)
-                else nodes.filter(cluster__name=cluster)
-            )
-        found = list(nodes[:2])
         field = "hostname" if node is None else "node"
+        if node is not None and not isinstance(node, int):
+            node, hostname = None, node
+        found = fleet_selectors.nodes_named(
+            user=self.request.user,
+            node=node,
+            hostname=hostname,
+            cluster=cluster if isinstance(cluster, int) else None,
+            cluster_name=cluster if isinstance(cluster, str) else None,
+        )
         if not found:
             where = f" on cluster {cluster}" if cluster is not None else ""
             raise exceptions.ValidationError(
                 {field: [f"no node named {hostname}{where}" if hostname else "no such node"]}
             )
         if len(found) > 1:
-            clusters = sorted(nodes.values_list("cluster__name", flat=True))
+            clusters = sorted(
+                fleet_selectors.node_list(user=self.request.user)
+                .filter(hostname=hostname)
+                .values_list("cluster__name", flat=True)
+            )
             raise exceptions.ValidationError(
                 {
                     field: [

@@ -265,10 +265,14 @@ def actions_advance(*, cluster: Cluster, action_ids: list[int], finished: list) 
     actions are appended to ``finished`` for the caller to publish; returns how many completed."""
     actions = list(
         RecoveryAction.objects.select_for_update(of=("self",), skip_locked=True, no_key=True)
-        .select_related("job", "cluster", "node", "to_node", "snapshot", "fault")
-        .filter(pk__in=action_ids, state=ActionState.RUNNING)
+        .select_related("job", "node", "to_node", "snapshot", "fault")
+        .filter(pk__in=action_ids, cluster_id=cluster.pk, state=ActionState.RUNNING)
         .order_by("pk")
     )
+    for action in actions:
+        action.cluster = (
+            cluster  # the row the caller locked (not read again, nor its connection decrypted per action)
+        )
     now = timezone.now()
     actions = [a for a in actions if not (a.done_at and a.done_at > now)]
     try:

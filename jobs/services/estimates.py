@@ -7,6 +7,7 @@ from dataclasses import replace
 from django.conf import settings
 from django.utils import timezone
 
+from controlplane.prepared import PreparedQuery
 from jobs.choices import ActionKind
 from jobs.models import RecoveryEstimate
 from jobs.planner import Estimates
@@ -33,6 +34,15 @@ def defaults() -> Estimates:
     )
 
 
+# Read by every decision: compiled once per process.
+_ESTIMATES = PreparedQuery(
+    lambda cluster: RecoveryEstimate.objects.filter(cluster_id=cluster).values_list(
+        "kind", "samples", "seconds"
+    ),
+    cluster=int,
+)
+
+
 def estimates_for(cluster) -> Estimates:
     """The planner's estimates for this cluster: each duration is the running average of what this cluster's
     recoveries of that kind measured once there are ``RECOVERY_ESTIMATE_MIN_SAMPLES`` of them, else the default.
@@ -40,9 +50,7 @@ def estimates_for(cluster) -> Estimates:
     base = defaults()
     needed = settings.RECOVERY_ESTIMATE_MIN_SAMPLES
     values, basis = {}, {}
-    for kind, samples, seconds in RecoveryEstimate.objects.filter(cluster_id=cluster.pk).values_list(
-        "kind", "samples", "seconds"
-    ):
+    for kind, samples, seconds in _ESTIMATES.rows(cluster=cluster.pk):
         if kind not in DURATIONS:
             continue
         if samples >= needed:

@@ -15,6 +15,7 @@ from django.utils import timezone
 from controlplane import events
 from controlplane.audit import audit_entry, audit_record_many
 from controlplane.errors import ServiceError
+from controlplane.prepared import PreparedQuery
 from controlplane.queueing import queue
 from fleet.choices import AutomationMode
 from fleet.models import GPU, NIC
@@ -34,18 +35,6 @@ DEFAULT_SEVERITY = {
     FaultKind.NIC_DOWN: Severity.CRITICAL,
     FaultKind.NVLINK_ERROR: Severity.CRITICAL,
 }
-
-
-# The node fields fault_ingest reads, for callers that load the node just for it (the API's intake).
-INGEST_NODE_FIELDS = (
-    "id",
-    "hostname",
-    "rack",
-    "cluster_id",
-    "cluster__id",
-    "cluster__name",
-    "cluster__dedicated_tenant_id",
-)
 
 
 def correlation_key(
@@ -119,11 +108,45 @@ def _validate_values(source, kind, severity) -> None:
         raise ServiceError(f"unknown severity {severity!r}", field="severity")
 
 
+# The reads of every single report, compiled once per process (controlplane/prepared.py).
+_GPU = PreparedQuery(
+    lambda node, index: GPU.objects.filter(node_id=node, index=index).values_list("pk")[:1],
+    node=int,
+    index=int,
+)
+_NIC = PreparedQuery(
+    lambda node, name: NIC.objects.filter(node_id=node, name=name).values_list("pk")[:1], node=int, name=str
+)
+_CORRELATED = PreparedQuery(
+    lambda key, since: (
+        FaultEvent.objects.filter(correlation_key=key, received_at__gte=since)
+        .order_by("-received_at")
+        .values_list("pk")[:1]
+    ),
+    key=str,
+    since=datetime,
+)
+_WAITING = PreparedQuery(
+    lambda cluster: (
+        FaultEvent.objects.filter(cluster_id=cluster, state=FaultState.NEW)
+        .order_by("received_at")
+        .values_list("pk")[:1]
+    ),
+    cluster=int,
+)
+_JOBS_ON = PreparedQuery(
+    lambda node: JobAllocation.objects.filter(node_id=node, released_at__isnull=True).values_list(
+        "node_id", "job_id", "job__cluster_id", "job__tenant_id"
+    ),
+    node=int,
+)
+
+
 def _validate(source, kind, severity, gpu_index, nic_name, node):
     _validate_values(source, kind, severity)
-    if gpu_index is not None and not GPU.objects.filter(node_id=node.pk, index=gpu_index).exists():
+    if gpu_index is not None and not _GPU.rows(node=node.pk, index=gpu_index):
         raise ServiceError(f"node {node.hostname} has no GPU {gpu_index}", field="gpu_index")
-    if nic_name and not NIC.objects.filter(node_id=node.pk, name=nic_name).exists():
+    if nic_name and not _NIC.rows(node=node.pk, name=nic_name):
         raise ServiceError(f"node {node.hostname} has no NIC {nic_name}", field="nic_name")
 
 
@@ -223,9 +246,7 @@ def _announce(faults: list[tuple[FaultEvent, str, str, int | None]], *, actor) -
         ]
     )
     jobs: dict[int, list[str]] = {}
-    for node_id, job_id, job_cluster_id, job_tenant_id in JobAllocation.objects.filter(
-        node_id__in={fault.node_id for fault, *_ in faults}, released_at__isnull=True
-    ).values_list("node_id", "job_id", "job__cluster_id", "job__tenant_id"):
+    for node_id, job_id, job_cluster_id, job_tenant_id in _jobs_on({fault.node_id for fault, *_ in faults}):
         jobs.setdefault(node_id, []).extend(job_topics_of(job_id, job_cluster_id, job_tenant_id))
     clusters = {}
     for fault, *_ in faults:
@@ -244,6 +265,18 @@ def _announce(faults: list[tuple[FaultEvent, str, str, int | None]], *, actor) -
             )
             for fault, _, _, tenant_id in faults
         ]
+    )
+
+
+def _jobs_on(node_ids: set[int]) -> list[tuple[int, int, int, int | None]]:
+    """(node, job, the job's cluster, its tenant) for the jobs holding these nodes: for one node (a single report)
+    by the prepared read."""
+    if len(node_ids) == 1:
+        return _JOBS_ON.rows(node=next(iter(node_ids)))
+    return list(
+        JobAllocation.objects.filter(node_id__in=node_ids, released_at__isnull=True).values_list(
+            "node_id", "job_id", "job__cluster_id", "job__tenant_id"
+        )
     )
 
 
@@ -269,12 +302,8 @@ def _fault_with_key(idempotency_key: str, digest: str) -> int | None:
 
 def _correlated_fault(key: str, now: datetime) -> int | None:
     """The latest fault with this correlation key received within the correlation window, or None."""
-    return (
-        FaultEvent.objects.filter(correlation_key=key, received_at__gte=_correlation_since(now))
-        .order_by("-received_at")
-        .values_list("pk", flat=True)
-        .first()
-    )
+    row = _CORRELATED.first(key=key, since=_correlation_since(now))
+    return row[0] if row else None
 
 
 def fault_ingest(
@@ -541,14 +570,9 @@ def fault_handle(*, fault_id: int, cluster_id: int | None = None) -> list[int]:
         _forget_pending(cluster_id)
     if decided:
         # Committed: faults stored while it decided found the mark set and queued nothing; the next handling is theirs.
-        waiting = (
-            FaultEvent.objects.filter(cluster_id=cluster_id, state=FaultState.NEW)
-            .order_by("received_at")
-            .values_list("pk", flat=True)
-            .first()
-        )
+        waiting = _WAITING.first(cluster=cluster_id)
         if waiting is not None:
-            _enqueue(waiting, cluster_id)
+            _enqueue(waiting[0], cluster_id)
     return created
 
 
@@ -560,25 +584,23 @@ def _handle(cluster_id: int) -> tuple[list[int], bool]:
     with transaction.atomic():
         # Faults whose rows are locked are being decided right now (in another handler's batch): that handler settles
         # them, or rolls back and leaves them new for the sweep. Waiting for them would only queue up.
-        new = _skip_locked(
-            FaultEvent.objects.filter(cluster_id=cluster_id, state=FaultState.NEW).order_by("received_at")
+        faults = list(
+            _skip_locked(
+                FaultEvent.objects.filter(cluster_id=cluster_id, state=FaultState.NEW).order_by("received_at")
+            )[:200]
         )
-        first = new.first()
-        if first is None:
+        if not faults:
             return [], False
         cluster = lock_cluster(cluster_id)
         mode = cluster.effective_automation
         if mode == AutomationMode.PAUSED:
             reason = f"held: automation is paused (provider-wide, or on {cluster.name} or its fleet)"
-            if first.state_reason != reason:
-                FaultEvent.objects.filter(pk=first.pk).update(state_reason=reason)
+            if faults[0].state_reason != reason:
+                FaultEvent.objects.filter(pk=faults[0].pk).update(state_reason=reason)
             return [], False
-        faults = list(new.exclude(pk=first.pk)[:199])
         # Every event of the decision (its cordons, ladders and actions) is written at its end, in one statement.
         with events.gathered():
-            return decide(
-                cluster=cluster, faults=[first, *faults], dry_run=mode == AutomationMode.DRY_RUN
-            ), True
+            return decide(cluster=cluster, faults=faults, dry_run=mode == AutomationMode.DRY_RUN), True
 
 
 def fault_sweep(*, min_age_seconds: float | None = None) -> int:

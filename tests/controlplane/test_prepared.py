@@ -1,0 +1,97 @@
+"""PreparedQuery: a read compiled once from the ORM gives, for any values, the rows the ORM gives."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from controlplane.access import ANONYMOUS, principal
+from controlplane.prepared import PreparedQuery
+from fleet import selectors as fleet_selectors
+from fleet.models import GPU, Node
+from jobs.models import FaultEvent
+from tests.support.factories import make_cluster, make_node, make_tenant, make_user
+
+pytestmark = pytest.mark.django_db
+
+
+def _faults(node, since):
+    return (
+        FaultEvent.objects.filter(node_id=node, received_at__gte=since, state="new")
+        .order_by("received_at")
+        .values_list("pk", "kind", "sources", "received_at")
+    )
+
+
+FAULTS = PreparedQuery(_faults, node=int, since=timezone.datetime)
+
+
+def _fault(node, hours_ago, kind="nic_down"):
+    at = timezone.now() - timedelta(hours=hours_ago)
+    return FaultEvent.objects.create(
+        cluster=node.cluster,
+        node=node,
+        kind=kind,
+        sources=["agent", "alertmanager"],
+        detected_at=at,
+        received_at=at,
+        last_reported_at=at,
+        correlation_key=f"{node.pk}:{kind}:{hours_ago}",
+    )
+
+
+def test_rows_are_the_orms_for_every_value_and_the_sql_is_built_once():
+    cluster = make_cluster()
+    one, two = make_node(cluster), make_node(cluster)
+    for node, hours in ((one, 1), (one, 3), (one, 30), (two, 2)):
+        _fault(node, hours)
+    FaultEvent.objects.filter(node=two).update(state="handled")
+    for node, hours in ((one, 2), (one, 5), (one, 48), (two, 5)):
+        since = timezone.now() - timedelta(hours=hours)
+        assert FAULTS.rows(node=node.pk, since=since) == list(_faults(node.pk, since))
+    # The JSON column comes back converted, as the ORM converts it; the state stays a constant of the SQL.
+    assert FAULTS.rows(node=one.pk, since=timezone.now() - timedelta(days=9))[0][2] == ["agent", "alertmanager"]
+    with CaptureQueriesContext(connection) as queries:
+        FAULTS.rows(node=one.pk, since=timezone.now())
+    assert len(queries) == 1 and "'new'" in queries[0]["sql"]
+
+
+def test_an_argument_not_given_leaves_its_condition_out():
+    def gpus(node=None, index=None):
+        rows = GPU.objects.all()
+        if node is not None:
+            rows = rows.filter(node_id=node)
+        if index is not None:
+            rows = rows.filter(index=index)
+        return rows.order_by("pk").values_list("pk", flat=False)
+
+    query = PreparedQuery(gpus, node=int, index=int)
+    cluster = make_cluster()
+    node = make_node(cluster, gpus=4)
+    make_node(cluster, gpus=2)
+    assert query.rows(node=node.pk) == list(gpus(node=node.pk))
+    assert query.rows(index=1) == list(gpus(index=1))  # a small-integer column, looked up by a value in its range
+    assert query.rows(node=node.pk, index=3) == list(gpus(node=node.pk, index=3))
+    assert query.first(node=node.pk, index=9) is None
+
+
+def test_a_scoped_read_is_compiled_per_principal():
+    cluster = make_cluster()
+    node = make_node(cluster=cluster)
+    admin = make_user("provider-admin")
+    viewer = make_user("tenant-viewer", tenant=make_tenant("Prepared"))
+    assert [n.pk for n in fleet_selectors.nodes_named(user=admin, node=node.pk)] == [node.pk]
+    assert fleet_selectors.nodes_named(user=viewer, node=node.pk) == []  # a shared cluster's node: not the tenant's
+    assert fleet_selectors.nodes_named(user=ANONYMOUS, node=node.pk) == []
+    found = fleet_selectors.nodes_named(user=admin, hostname=node.hostname, cluster_name=cluster.name)
+    assert found[0].hostname == node.hostname and found[0].cluster.name == cluster.name
+    assert found[0].gpu_model == Node.objects.get(pk=node.pk).gpu_model  # a field not read: loaded when asked
+    assert principal(admin) != principal(viewer)
+
+
+def test_an_argument_that_does_not_reach_the_sql_is_refused_when_built():
+    query = PreparedQuery(lambda node: Node.objects.filter(hostname__contains=node).values_list("pk"), node=str)
+    with pytest.raises(TypeError, match="did not reach the SQL"):
+        query.rows(node="gpu")

@@ -1,9 +1,12 @@
 """ASGI entry point: Django over HTTP and the one event consumer over websockets (served by uvicorn)."""
 
+import asyncio
 import os
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 import django
-from asgiref.sync import sync_to_async
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -25,6 +28,34 @@ class SyncChainASGIHandler(ASGIHandler):
 
     async def get_response_async(self, request):
         return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+
+    # Django gives every request a thread-sensitive context of its own, and so a new thread, started and joined per
+    # request (a tenth of the web process's samples at 50 fault reports a second, bench/fault_latency.py under
+    # py-spy). Here a request takes one of a fixed set of long-lived threads ("lanes") for its synchronous code
+    # instead, and gives it back when answered: its sync code still runs on one thread, as Django requires.
+    LANES = max(4, 2 * int(os.environ.get("DATABASE_POOL_SIZE") or 4))
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await super().__call__(scope, receive, send)  # Django's own refusal
+        lanes = self._lanes()
+        executor = await lanes.get()
+        try:
+            async with ThreadSensitiveContext(executor=executor):
+                await self.handle(scope, receive, send)
+        finally:
+            lanes.put_nowait(executor)
+
+    def _lanes(self) -> asyncio.Queue:
+        """The lanes of the running event loop (made on its first request: a queue belongs to one loop)."""
+        loop = asyncio.get_running_loop()
+        by_loop = self.__dict__.setdefault("_lanes_by_loop", weakref.WeakKeyDictionary())
+        lanes = by_loop.get(loop)
+        if lanes is None:
+            lanes = by_loop[loop] = asyncio.Queue()
+            for n in range(self.LANES):
+                lanes.put_nowait(ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"django-lane-{n}"))
+        return lanes
 
 
 django.setup(set_prefix=False)

@@ -50,7 +50,7 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "DATABASE_POOL_SIZE": (
         int,
         0,
-        "PostgreSQL connections a process keeps in a pool (psycopg_pool); 0: one persistent connection per thread instead. The web process (controlplane/asgi.py) uses 4 unless this is set: under ASGI Django runs each request on a thread of its own, so per-thread connections would be opened and dropped with every request. Workers run one task at a time and keep 0.",
+        "PostgreSQL connections a process keeps in a pool (psycopg_pool); 0: one persistent connection per thread instead. The web process (controlplane/asgi.py) uses 4 unless this is set, and runs each request's synchronous code on one of twice as many long-lived threads (at least 4): the threads' connections come from the pool and go back to it after each request. Workers run one task at a time and keep 0.",
     ),
     "REDIS_URL": (str, "redis://127.0.0.1:6379/0", "Redis for the Celery broker and the Channels layer."),
     "CELERY_BROKER_URL": (str, "", "Celery broker; defaults to REDIS_URL."),

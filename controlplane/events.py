@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from controlplane.access import Principal, principal
 from controlplane.models import Event, TopicSequence
+from controlplane.prepared import cursor as prepared_cursor
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +233,7 @@ def _insert_postgresql(
     for i, (kind, payload, url) in enumerate(prepared):
         params += [i, kind, json.dumps(payload), url]
     params += [[name for name, _ in rows], back, [i for _, i in rows], now]
-    with connection.cursor() as cursor:
+    with prepared_cursor(len(params)) as cursor:
         cursor.execute(sql, params)
         inserted = {(topic, seq): pk for pk, topic, seq in cursor.fetchall()}
     last: dict[str, int] = {}
@@ -351,7 +352,7 @@ def _mark_sent(ids: list[int]) -> None:
     if connection.vendor != "postgresql":
         Event.objects.filter(pk__in=ids, sent_at__isnull=True).update(sent_at=timezone.now())
         return
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             f"UPDATE {Event._meta.db_table} SET sent_at = %s WHERE id = ANY(%s) AND sent_at IS NULL",
             [timezone.now(), list(ids)],

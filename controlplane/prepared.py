@@ -6,6 +6,10 @@ directly (bench/fault_path_profile.py). ``PreparedQuery`` keeps the ORM as the o
 columns, joins and scoping: its ``build`` function makes the queryset from stand-in values, once per shape, and the
 compiled SQL is then run with each call's values in their places.
 
+On PostgreSQL a prepared query is run through ``cursor()``, which sends the parameters apart from the text, so each
+pooled connection parses and plans it once: planning was a fifth of PostgreSQL's CPU on the fault path
+(pg_stat_statements, docs/benchmarks.md).
+
 For ``values_list`` queries: each row comes back as the ORM's would, the columns Django converts on the way out
 (JSON, and timestamps on SQLite) converted as it converts them. Every argument must reach the SQL as a parameter
 of its own (an equality or a comparison, not a list), which building checks.
@@ -81,9 +85,9 @@ class PreparedQuery:
             return []
         sql, slots, converters = compiled
         params = [slot.value if isinstance(slot, _Constant) else values[slot] for slot in slots]
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
+        with cursor() as rows_cursor:
+            rows_cursor.execute(sql, params)
+            rows = rows_cursor.fetchall()
         if not converters:
             return rows
         converted = []
@@ -98,6 +102,25 @@ class PreparedQuery:
     def first(self, shape: Hashable = None, **values) -> tuple | None:
         rows = self.rows(shape, **values)
         return rows[0] if rows else None
+
+
+# PostgreSQL's limit on a server-bound statement's parameters is 65,535; past this many, bind on the client.
+MAX_SERVER_PARAMETERS = 30_000
+
+
+def cursor(parameters: int = 0):
+    """A cursor of the default connection for a hot statement of fixed text and ``parameters`` parameters. On PostgreSQL it binds on the server
+    (the parameters travel apart from the text), so after ``OPTIONS["prepare_threshold"]`` runs (settings.py) the
+    connection has the statement prepared and PostgreSQL neither parses nor plans it again; Django's own cursors
+    bind on the client and never prepare. It is Django's cursor wrapper around it, so execute wrappers (the query
+    counters of tests and benchmarks) see every statement. While queries are logged (DEBUG, a test capturing
+    them) it is Django's own cursor, whose log shows each statement with its values."""
+    if connection.vendor != "postgresql" or connection.queries_logged or parameters > MAX_SERVER_PARAMETERS:
+        return connection.cursor()
+    import psycopg
+
+    connection.ensure_connection()
+    return connection.make_cursor(psycopg.Cursor(connection.connection))
 
 
 def _hashable(value) -> bool:

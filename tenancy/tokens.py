@@ -13,6 +13,7 @@ import secrets
 
 from django.db import connection
 
+from controlplane.prepared import cursor as prepared_cursor
 from tenancy.choices import TokenScope
 from tenancy.models import ApiToken, Membership
 
@@ -76,7 +77,7 @@ def api_token_by_digest(token_digest: str) -> ApiToken | None:
     ``select_related("user", "user__membership")`` would: in one plain statement, since every API request and
     websocket authenticates through here and compiling the three-table query cost more than running it."""
     sql, layout = _token_query()
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(sql, [token_digest])
         row = cursor.fetchone()
     if row is None:

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import F
 
+from controlplane.prepared import cursor as prepared_cursor
 from jobs.choices import ACTIVE_ACTION_STATES, INCIDENT_SEVERITY, FaultKind, IncidentScope, IncidentState
 from jobs.models import FaultEvent, Incident, RecoveryAction
 
@@ -150,7 +151,7 @@ def _execute_join(
     now: datetime,
 ) -> int:
     sql = JOIN_SQL.format(incident=Incident._meta.db_table, action=RecoveryAction._meta.db_table)
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             sql,
             {

@@ -7,6 +7,7 @@ from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
+from controlplane.prepared import cursor as prepared_cursor
 from jobs.choices import JobPhaseKind
 from jobs.models import Job, JobPhase, JobProgress
 
@@ -51,7 +52,7 @@ def phases_switch(
         JobProgress.objects.bulk_create(progress)
         return
     phase, points = JobPhase._meta.db_table, JobProgress._meta.db_table
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             f"WITH ended AS (UPDATE {phase} AS p SET ended_at = %s FROM unnest(%s::bigint[], %s::text[]) AS e(job_id, kind) "
             f"WHERE p.job_id = e.job_id AND p.kind = e.kind AND p.ended_at IS NULL), "

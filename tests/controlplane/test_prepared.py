@@ -52,7 +52,10 @@ def test_rows_are_the_orms_for_every_value_and_the_sql_is_built_once():
         since = timezone.now() - timedelta(hours=hours)
         assert FAULTS.rows(node=node.pk, since=since) == list(_faults(node.pk, since))
     # The JSON column comes back converted, as the ORM converts it; the state stays a constant of the SQL.
-    assert FAULTS.rows(node=one.pk, since=timezone.now() - timedelta(days=9))[0][2] == ["agent", "alertmanager"]
+    assert FAULTS.rows(node=one.pk, since=timezone.now() - timedelta(days=9))[0][2] == [
+        "agent",
+        "alertmanager",
+    ]
     with CaptureQueriesContext(connection) as queries:
         FAULTS.rows(node=one.pk, since=timezone.now())
     assert len(queries) == 1 and "'new'" in queries[0]["sql"]
@@ -72,7 +75,9 @@ def test_an_argument_not_given_leaves_its_condition_out():
     node = make_node(cluster, gpus=4)
     make_node(cluster, gpus=2)
     assert query.rows(node=node.pk) == list(gpus(node=node.pk))
-    assert query.rows(index=1) == list(gpus(index=1))  # a small-integer column, looked up by a value in its range
+    assert query.rows(index=1) == list(
+        gpus(index=1)
+    )  # a small-integer column, looked up by a value in its range
     assert query.rows(node=node.pk, index=3) == list(gpus(node=node.pk, index=3))
     assert query.first(node=node.pk, index=9) is None
 
@@ -83,7 +88,9 @@ def test_a_scoped_read_is_compiled_per_principal():
     admin = make_user("provider-admin")
     viewer = make_user("tenant-viewer", tenant=make_tenant("Prepared"))
     assert [n.pk for n in fleet_selectors.nodes_named(user=admin, node=node.pk)] == [node.pk]
-    assert fleet_selectors.nodes_named(user=viewer, node=node.pk) == []  # a shared cluster's node: not the tenant's
+    assert (
+        fleet_selectors.nodes_named(user=viewer, node=node.pk) == []
+    )  # a shared cluster's node: not the tenant's
     assert fleet_selectors.nodes_named(user=ANONYMOUS, node=node.pk) == []
     found = fleet_selectors.nodes_named(user=admin, hostname=node.hostname, cluster_name=cluster.name)
     assert found[0].hostname == node.hostname and found[0].cluster.name == cluster.name
@@ -92,6 +99,23 @@ def test_a_scoped_read_is_compiled_per_principal():
 
 
 def test_an_argument_that_does_not_reach_the_sql_is_refused_when_built():
-    query = PreparedQuery(lambda node: Node.objects.filter(hostname__contains=node).values_list("pk"), node=str)
+    query = PreparedQuery(
+        lambda node: Node.objects.filter(hostname__contains=node).values_list("pk"), node=str
+    )
     with pytest.raises(TypeError, match="did not reach the SQL"):
         query.rows(node="gpu")
+
+
+def test_on_postgresql_a_hot_statement_is_prepared_once_per_connection():
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's")
+    node = make_node(make_cluster())
+    since = timezone.now() - timedelta(hours=1)
+    with connection.cursor() as cursor:
+        for _ in range(8):  # past OPTIONS["prepare_threshold"] (5)
+            FAULTS.rows(node=node.pk, since=since)
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ["%jobs_faultevent%"]
+        )
+        (prepared,) = cursor.fetchone()
+    assert prepared >= 1

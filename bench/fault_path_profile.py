@@ -83,13 +83,37 @@ class Counted:
             pstats.Stats(self.profiler).sort_stats("cumulative").print_stats(n)
 
 
+def completions(RecoveryAction, args) -> None:
+    """The recoveries' ends: beat's recovery_advance completing the decided NIC failovers (their simulated
+    operations set done), as it does every second, per action."""
+    from django.utils import timezone
+
+    from fleet.models import SimulatedOperation
+    from jobs.services.advance import recovery_advance
+
+    SimulatedOperation.objects.update(done_at=timezone.now() - timezone.timedelta(seconds=1))
+    running = RecoveryAction.objects.filter(state="running").count()
+    RecoveryAction.objects.filter(state="running").update(
+        done_at=timezone.now() - timezone.timedelta(seconds=1)
+    )
+    counted = Counted(args.profile == "completions")
+    with counted:
+        while recovery_advance()["completed"]:
+            pass
+    print(counted.line("completions (recovery_advance, in-process)", max(running, 1)))
+    print(
+        f"  {RecoveryAction.objects.filter(state='succeeded').count()} of {running} running actions completed"
+    )
+    counted.top()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--faults", type=int, default=400)
     parser.add_argument("--batch", type=int, default=5, help="faults of a cluster per decision")
-    parser.add_argument("--profile", choices=["web", "worker"], default=None)
+    parser.add_argument("--profile", choices=["web", "worker", "completions"], default=None)
     parser.add_argument(
         "--statements", action="store_true", help="print the statements of one POST and one decision"
     )
@@ -169,6 +193,7 @@ def main() -> None:
         dict(FaultEvent.objects.values_list("state").annotate(n=Count("id")).order_by()),
     )
     worker.top()
+    completions(RecoveryAction, args)
 
 
 if __name__ == "__main__":

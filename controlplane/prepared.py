@@ -6,9 +6,10 @@ directly (bench/fault_path_profile.py). ``PreparedQuery`` keeps the ORM as the o
 columns, joins and scoping: its ``build`` function makes the queryset from stand-in values, once per shape, and the
 compiled SQL is then run with each call's values in their places.
 
-On PostgreSQL a prepared query is run through ``cursor()``, which sends the parameters apart from the text, so each
-pooled connection parses and plans it once: planning was a fifth of PostgreSQL's CPU on the fault path
-(pg_stat_statements, docs/benchmarks.md).
+That is on PostgreSQL, where the parameters reach the SQL as they are given; elsewhere (SQLite, the embedded
+default, writes a datetime as text) the ORM builds the query on each call. On PostgreSQL a prepared query runs
+through ``cursor()``, which sends the parameters apart from the text, so each pooled connection parses and plans
+it once: planning was a fifth of PostgreSQL's CPU on the fault path (pg_stat_statements, docs/benchmarks.md).
 
 For ``values_list`` queries: each row comes back as the ORM's would, the columns Django converts on the way out
 (JSON, and timestamps on SQLite) converted as it converts them. Every argument must reach the SQL as a parameter
@@ -80,6 +81,10 @@ class PreparedQuery:
 
     def rows(self, shape: Hashable = None, **values) -> list[tuple]:
         values = {name: value for name, value in values.items() if value is not None}
+        if connection.vendor != "postgresql":
+            # Other backends change some values on their way into the SQL (SQLite writes a datetime as text), so the
+            # compiled SQL could not take them as they come: the ORM builds the query each time there.
+            return list(self.build(shape, **values) if shape is not None else self.build(**values))
         compiled = self._compiled(connection.vendor, shape, tuple(sorted(values)))
         if compiled is None:
             return []

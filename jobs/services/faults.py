@@ -9,7 +9,7 @@ from typing import NamedTuple
 from django.conf import settings
 from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Min
+from django.db.models import Min, QuerySet
 from django.utils import timezone
 
 from controlplane import events
@@ -134,12 +134,16 @@ _WAITING = PreparedQuery(
     ),
     cluster=int,
 )
-_JOBS_ON = PreparedQuery(
-    lambda node: JobAllocation.objects.filter(node_id=node, released_at__isnull=True).values_list(
+
+
+def _jobs_holding(node_ids) -> QuerySet:
+    """(node, job, the job's cluster, its tenant) for the jobs holding these nodes."""
+    return JobAllocation.objects.filter(node_id__in=node_ids, released_at__isnull=True).values_list(
         "node_id", "job_id", "job__cluster_id", "job__tenant_id"
-    ),
-    node=int,
-)
+    )
+
+
+_JOBS_ON = PreparedQuery(lambda node: _jobs_holding([node]), node=int)
 
 
 def _validate(source, kind, severity, gpu_index, nic_name, node):
@@ -269,15 +273,10 @@ def _announce(faults: list[tuple[FaultEvent, str, str, int | None]], *, actor) -
 
 
 def _jobs_on(node_ids: set[int]) -> list[tuple[int, int, int, int | None]]:
-    """(node, job, the job's cluster, its tenant) for the jobs holding these nodes: for one node (a single report)
-    by the prepared read."""
+    """``_jobs_holding`` these nodes: for one node (a single report) by the prepared read."""
     if len(node_ids) == 1:
         return _JOBS_ON.rows(node=next(iter(node_ids)))
-    return list(
-        JobAllocation.objects.filter(node_id__in=node_ids, released_at__isnull=True).values_list(
-            "node_id", "job_id", "job__cluster_id", "job__tenant_id"
-        )
-    )
+    return list(_jobs_holding(node_ids))
 
 
 def _tenant_of(node) -> int | None:

@@ -12,7 +12,7 @@ through ``cursor()``, which sends the parameters apart from the text, so each po
 it once: planning was a fifth of PostgreSQL's CPU on the fault path (pg_stat_statements, docs/benchmarks.md).
 
 For ``values_list`` queries: each row comes back as the ORM's would, the columns Django converts on the way out
-(JSON, and timestamps on SQLite) converted as it converts them. Every argument must reach the SQL as a parameter
+(JSON) converted as it converts them. Every argument must reach the SQL as a parameter
 of its own (an equality or a comparison, not a list), which building checks.
 """
 
@@ -53,9 +53,7 @@ class PreparedQuery:
         self.build, self.arguments = build, arguments
 
     @functools.lru_cache(maxsize=256)  # noqa: B019 - the instances are module-level and live as long as the process
-    def _compiled(
-        self, vendor: str, shape: Hashable, given: tuple[str, ...]
-    ) -> tuple[str, list, dict] | None:
+    def _compiled(self, shape: Hashable, given: tuple[str, ...]) -> tuple[str, list, dict] | None:
         """(SQL, its parameters' slots, the converters of its columns), or None for a query of no rows."""
         stand_ins = {name: _stand_in(self.arguments[name]) for name in given}
         queryset = self.build(shape, **stand_ins) if shape is not None else self.build(**stand_ins)
@@ -85,7 +83,7 @@ class PreparedQuery:
             # Other backends change some values on their way into the SQL (SQLite writes a datetime as text), so the
             # compiled SQL could not take them as they come: the ORM builds the query each time there.
             return list(self.build(shape, **values) if shape is not None else self.build(**values))
-        compiled = self._compiled(connection.vendor, shape, tuple(sorted(values)))
+        compiled = self._compiled(shape, tuple(sorted(values)))
         if compiled is None:
             return []
         sql, slots, converters = compiled

@@ -11,19 +11,30 @@ default, writes a datetime as text) the ORM builds the query on each call. On Po
 through ``cursor()``, which sends the parameters apart from the text, so each pooled connection parses and plans
 it once: planning was a fifth of PostgreSQL's CPU on the fault path (pg_stat_statements, docs/benchmarks.md).
 
-For ``values_list`` queries: each row comes back as the ORM's would, the columns Django converts on the way out
-(JSON) converted as it converts them. Every argument must reach the SQL as a parameter
-of its own (an equality or a comparison, not a list), which building checks.
+Each result comes back as the ORM's would: a ``values_list`` row as a tuple (or its one value, ``flat``), a model
+queryset's row as an instance with its ``select_related`` rows and annotations, the columns Django converts on the
+way out (JSON, the encrypted fields) converted as it converts them. Every argument must reach the SQL as a parameter
+of its own, which building checks: an equality or a comparison, or, for a list of values, the ``any`` lookup
+(``pk__any=ids``), which sends the list as one array (``= ANY(%s)``) so that a read of any number of rows is one
+statement text, compiled once and prepared once.
 """
 
 import datetime
 import functools
 import itertools
 from collections.abc import Callable, Hashable
+from typing import NamedTuple
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import Field, ForeignObject, Lookup, QuerySet
+from django.db.models.query import (
+    FlatValuesListIterable,
+    ModelIterable,
+    ValuesListIterable,
+    get_related_populators,
+)
+from django.db.transaction import TransactionManagementError
 
 _counter = itertools.count(1)
 
@@ -33,6 +44,9 @@ def _stand_in(kind: type):
     the query's constants). An integer is small and positive: Django turns a lookup with a value out of the field's
     range (a PositiveSmallIntegerField's) into a query of no rows."""
     n = next(_counter)
+    if kind in (list[int], list[str]):
+        (element,) = kind.__args__
+        return [_stand_in(element), _stand_in(element)]
     if kind is int:
         return 30_000 + n % 2_000
     if kind is str:
@@ -42,9 +56,106 @@ def _stand_in(kind: type):
     raise TypeError(f"no stand-in for {kind!r}")
 
 
+class AnyOf(Lookup):
+    """``field__any=values``: the field equals one of the values. On PostgreSQL the values are one parameter, an
+    array (``= ANY(%s::type[])``), so the statement's text is the same for any number of them; elsewhere it is
+    ``IN`` with a parameter each, as ``__in``."""
+
+    lookup_name = "any"
+    prepare_rhs = False
+
+    def get_prep_lookup(self):
+        return [self.lhs.output_field.get_prep_value(value) for value in self.rhs]
+
+    def _values(self, connection) -> list:
+        return [self.lhs.output_field.get_db_prep_value(v, connection, prepared=True) for v in self.rhs]
+
+    def as_sql(self, compiler, connection):
+        lhs, lhs_params = self.process_lhs(compiler, connection)
+        values = self._values(connection)
+        if not values:
+            raise EmptyResultSet
+        return f"{lhs} IN ({', '.join(['%s'] * len(values))})", (*lhs_params, *values)
+
+    def as_postgresql(self, compiler, connection):
+        lhs, lhs_params = self.process_lhs(compiler, connection)
+        array = f"{self.lhs.output_field.db_type(connection)}[]"
+        return f"{lhs} = ANY(%s::{array})", (*lhs_params, self._values(connection))
+
+
+# On every field, and on foreign keys by their column (related fields keep a registry of lookups of their own).
+Field.register_lookup(AnyOf)
+ForeignObject.register_lookup(AnyOf)
+
+
+class _Compiled(NamedTuple):
+    """A built query: its SQL, its parameters' slots, its columns' converters, and how a row becomes a result."""
+
+    sql: str
+    slots: list
+    converters: dict
+    make: Callable | None
+    for_update: bool
+
+
+class _Instances:
+    """A model queryset's row made into its instance, as Django's ModelIterable makes it."""
+
+    def __init__(self, queryset: QuerySet, compiler):
+        klass_info, select = compiler.klass_info, compiler.select
+        fields = klass_info["select_fields"]
+        self.start, self.end = fields[0], fields[-1] + 1
+        self.model, self.db = klass_info["model"], queryset.db
+        self.names = [column[0].target.attname for column in select[self.start : self.end]]
+        self.related = get_related_populators(klass_info, select, self.db)
+        self.annotations = list(compiler.annotation_col_map.items())
+
+    def __call__(self, row):
+        instance = self.model.from_db(self.db, self.names, row[self.start : self.end])
+        for populator in self.related:
+            populator.populate(row, instance)
+        for name, position in self.annotations:
+            setattr(instance, name, row[position])
+        return instance
+
+
+def _maker(queryset: QuerySet, compiler):
+    """How a row of this queryset becomes what iterating the queryset gives; None: the row as it is (a tuple)."""
+    if queryset._prefetch_related_lookups or queryset._known_related_objects:
+        raise TypeError("PreparedQuery: prefetch_related and related managers' querysets are not supported")
+    if queryset._iterable_class is ModelIterable:
+        return _Instances(queryset, compiler)
+    if queryset._iterable_class is FlatValuesListIterable:
+        return _first_column
+    if queryset._iterable_class is ValuesListIterable:
+        return None
+    raise TypeError(f"PreparedQuery: {queryset._iterable_class.__name__} querysets are not supported")
+
+
+def _first_column(row):
+    return row[0]
+
+
+def _slot_of(value, stand_ins: dict):
+    """The argument a built query's parameter stands for (its name), or the parameter as a constant."""
+    if isinstance(value, list):
+        return next((name for name, stand_in in stand_ins.items() if stand_in == value), _Constant(value))
+    if not _hashable(value):
+        return _Constant(value)
+    return next(
+        (
+            name
+            for name, stand_in in stand_ins.items()
+            if not isinstance(stand_in, list) and stand_in == value
+        ),
+        _Constant(value),
+    )
+
+
 class PreparedQuery:
-    """``build(**arguments) -> QuerySet`` (a ``values_list``), compiled once per shape from stand-ins of
-    ``arguments`` (name → int, str or datetime), then ``rows(shape, **values)`` runs it with the values. The shape
+    """``build(**arguments) -> QuerySet`` (a model queryset or a ``values_list``), compiled once per shape from
+    stand-ins of ``arguments`` (name → int, str, datetime, list[int] or list[str]), then ``rows(shape, **values)``
+    runs it with the values. The shape
     is whatever else the built SQL depends on: ``shape`` (None when nothing does; else passed to ``build`` first,
     as the caller's Principal for a scoped read), and which arguments are given (a value of None is not given:
     ``build`` gets only those that are, and adds a condition for each)."""
@@ -53,8 +164,8 @@ class PreparedQuery:
         self.build, self.arguments = build, arguments
 
     @functools.lru_cache(maxsize=256)  # noqa: B019 - the instances are module-level and live as long as the process
-    def _compiled(self, shape: Hashable, given: tuple[str, ...]) -> tuple[str, list, dict] | None:
-        """(SQL, its parameters' slots, the converters of its columns), or None for a query of no rows."""
+    def _compiled(self, shape: Hashable, given: tuple[str, ...]) -> _Compiled | None:
+        """The built query, or None for a query of no rows."""
         stand_ins = {name: _stand_in(self.arguments[name]) for name in given}
         queryset = self.build(shape, **stand_ins) if shape is not None else self.build(**stand_ins)
         compiler = queryset.query.get_compiler(connection=connection)
@@ -64,20 +175,19 @@ class PreparedQuery:
             if queryset.query.is_empty():
                 return None  # a scope that sees nothing
             raise TypeError("PreparedQuery: the stand-ins built a query of no rows") from None
-        by_value = {value: name for name, value in stand_ins.items()}
-        slots = [
-            by_value.get(value, _Constant(value)) if _hashable(value) else _Constant(value)
-            for value in params
-        ]
+        slots = [_slot_of(value, stand_ins) for value in params]
         missing = set(stand_ins) - {slot for slot in slots if isinstance(slot, str)}
         if missing:
             raise TypeError(
                 f"PreparedQuery: {sorted(missing)} did not reach the SQL as parameters of their own"
             )
         converters = compiler.get_converters([expression for expression, _, _ in compiler.select])
-        return sql, slots, converters
+        return _Compiled(
+            sql, slots, converters, _maker(queryset, compiler), bool(queryset.query.select_for_update)
+        )
 
-    def rows(self, shape: Hashable = None, **values) -> list[tuple]:
+    def rows(self, shape: Hashable = None, **values) -> list:
+        """What iterating the built queryset with these values gives: tuples, values or instances."""
         values = {name: value for name, value in values.items() if value is not None}
         if connection.vendor != "postgresql":
             # Other backends change some values on their way into the SQL (SQLite writes a datetime as text), so the
@@ -86,23 +196,17 @@ class PreparedQuery:
         compiled = self._compiled(shape, tuple(sorted(values)))
         if compiled is None:
             return []
-        sql, slots, converters = compiled
-        params = [slot.value if isinstance(slot, _Constant) else values[slot] for slot in slots]
+        if compiled.for_update and not connection.in_atomic_block:
+            raise TransactionManagementError("select_for_update cannot be used outside of a transaction.")
+        params = [slot.value if isinstance(slot, _Constant) else values[slot] for slot in compiled.slots]
         with cursor() as rows_cursor:
-            rows_cursor.execute(sql, params)
+            rows_cursor.execute(compiled.sql, params)
             rows = rows_cursor.fetchall()
-        if not converters:
-            return rows
-        converted = []
-        for row in rows:
-            row = list(row)
-            for position, (functions, expression) in converters.items():
-                for function in functions:
-                    row[position] = function(row[position], expression, connection)
-            converted.append(tuple(row))
-        return converted
+        if compiled.converters:
+            rows = [_converted(row, compiled.converters) for row in rows]
+        return rows if compiled.make is None else [compiled.make(row) for row in rows]
 
-    def first(self, shape: Hashable = None, **values) -> tuple | None:
+    def first(self, shape: Hashable = None, **values):
         rows = self.rows(shape, **values)
         return rows[0] if rows else None
 
@@ -124,6 +228,14 @@ def cursor(parameters: int = 0):
 
     connection.ensure_connection()
     return connection.make_cursor(psycopg.Cursor(connection.connection))
+
+
+def _converted(row: tuple, converters: dict) -> tuple:
+    row = list(row)
+    for position, (functions, expression) in converters.items():
+        for function in functions:
+            row[position] = function(row[position], expression, connection)
+    return tuple(row)
 
 
 def _hashable(value) -> bool:

@@ -14,6 +14,7 @@ from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
 from controlplane.bulk import update_rows
+from controlplane.prepared import PreparedQuery
 from fleet.choices import GPUHealth, NodeState
 from fleet.models import GPU, Cluster, Node
 from jobs.choices import BUDGETED_KINDS, ActionState
@@ -24,14 +25,33 @@ log = logging.getLogger(__name__)
 DEFAULT_RISK_THRESHOLD = 0.8
 
 
+# The locks every decision takes, compiled once per process (controlplane/prepared.py).
+_CLUSTER_LOCKED = PreparedQuery(
+    lambda cluster: (
+        Cluster.objects.select_for_update(of=("self",), no_key=True)
+        .select_related("fleet")
+        .filter(pk=cluster)
+    ),
+    cluster=int,
+)
+_NODES_LOCKED = PreparedQuery(
+    lambda related, ids: (
+        Node.objects.select_for_update(of=("self",))
+        .select_related(*related)
+        .filter(pk__any=ids)
+        .order_by("pk")
+    ),
+    ids=list[int],
+)
+
+
 def lock_cluster(cluster_id: int) -> Cluster:
     """The cluster row, locked (FOR NO KEY UPDATE: rows that merely refer to it are not held up)."""
     immediate_constraints()
-    return (
-        Cluster.objects.select_for_update(of=("self",), no_key=True)
-        .select_related("fleet")
-        .get(pk=cluster_id)
-    )
+    cluster = _CLUSTER_LOCKED.first(cluster=cluster_id)
+    if cluster is None:
+        raise Cluster.DoesNotExist(f"no cluster {cluster_id}")
+    return cluster
 
 
 def lock_nodes(node_ids, *, related: tuple[str, ...] = ()) -> dict[int, Node]:
@@ -40,8 +60,7 @@ def lock_nodes(node_ids, *, related: tuple[str, ...] = ()) -> dict[int, Node]:
     ids = sorted({pk for pk in node_ids if pk})
     if not ids:
         return {}
-    rows = Node.objects.select_for_update(of=("self",)).select_related(*related)
-    return {node.pk: node for node in rows.filter(pk__in=ids).order_by("pk")}
+    return {node.pk: node for node in _NODES_LOCKED.rows(tuple(related), ids=ids)}
 
 
 def _skip_locked(queryset):

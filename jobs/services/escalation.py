@@ -33,6 +33,7 @@ from controlplane import events
 from controlplane.audit import audit_entry, audit_record, audit_record_many
 from controlplane.bulk import update_rows
 from controlplane.errors import ServiceError
+from controlplane.prepared import PreparedQuery
 from fleet.choices import AutomationMode, GPUHealth, LinkState, NodeState
 from fleet.drivers import DriverError, driver_for
 from fleet.models import Node
@@ -136,12 +137,16 @@ def ladders_for(node_ids) -> dict[int, NodeEscalation]:
     if not ids:
         return {}
     NodeEscalation.objects.bulk_create([NodeEscalation(node_id=pk) for pk in ids], ignore_conflicts=True)
-    return {
-        row.node_id: row
-        for row in NodeEscalation.objects.select_for_update(no_key=True)
-        .filter(node_id__in=ids)
-        .order_by("node_id")
-    }
+    return {row.node_id: row for row in _LADDERS_LOCKED.rows(nodes=ids)}
+
+
+# Read on every decision: compiled once per process (controlplane/prepared.py).
+_LADDERS_LOCKED = PreparedQuery(
+    lambda nodes: (
+        NodeEscalation.objects.select_for_update(no_key=True).filter(node_id__any=nodes).order_by("node_id")
+    ),
+    nodes=list[int],
+)
 
 
 @dataclass(frozen=True)

@@ -575,19 +575,26 @@ def fault_handle(*, fault_id: int, cluster_id: int | None = None) -> list[int]:
     return created
 
 
+def _new_unlocked(cluster):
+    from jobs.placement import _skip_locked
+
+    return _skip_locked(
+        FaultEvent.objects.filter(cluster_id=cluster, state=FaultState.NEW).order_by("received_at")
+    )[:200]
+
+
+_NEW_UNLOCKED = PreparedQuery(_new_unlocked, cluster=int)
+
+
 def _handle(cluster_id: int) -> tuple[list[int], bool]:
     """One decision for a cluster's new faults: the ids of actions created, and whether it decided anything."""
-    from jobs.placement import _skip_locked, lock_cluster
+    from jobs.placement import lock_cluster
     from jobs.services.recovery import decide
 
     with transaction.atomic():
         # Faults whose rows are locked are being decided right now (in another handler's batch): that handler settles
         # them, or rolls back and leaves them new for the sweep. Waiting for them would only queue up.
-        faults = list(
-            _skip_locked(
-                FaultEvent.objects.filter(cluster_id=cluster_id, state=FaultState.NEW).order_by("received_at")
-            )[:200]
-        )
+        faults = _NEW_UNLOCKED.rows(cluster=cluster_id)
         if not faults:
             return [], False
         cluster = lock_cluster(cluster_id)

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
+from controlplane.prepared import PreparedQuery
 from fleet.choices import LinkState
 from fleet.models import NIC
 from jobs import placement
@@ -101,27 +102,31 @@ class Context:
         return self.spares.pick(near=node, gpus=gpus, exclude=self.booked | set(exclude)), wait
 
 
+# The decision's reads of snapshots and links, compiled once per process (controlplane/prepared.py).
+_SNAPSHOTS = PreparedQuery(
+    lambda jobs: JobSnapshot.objects.filter(job_id__any=jobs, state="succeeded"), jobs=list[int]
+)
+_HEALTHY_NICS = PreparedQuery(
+    lambda nodes: (
+        NIC.objects.filter(node_id__any=nodes, link_state=LinkState.UP)
+        .order_by("rail")
+        .values_list("node_id", "name")
+    ),
+    nodes=list[int],
+)
+
+
 def snapshots_of(jobs) -> dict[int, list[JobSnapshot]]:
     found: dict[int, list[JobSnapshot]] = {}
-    with_snapshots = [job.pk for job in jobs if getattr(job, "has_snapshots", True)]
-    for snapshot in (
-        JobSnapshot.objects.filter(job_id__in=with_snapshots, state="succeeded") if with_snapshots else ()
-    ):
+    with_snapshots = sorted(job.pk for job in jobs if getattr(job, "has_snapshots", True))
+    for snapshot in _SNAPSHOTS.rows(jobs=with_snapshots) if with_snapshots else ():
         found.setdefault(snapshot.job_id, []).append(snapshot)
     return found
 
 
 def healthy_nics_of(node_ids) -> dict[int, list[str]]:
     found: dict[int, list[str]] = {}
-    for node_id, name in (
-        (
-            NIC.objects.filter(node_id__in=set(node_ids), link_state=LinkState.UP)
-            .order_by("rail")
-            .values_list("node_id", "name")
-        )
-        if node_ids
-        else ()
-    ):
+    for node_id, name in _HEALTHY_NICS.rows(nodes=sorted(node_ids)) if node_ids else ():
         found.setdefault(node_id, []).append(name)
     return found
 

@@ -15,12 +15,12 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from django.db import transaction
-from django.db.models import BooleanField
-from django.db.models.expressions import RawSQL
+from django.db.models import Exists, OuterRef
 
 from controlplane import events
 from controlplane.audit import audit_entry, audit_record_many
 from controlplane.bulk import update_rows
+from controlplane.prepared import PreparedQuery
 from fleet.choices import GPUHealth, LinkState
 from fleet.services import hardware
 from jobs import placement
@@ -80,41 +80,40 @@ def _active_allocations():
     ).select_related("node")
 
 
-def _exists(sql: str, params=()) -> RawSQL:
-    """An EXISTS over the job's rows, as plain SQL: the ORM's Exists(...) costs more CPU to compile than the query
-    takes to run, and this is on every decision."""
-    return RawSQL(f"EXISTS ({sql})", list(params), output_field=BooleanField())
+# The decision's reads of jobs, compiled once per process (controlplane/prepared.py): the ORM builds them once, with
+# their EXISTS subqueries, and each decision only runs them.
+_ALLOCATIONS_ON = PreparedQuery(
+    lambda nodes: _active_allocations().filter(node_id__any=nodes), nodes=list[int]
+)
+
+
+def _jobs_locked_query(jobs, incidents):
+    def actions(**conditions):
+        return RecoveryAction.objects.filter(job_id=OuterRef("pk"), dry_run=False, **conditions)
+
+    return (
+        Job.objects.select_for_update(of=("self",), no_key=True)
+        .select_related("tenant")
+        .annotate(
+            has_snapshots=Exists(JobSnapshot.objects.filter(job_id=OuterRef("pk"), state="succeeded")),
+            recovering_now=Exists(actions(state__in=(ActionState.PLANNED, ActionState.RUNNING))),
+            recovered_from_incident=Exists(actions(state=ActionState.SUCCEEDED, incident_id__any=incidents)),
+        )
+        .filter(pk__any=jobs)
+        .order_by("pk")
+    )
+
+
+_JOBS_LOCKED = PreparedQuery(_jobs_locked_query, jobs=list[int], incidents=list[int])
 
 
 def _jobs_locked(job_ids, incident_ids) -> dict[int, Job]:
     """The jobs, row-locked, knowing whether they have snapshots, a recovery under way (job-level, or a NIC
     failover), and an action of one of these incidents that finished (and so booked the incident's baseline)."""
-    job, actions, snapshots = Job._meta.db_table, RecoveryAction._meta.db_table, JobSnapshot._meta.db_table
-    incidents = sorted(incident_ids)
-    finished = (
-        (
-            f"SELECT 1 FROM {actions} a WHERE a.job_id = {job}.id AND NOT a.dry_run AND a.state = 'succeeded' "
-            f"AND a.incident_id IN ({', '.join(['%s'] * len(incidents))})"
-        )
-        if incidents
-        else "SELECT 1 WHERE 1 = 0"
-    )
+    if not job_ids:
+        return {}
     return {
-        row.pk: row
-        for row in Job.objects.select_for_update(of=("self",), no_key=True)
-        .select_related("tenant")
-        .annotate(
-            has_snapshots=_exists(
-                f"SELECT 1 FROM {snapshots} s WHERE s.job_id = {job}.id AND s.state = 'succeeded'"
-            ),
-            recovering_now=_exists(
-                f"SELECT 1 FROM {actions} a WHERE a.job_id = {job}.id AND NOT a.dry_run "
-                f"AND a.state IN ('planned', 'running')"
-            ),
-            recovered_from_incident=_exists(finished, incidents),
-        )
-        .filter(pk__in=set(job_ids))
-        .order_by("pk")
+        row.pk: row for row in _JOBS_LOCKED.rows(jobs=sorted(set(job_ids)), incidents=sorted(incident_ids))
     }
 
 
@@ -346,7 +345,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
         [f.node_id for f in faults if verdicts[f.pk].escalates or verdicts[f.pk].out_of_service]
     )
     on_nodes: dict[int, list[JobAllocation]] = {}
-    for allocation in _active_allocations().filter(node_id__in={f.node_id for f in faults}):
+    for allocation in _ALLOCATIONS_ON.rows(nodes=sorted({f.node_id for f in faults})):
         on_nodes.setdefault(allocation.node_id, []).append(allocation)
     # triage
     if not dry_run:

@@ -3,6 +3,7 @@
 from django.db import models
 
 from controlplane import context
+from controlplane.bulk import insert_rows
 from controlplane.models import AuditEntry
 
 
@@ -64,7 +65,7 @@ def audit_entry(
 
 def audit_record_many(entries: list[AuditEntry]) -> list[AuditEntry]:
     """Write audit entries built by ``audit_entry``, in one statement."""
-    return AuditEntry.objects.bulk_create(entries) if entries else []
+    return insert_rows(entries)
 
 
 def field_changes(instance: models.Model, fields: dict) -> dict:

@@ -13,7 +13,7 @@ from django.db import OperationalError, connection, transaction
 from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
-from controlplane.bulk import update_rows
+from controlplane.bulk import insert_rows, update_rows
 from controlplane.prepared import PreparedQuery
 from fleet.choices import GPUHealth, NodeState
 from fleet.models import GPU, Cluster, Node
@@ -275,7 +275,7 @@ def spare_gpus_on_nodes(node_ids) -> dict[int, list[int]]:
 def book_many(bookings: list[tuple[RecoveryAction, Node, int | None]]) -> list[SpareBooking]:
     """``book`` for many (action, node, GPU index or None for the whole node) at once, in one statement."""
     return (
-        SpareBooking.objects.bulk_create(
+        insert_rows(
             [
                 SpareBooking(action=action, node=node, gpu_index=gpu_index or 0, whole_node=gpu_index is None)
                 for action, node, gpu_index in bookings

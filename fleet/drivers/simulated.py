@@ -116,18 +116,23 @@ class SimulatedDriver(ClusterDriver):
             raise DriverError(f"cluster {self.cluster.name} is unreachable", transient=True)
 
     def _operation(self, operation: Operation, target: str, seconds: float, **params) -> OperationResult:
+        from controlplane.bulk import insert_rows
         from fleet.models import SimulatedOperation
 
         self._reachable()
         fails = operation in FAILABLE_OPERATIONS and self._recovery_fails(operation)
         done_at = timezone.now() + timedelta(seconds=float(seconds))
-        row = SimulatedOperation.objects.create(
-            cluster=self.cluster,
-            operation=operation.value,
-            target=target,
-            params=params,
-            done_at=done_at,
-            fails=fails,
+        (row,) = insert_rows(
+            [
+                SimulatedOperation(
+                    cluster=self.cluster,
+                    operation=operation.value,
+                    target=target,
+                    params=params,
+                    done_at=done_at,
+                    fails=fails,
+                )
+            ]
         )
         return OperationResult(handle=f"sim-{row.pk}", done_at=done_at, detail=f"{operation.value} {target}")
 

@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from controlplane import events
 from controlplane.audit import audit_entry, audit_record, audit_record_many
-from controlplane.bulk import update_rows
+from controlplane.bulk import insert_rows, update_rows
 from controlplane.errors import ServiceError
 from controlplane.prepared import PreparedQuery
 from fleet.choices import AutomationMode, GPUHealth, LinkState, NodeState
@@ -124,7 +124,7 @@ def _node_steps(
         for e in escalations
         if not e.fault_id or (e.fault_id, e.node_id) not in found
     }
-    RecoveryAction.objects.bulk_create(list(missing.values()))
+    insert_rows(list(missing.values()))
     steps = [missing.get(e.pk) or found[(e.fault_id, e.node_id)] for e in escalations]
     for action in steps:
         publish_action(action, f"action.{action.state}")
@@ -136,7 +136,7 @@ def ladders_for(node_ids) -> dict[int, NodeEscalation]:
     ids = sorted(set(node_ids))
     if not ids:
         return {}
-    NodeEscalation.objects.bulk_create([NodeEscalation(node_id=pk) for pk in ids], ignore_conflicts=True)
+    insert_rows([NodeEscalation(node_id=pk) for pk in ids], ignore_conflicts=True)
     return {row.node_id: row for row in _LADDERS_LOCKED.rows(nodes=ids)}
 
 

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from controlplane import events
 from controlplane.audit import audit_entry, audit_record_many
+from controlplane.bulk import insert_rows
 from controlplane.errors import ServiceError
 from controlplane.prepared import PreparedQuery
 from controlplane.queueing import queue
@@ -372,7 +373,7 @@ def fault_ingest(
                     digest=digest,
                 )
                 incident_join(fault=fault, fatal=verdict.out_of_service, now=now)
-                fault.save(force_insert=True)
+                insert_rows([fault])
         except IntegrityError:
             existing = FaultEvent.objects.values_list("pk", flat=True).get(idempotency_key=idempotency_key)
             return _merge(existing, source=source, details=details, now=now), False
@@ -459,7 +460,7 @@ def fault_ingest_many(
                 by_node.setdefault(fault.node_id, []).append((fault, verdict.out_of_service))
             for node_faults in by_node.values():
                 incident_join_many(faults=node_faults, now=now)
-            FaultEvent.objects.bulk_create([fault for _, fault, _ in pending])
+            insert_rows([fault for _, fault, _ in pending])
             for index, fault, verdict in pending:
                 existing[fault.correlation_key] = fault.pk
                 results[index] = (fault, True)

@@ -19,7 +19,7 @@ from django.db.models import Exists, OuterRef
 
 from controlplane import events
 from controlplane.audit import audit_entry, audit_record_many
-from controlplane.bulk import update_rows
+from controlplane.bulk import insert_rows, update_rows
 from controlplane.prepared import PreparedQuery
 from fleet.choices import GPUHealth, LinkState
 from fleet.services import hardware
@@ -545,7 +545,7 @@ def record(
     """Write the decision together, one statement a table: the actions, their bookings (the unique constraint
     still refuses a spare booked twice), the jobs they stop, the jobs that run on degraded, audit entries, the
     faults' outcomes, phases; then fail the ones the driver refused (each falls back) and publish."""
-    RecoveryAction.objects.bulk_create(created)
+    insert_rows(created)
     placement.book_many([b for b in map(booking_of, created) if b])
     update_rows([job for job, _ in recovering], ["iteration", "iteration_at", "state"])
     audit_record_many(

@@ -3,7 +3,7 @@
 from datetime import timedelta
 
 import pytest
-from django.db import DataError, connection, transaction
+from django.db import DataError, IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -94,3 +94,65 @@ def test_nothing_to_write_is_no_statement():
     with CaptureQueriesContext(connection) as queries:
         assert update_rows([], ["state"]) == 0
     assert not queries
+
+
+def _columns(row) -> dict:
+    return {f.attname: getattr(row, f.attname) for f in type(row)._meta.concrete_fields if not f.primary_key}
+
+
+def test_insert_rows_writes_what_bulk_create_writes_and_sets_the_keys():
+    from controlplane.audit import audit_entry
+    from controlplane.bulk import insert_rows
+    from controlplane.models import AuditEntry
+
+    node = make_node(make_cluster())
+
+    def entries():
+        return [
+            audit_entry(
+                actor=None, action="bulk.test", target=node, changes={"n": n, "nested": [n, {"ok": True}]}
+            )
+            for n in range(3)
+        ] + [AuditEntry(action="bulk.test", object_type="x", remote_addr="10.0.0.7", changes={})]
+
+    mine, theirs = entries(), AuditEntry.objects.bulk_create(entries())
+    assert insert_rows(mine) is mine  # bound on the server (nothing logs queries here)
+    with CaptureQueriesContext(connection) as queries:
+        insert_rows(entries())
+    if connection.vendor == "postgresql":
+        assert len(queries) == 1 and "unnest" in queries[0]["sql"]
+    assert all(row.pk and not row._state.adding for row in mine)
+    assert len({row.pk for row in mine}) == 4
+    for row, other in zip(mine, theirs, strict=True):
+        stored, expected = (
+            _columns(AuditEntry.objects.get(pk=row.pk)),
+            _columns(AuditEntry.objects.get(pk=other.pk)),
+        )
+        assert abs(stored.pop("created_at") - expected.pop("created_at")) < timedelta(
+            seconds=5
+        )  # auto_now_add
+        assert stored == expected
+    (single,) = insert_rows(entries()[3:])  # one row: its own statement, VALUES
+    stored, expected = (
+        _columns(AuditEntry.objects.get(pk=single.pk)),
+        _columns(AuditEntry.objects.get(pk=mine[3].pk)),
+    )
+    assert abs(stored.pop("created_at") - expected.pop("created_at")) < timedelta(seconds=5)
+    assert stored == expected and single.pk > mine[3].pk
+    assert insert_rows([]) == []
+    with pytest.raises(ValueError, match="has its key"):
+        insert_rows([AuditEntry.objects.get(pk=mine[0].pk)])
+
+
+def test_insert_rows_can_skip_the_rows_a_unique_constraint_refuses():
+    from controlplane.bulk import insert_rows
+    from jobs.models import NodeEscalation
+
+    cluster = make_cluster()
+    one, two = make_node(cluster), make_node(cluster)
+    insert_rows([NodeEscalation(node_id=one.pk)], ignore_conflicts=True)
+    insert_rows([NodeEscalation(node_id=one.pk), NodeEscalation(node_id=two.pk)], ignore_conflicts=True)
+    assert sorted(NodeEscalation.objects.values_list("node_id", flat=True)) == sorted([one.pk, two.pk])
+    assert NodeEscalation.objects.get(node=two).strikes == []  # the field's default, written
+    with pytest.raises(IntegrityError), transaction.atomic():  # without: the constraint refuses the row
+        insert_rows([NodeEscalation(node_id=one.pk)])

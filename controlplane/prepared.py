@@ -14,8 +14,8 @@ it once: planning was a fifth of PostgreSQL's CPU on the fault path (pg_stat_sta
 Each result comes back as the ORM's would: a ``values_list`` row as a tuple (or its one value, ``flat``), a model
 queryset's row as an instance with its ``select_related`` rows and annotations, the columns Django converts on the
 way out (JSON, the encrypted fields) converted as it converts them. Every argument must reach the SQL as a parameter
-of its own, which building checks: an equality or a comparison, or, for a list of values, the ``any`` lookup
-(``pk__any=ids``), which sends the list as one array (``= ANY(%s)``) so that a read of any number of rows is one
+of its own, which building checks: an equality or a comparison, or, for a list of values, the ``in_array`` lookup
+(``pk__in_array=ids``), which sends the list as one array (``= ANY(%s)``) so that a read of any number of rows is one
 statement text, compiled once and prepared once.
 """
 
@@ -57,11 +57,11 @@ def _stand_in(kind: type):
 
 
 class AnyOf(Lookup):
-    """``field__any=values``: the field equals one of the values. On PostgreSQL the values are one parameter, an
+    """``field__in_array=values``: the field equals one of the values. On PostgreSQL the values are one parameter, an
     array (``= ANY(%s::type[])``), so the statement's text is the same for any number of them; elsewhere it is
     ``IN`` with a parameter each, as ``__in``."""
 
-    lookup_name = "any"
+    lookup_name = "in_array"
     prepare_rhs = False
 
     def get_prep_lookup(self):

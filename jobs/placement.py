@@ -38,7 +38,7 @@ _NODES_LOCKED = PreparedQuery(
     lambda related, ids: (
         Node.objects.select_for_update(of=("self",))
         .select_related(*related)
-        .filter(pk__any=ids)
+        .filter(pk__in_array=ids)
         .order_by("pk")
     ),
     ids=list[int],

@@ -143,7 +143,9 @@ def ladders_for(node_ids) -> dict[int, NodeEscalation]:
 # Read on every decision: compiled once per process (controlplane/prepared.py).
 _LADDERS_LOCKED = PreparedQuery(
     lambda nodes: (
-        NodeEscalation.objects.select_for_update(no_key=True).filter(node_id__any=nodes).order_by("node_id")
+        NodeEscalation.objects.select_for_update(no_key=True)
+        .filter(node_id__in_array=nodes)
+        .order_by("node_id")
     ),
     nodes=list[int],
 )

@@ -104,11 +104,11 @@ class Context:
 
 # The decision's reads of snapshots and links, compiled once per process (controlplane/prepared.py).
 _SNAPSHOTS = PreparedQuery(
-    lambda jobs: JobSnapshot.objects.filter(job_id__any=jobs, state="succeeded"), jobs=list[int]
+    lambda jobs: JobSnapshot.objects.filter(job_id__in_array=jobs, state="succeeded"), jobs=list[int]
 )
 _HEALTHY_NICS = PreparedQuery(
     lambda nodes: (
-        NIC.objects.filter(node_id__any=nodes, link_state=LinkState.UP)
+        NIC.objects.filter(node_id__in_array=nodes, link_state=LinkState.UP)
         .order_by("rail")
         .values_list("node_id", "name")
     ),

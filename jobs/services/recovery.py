@@ -83,7 +83,7 @@ def _active_allocations():
 # The decision's reads of jobs, compiled once per process (controlplane/prepared.py): the ORM builds them once, with
 # their EXISTS subqueries, and each decision only runs them.
 _ALLOCATIONS_ON = PreparedQuery(
-    lambda nodes: _active_allocations().filter(node_id__any=nodes), nodes=list[int]
+    lambda nodes: _active_allocations().filter(node_id__in_array=nodes), nodes=list[int]
 )
 
 
@@ -97,9 +97,11 @@ def _jobs_locked_query(jobs, incidents):
         .annotate(
             has_snapshots=Exists(JobSnapshot.objects.filter(job_id=OuterRef("pk"), state="succeeded")),
             recovering_now=Exists(actions(state__in=(ActionState.PLANNED, ActionState.RUNNING))),
-            recovered_from_incident=Exists(actions(state=ActionState.SUCCEEDED, incident_id__any=incidents)),
+            recovered_from_incident=Exists(
+                actions(state=ActionState.SUCCEEDED, incident_id__in_array=incidents)
+            ),
         )
-        .filter(pk__any=jobs)
+        .filter(pk__in_array=jobs)
         .order_by("pk")
     )
 

@@ -130,7 +130,7 @@ def _nodes_locked(ids):
         Node.objects.select_for_update(of=("self",))
         .select_related("cluster__fleet")
         .annotate(has_third_gpu=Exists(GPU.objects.filter(node=OuterRef("pk"), index=2)))
-        .filter(pk__any=ids)
+        .filter(pk__in_array=ids)
         .order_by("pk")
     )
 
@@ -177,7 +177,7 @@ def test_a_locking_read_outside_a_transaction_is_refused_as_the_orm_refuses_it()
 def test_flat_values_and_a_list_of_strings():
     query = PreparedQuery(
         lambda names: (
-            Node.objects.filter(hostname__any=names).order_by("hostname").values_list("pk", flat=True)
+            Node.objects.filter(hostname__in_array=names).order_by("hostname").values_list("pk", flat=True)
         ),
         names=list[str],
     )
@@ -187,4 +187,6 @@ def test_flat_values_and_a_list_of_strings():
         [one.pk, two.pk], key=lambda pk: Node.objects.get(pk=pk).hostname
     )
     assert query.rows(names=[]) == []
-    assert Node.objects.filter(hostname__any=[one.hostname]).get() == one  # the lookup, through the ORM too
+    assert (
+        Node.objects.filter(hostname__in_array=[one.hostname]).get() == one
+    )  # the lookup, through the ORM too

@@ -37,6 +37,7 @@ from django.db.models.query import (
 from django.db.transaction import TransactionManagementError
 
 _counter = itertools.count(1)
+_LISTS = (list[int], list[str])
 
 
 def _stand_in(kind: type):
@@ -44,7 +45,7 @@ def _stand_in(kind: type):
     the query's constants). An integer is small and positive: Django turns a lookup with a value out of the field's
     range (a PositiveSmallIntegerField's) into a query of no rows."""
     n = next(_counter)
-    if kind in (list[int], list[str]):
+    if kind in _LISTS:
         (element,) = kind.__args__
         return [_stand_in(element), _stand_in(element)]
     if kind is int:
@@ -155,10 +156,10 @@ def _slot_of(value, stand_ins: dict):
 class PreparedQuery:
     """``build(**arguments) -> QuerySet`` (a model queryset or a ``values_list``), compiled once per shape from
     stand-ins of ``arguments`` (name → int, str, datetime, list[int] or list[str]), then ``rows(shape, **values)``
-    runs it with the values. The shape
-    is whatever else the built SQL depends on: ``shape`` (None when nothing does; else passed to ``build`` first,
-    as the caller's Principal for a scoped read), and which arguments are given (a value of None is not given:
-    ``build`` gets only those that are, and adds a condition for each)."""
+    runs it with the values (a list argument may be given as any iterable). The shape is whatever else the built SQL
+    depends on: ``shape`` (None when nothing does; else passed to ``build`` first, as the caller's Principal for a
+    scoped read), and which arguments are given (a value of None is not given: ``build`` gets only those that are,
+    and adds a condition for each)."""
 
     def __init__(self, build: Callable[..., QuerySet], **arguments: type):
         self.build, self.arguments = build, arguments
@@ -188,7 +189,11 @@ class PreparedQuery:
 
     def rows(self, shape: Hashable = None, **values) -> list:
         """What iterating the built queryset with these values gives: tuples, values or instances."""
-        values = {name: value for name, value in values.items() if value is not None}
+        values = {
+            name: list(value) if self.arguments[name] in _LISTS else value
+            for name, value in values.items()
+            if value is not None
+        }
         if connection.vendor != "postgresql":
             # Other backends change some values on their way into the SQL (SQLite writes a datetime as text), so the
             # compiled SQL could not take them as they come: the ORM builds the query each time there.

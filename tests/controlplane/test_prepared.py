@@ -143,7 +143,7 @@ def test_model_rows_come_back_as_the_orms_instances_for_any_number_of_values():
     nodes = [make_node(cluster, gpus=n + 1) for n in range(4)]
     ids = [node.pk for node in nodes]
     with transaction.atomic():
-        for chosen in (ids[:1], ids[1:3], ids, [ids[2], ids[0], 10**9], []):
+        for chosen in (ids[:1], ids[1:3], ids, [ids[2], ids[0], 10**9], [], {ids[3]}):
             found, expected = NODES_LOCKED.rows(ids=chosen), list(_nodes_locked(chosen))
             assert [n.pk for n in found] == [n.pk for n in expected] == sorted(set(chosen) & set(ids))
             for mine, theirs in zip(found, expected, strict=True):

@@ -9,7 +9,7 @@ from typing import NamedTuple
 from django.conf import settings
 from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Min, QuerySet
+from django.db.models import Min
 from django.utils import timezone
 
 from controlplane import events
@@ -137,14 +137,37 @@ _WAITING = PreparedQuery(
 )
 
 
-def _jobs_holding(node_ids) -> QuerySet:
-    """(node, job, the job's cluster, its tenant) for the jobs holding these nodes."""
-    return JobAllocation.objects.filter(node_id__in=node_ids, released_at__isnull=True).values_list(
+# (node, job, the job's cluster, its tenant) for the jobs holding these nodes.
+_JOBS_ON = PreparedQuery(
+    lambda nodes: JobAllocation.objects.filter(node_id__in_array=nodes, released_at__isnull=True).values_list(
         "node_id", "job_id", "job__cluster_id", "job__tenant_id"
-    )
-
-
-_JOBS_ON = PreparedQuery(lambda node: _jobs_holding([node]), node=int)
+    ),
+    nodes=list[int],
+)
+# A batch's reads (fault_ingest_many): any number of devices, nodes and keys, one statement text each.
+_GPUS_OF = PreparedQuery(
+    lambda nodes, indexes: GPU.objects.filter(node_id__in_array=nodes, index__in_array=indexes).values_list(
+        "node_id", "index"
+    ),
+    nodes=list[int],
+    indexes=list[int],
+)
+_NICS_OF = PreparedQuery(
+    lambda nodes, names: NIC.objects.filter(node_id__in_array=nodes, name__in_array=names).values_list(
+        "node_id", "name"
+    ),
+    nodes=list[int],
+    names=list[str],
+)
+_LATEST_CORRELATED = PreparedQuery(
+    lambda keys, since: (
+        FaultEvent.objects.filter(correlation_key__in_array=keys, received_at__gte=since)
+        .order_by("received_at")
+        .values_list("correlation_key", "pk")
+    ),
+    keys=list[str],
+    since=datetime,
+)
 
 
 def _validate(source, kind, severity, gpu_index, nic_name, node):
@@ -274,10 +297,8 @@ def _announce(faults: list[tuple[FaultEvent, str, str, int | None]], *, actor) -
 
 
 def _jobs_on(node_ids: set[int]) -> list[tuple[int, int, int, int | None]]:
-    """``_jobs_holding`` these nodes: for one node (a single report) by the prepared read."""
-    if len(node_ids) == 1:
-        return _JOBS_ON.rows(node=next(iter(node_ids)))
-    return list(_jobs_holding(node_ids))
+    """(node, job, the job's cluster, its tenant) for the jobs holding these nodes."""
+    return _JOBS_ON.rows(nodes=sorted(node_ids))
 
 
 def _tenant_of(node) -> int | None:
@@ -422,11 +443,7 @@ def _latest_correlated(keys: set[str], now: datetime) -> dict[str, int]:
     """For each of these correlation keys with a fault received within the correlation window, the latest one's
     id (one statement)."""
     existing: dict[str, int] = {}
-    for correlation, pk in (
-        FaultEvent.objects.filter(correlation_key__in=keys, received_at__gte=_correlation_since(now))
-        .order_by("received_at")
-        .values_list("correlation_key", "pk")
-    ):
+    for correlation, pk in _LATEST_CORRELATED.rows(keys=sorted(keys), since=_correlation_since(now)):
         existing[correlation] = pk  # the latest of each key, as fault_ingest takes
     return existing
 
@@ -498,11 +515,7 @@ def _devices_exist(reports: list[FaultReport]) -> None:
     gpus = {(r.node.pk, r.gpu_index) for r in reports if r.gpu_index is not None}
     nics = {(r.node.pk, r.nic_name) for r in reports if r.nic_name}
     if gpus:
-        found = set(
-            GPU.objects.filter(node_id__in={n for n, _ in gpus}, index__in={i for _, i in gpus}).values_list(
-                "node_id", "index"
-            )
-        )
+        found = set(_GPUS_OF.rows(nodes=sorted({n for n, _ in gpus}), indexes=sorted({i for _, i in gpus})))
         for report in reports:
             if report.gpu_index is not None and (report.node.pk, report.gpu_index) not in found:
                 raise ServiceError(
@@ -510,9 +523,7 @@ def _devices_exist(reports: list[FaultReport]) -> None:
                 )
     if nics:
         found = set(
-            NIC.objects.filter(
-                node_id__in={n for n, _ in nics}, name__in={name for _, name in nics}
-            ).values_list("node_id", "name")
+            _NICS_OF.rows(nodes=sorted({n for n, _ in nics}), names=sorted({name for _, name in nics}))
         )
         for report in reports:
             if report.nic_name and (report.node.pk, report.nic_name) not in found:

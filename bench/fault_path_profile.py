@@ -4,8 +4,9 @@ this process and in its PostgreSQL backend, and statements per fault.
 
 It builds the latency benchmark's world (bench/fault_latency.py: 4 protected clusters of 256 nodes) in a scratch
 database, POSTs ``--faults`` NIC faults with the queueing of their handling held back, then decides them in batches
-of ``--batch`` faults per cluster. Figures are CPU time (``time.process_time``, and the backend's utime + stime from
-/proc), so other work on the machine moves them less than it moves wall-clock times. ``--profile web`` or
+of ``--batch`` faults per cluster. Last, ``--batches`` agent batches (a node's remaining NICs down in one report, a
+storm's intake) go through ``fault_ingest_many``. Figures are CPU time (``time.process_time``, and the backend's
+utime + stime from /proc), so other work on the machine moves them less than it moves wall-clock times. ``--profile web`` or
 ``--profile worker`` prints cProfile's top functions of that part. Run:
 
     .venv/bin/python bench/fault_path_profile.py                     # 400 POSTs, decisions of 5 faults
@@ -113,6 +114,7 @@ def main() -> None:
     )
     parser.add_argument("--faults", type=int, default=400)
     parser.add_argument("--batch", type=int, default=5, help="faults of a cluster per decision")
+    parser.add_argument("--batches", type=int, default=40, help="agent batches (a node's NICs down together)")
     parser.add_argument("--profile", choices=["web", "worker", "completions"], default=None)
     parser.add_argument(
         "--statements", action="store_true", help="print the statements of one POST and one decision"
@@ -194,6 +196,31 @@ def main() -> None:
     )
     worker.top()
     completions(RecoveryAction, args)
+    agent_batches(targets, args)
+
+
+def agent_batches(targets, args) -> None:
+    """A storm's intake: agent batches through ``fault_ingest_many``, each a node's remaining NICs down at once."""
+    from fleet.models import Node
+    from jobs.services.faults import FaultReport, fault_ingest_many
+
+    by_node: dict[int, list[str]] = {}
+    for node_id, nic in targets:
+        by_node.setdefault(node_id, []).append(nic)
+    chosen = list(by_node.items())[: args.batches]
+    nodes = Node.objects.select_related("cluster").in_bulk([node_id for node_id, _ in chosen])
+    counted, reports = Counted(False), 0
+    with counted:
+        for node_id, nics in chosen:
+            batch = [FaultReport(kind="nic_down", node=nodes[node_id], nic_name=nic) for nic in nics]
+            fault_ingest_many(source="agent", reports=batch)
+            reports += len(batch)
+    print(
+        counted.line(
+            f"agent batches of {reports / max(len(chosen), 1):.0f} NICs (fault_ingest_many, in-process)",
+            reports,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -110,14 +110,6 @@ def _validate_values(source, kind, severity) -> None:
 
 
 # The reads of every single report, compiled once per process (controlplane/prepared.py).
-_GPU = PreparedQuery(
-    lambda node, index: GPU.objects.filter(node_id=node, index=index).values_list("pk")[:1],
-    node=int,
-    index=int,
-)
-_NIC = PreparedQuery(
-    lambda node, name: NIC.objects.filter(node_id=node, name=name).values_list("pk")[:1], node=int, name=str
-)
 _CORRELATED = PreparedQuery(
     lambda key, since: (
         FaultEvent.objects.filter(correlation_key=key, received_at__gte=since)
@@ -172,10 +164,7 @@ _LATEST_CORRELATED = PreparedQuery(
 
 def _validate(source, kind, severity, gpu_index, nic_name, node):
     _validate_values(source, kind, severity)
-    if gpu_index is not None and not _GPU.rows(node=node.pk, index=gpu_index):
-        raise ServiceError(f"node {node.hostname} has no GPU {gpu_index}", field="gpu_index")
-    if nic_name and not _NIC.rows(node=node.pk, name=nic_name):
-        raise ServiceError(f"node {node.hostname} has no NIC {nic_name}", field="nic_name")
+    _devices_exist([FaultReport(kind=kind, node=node, gpu_index=gpu_index, nic_name=nic_name)])
 
 
 def _bounded(*, source: str, details, detected_at, now: datetime) -> tuple[dict | None, datetime]:

@@ -27,7 +27,7 @@ def audit_record(
         changes=changes,
         tenant_id=tenant_id,
     )
-    entry.save(force_insert=True)
+    audit_record_many([entry])
     return entry
 
 

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from procstat import cpu_by_pid, group_cpu, named  # noqa: E402
+from reference import cpu_reference_samples, reference_of  # noqa: E402
 
 DB_NAME = os.environ.get("BENCH_DATABASE_NAME", "lockstep_bench_faults")
 ADMIN_URL = os.environ.get("BENCH_ADMIN_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
@@ -180,37 +181,6 @@ def build_world() -> tuple[str, list[tuple[int, str]]]:
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
     return token, targets
-
-
-def cpu_reference_samples(samples: int = 5, pause: float = 0.3) -> list[tuple[float, float]]:
-    """The CPU reference, ``samples`` times ``pause`` seconds apart: each the best of 3 runs of a fixed piece of pure
-    Python, as wall-clock and as CPU milliseconds. Per-fault CPU scales with it, so runs on different machines can be
-    compared; on a quiet machine the two are equal, on a busy one the wall clock also counts waiting for a core.
-
-    On a shared VM this machine's speed moves by a third within minutes (the same process took 13 to 20 ms a few
-    seconds apart, 2026-12-03), so the run samples it just before and just after the step it divides, on the
-    same quiet machine, and takes the median (``reference_of``)."""
-    import timeit
-
-    found = []
-    for i in range(samples):
-        if i:
-            time.sleep(pause)
-        wall = min(timeit.repeat("sum(range(10**6))", number=1, repeat=3)) * 1000
-        cpu = min(timeit.repeat("sum(range(10**6))", number=1, repeat=3, timer=time.process_time)) * 1000
-        found.append((wall, cpu))
-    return found
-
-
-def reference_of(samples: list[tuple[float, float]]) -> dict[str, float]:
-    """The median and range of sampled references (wall-clock and CPU milliseconds)."""
-    walls, cpus = [w for w, _ in samples], [c for _, c in samples]
-    return {
-        "wall": statistics.median(walls),
-        "cpu": statistics.median(cpus),
-        "low": min(cpus),
-        "high": max(cpus),
-    }
 
 
 def cpu_used_since(before: dict[int, float], name: str) -> float:

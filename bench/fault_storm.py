@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load import NodeAgent  # noqa: E402
 from querycount import KEY as QUERY_KEY  # noqa: E402
 from querycount import SHAPES as QUERY_SHAPES  # noqa: E402
+from reference import cpu_reference_samples, reference_of  # noqa: E402
 
 DB_NAME = os.environ.get("BENCH_DATABASE_NAME", "lockstep_bench_storm")
 ADMIN_URL = os.environ.get("BENCH_ADMIN_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
@@ -603,12 +604,11 @@ def main() -> int:
         connections.close_all()
         if not os.environ.get("BENCH_KEEP"):
             scratch_database(drop_only=True)
-    import timeit
-
-    reference = min(timeit.repeat("sum(range(10**6))", number=1, repeat=5)) * 1000
+    reference = reference_of(cpu_reference_samples(10))
     print(
         f"load average (1, 5, 15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs; "
-        f"CPU reference: sum(range(10**6)) in {reference:.1f} ms"
+        f"CPU reference: sum(range(10**6)) in {reference['wall']:.1f} ms (median of 10 samples after the storms; "
+        f"as CPU time {reference['low']:.1f}–{reference['high']:.1f} ms)"
     )
     return 0
 

@@ -15,7 +15,9 @@ prints one line: the time from the moment the last report was sent until every f
 and that decision's event reached the websocket client (``decided in N.NN s``), the same from the first report, when
 the last report was answered, whether every ``fleet`` event up to the last one received arrived, the number of decisions (one ``fault_handle`` run deciding a batch of faults), of faults and actions, the SQL statements the
 server processes sent for it (bench/querycount.py), and two checks: no spare booked twice, no migration budget
-exceeded. It exits 0 whatever the figures. Goal: every storm decided within 2 s of the last report.
+exceeded. Under each storm's line: the CPU per fault that web, worker, beat and PostgreSQL spent from its first report
+until its last decision was received; at the end, that figure as a multiple of the CPU reference (bench/reference.py).
+It exits 0 whatever the figures. Goal: every storm decided within 2 s of the last report.
 
     .venv/bin/python bench/fault_storm.py
 """
@@ -34,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load import NodeAgent  # noqa: E402
+from procstat import cpu_by_pid, group_cpu, named  # noqa: E402
 from querycount import KEY as QUERY_KEY  # noqa: E402
 from querycount import SHAPES as QUERY_SHAPES  # noqa: E402
 from reference import cpu_reference_samples, reference_of  # noqa: E402
@@ -364,8 +367,18 @@ def query_shapes(top: int = 30) -> list[tuple[int, str]]:
     return counts[:top]
 
 
-def storm(name: str, url: str, listener: Listener, cluster, sends, started_at) -> dict:
-    """Send one storm and wait for its decisions; returns what it measured."""
+def cpu_now(groups: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each process group (web, worker, beat) and of every PostgreSQL process."""
+    found = {name: group_cpu(pgid) for name, pgid in groups.items()}
+    found["postgres"] = sum(cpu_by_pid(named("postgres")).values())
+    return found
+
+
+def storm(
+    name: str, url: str, listener: Listener, cluster, sends, started_at, groups: dict[str, int]
+) -> dict:
+    """Send one storm and wait for its decisions; returns what it measured, with the CPU the processes spent from
+    the first report until the last decision was received, per fault."""
     from django.db.models import Count, Q
 
     from controlplane.models import TopicSequence
@@ -377,6 +390,7 @@ def storm(name: str, url: str, listener: Listener, cluster, sends, started_at) -
 
     before, seq_before = queries(), fleet_seq()
     query_shapes()
+    cpu_before = cpu_now(groups)
     first, last_sent, last, errors = post_all(url, sends)
     faults = list(
         FaultEvent.objects.filter(cluster=cluster, received_at__gte=started_at).values_list("pk", flat=True)
@@ -384,6 +398,7 @@ def storm(name: str, url: str, listener: Listener, cluster, sends, started_at) -
     deadline = time.perf_counter() + WAIT_SECONDS
     while time.perf_counter() < deadline and not all(f in listener.decided for f in faults):
         time.sleep(0.05)
+    cpu_after = cpu_now(groups)
     arrived = [listener.decided[f] for f in faults if f in listener.decided]
     done = max(arrived) if arrived else float("nan")
     time.sleep(0.5)  # the last counts reach Redis (querycount flushes every 0.1 s)
@@ -440,6 +455,7 @@ def storm(name: str, url: str, listener: Listener, cluster, sends, started_at) -
         "running_migrations": running.count(),
         "per_leaf": dict(per_leaf),
         "shapes": shapes,
+        "cpu": {name: (cpu_after[name] - cpu_before[name]) / max(1, len(faults)) for name in cpu_after},
     }
 
 
@@ -471,6 +487,13 @@ def report(result: dict) -> None:
         f"({result['running_migrations']} migrations running); {result['events']} fleet events received, "
         f"{missing}; "
         f"{'within' if result['after_last'] <= GOAL_SECONDS else 'NOT within'} {GOAL_SECONDS:.0f} s",
+        flush=True,
+    )
+    cpu = result["cpu"]
+    print(
+        f"  CPU per fault {1000 * sum(cpu.values()):.1f} ms "
+        f"({', '.join(f'{name} {1000 * cpu[name]:.1f}' for name in ('web', 'worker', 'postgres', 'beat'))}), "
+        f"from the first report until the last decision was received",
         flush=True,
     )
     if result["undecided"] or result["unseen"]:
@@ -537,6 +560,11 @@ def main() -> int:
         logs / "storm-beat.log",
     )
     results = []
+    groups = {
+        "web": web.pid,
+        "worker": worker.pid,
+        "beat": beat.pid,
+    }  # each its own session and process group
     try:
         import requests
 
@@ -574,6 +602,7 @@ def main() -> int:
                 leaf,
                 sends,
                 started_at,
+                groups,
             )
         )
         report(results[-1])
@@ -592,6 +621,7 @@ def main() -> int:
                 dead,
                 sends,
                 started_at,
+                groups,
             )
         )
         report(results[-1])
@@ -610,6 +640,12 @@ def main() -> int:
         f"CPU reference: sum(range(10**6)) in {reference['wall']:.1f} ms (median of 10 samples after the storms; "
         f"as CPU time {reference['low']:.1f}–{reference['high']:.1f} ms)"
     )
+    if results:
+        print(
+            "CPU per fault as a multiple of the reference (as CPU time): "
+            + ", ".join(f"{1000 * sum(r['cpu'].values()) / reference['cpu']:.2f}×" for r in results)
+            + f" ({reference['cpu']:.1f} ms)"
+        )
     return 0
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procstat import cpu_by_pid, group_cpu, named  # noqa: E402
+from procstat import cpu_by_pid, cpu_used_since, group_cpu, named  # noqa: E402
 from reference import cpu_reference_samples, reference_of  # noqa: E402
 
 DB_NAME = os.environ.get("BENCH_DATABASE_NAME", "lockstep_bench_faults")
@@ -181,11 +181,6 @@ def build_world() -> tuple[str, list[tuple[int, str]]]:
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
     return token, targets
-
-
-def cpu_used_since(before: dict[int, float], name: str) -> float:
-    """CPU seconds the ``name`` processes used since ``before`` (those that exited meanwhile are not counted)."""
-    return sum(seconds - before.get(pid, 0.0) for pid, seconds in cpu_by_pid(named(name)).items())
 
 
 def own_backends() -> list[int]:

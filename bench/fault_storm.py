@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load import NodeAgent  # noqa: E402
-from procstat import cpu_by_pid, group_cpu, named  # noqa: E402
+from procstat import cpu_by_pid, cpu_used_since, group_cpu, named  # noqa: E402
 from querycount import KEY as QUERY_KEY  # noqa: E402
 from querycount import SHAPES as QUERY_SHAPES  # noqa: E402
 from reference import cpu_reference_samples, reference_of  # noqa: E402
@@ -367,11 +367,17 @@ def query_shapes(top: int = 30) -> list[tuple[int, str]]:
     return counts[:top]
 
 
-def cpu_now(groups: dict[str, int]) -> dict[str, float]:
-    """CPU seconds so far of each process group (web, worker, beat) and of every PostgreSQL process."""
-    found = {name: group_cpu(pgid) for name, pgid in groups.items()}
-    found["postgres"] = sum(cpu_by_pid(named("postgres")).values())
-    return found
+def cpu_now(groups: dict[str, int]) -> tuple[dict[str, float], dict[int, float]]:
+    """CPU seconds so far of each process group (web, worker, beat), and of each PostgreSQL process by pid."""
+    return {name: group_cpu(pgid) for name, pgid in groups.items()}, cpu_by_pid(named("postgres"))
+
+
+def cpu_spent(groups: dict[str, int], before: tuple[dict[str, float], dict[int, float]]) -> dict[str, float]:
+    """CPU seconds each group and PostgreSQL spent since ``before`` (``cpu_now``); a backend that exited meanwhile
+    is left out rather than subtracted."""
+    spent = {name: group_cpu(pgid) - before[0][name] for name, pgid in groups.items()}
+    spent["postgres"] = cpu_used_since(before[1], "postgres")
+    return spent
 
 
 def storm(
@@ -398,7 +404,7 @@ def storm(
     deadline = time.perf_counter() + WAIT_SECONDS
     while time.perf_counter() < deadline and not all(f in listener.decided for f in faults):
         time.sleep(0.05)
-    cpu_after = cpu_now(groups)
+    spent = cpu_spent(groups, cpu_before)
     arrived = [listener.decided[f] for f in faults if f in listener.decided]
     done = max(arrived) if arrived else float("nan")
     time.sleep(0.5)  # the last counts reach Redis (querycount flushes every 0.1 s)
@@ -455,7 +461,7 @@ def storm(
         "running_migrations": running.count(),
         "per_leaf": dict(per_leaf),
         "shapes": shapes,
-        "cpu": {name: (cpu_after[name] - cpu_before[name]) / max(1, len(faults)) for name in cpu_after},
+        "cpu": {name: seconds / max(1, len(faults)) for name, seconds in spent.items()},
     }
 
 

@@ -52,3 +52,9 @@ def group_cpu(pgid: int) -> float:
 def cpu_by_pid(found: list[int]) -> dict[int, float]:
     """CPU seconds of each of these processes that is still there."""
     return {pid: stat.cpu for pid in found if (stat := proc_stat(pid))}
+
+
+def cpu_used_since(before: dict[int, float], name: str) -> float:
+    """CPU seconds the ``name`` processes used since ``before`` (``cpu_by_pid(named(name))`` then): those started
+    meanwhile count whole, those that exited meanwhile are not counted (never negative)."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in cpu_by_pid(named(name)).items())

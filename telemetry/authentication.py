@@ -16,6 +16,7 @@ class AgentTokenAuthentication(TokenAuthentication):
     model = AgentToken
     realm = "ingest"
     related = ("cluster",)
+    deferred = ("cluster__connection",)  # the driver's credentials: ingest reads only the cluster's key
     malformed = "Malformed agent token: agent tokens look like lsa_xxxxxxxx_…."
     unknown = "Unknown agent token."
     revoked = "Agent token has been revoked."

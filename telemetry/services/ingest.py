@@ -20,6 +20,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from controlplane.errors import ServiceError
+from controlplane.prepared import PreparedQuery
 from fleet.models import Node
 from fleet.services.hardware import nodes_mark_seen, nodes_mark_seen_sql
 from jobs.services.faults import FaultReport, fault_ingest_many
@@ -640,11 +641,17 @@ def _upsert_minutes(rows: list[dict]) -> None:
         cursor.execute(sql, [row[c] for row in rows for c in MINUTE_COLUMNS])
 
 
+# The nodes a batch's faults are on, with their cluster: compiled once per process (controlplane/prepared.py).
+_NODES = PreparedQuery(
+    lambda ids: Node.objects.select_related("cluster").filter(pk__in_array=ids), ids=list[int]
+)
+
+
 def _report_faults(candidates: list[extract.FaultCandidate]) -> list[int]:
     """Hand each hard fault to jobs (it stores first, merges duplicates, and queues handling on commit)."""
     if not candidates:
         return []
-    nodes = Node.objects.select_related("cluster").in_bulk({c.node_id for c in candidates})
+    nodes = {node.pk: node for node in _NODES.rows(ids=sorted({c.node_id for c in candidates}))}
     stored = fault_ingest_many(
         source="agent",
         reports=[

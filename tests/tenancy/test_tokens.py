@@ -243,3 +243,26 @@ def test_every_kind_of_token_is_made_hashed_and_noted_as_used_once_per_resolutio
         authentication().check(raw)
         assert type(token).objects.get(pk=token.pk).last_used_at > first
         settings.TOKEN_LAST_USED_RESOLUTION = 3600
+
+
+def test_every_kind_of_token_loads_with_its_related_row_in_one_statement(admin, tenant_a, settings):
+    """The lookup is one statement for every kind, its related row (the cluster, the job, the user) comes with it,
+    and an agent's token leaves its cluster's driver credentials encrypted and unloaded."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    settings.TOKEN_LAST_USED_RESOLUTION = 3600
+    for authentication, (token, raw) in _one_of_each_kind(admin, tenant_a):
+        authentication().check(raw)  # the last-used write, out of the count
+        with CaptureQueriesContext(connection) as statements:
+            found = authentication().check(raw)
+            related = [getattr(found, name) for name in authentication.related]
+        assert len(statements) == 1, (authentication.__name__, [q["sql"] for q in statements])
+        assert found.pk == token.pk and found.digest == digest(raw)
+        assert [row.pk for row in related] == [
+            getattr(token, f"{name}_id") for name in authentication.related
+        ]
+        deferred = related[0].get_deferred_fields() if related else set()
+        assert deferred == (
+            {"connection"} if authentication.__name__ == "AgentTokenAuthentication" else set()
+        )

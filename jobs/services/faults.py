@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from controlplane import events
 from controlplane.audit import audit_entry, audit_record_many
-from controlplane.bulk import insert_rows
+from controlplane.bulk import insert_rows, update_rows
 from controlplane.errors import ServiceError
 from controlplane.prepared import PreparedQuery
 from controlplane.queueing import queue
@@ -80,11 +80,9 @@ def _request_digest(**report) -> str:
 def _merge(fault_id: int, *, source: str, details: dict | None, now: datetime) -> FaultEvent:
     """Another report of a stored fault: it adds its source, and its incident counts it. Its details join the
     fault's while they stay within MAX_DETAILS_BYTES; past that the fault keeps what it had and says so."""
-    fault = (
-        FaultEvent.objects.select_for_update(of=("self",), no_key=True)
-        .select_related("node")
-        .get(pk=fault_id)
-    )
+    fault = _FOR_MERGE.first(pk=fault_id)
+    if fault is None:
+        raise FaultEvent.DoesNotExist(f"fault {fault_id} is gone")
     incident_report(incident_id=fault.incident_id, now=now)
     if source not in fault.sources:
         fault.sources = [*fault.sources, source]
@@ -96,7 +94,7 @@ def _merge(fault_id: int, *, source: str, details: dict | None, now: datetime) -
             fault.details = merged
         else:
             fault.details = {**fault.details, "details_dropped": fault.details.get("details_dropped", 0) + 1}
-    fault.save(update_fields=["sources", "report_count", "last_reported_at", "details"])
+    update_rows([fault], ["sources", "report_count", "last_reported_at", "details"])
     return fault
 
 
@@ -118,6 +116,13 @@ _CORRELATED = PreparedQuery(
     ),
     key=str,
     since=datetime,
+)
+# A stored fault another report merges into, locked for the merge (the lock leaves its key alone: no_key).
+_FOR_MERGE = PreparedQuery(
+    lambda pk: (
+        FaultEvent.objects.select_for_update(of=("self",), no_key=True).select_related("node").filter(pk=pk)
+    ),
+    pk=int,
 )
 _WAITING = PreparedQuery(
     lambda cluster: (

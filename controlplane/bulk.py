@@ -91,7 +91,7 @@ class _Insert(NamedTuple):
 
     fields: list
     one: str  # VALUES, a parameter per column
-    many: str  # unnest, an array per column
+    many: str  # unnest, an array per column; its placeholders are {array} (controlplane.prepared.array_placeholder)
 
 
 def _insert_of(model, ignore_conflicts: bool) -> _Insert | None:
@@ -111,7 +111,7 @@ def _insert_of(model, ignore_conflicts: bool) -> _Insert | None:
         _inserts[key] = _Insert(
             fields,
             into + f"VALUES ({', '.join(f'%s::{kind}' for kind in types)})" + end,
-            into + f"SELECT * FROM unnest({', '.join(f'%s::{kind}[]' for kind in types)})" + end,
+            into + f"SELECT * FROM unnest({', '.join(f'{{array}}::{kind}[]' for kind in types)})" + end,
         )
     return _inserts[key]
 
@@ -147,12 +147,13 @@ def insert_rows(objs: list[Model], *, ignore_conflicts: bool = False) -> list[Mo
                 return model.objects.bulk_create(objs, ignore_conflicts=ignore_conflicts)
             row.append(field.get_db_prep_save(value, db))
         rows.append(row)
-    from controlplane.prepared import cursor
+    from controlplane.prepared import array_placeholder, cursor
 
     one = len(rows) == 1
     with cursor(len(insert.fields)) as statement:
         statement.execute(
-            insert.one if one else insert.many, rows[0] if one else [list(c) for c in zip(*rows, strict=True)]
+            insert.one if one else insert.many.replace("{array}", array_placeholder(statement)),
+            rows[0] if one else [list(c) for c in zip(*rows, strict=True)],
         )
         keys = [] if ignore_conflicts else statement.fetchall()
     for obj, (pk,) in zip(objs, keys, strict=False):

@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from controlplane.access import Principal, principal
 from controlplane.models import Event, TopicSequence
+from controlplane.prepared import array_placeholder
 from controlplane.prepared import cursor as prepared_cursor
 
 log = logging.getLogger(__name__)
@@ -218,22 +219,23 @@ def _insert_postgresql(
     topics = sorted(counts)
     values = ", ".join(["(%s::int, %s::varchar, %s::jsonb, %s::varchar)"] * len(prepared))
     sequence, event = TopicSequence._meta.db_table, Event._meta.db_table
-    sql = (
-        f"WITH s AS (INSERT INTO {sequence} AS q (topic, last_seq) "
-        f"SELECT t.topic, t.n FROM unnest(%s::varchar[], %s::bigint[]) AS t(topic, n) ORDER BY t.topic "
-        f"ON CONFLICT (topic) DO UPDATE SET last_seq = q.last_seq + EXCLUDED.last_seq RETURNING q.topic, q.last_seq), "
-        f"p(i, kind, payload, url) AS (VALUES {values}), "
-        f"r AS (SELECT * FROM unnest(%s::varchar[], %s::bigint[], %s::int[]) AS r(topic, back, i)) "
-        f"INSERT INTO {event} (topic, seq, kind, payload, url, created_at) "
-        f"SELECT r.topic, s.last_seq - r.back, p.kind, p.payload, p.url, %s "
-        f"FROM r JOIN s ON s.topic = r.topic JOIN p ON p.i = r.i RETURNING id, topic, seq"
-    )
     now = timezone.now()
     params: list = [topics, [counts[name] for name in topics]]
     for i, (kind, payload, url) in enumerate(prepared):
         params += [i, kind, json.dumps(payload), url]
     params += [[name for name, _ in rows], back, [i for _, i in rows], now]
     with prepared_cursor(len(params)) as cursor:
+        a = array_placeholder(cursor)
+        sql = (
+            f"WITH s AS (INSERT INTO {sequence} AS q (topic, last_seq) "
+            f"SELECT t.topic, t.n FROM unnest({a}::varchar[], {a}::bigint[]) AS t(topic, n) ORDER BY t.topic "
+            f"ON CONFLICT (topic) DO UPDATE SET last_seq = q.last_seq + EXCLUDED.last_seq RETURNING q.topic, q.last_seq), "
+            f"p(i, kind, payload, url) AS (VALUES {values}), "
+            f"r AS (SELECT * FROM unnest({a}::varchar[], {a}::bigint[], {a}::int[]) AS r(topic, back, i)) "
+            f"INSERT INTO {event} (topic, seq, kind, payload, url, created_at) "
+            f"SELECT r.topic, s.last_seq - r.back, p.kind, p.payload, p.url, %s "
+            f"FROM r JOIN s ON s.topic = r.topic JOIN p ON p.i = r.i RETURNING id, topic, seq"
+        )
         cursor.execute(sql, params)
         inserted = {(topic, seq): pk for pk, topic, seq in cursor.fetchall()}
     last: dict[str, int] = {}
@@ -354,7 +356,8 @@ def _mark_sent(ids: list[int]) -> None:
         return
     with prepared_cursor() as cursor:
         cursor.execute(
-            f"UPDATE {Event._meta.db_table} SET sent_at = %s WHERE id = ANY(%s) AND sent_at IS NULL",
+            f"UPDATE {Event._meta.db_table} SET sent_at = %s "
+            f"WHERE id = ANY({array_placeholder(cursor)}::bigint[]) AND sent_at IS NULL",
             [timezone.now(), list(ids)],
         )
 

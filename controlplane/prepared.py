@@ -235,6 +235,17 @@ def cursor(parameters: int = 0):
     return connection.make_cursor(psycopg.Cursor(connection.connection))
 
 
+def array_placeholder(cursor) -> str:
+    """The placeholder for an array parameter on this cursor (from ``cursor()``): ``%b`` where the parameters are
+    bound on the server, so the array goes in binary; psycopg dumps an array as text in Python, escaping each
+    element, about four times the CPU (30 arrays of 8 values: 0.95 against 0.22 ms). ``%s`` on a cursor that binds
+    on the client (Django's own, while queries are logged), which cannot send binary."""
+    import psycopg
+
+    raw = getattr(cursor, "cursor", cursor)
+    return "%b" if isinstance(raw, psycopg.Cursor) and not isinstance(raw, psycopg.ClientCursor) else "%s"
+
+
 def _converted(row: tuple, converters: dict) -> tuple:
     row = list(row)
     for position, (functions, expression) in converters.items():

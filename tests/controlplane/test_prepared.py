@@ -190,3 +190,24 @@ def test_flat_values_and_a_list_of_strings():
     assert (
         Node.objects.filter(hostname__in_array=[one.hostname]).get() == one
     )  # the lookup, through the ORM too
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="binary parameters are PostgreSQL's")
+def test_arrays_go_in_binary_where_bound_on_the_server_and_as_text_while_logged():
+    """The same statement with ``array_placeholder`` gives the same rows through the server-bound cursor (binary
+    arrays) and through Django's own while queries are logged (text), for values text must escape."""
+    from controlplane.prepared import array_placeholder, cursor
+
+    values = ['a "quoted", {braced} value', None, "back\\slash", "", "NULL"]
+    results = []
+    for logged in (False, True):
+        with CaptureQueriesContext(connection) if logged else transaction.atomic():
+            with cursor() as statement:
+                placeholder = array_placeholder(statement)
+                statement.execute(
+                    f"SELECT v, n FROM unnest({placeholder}::text[], {placeholder}::bigint[]) AS t(v, n)",
+                    [values, [1, None, 2**40, -3, 0]],
+                )
+                results.append((placeholder, statement.fetchall()))
+    assert [placeholder for placeholder, _ in results] == ["%b", "%s"]
+    assert results[0][1] == results[1][1] == list(zip(values, [1, None, 2**40, -3, 0], strict=True))

@@ -116,6 +116,9 @@ def with_lockstep(
             if job
             and job.last_checkpoint_iteration >= 2 * checkpoint_every
             and job.iteration >= job.last_checkpoint_iteration + kill_after
+            # The reports lag the training by up to a report interval: if the next checkpoint is on disk already,
+            # the node would die just past it and the restart would lose nothing. Wait for the next interval.
+            and not (folder / "ckpt" / f"ckpt-{job.last_checkpoint_iteration + checkpoint_every}.pt").exists()
             and (not snapshot_every or job_protection(job).protected)
             else None
         )

@@ -641,9 +641,12 @@ def _upsert_minutes(rows: list[dict]) -> None:
         cursor.execute(sql, [row[c] for row in rows for c in MINUTE_COLUMNS])
 
 
-# The nodes a batch's faults are on, with their cluster: compiled once per process (controlplane/prepared.py).
+# The nodes a batch's faults are on, with their cluster: compiled once per process (controlplane/prepared.py). The
+# cluster's driver credentials (``connection``, encrypted) stay unloaded, as in the agent token's lookup: the fault
+# path reads the cluster's key and its dedicated tenant, and loading them would decrypt them on every fault batch.
 _NODES = PreparedQuery(
-    lambda ids: Node.objects.select_related("cluster").filter(pk__in_array=ids), ids=list[int]
+    lambda ids: Node.objects.select_related("cluster").defer("cluster__connection").filter(pk__in_array=ids),
+    ids=list[int],
 )
 
 

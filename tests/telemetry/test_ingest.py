@@ -196,6 +196,32 @@ def test_hard_faults_become_fault_events(client, world):
     assert len(response.json()["faults"]) == 3
 
 
+def test_a_fault_batch_leaves_the_clusters_credentials_encrypted(client, world, monkeypatch):
+    """Taking in a batch's faults reads their nodes' cluster without its driver credentials: nothing on the intake
+    needs them, and reading them would decrypt them on every fault batch."""
+    from controlplane import security_crypto
+
+    now = time.time()
+    post(client, world, batch("gpu-a1", readings=[reading(3, now - 20)], nics=[nic("mlx5_2", now - 20)]))
+    decrypted, read_stored = [], security_crypto.read_stored
+
+    def counted(value):
+        decrypted.append(value)
+        return read_stored(value)
+
+    # every encrypted column is read through this (a compiled query keeps the field's converter, not this name)
+    monkeypatch.setattr(security_crypto, "read_stored", counted)
+    response = post(
+        client,
+        world,
+        batch("gpu-a1", nics=[nic("mlx5_2", now - 10, link_state="down", link_downed=1)]),
+    )
+    assert response.status_code == 200 and len(response.json()["faults"]) == 1, response.content
+    assert decrypted == []
+    stored = FaultEvent.objects.get().node.cluster
+    assert stored.connection == world["cluster"].connection  # read when asked for
+
+
 def test_older_reading_does_not_overwrite_latest_state(client, world):
     now = time.time()
     post(client, world, batch("gpu-a1", readings=[reading(0, now, DCGM_FI_DEV_GPU_TEMP=70.0)]))

@@ -16,12 +16,14 @@ queryset's row as an instance with its ``select_related`` rows and annotations, 
 way out (JSON, the encrypted fields) converted as it converts them. Every argument must reach the SQL as a parameter
 of its own, which building checks: an equality or a comparison, or, for a list of values, the ``in_array`` lookup
 (``pk__in_array=ids``), which sends the list as one array (``= ANY(%s)``) so that a read of any number of rows is one
-statement text, compiled once and prepared once.
+statement text, compiled once and prepared once. Where the cursor binds on the server, that array goes in binary
+(``array_placeholder``).
 """
 
 import datetime
 import functools
 import itertools
+import re
 from collections.abc import Callable, Hashable
 from typing import NamedTuple
 
@@ -90,13 +92,30 @@ ForeignObject.register_lookup(AnyOf)
 
 
 class _Compiled(NamedTuple):
-    """A built query: its SQL, its parameters' slots, its columns' converters, and how a row becomes a result."""
+    """A built query: its SQL, its parameters' slots, its columns' converters, and how a row becomes a result; and
+    its SQL with the array parameters (``in_array``'s) sent in binary, for a cursor that binds on the server."""
 
     sql: str
     slots: list
     converters: dict
     make: Callable | None
     for_update: bool
+    binary_sql: str
+
+
+_PLACEHOLDER = re.compile(r"%%|%s")
+
+
+def _arrays_in_binary(sql: str, params) -> str:
+    """The SQL with the placeholder of each list parameter made ``%b`` (see ``array_placeholder``)."""
+    position = itertools.count()
+
+    def placeholder(match: re.Match) -> str:
+        if match[0] == "%%":
+            return "%%"
+        return "%b" if isinstance(params[next(position)], list) else "%s"
+
+    return _PLACEHOLDER.sub(placeholder, sql)
 
 
 class _Instances:
@@ -184,7 +203,12 @@ class PreparedQuery:
             )
         converters = compiler.get_converters([expression for expression, _, _ in compiler.select])
         return _Compiled(
-            sql, slots, converters, _maker(queryset, compiler), bool(queryset.query.select_for_update)
+            sql,
+            slots,
+            converters,
+            _maker(queryset, compiler),
+            bool(queryset.query.select_for_update),
+            _arrays_in_binary(sql, params),
         )
 
     def rows(self, shape: Hashable = None, **values) -> list:
@@ -205,7 +229,8 @@ class PreparedQuery:
             raise TransactionManagementError("select_for_update cannot be used outside of a transaction.")
         params = [slot.value if isinstance(slot, _Constant) else values[slot] for slot in compiled.slots]
         with cursor() as rows_cursor:
-            rows_cursor.execute(compiled.sql, params)
+            binary = array_placeholder(rows_cursor) == "%b"
+            rows_cursor.execute(compiled.binary_sql if binary else compiled.sql, params)
             rows = rows_cursor.fetchall()
         if compiled.converters:
             rows = [_converted(row, compiled.converters) for row in rows]

@@ -211,3 +211,52 @@ def test_arrays_go_in_binary_where_bound_on_the_server_and_as_text_while_logged(
                 results.append((placeholder, statement.fetchall()))
     assert [placeholder for placeholder, _ in results] == ["%b", "%s"]
     assert results[0][1] == results[1][1] == list(zip(values, [1, None, 2**40, -3, 0], strict=True))
+
+
+def test_a_compiled_reads_arrays_are_marked_for_binary_and_nothing_else():
+    from controlplane.prepared import _arrays_in_binary
+
+    sql = "SELECT 1 WHERE a LIKE '%%s' AND b = ANY(%s::integer[]) AND c = %s AND d = ANY(%s::varchar[])"
+    assert _arrays_in_binary(sql, [[1, 2], 3, ["x"]]) == (
+        "SELECT 1 WHERE a LIKE '%%s' AND b = ANY(%b::integer[]) AND c = %s AND d = ANY(%b::varchar[])"
+    )
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="binary parameters are PostgreSQL's")
+def test_a_compiled_read_sends_its_arrays_in_binary_and_finds_what_text_finds():
+    """``in_array``'s values go in binary on the server-bound cursor (psycopg dumps a text array in Python, escaping
+    each element) and as text while queries are logged; both find the same rows, for values text must escape."""
+    import psycopg
+
+    query = PreparedQuery(
+        lambda names, ids: (
+            Node.objects.filter(hostname__in_array=names, pk__in_array=ids)
+            .order_by("hostname")
+            .values_list("hostname", flat=True)
+        ),
+        names=list[str],
+        ids=list[int],
+    )
+    cluster = make_cluster()
+    nodes = [
+        make_node(cluster, hostname=name) for name in ('a "quoted", {b}', "back\\slash", "NULL", "plain")
+    ]
+    names = [node.hostname for node in nodes[:3]] + ["nowhere"]
+    ids = [node.pk for node in nodes]
+    sent, execute = [], psycopg.Cursor.execute
+
+    def recorded(cursor, query, *args, **kwargs):
+        sent.append(str(query))
+        return execute(cursor, query, *args, **kwargs)
+
+    psycopg.Cursor.execute = recorded
+    try:
+        with transaction.atomic():
+            binary = query.rows(names=names, ids=ids)
+        with CaptureQueriesContext(connection):
+            text = query.rows(names=names, ids=ids)
+    finally:
+        psycopg.Cursor.execute = execute
+    assert binary == text == sorted(names[:3])
+    reads = [statement for statement in sent if "hostname" in statement]
+    assert len(reads) == 2 and reads[0].count("%b") == 2 and "%b" not in reads[1], reads

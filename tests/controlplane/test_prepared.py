@@ -15,6 +15,7 @@ from fleet import selectors as fleet_selectors
 from fleet.models import GPU, Node
 from jobs.models import FaultEvent
 from tests.support.factories import make_cluster, make_node, make_tenant, make_user
+from tests.support.statements import SentStatements
 
 pytestmark = pytest.mark.django_db
 
@@ -226,8 +227,6 @@ def test_a_compiled_reads_arrays_are_marked_for_binary_and_nothing_else():
 def test_a_compiled_read_sends_its_arrays_in_binary_and_finds_what_text_finds():
     """``in_array``'s values go in binary on the server-bound cursor (psycopg dumps a text array in Python, escaping
     each element) and as text while queries are logged; both find the same rows, for values text must escape."""
-    import psycopg
-
     query = PreparedQuery(
         lambda names, ids: (
             Node.objects.filter(hostname__in_array=names, pk__in_array=ids)
@@ -243,20 +242,11 @@ def test_a_compiled_read_sends_its_arrays_in_binary_and_finds_what_text_finds():
     ]
     names = [node.hostname for node in nodes[:3]] + ["nowhere"]
     ids = [node.pk for node in nodes]
-    sent, execute = [], psycopg.Cursor.execute
-
-    def recorded(cursor, query, *args, **kwargs):
-        sent.append(str(query))
-        return execute(cursor, query, *args, **kwargs)
-
-    psycopg.Cursor.execute = recorded
-    try:
+    with SentStatements() as sent:
         with transaction.atomic():
             binary = query.rows(names=names, ids=ids)
         with CaptureQueriesContext(connection):
             text = query.rows(names=names, ids=ids)
-    finally:
-        psycopg.Cursor.execute = execute
     assert binary == text == sorted(names[:3])
-    reads = [statement for statement in sent if "hostname" in statement]
+    reads = [statement for statement in sent.work() if "hostname" in statement]
     assert len(reads) == 2 and reads[0].count("%b") == 2 and "%b" not in reads[1], reads

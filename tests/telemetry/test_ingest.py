@@ -2,7 +2,6 @@ import json
 import time
 import uuid
 
-import psycopg
 import pytest
 
 from controlplane.access import Role
@@ -22,6 +21,7 @@ from telemetry.services import ingest
 from telemetry.services.ingest import telemetry_ingest
 from telemetry.services.tokens import agent_token_create, agent_token_revoke
 from tests.support.factories import make_cluster, make_node, make_user
+from tests.support.statements import SentStatements
 from tests.support.telemetry import batch, nic, reading
 
 pytestmark = pytest.mark.django_db
@@ -284,29 +284,6 @@ def test_temperature_noise_does_not_look_like_a_trend(client, world):
         )
     state = GPUState.objects.get(gpu__node=world["node"], gpu__index=0)
     assert abs(state.temperature_trend) < 3.0  # °C per hour: jitter of ±0.8 °C every 10 s is no trend
-
-
-class SentStatements:
-    """The statements psycopg sends while the block runs (the PostgreSQL store binds its parameters on the server,
-    below Django's cursor wrappers, so Django's own query capture would not see them)."""
-
-    def __enter__(self):
-        self.sent, self._original = [], psycopg.Cursor.execute
-        sent, original = self.sent, self._original
-
-        def execute(cursor, query, *args, **kwargs):
-            sent.append(str(query))
-            return original(cursor, query, *args, **kwargs)
-
-        psycopg.Cursor.execute = execute
-        return self
-
-    def __exit__(self, *exc):
-        psycopg.Cursor.execute = self._original
-
-    def work(self) -> list[str]:
-        """Without the savepoints of the test's own transaction (a request has a transaction of its own)."""
-        return [s for s in self.sent if not s.startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
 
 
 def node_batch(node: str, ts: float, **fields) -> dict:

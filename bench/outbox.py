@@ -21,20 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from procstat import proc_stat  # noqa: E402
+from fault_path_profile import backend_cpu  # noqa: E402
 from scratch import scratch_database  # noqa: E402
 
 DB_NAME = os.environ.get("BENCH_DATABASE_NAME", "lockstep_bench_outbox")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
 TOPICS = ["fleet", "cluster-1", "tenant-1", "job-{n}"]
-
-
-def backend_pid() -> int:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        return cursor.fetchone()[0]
 
 
 def wal_lsn() -> int:
@@ -83,13 +75,9 @@ def main() -> None:
 
     scratch_database(DB_NAME, REDIS_URL=REDIS_URL, LOG_LEVEL="WARNING")
     from django.db import connection, transaction
-    from django.db.models import Count, Min
 
     from controlplane import events
-    from controlplane.models import Event
-
-    def gauge() -> None:  # the metrics' outbox read (controlplane.metrics.HealthCollector)
-        Event.objects.filter(sent_at__isnull=True).aggregate(n=Count("pk"), oldest=Min("created_at"))
+    from controlplane.metrics import outbox_backlog
 
     started = time.perf_counter()
     fill_history(args.history)
@@ -101,18 +89,17 @@ def main() -> None:
         naptime = cursor.fetchone()[0]
     print(f"autovacuum as the server has it (naptime {naptime})")
 
-    pid = backend_pid()
     published = 0
     spent = [0, 0.0, 0.0]  # WAL bytes, CPU seconds here, CPU seconds of the backend, while publishing
     print(f"{'elapsed':>8} {'events':>9} {'sweep ms':>9} {'gauge ms':>9}")
 
     def report(elapsed: float) -> None:
         sweep = timed(lambda: events.outbox_sweep(min_age_seconds=0))
-        read = timed(gauge)
+        read = timed(outbox_backlog)
         print(f"{elapsed:8.0f} {published:9,} {sweep:9.2f} {read:9.2f}", flush=True)
 
     def counters() -> tuple[int, float, float]:
-        return wal_lsn(), time.process_time(), proc_stat(pid).cpu
+        return wal_lsn(), time.process_time(), backend_cpu()
 
     def add_since(start: tuple[int, float, float]) -> None:
         for i, (now, then) in enumerate(zip(counters(), start, strict=True)):
@@ -136,14 +123,14 @@ def main() -> None:
                 topics = [name.format(n=n % 500) for name in TOPICS]
                 items.append((topics, "job.progress", {"iteration": n}, ""))
             events.publish_many(items)
-        published += 4 * args.per_transaction
+        published += len(TOPICS) * args.per_transaction
     add_since(start)
     wal, cpu_here, cpu_backend = spent
     report(time.perf_counter() - begin)
     print(
         f"publish and relay: {1000 * cpu_here / published:.3f} ms CPU per event here, "
         f"{1000 * cpu_backend / published:.3f} ms in PostgreSQL, {wal / published:.0f} WAL bytes per event "
-        f"({published:,} events, {args.per_transaction * 4} a commit)"
+        f"({published:,} events, {len(TOPICS) * args.per_transaction} a commit)"
     )
 
 

@@ -71,10 +71,15 @@ def _queue_depths(client: redis.Redis) -> dict[str, int]:
     return {name: sum(lengths[i * per : (i + 1) * per]) for i, name in enumerate(names)}
 
 
+def outbox_backlog() -> dict:
+    """The outbox's unsent events: how many (``n``) and the oldest one's ``created_at`` (None when there are none)."""
+    return Event.objects.filter(sent_at__isnull=True).aggregate(n=Count("pk"), oldest=Min("created_at"))
+
+
 class HealthCollector:
     def collect(self):
         now = timezone.now()
-        outbox = Event.objects.filter(sent_at__isnull=True).aggregate(n=Count("pk"), oldest=Min("created_at"))
+        outbox = outbox_backlog()
         yield GaugeMetricFamily(
             "lockstep_outbox_unsent", "Outbox events not yet relayed to the channel layer", value=outbox["n"]
         )

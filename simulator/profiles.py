@@ -13,18 +13,15 @@ decides. Root causes are drawn from the Llama 3 interruption mix and each maps t
 
 Table 5 disagrees with itself on "Faulty GPU": 148 interruptions, printed as 30.1 % (148/419 is 35.3 %). We follow
 the **counts**: they add up to the 419 the text states, every other row's count/419 equals its printed percentage,
-and the printed percentages add up to 94.9, not 100 (shared/data/failures/llama3_SOURCE.md). The text's "GPU issues
+and the printed percentages add up to 94.9, not 100 (data/failures/llama3_SOURCE.md). The text's "GPU issues
 58.7 %" therefore does not hold here (the counts give 64.0 %).
 """
 
 import csv
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 
-from django.conf import settings
-
-DATA = Path(settings.BASE_DIR).parent / "shared" / "data" / "failures"
+from controlplane import data
 
 
 @dataclass(frozen=True)
@@ -109,7 +106,7 @@ LEAF_COMPONENTS = frozenset({"Network Switch/Cable"})
 @functools.cache
 def root_cause_mix() -> tuple[tuple[str, ...], tuple[int, ...]]:
     """Components and their interruption counts, from the published table (419 in all)."""
-    with (DATA / "llama3_405b_unexpected_interruptions.csv").open() as handle:
+    with (data.failures_dir() / "llama3_405b_unexpected_interruptions.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     return tuple(r["component"] for r in rows), tuple(int(r["interruption_count"]) for r in rows)
 
@@ -137,7 +134,7 @@ def root_cause_weights(software: float | None = None) -> tuple[float, ...]:
 @functools.cache
 def meta_rsc_figures() -> dict[str, tuple[float, str, str]]:
     """Kokolis et al.'s figures by metric and cluster: ``"metric/cluster" -> (value, unit, kind)`` (numeric only)."""
-    with (DATA / "meta_rsc_reliability_figures.csv").open() as handle:
+    with (data.failures_dir() / "meta_rsc_reliability_figures.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     figures = {}
     for row in rows:

@@ -28,7 +28,7 @@ import requests
 
 from fleet.models import Node
 from simulator.models import SimWorld
-from simulator.profiles import PROFILES
+from simulator.profiles import MANIFESTATIONS, PROFILES
 from simulator.sampling import FaultSampler, Strike
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,10 @@ GREY_SLOWDOWN = 0.30  # a degraded link slows every collective of a job that cro
 THROTTLE_SLOWDOWN = 0.15  # a GPU hot enough to throttle slows its whole (lock-step) job
 NIC_REPAIR_SECONDS = 300.0  # a downed link comes back after this long (the cable is reseated)
 REPAIR_HOURS = 4.0  # simulated hours a technician takes to repair a dead node (reboot, reseat, swap a part)
+# The live demo's staged first fault (``showcase_after``): a rail NIC under the largest protected job goes down, as
+# Llama 3's "Network Switch/Cable" cause does, so a new visitor sees protection work in the first minutes.
+SHOWCASE_COMPONENT = "Network Switch/Cable"
+SHOWCASE_NIC_INDEX = 3
 REVIVED_STAGES = ("repaired", "validated", "returned")  # the ladder counts the node repaired: it runs again
 
 
@@ -99,6 +103,7 @@ class Runner:
         acceleration: float = 600.0,
         seed: int | None = None,
         tick_seconds: float = 10.0,
+        showcase_after: float | None = None,
     ):
         self.url = url.rstrip("/")
         self.world = SimWorld.objects.get()
@@ -123,6 +128,8 @@ class Runner:
         self.pending: list[Pending] = []
         self.stats = RunnerStats()
         self.jobs: dict[int, dict] = {}  # the training loops this simulator runs: job id -> its own progress
+        # When the staged showcase fault is due (monotonic); None: none is staged (or it has struck).
+        self.showcase_due = None if showcase_after is None else self.started + showcase_after
 
     # --- the fault model -----------------------------------------------------------------------------------
     def _locate(self, gpu: int) -> tuple[NodeSim, int]:
@@ -138,6 +145,32 @@ class Runner:
             node, index = self._locate(strike.gpu)
             lead = PRECURSOR_SECONDS if strike.precursor else 0.0
             self.pending.append(Pending(strike, node, index, now + lead))
+
+    def stage_showcase(self, now: float) -> bool:
+        """Stage the live demo's first fault once it is due: one rail NIC of a node under the largest running job
+        that Lockstep reports protected goes down (the sampler's "Network Switch/Cable" manifestation). Only the
+        fault is staged; what Lockstep decides, the failover and the GPU-hours it books are its own. While no
+        protected job runs (or Lockstep cannot say), it tries again next tick. Returns whether it staged it."""
+        if self.showcase_due is None or now < self.showcase_due:
+            return False
+        running = [job for job in self._running_jobs() or [] if job.get("protected") and job["allocations"]]
+        if not running:
+            return False
+        job = max(running, key=lambda j: (j["gpus"], -j["id"]))
+        node = self._node(sorted(a["hostname"] for a in job["allocations"])[0])
+        manifestation = MANIFESTATIONS[SHOWCASE_COMPONENT]
+        strike = Strike(
+            at_hours=(now - self.started) * self.acceleration / 3600.0,
+            component=f"{SHOWCASE_COMPONENT} (staged showcase)",
+            kind=manifestation.kind,
+            xid=None,
+            precursor="",
+            channel=manifestation.channel,
+            gpu=SHOWCASE_NIC_INDEX,
+        )
+        self.pending.append(Pending(strike, node, SHOWCASE_NIC_INDEX, now))
+        self.showcase_due = None
+        return True
 
     def start_grey(self, kind: str, node: "NodeSim", *, index: int = 0, until: float = float("inf")) -> None:
         """Start a grey failure that slows the jobs crossing it without ever taking a link down:
@@ -440,6 +473,7 @@ class Runner:
     def tick(self) -> None:
         now_monotonic = time.monotonic()
         self.schedule_due_strikes(now_monotonic)
+        self.stage_showcase(now_monotonic)
         self._precursors(now_monotonic)
         self._grey_failures(now_monotonic)
         events: dict[str, list] = {}

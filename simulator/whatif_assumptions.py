@@ -1,7 +1,7 @@
 """What the what-if assumes, in the open: every assumption with its value and source, and the sensitivity rows.
 
 An assumption's source is a paper (with the figure it comes from), the seed, or "assumed" — a value no
-published figure in shared/data/failures gives, chosen by us and moved in the sensitivity table. The sensitivity
+published figure in data/failures gives, chosen by us and moved in the sensitivity table. The sensitivity
 table moves each main assumption to a pessimistic and an optimistic value, one row each, and replays the same
 sampled fault trace (the same seed: common random numbers), so a row's difference comes from the assumption,
 not from sampling noise.
@@ -223,7 +223,7 @@ def _spares_and_repair(config) -> list[dict]:
             "repair time",
             config.repair_hours,
             "h, mean of an exponential",
-            "assumed: no repair times are published in shared/data/failures",
+            "assumed: no repair times are published in data/failures",
         ),
         _item(
             "failed recoveries",

@@ -17,7 +17,7 @@ from fleet.choices import (
 )
 from tenancy.choices import TenantTier
 
-# Published restart-from-checkpoint overheads run 5–20 minutes (shared/data/failures/checkpoint_restart_figures.csv);
+# Published restart-from-checkpoint overheads run 5–20 minutes (data/failures/checkpoint_restart_figures.csv);
 # the default takes the middle of that range. See docs/gpu-hours.md.
 DEFAULT_RESTART_OVERHEAD_MINUTES = 10.0
 
@@ -131,6 +131,8 @@ class Cluster(models.Model):
     pinned_reason = models.CharField(max_length=300, blank=True)
     # When a driver last answered for the cluster's add-ons (the drift sweep, a rollout gate, a reconcile).
     last_observed_at = models.DateTimeField(null=True, blank=True)
+    # Why the last observation got no answer (empty once one did): its add-ons are Unknown until the next one does.
+    observation_error = models.CharField(max_length=300, blank=True, default="", db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     tenant_scope = "dedicated_tenant_id"

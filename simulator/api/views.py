@@ -4,6 +4,7 @@ from rest_framework import mixins, status
 from rest_framework.response import Response
 
 from controlplane.api import ScopedViewSet
+from controlplane.openapi import ErrorSerializer
 from simulator import selectors
 from simulator.api.serializers import WhatIfRunSerializer
 from simulator.services.whatifs import whatif_start
@@ -25,7 +26,11 @@ class WhatIfViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedView
     def selector(self, *, user):
         return selectors.whatif_list(user=user)
 
-    @extend_schema(request={"application/json": OpenApiTypes.OBJECT}, responses={202: WhatIfRunSerializer})
+    # 429: WHATIF_MAX_PER_USER or WHATIF_MAX_RUNNING replays are under way (simulator.services).
+    @extend_schema(
+        request={"application/json": OpenApiTypes.OBJECT},
+        responses={202: WhatIfRunSerializer, 429: ErrorSerializer},
+    )
     def create(self, request):
         run = whatif_start(
             actor=request.user, config=request.data if isinstance(request.data, dict) else None

@@ -141,6 +141,13 @@ def _run_arguments(parser):
     parser.add_argument(
         "--ticks", type=int, default=None, help="stop after this many ticks (default: run until stopped)"
     )
+    parser.add_argument(
+        "--showcase-after",
+        type=float,
+        default=settings.SIMULATOR_SHOWCASE_SECONDS,
+        help="seconds after start to stage one NIC failure under the largest protected job, so the demo shows "
+        "protection early; negative: none [SIMULATOR_SHOWCASE_SECONDS]",
+    )
 
 
 def _run(command, options):
@@ -166,8 +173,13 @@ def _run(command, options):
         profile=options["profile"],
         acceleration=options["acceleration"],
         tick_seconds=options["tick"],
+        showcase_after=options["showcase_after"] if options["showcase_after"] >= 0 else None,
     )
     command.stdout.write(f"Simulating {runner.describe()}; speaking to {url}.")
+    if runner.showcase_due is not None:
+        command.stdout.write(
+            f"A staged NIC failure strikes the largest protected job {options['showcase_after']:g} s from now."
+        )
     try:
         stats = runner.run(ticks=options["ticks"])
     except KeyboardInterrupt:

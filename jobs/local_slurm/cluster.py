@@ -8,12 +8,19 @@ each emulating a node (``slurmd -N n1``), in a folder of its own with a generate
 With ``holders=True`` each node also runs its protection-runtime snapshot holder (``lockstep_agent.snapshot_holder``,
 a node daemon like slurmd, outside every job) at ``holder_socket(name)``; killing the node kills it too.
 
+With ``job_secrets=True`` (the default) jobs prove who they are as a provider sets it up (``lockstep_agent.launcher``):
+a root-only key file, a root ``Prolog`` that derives each job's secret into a file only the job's user reads,
+a ``TaskProlog`` that exports it to the job's tasks as ``LOCKSTEP_JOB_SECRET`` and an ``Epilog`` that removes it;
+``connection()`` carries the same key (``job_secret_key``), so Lockstep asks every registration for the secret.
+
 Every daemon runs in a session of its own and is stopped (its process group killed) when the context ends.
 Needs ``slurmctld``, ``slurmd``, ``munged`` and the CLI tools (Debian: ``slurm-wlm``, ``munge``) and root (the
 daemons run as SlurmUser=root); ``available()`` says whether they are there.
 """
 
 import os
+import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -85,6 +92,7 @@ class SlurmCluster:
         cred_expire: int = 10,
         name: str = "lockstep",
         holders: bool = False,
+        job_secrets: bool = True,
     ):
         self.folder = Path(folder)
         self.names = [f"n{i}" for i in range(1, nodes + 1)]
@@ -102,6 +110,9 @@ class SlurmCluster:
         self.socket_folder.chmod(0o755)
         self.socket = self.socket_folder / "munge.sock"
         self.holders = holders
+        self.job_secrets = job_secrets
+        self.job_secret_key = secrets.token_hex(32) if job_secrets else ""
+        self.secret_dir = self.folder / "job-secrets"
 
     # --- environment -----------------------------------------------------------------------------------------
     @property
@@ -111,7 +122,24 @@ class SlurmCluster:
 
     def connection(self, **extra) -> dict:
         """The connection settings of a Lockstep cluster on this Slurm (fleet/drivers/slurm.py)."""
-        return {"slurm_conf": str(self.conf), "spare_partition": "spare" if self.spares else "", **extra}
+        secret = {"job_secret_key": self.job_secret_key} if self.job_secrets else {}
+        return {
+            "slurm_conf": str(self.conf),
+            "spare_partition": "spare" if self.spares else "",
+            **secret,
+            **extra,
+        }
+
+    def job_secret(self, slurm_job_id: str, timeout: float = 10) -> str:
+        """The secret the prolog wrote for the job, as its tasks get it (waits for the prolog of its first node)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for path in sorted(self.secret_dir.glob(f"*/{slurm_job_id}")):
+                found = path.read_text().strip()
+                if found:
+                    return found
+            time.sleep(0.1)
+        raise TimeoutError(f"no job secret written for Slurm job {slurm_job_id}: {self.log()[-800:]}")
 
     def run(
         self, *args: str, check: bool = True, timeout: float = 30, env: dict | None = None
@@ -207,6 +235,34 @@ class SlurmCluster:
         # No cgroups here (task/none, proctrack/pgid); slurmd still loads a cgroup plugin, and the host's hybrid
         # mount only suits v1.
         (folder / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
+        if self.job_secrets:
+            with self.conf.open("a") as conf:
+                conf.write("\n".join(self._write_job_secret_scripts()) + "\n")
+
+    def _write_job_secret_scripts(self) -> list[str]:
+        """The key (root's only) and the three scripts of ``lockstep_agent.launcher``; their slurm.conf lines."""
+        key = self.folder / "job-secret.key"
+        key.write_text(self.job_secret_key + "\n")
+        key.chmod(0o600)
+        self.secret_dir.mkdir(mode=0o711, exist_ok=True)
+        agent = Path(__file__).resolve().parents[2] / "agent"
+        # One folder per emulated node: they share a host here, where a real node has its own /run.
+        per_node = shlex.quote(f"{self.secret_dir}/{{node}}")
+        lines = []
+        for setting, command, extra in (
+            ("Prolog", "prolog", f" --key-file {shlex.quote(str(key))}"),
+            ("TaskProlog", "task-prolog", ""),
+            ("Epilog", "epilog", ""),
+        ):
+            script = self.folder / f"lockstep-{command}.sh"
+            script.write_text(
+                "#!/bin/sh\n"
+                f"PYTHONPATH={shlex.quote(str(agent))} exec {shlex.quote(sys.executable)} -m lockstep_agent.launcher "
+                f"{command} --secret-dir {per_node}{extra}\n"
+            )
+            script.chmod(0o755)
+            lines.append(f"{setting}={script}")
+        return lines
 
     def _spawn(self, key: str, args: list[str]) -> subprocess.Popen:
         log = (self.folder / "log" / f"{key}.out").open("w")
@@ -232,12 +288,12 @@ class SlurmCluster:
                 f"--seed-file={folder / 'munge.seed'}",
             ],
         )
-        self._wait(lambda: self.socket.exists(), 10, "munged")
+        self._wait(lambda: self.socket.exists(), 60, "munged")
         self._spawn("slurmctld", [_binary("slurmctld"), "-D", "-i", "-f", str(self.conf)])
-        self._wait(lambda: self.run("scontrol", "ping", check=False).stdout.count("UP") > 0, 20, "slurmctld")
+        self._wait(lambda: self.run("scontrol", "ping", check=False).stdout.count("UP") > 0, 90, "slurmctld")
         for name in self.names:
             self.start_node(name)
-        self._wait(lambda: self.idle_nodes() >= len(self.names), 30, "slurmd nodes idle")
+        self._wait(lambda: self.idle_nodes() >= len(self.names), 120, "slurmd nodes idle")
         return self
 
     def holder_socket(self, name: str = "{node}") -> str:
@@ -257,7 +313,7 @@ class SlurmCluster:
             start_new_session=True,
         )
         self.processes[f"holder-{name}"] = process
-        self._wait(path.exists, 10, f"the snapshot holder of {name}")
+        self._wait(path.exists, 60, f"the snapshot holder of {name}")
         return process
 
     def start_node(self, name: str) -> subprocess.Popen:

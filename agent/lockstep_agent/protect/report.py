@@ -3,7 +3,8 @@
 Configured like ``lockstep_agent.progress`` by ``LOCKSTEP_URL``, ``LOCKSTEP_JOB_ID`` and ``LOCKSTEP_JOB_TOKEN``.
 A daemon thread sends; restore points are coalesced to at most one every ``min_interval`` seconds
 (``LOCKSTEP_PROTECT_INTERVAL``, default 10: the newest is what the planner needs), restores, fallbacks,
-write-throughs and hangs are always sent. A coalesced report carries the snapshot overhead
+write-throughs, hangs and in-place replacements (``peer_lost``,
+``rank_replaced``) are always sent, at once. A coalesced report carries the snapshot overhead
 (``overhead_seconds``) of the ones it replaced. A failure is logged and counted, never raised into training.
 """
 
@@ -19,7 +20,7 @@ import urllib.request
 
 log = logging.getLogger("lockstep_agent.protect.report")
 
-ALWAYS = {"restore", "disk_fallback", "write_through", "hang"}
+ALWAYS = {"restore", "disk_fallback", "write_through", "hang", "peer_lost", "rank_replaced"}
 
 
 class SnapshotReporter:

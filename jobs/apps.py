@@ -16,6 +16,9 @@ class JobsConfig(AppConfig):
         events.register_topic("job", keyed=True, may_subscribe=may_see_job_topic)
         hooks.register_fault_counter(hardware_fault_count)
         hooks.register_drain_guard(drain_guard)
+        from jobs.services.drain import drain_started
+
+        hooks.register_drain_started(drain_started)
         from jobs import launchers
 
         hooks.register_node_reason(launchers.node_reason)

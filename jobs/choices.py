@@ -33,6 +33,13 @@ class FaultKind(models.TextChoices):
     PREDICTED_FAILURE = "predicted_failure"
     SOFTWARE_CRASH = "software_crash"
     HANG = "hang"
+    # Not a failure: the node is being drained on purpose (an operator, a rollout, the escalation ladder), and its
+    # jobs move off it through the same decision as a node that is lost (jobs.services.drain).
+    DRAIN = "drain"
+
+
+# Kinds only Lockstep itself raises (a reporter may not: a drain request moves every job off its node).
+INTERNAL_FAULT_KINDS = frozenset({FaultKind.DRAIN})
 
 
 class FaultSource(models.TextChoices):
@@ -43,6 +50,8 @@ class FaultSource(models.TextChoices):
     API = "api"
     HEARTBEAT = "heartbeat"
     SLURM = "slurm"
+    LOCKSTEP = "lockstep"  # Lockstep itself: the request to move jobs off a node it drains
+    RUNTIME = "runtime"  # a job's protection runtime: a peer's rank stopped answering its collectives
 
 
 class Severity(models.TextChoices):
@@ -66,6 +75,7 @@ class ActionKind(models.TextChoices):
     CORDON = "cordon"
     DRAIN = "drain"
     RESTORE_FROM_SNAPSHOT = "restore_from_snapshot"
+    RANK_REPLACEMENT = "rank_replacement"  # a standby in the job's own allocation takes the lost rank
     RESTART_FROM_CHECKPOINT = "restart_from_checkpoint"
     RETURN_TO_SERVICE = "return_to_service"
 
@@ -109,6 +119,8 @@ class SnapshotKind(models.TextChoices):
     RESTORE = "restore", "Restore from the in-memory snapshots"
     DISK_FALLBACK = "disk_fallback", "Restore from the disk checkpoint (both in-memory copies lost)"
     HANG = "hang", "Hang: a rank stopped making progress"
+    PEER_LOST = "peer_lost", "Peer lost: a rank's collective failed (the runtime's report of a node loss)"
+    RANK_REPLACED = "rank_replaced", "Rank replaced: a standby took the lost rank; the survivors kept running"
 
 
 # The kinds that are restore points (the planner's restore_from_snapshot may use them); the others are recorded.

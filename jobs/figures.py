@@ -31,7 +31,7 @@ def job_timeline(job: Job, *, since=None) -> dict:
     """Everything the job page draws, from the database (so a reload loses nothing), as of one moment. With
     ``since`` the phases, faults, actions, snapshots and iterations are those of the window from then to now (the
     last progress point before it too, so the line starts at the window's edge); the GPU-hours saved and the
-    counterfactual still count every recovery."""
+    counterfactual still count every recovery, and so do the GPU-hours lost (those same recoveries' cost)."""
     now = timezone.now()
     phase_rows = JobPhase.objects.filter(job=job).order_by("started_at", "id")
     snapshot_rows = JobSnapshot.objects.filter(job=job).order_by("started_at")
@@ -82,7 +82,9 @@ def job_timeline(job: Job, *, since=None) -> dict:
         if a.state == ActionState.SUCCEEDED and a.ended_at and not a.dry_run
     ]
     counter = counterfactual(points, savings, job.seconds_per_iteration)
-    saved = sum(a.gpu_hours_saved for a in actions if a.state == ActionState.SUCCEEDED and not a.dry_run)
+    booked = [a for a in actions if a.state == ActionState.SUCCEEDED and not a.dry_run]
+    saved = sum(a.gpu_hours_saved for a in booked)
+    lost = sum(a.gpu_hours_lost for a in booked)
     actions = shown
     return {
         "job": job.pk,
@@ -100,6 +102,7 @@ def job_timeline(job: Job, *, since=None) -> dict:
             "counterfactual": [it for _, it in counter],
         },
         "gpu_hours_saved": round(saved, 4),
+        "gpu_hours_lost": round(lost, 4),
     }
 
 

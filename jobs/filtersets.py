@@ -47,9 +47,7 @@ class JobFilterSet(django_filters.FilterSet):
     cluster = django_filters.ModelChoiceFilter(queryset=_clusters)
     tenant = django_filters.ModelChoiceFilter(queryset=_tenants)
     simulated = django_filters.BooleanFilter(method="_simulated", label="runs on a simulated cluster")
-    reports_progress = django_filters.BooleanFilter(
-        field_name="simulated", exclude=True, label="reports its own progress"
-    )
+    reports_progress = django_filters.BooleanFilter(label="reports its own progress")
 
     class Meta:
         model = Job

@@ -1,5 +1,6 @@
-"""REST for launchers: ``POST /api/v1/launchers/register/`` (a launcher credential, ``lsl_…``),
-``/api/v1/launcher-credentials/`` (provider roles: list, create — the token is answered once — and revoke) and
+"""REST for launchers: ``POST /api/v1/launchers/register/`` (a launcher credential, ``lsl_…``, and the job's
+secret where its cluster asks for one), ``/api/v1/launcher-credentials/`` (provider roles: list, create for a
+cluster and a tenant — the token is answered once — and revoke) and
 ``/api/v1/slurm-jobs/`` (the Slurm jobs Lockstep follows; ``?unmapped=true``: those of accounts that map to no
 tenant, providers only)."""
 
@@ -12,6 +13,7 @@ from rest_framework.routers import SimpleRouter
 from rest_framework.views import APIView
 
 from controlplane.api import ScopedViewSet
+from controlplane.errors import ServiceError
 from fleet.api.views_tokens import ClusterTokenViewSet
 from jobs.filtersets import SlurmJobFilterSet
 from jobs.launchers import (
@@ -24,6 +26,7 @@ from jobs.launchers import (
 from jobs.models import LauncherCredential, SlurmJob
 from jobs.selectors import launcher_credential_list, slurm_job_list
 from tenancy.api.serializers import ClusterTokenSerializer
+from tenancy.selectors import tenant_list
 
 
 class LauncherCredentialScheme(OpenApiAuthenticationExtension):
@@ -47,6 +50,13 @@ class IsLauncher(permissions.BasePermission):
 
 class RegisterSerializer(serializers.Serializer):
     slurm_job_id = serializers.CharField(max_length=20)
+    job_secret = serializers.CharField(
+        max_length=128,
+        required=False,
+        allow_blank=True,
+        help_text="the job's secret (LOCKSTEP_JOB_SECRET, set by the cluster's Slurm prolog); required where the "
+        "cluster asks jobs to prove themselves",
+    )
     cluster = serializers.CharField(
         max_length=100,
         required=False,
@@ -55,8 +65,10 @@ class RegisterSerializer(serializers.Serializer):
 
 
 class LauncherRegisterView(APIView):
-    """A job script registers the Slurm job it runs in (``SLURM_JOB_ID``) and gets its job token (shown once).
-    409 while a recovery of the job is under way: register again in a moment."""
+    """A job script registers the Slurm job it runs in (``SLURM_JOB_ID``) and gets its job token (shown once);
+    the job's earlier tokens stop working. 403 for a job that is not the credential's tenant's, or without the
+    job's own secret where the cluster asks for it. 409 while a recovery of the job is under way: register again
+    in a moment."""
 
     authentication_classes = [LauncherAuthentication]
     permission_classes = [IsLauncher]
@@ -81,6 +93,7 @@ class LauncherRegisterView(APIView):
         job, raw, link = launcher_register(
             credential=request.auth,
             slurm_job_id=data.validated_data["slurm_job_id"],
+            job_secret=data.validated_data.get("job_secret", ""),
             cluster_named=data.validated_data.get("cluster"),
         )
         return Response(
@@ -95,7 +108,15 @@ class LauncherRegisterView(APIView):
 
 
 class LauncherCredentialSerializer(ClusterTokenSerializer):
-    pass
+    tenant = serializers.IntegerField(
+        source="tenant_id",
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=2**63 - 1,
+        help_text="the tenant whose jobs it registers (a dedicated cluster's own by default); null on a shared "
+        "cluster: cluster-wide, which registers only where the cluster asks jobs for their secret",
+    )
 
 
 class LauncherCredentialCreatedSerializer(LauncherCredentialSerializer):
@@ -108,7 +129,8 @@ class LauncherCredentialCreatedSerializer(LauncherCredentialSerializer):
     ),
 )
 class LauncherCredentialViewSet(ClusterTokenViewSet):
-    """Launcher credentials, each bound to one cluster (provider roles). DELETE revokes."""
+    """Launcher credentials, each bound to one cluster and the jobs of one tenant (provider roles). DELETE
+    revokes."""
 
     serializer_class = LauncherCredentialSerializer
     queryset = LauncherCredential.objects.none()
@@ -117,7 +139,15 @@ class LauncherCredentialViewSet(ClusterTokenViewSet):
         return launcher_credential_list(user=user)
 
     def issue(self, *, actor, cluster, name):
-        return launcher_credential_create(actor=actor, cluster=cluster, name=name)
+        data = LauncherCredentialSerializer(data=self.request.data)
+        data.is_valid(raise_exception=True)
+        tenant_id = data.validated_data.get("tenant_id")
+        tenant = None
+        if tenant_id is not None:
+            tenant = tenant_list(user=actor).filter(pk=tenant_id).first()
+            if tenant is None:
+                raise ServiceError("no such tenant", field="tenant")
+        return launcher_credential_create(actor=actor, cluster=cluster, name=name, tenant=tenant)
 
     def revoke(self, *, actor, token):
         launcher_credential_revoke(actor=actor, credential=token)

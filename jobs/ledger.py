@@ -93,3 +93,15 @@ def expected_saving(saving: float, *, score: float | None) -> tuple[float, str]:
     return max(
         0.0, saving
     ) * precision, f"{max(0.0, saving):.2f} GPU-h if the node fails × precision {precision:.2f} ({basis})"
+
+
+def restart_bases(actions) -> list[dict]:
+    """The restart overheads the baselines of these actions were priced with, each once: seconds, basis
+    (``measured`` on the cluster for jobs of that size, or ``assumed``: the cluster's setting) and its detail, as
+    each action recorded it when it was chosen (``RecoveryAction.estimate``)."""
+    found: dict[tuple, dict] = {}
+    for action in actions:
+        overhead = (action.estimate or {}).get("restart_overhead")
+        if isinstance(overhead, dict) and action.gpu_hours_baseline:
+            found.setdefault((overhead.get("basis"), overhead.get("seconds")), overhead)
+    return list(found.values())

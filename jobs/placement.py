@@ -18,7 +18,7 @@ from controlplane.prepared import PreparedQuery
 from fleet.choices import GPUHealth, NodeState
 from fleet.models import GPU, Cluster, Node
 from jobs.choices import BUDGETED_KINDS, ActionState
-from jobs.models import JobAllocation, RecoveryAction, SpareBooking
+from jobs.models import JobAllocation, JobStandby, RecoveryAction, SpareBooking
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +193,8 @@ class SparePool:
         if gpu_model not in self._by_model or wait:
             now = timezone.now()
             booked = SpareBooking.objects.filter(released_at__isnull=True, whole_node=True).values("node_id")
+            # A job's standbys are its own (booked to it from its runtime's reports), never the cluster's spares.
+            standby = JobStandby.objects.filter(released_at__isnull=True).values("node_id")
             # each spare's own GPUs (an index lookup a spare), not every GPU of the cluster (16,384 at 2,048 nodes)
             unhealthy = GPU.objects.filter(node_id=OuterRef("pk")).exclude(health=GPUHealth.HEALTHY)
             rows = (
@@ -204,6 +206,7 @@ class SparePool:
                 )
                 .filter(Q(cooldown_until__isnull=True) | Q(cooldown_until__lte=now))
                 .exclude(pk__in=booked)
+                .exclude(pk__in=standby)
                 .exclude(Exists(unhealthy))
             )
             ordered = rows.order_by("risk_score", "hostname")

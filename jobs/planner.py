@@ -59,6 +59,7 @@ class Situation:
     risk: float = 0.5  # probability the node fails soon (predicted failures)
     supports: frozenset[str] = frozenset()
     excluded: frozenset[str] = frozenset()  # kinds already tried for this recovery that failed
+    standbys: int = 0  # live standbys in the job's own allocation (its runtime's reports), off the lost node
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,10 @@ class Estimates:
     link_degraded_seconds: float = 600.0  # until a grey link is clean again and the job fails back
     nic_slowdown: float = 0.01  # one rail fewer: the job runs slightly slower
     link_degraded_slowdown: float = 0.30  # a degraded link slows every collective of the job
+    rank_replacement_pause: float = 5.0  # a standby takes the lost rank's place; the survivors keep running
     basis: dict = field(default_factory=dict, compare=False, hash=False)
+    # Measured restart costs on the cluster by job size: estimate name → (samples, seconds) (jobs.services.estimates)
+    restarts: dict = field(default_factory=dict, compare=False, hash=False)
 
     def basis_of(self, name: str) -> str:
         return self.basis.get(name, "default")
@@ -174,6 +178,29 @@ def options_for(job: JobFacts, situation: Situation, est: Estimates) -> list[Opt
                 else (unprotected if not protected else "no snapshot newer than the checkpoint"),
                 job,
                 pause=est.restore_pause,
+                work=snap or 0.0,
+            )
+        )
+    if impact == "node":
+        # A standby in the job's own allocation takes the lost rank; the survivors keep their processes and roll
+        # back at most to their newest in-memory snapshot.
+        ok = protected and snap is not None and situation.standbys > 0
+        found.append(
+            _option(
+                "rank_replacement",
+                ok,
+                f"a live standby in the job's allocation ({situation.standbys}) takes the lost rank; the others "
+                "keep running"
+                if ok
+                else (
+                    unprotected
+                    if not protected
+                    else "no snapshot newer than the checkpoint"
+                    if snap is None
+                    else "no live standby in the job's allocation"
+                ),
+                job,
+                pause=est.rank_replacement_pause,
                 work=snap or 0.0,
             )
         )

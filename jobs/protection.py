@@ -14,7 +14,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from fleet.selectors import ProtectionVerdict
-from jobs.choices import RESTORE_POINT_KINDS, SnapshotKind, SnapshotReason
+from jobs.choices import RESTORE_POINT_KINDS, JobState, SnapshotKind, SnapshotReason
 from jobs.models import Job, JobSnapshot
 
 # The policy key that turns the protection runtime on for real jobs.
@@ -80,3 +80,33 @@ def job_protection(
         return ProtectionVerdict(True, f"{policy_why}; {runtime_why}")
     missing = [why for ok, why in ((policy_on, policy_why), (reporting, runtime_why)) if not ok]
     return ProtectionVerdict(False, "; and ".join(missing))
+
+
+def cluster_jobs_protection(cluster, jobs: list[Job], *, at: datetime | None = None) -> dict:
+    """What a page that lists a cluster says of protection, by the same verdict as each job's page: its running
+    ``jobs`` (those of the reader, on this cluster) counted protected or not by ``job_protection``, and the verdict
+    itself: protected when every one of them is; with none running, the verdict a job placed there would get (the
+    cluster's add-on rule for a simulated cluster, the runtime policy for a real one, whose jobs are protected
+    only once their runtime reports)."""
+    from fleet.choices import DriverName
+    from fleet.selectors import cluster_protection
+
+    running = [job for job in jobs if job.cluster_id == cluster.pk and job.state == JobState.RUNNING]
+    simulated = cluster_protection(cluster=cluster) if cluster.driver == DriverName.SIMULATED else None
+    policy = None if simulated is not None else runtime_policy_on(cluster)
+    verdicts = [job_protection(job, at=at, cluster_verdict=simulated, policy=policy) for job in running]
+    protected = sum(1 for v in verdicts if v.protected)
+    if running:
+        unprotected = next((v for v in verdicts if not v.protected), None)
+        verdict = ProtectionVerdict(
+            unprotected is None,
+            unprotected.reason if unprotected else verdicts[0].reason,
+        )
+    elif simulated is not None:
+        verdict = simulated
+    else:
+        on, why = policy
+        verdict = ProtectionVerdict(
+            False, f"{why}; a job here is protected once its protection runtime reports" if on else why
+        )
+    return {"verdict": verdict, "protected": protected, "running": len(running)}

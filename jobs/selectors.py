@@ -302,12 +302,12 @@ def hardware_fault_count(cluster_ids: list[int], since, until) -> int:
 # The landing pages' reads (home/views.py): faults and recoveries on the provider's dashboard, a tenant's jobs.
 
 
-def _saved_since(actions: QuerySet[RecoveryAction], since) -> float:
-
-    value = actions.filter(state=ActionState.SUCCEEDED, dry_run=False, ended_at__gte=since).aggregate(
-        s=Sum("gpu_hours_saved")
-    )["s"]
-    return round(value or 0.0, 2)
+def _booked_since(actions: QuerySet[RecoveryAction], since) -> tuple[float, float]:
+    """GPU-hours saved (realized) and lost by the recoveries booked since ``since`` (docs/gpu-hours.md)."""
+    row = actions.filter(state=ActionState.SUCCEEDED, dry_run=False, ended_at__gte=since).aggregate(
+        saved=Sum("gpu_hours_saved"), lost=Sum("gpu_hours_lost")
+    )
+    return round(row["saved"] or 0.0, 2), round(row["lost"] or 0.0, 2)
 
 
 def expected_saving(actions: QuerySet[RecoveryAction]) -> float:
@@ -332,28 +332,42 @@ def recovery_dashboard(*, user, now, since, truncate) -> dict:
         .annotate(n=Count("id"))
         .order_by("hour")
     )
-    saved_buckets = (
+    booked_buckets = (
         actions.filter(state=ActionState.SUCCEEDED, dry_run=False, ended_at__gte=since)
         .annotate(hour=truncate("ended_at"))
         .values("hour")
-        .annotate(saved=Sum("gpu_hours_saved"))
+        .annotate(saved=Sum("gpu_hours_saved"), lost=Sum("gpu_hours_lost"))
         .order_by("hour")
     )
-    cumulative, saved_series = 0.0, []
-    for row in saved_buckets:
-        cumulative += row["saved"] or 0.0
-        saved_series.append({"t": row["hour"].isoformat(), "v": round(cumulative, 3)})
+    saved, lost, saved_series, lost_series = 0.0, 0.0, [], []
+    for row in booked_buckets:
+        saved += row["saved"] or 0.0
+        lost += row["lost"] or 0.0
+        saved_series.append({"t": row["hour"].isoformat(), "v": round(saved, 3)})
+        lost_series.append({"t": row["hour"].isoformat(), "v": round(lost, 3)})
+    saved_today, lost_today = _booked_since(actions, today)
+    saved_30d, lost_30d = _booked_since(actions, now - timedelta(days=30))
     return {
         "figures": {
             "faults_24h": faults.filter(received_at__gte=now - timedelta(hours=24)).count(),
             "faults_open": faults.filter(state="new").count(),
-            "saved_today": _saved_since(actions, today),
-            "saved_30d": _saved_since(actions, now - timedelta(days=30)),
+            "saved_today": saved_today,
+            "saved_30d": saved_30d,
+            "lost_today": lost_today,
+            "lost_30d": lost_30d,
             "expected": expected_saving(actions),
         },
         "faults": [{"t": r["hour"].isoformat(), "v": r["n"]} for r in per_bucket],
         "saved": saved_series,
+        "lost": lost_series,
     }
+
+
+def first_fault_at(*, user):
+    """When the first fault the user may see was received (the first stored: ids follow arrival), or None: where
+    the fleet's charts begin (controlplane.timerange.fitting)."""
+    first = restrict(FaultEvent.objects.all(), user).order_by("pk").values_list("received_at", flat=True)[:1]
+    return next(iter(first), None)
 
 
 def realized_saving() -> Sum:
@@ -363,13 +377,21 @@ def realized_saving() -> Sum:
     )
 
 
+def booked_loss() -> Sum:
+    """A job's GPU-hours lost in the recoveries that saved ``realized_saving`` (the same actions), for
+    ``annotate``."""
+    return Sum(
+        "actions__gpu_hours_lost", filter=Q(actions__state=ActionState.SUCCEEDED, actions__dry_run=False)
+    )
+
+
 def tenant_recent_jobs(*, user, tenant_id: int, limit: int = 100) -> list[Job]:
-    """A tenant's newest jobs, each with the GPU-hours its recoveries saved (``saved``)."""
+    """A tenant's newest jobs, each with the GPU-hours its recoveries saved (``saved``) and lost (``lost``)."""
 
     return list(
         restrict(Job.objects.filter(tenant_id=tenant_id), user)
         .select_related("cluster__blueprint_version__blueprint")
-        .annotate(saved=realized_saving())
+        .annotate(saved=realized_saving(), lost=booked_loss())
         .order_by("-created_at")[:limit]
     )
 
@@ -397,11 +419,10 @@ def tenant_phase_seconds(*, user, tenant_id: int, since, now) -> dict[str, float
 
 
 def tenant_recovery_figures(*, user, tenant_id: int) -> dict:
-    """A tenant's jobs recovering now, and the GPU-hours its recoveries saved and expect to save."""
+    """A tenant's jobs recovering now, and the GPU-hours its recoveries saved, lost and expect to save."""
     actions = restrict(RecoveryAction.objects.filter(job__tenant_id=tenant_id), user)
-    saved = (
-        actions.filter(state=ActionState.SUCCEEDED, dry_run=False).aggregate(s=Sum("gpu_hours_saved"))["s"]
-        or 0.0
+    booked = actions.filter(state=ActionState.SUCCEEDED, dry_run=False).aggregate(
+        saved=Sum("gpu_hours_saved"), lost=Sum("gpu_hours_lost")
     )
     recovering = restrict(
         JobPhase.objects.filter(
@@ -409,4 +430,30 @@ def tenant_recovery_figures(*, user, tenant_id: int) -> dict:
         ),
         user,
     ).count()
-    return {"saved": round(saved, 2), "expected": expected_saving(actions), "recovering_now": recovering}
+    return {
+        "saved": round(booked["saved"] or 0.0, 2),
+        "lost": round(booked["lost"] or 0.0, 2),
+        "expected": expected_saving(actions),
+        "recovering_now": recovering,
+    }
+
+
+def node_drain(*, user, node) -> dict | None:
+    """What a draining node's drain waits for (``jobs.services.drain.drain_waits``), its jobs limited to those the
+    user may see; None when the node is not draining."""
+    from jobs.services.drain import drain_waits
+
+    status = drain_waits(node)
+    if status is None:
+        return None
+    visible = set(
+        restrict(Job.objects.filter(pk__in=[wait["job"].pk for wait in status["waits"]]), user).values_list(
+            "pk", flat=True
+        )
+    )
+    hidden = sum(wait["job"].pk not in visible for wait in status["waits"])
+    return {
+        **status,
+        "waits": [wait for wait in status["waits"] if wait["job"].pk in visible],
+        "hidden": hidden,
+    }

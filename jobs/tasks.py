@@ -48,3 +48,17 @@ def slurm_sync_task() -> list[dict]:
     from jobs.services.slurm_jobs import slurm_sync_all
 
     return slurm_sync_all()
+
+
+@shared_task(name="jobs.drain_request", ignore_result=True, time_limit=60, soft_time_limit=50)
+def drain_request_task(node_ids: list[int]) -> list[int]:
+    from jobs.services.drain import drain_request
+
+    return drain_request(node_ids=node_ids)
+
+
+@shared_task(name="jobs.drains_advance", ignore_result=True, time_limit=60, soft_time_limit=50)
+def drains_advance_task() -> dict:
+    from jobs.services.drain import drains_advance
+
+    return drains_advance()

@@ -1,7 +1,7 @@
 """Triage: what a fault means for the hardware, driven by NVIDIA's Xid catalogue, read at run time.
 
 Pure functions (no database): telemetry reuses ``classify_xid`` for its own ingest. The verdict of a code
-comes from the catalogue's ``recommended_action`` column (shared/data/xid/nvidia_xid_catalog.csv), never
+comes from the catalogue's ``recommended_action`` column (data/xid/nvidia_xid_catalog.csv), never
 from a list of codes kept here; only the *meaning of each action bucket* is written down below.
 """
 
@@ -66,7 +66,9 @@ UNKNOWN_BUCKET = (False, True, True, False, False, "")
 
 
 def catalogue_path() -> Path:
-    return Path(settings.XID_CATALOG)
+    from controlplane import data
+
+    return data.xid_catalogue()
 
 
 @functools.lru_cache(maxsize=4)
@@ -178,6 +180,10 @@ def classify_fault(kind: str, *, xid: int | None = None, details: dict | None = 
         return FaultVerdict(
             "risk", False, True, False, "", explanation=f"{kind.replace('_', ' ')}: move work off early"
         )
+    if kind == "drain":
+        # Planned, not failed: the node leaves service whole, so its jobs are priced and moved as off a lost node,
+        # but nothing is marked broken and the node does not climb the ladder.
+        return FaultVerdict("node", False, False, False, "", explanation="drain: its jobs move off the node")
     if kind in ("thermal", "straggler"):
         return FaultVerdict("none", False, True, False, "", explanation=f"{kind}: counts toward escalation")
     return FaultVerdict("none", False, True, True, "", explanation=f"unknown kind {kind}")

@@ -16,15 +16,20 @@ from controlplane.access import principal, require
 from controlplane.confirm import carry_out, confirm_page, confirmed
 from controlplane.pagination import OneMomentPaginator
 from controlplane.selectors import topic_seq
-from controlplane.timerange import time_range
+from controlplane.timerange import fitting, time_range
 from fleet import selectors as fleet_selectors
 from fleet.views_actions import node_actions_for
 from jobs import figures, selectors
 from jobs.choices import ACTIVE_JOB_STATES
 from jobs.filtersets import JobFilterSet
+from jobs.ledger import restart_bases
 from jobs.protection import job_protection
 from jobs.services import jobs as job_services
+from jobs.services.estimates import restart_baseline_of
 from jobs.tables import JobTable
+
+# The job page's default ranges, shortest first: the first that holds the job's life since it started.
+JOB_RANGES = ("1h", "6h", "24h", "7d", "30d")
 
 
 def _feed_topic(who) -> str:
@@ -73,10 +78,18 @@ def job_detail(request, pk: int):
     after = topic_seq(
         topic
     )  # read before the snapshot: events after it are applied on top, duplicates dropped
-    window = time_range(request, default="30d")
+    # The timeline opens on a window that holds the job's life: a new job's first hour, not a spike in 30 days.
+    started = job.started_at or job.created_at
+    window = time_range(request, default=lambda now: fitting(started, now=now, keys=JOB_RANGES))
     timeline = figures.job_timeline(job, since=window.since)
     placements = list(selectors.job_allocations(user=request.user, job=job)[:200])
     incidents = selectors.job_incidents(user=request.user, job=job)
+    actions = list(
+        selectors.action_list(user=request.user)
+        .filter(job=job)
+        .select_related("incident")
+        .order_by("-planned_at")[:50]
+    )
     return render(
         request,
         "jobs/job.html",
@@ -86,10 +99,13 @@ def job_detail(request, pk: int):
             "topic": topic,
             "after": after,
             "protection": job_protection(job),
+            "restart_baseline": restart_baseline_of(job),
+            "standbys": job.standbys.filter(released_at__isnull=True).select_related("node"),
             "time_range": window,
             "summary": figures.timeline_summary(timeline),
             "allocations": job.allocations.filter(released_at__isnull=True).select_related("node"),
-            "actions": selectors.action_list(user=request.user).filter(job=job).order_by("-planned_at")[:50],
+            "actions": actions,
+            "recovery_steps": _recovery_steps(actions),
             "incidents": incidents,
             "placements": placements,
             "node_ids": selectors.visible_node_ids(
@@ -101,6 +117,35 @@ def job_detail(request, pk: int):
             and principal(request.user).may_submit_jobs(job.tenant_id),
         },
     )
+
+
+def _recovery_steps(actions) -> list[dict]:
+    """Each recovery that ended with the job training again, as its steps: detect (the first report of the
+    fault), decide, replace (the driver's part: a rank replacement drains the lost node, a restart requeues the
+    job) and training again (the job's first step after it, from its own report), with seconds since detection."""
+    rows = []
+    for action in actions:
+        if action.resumed_at is None or action.dry_run:
+            continue
+        opened = action.incident.opened_at if action.incident_id else action.detected_at
+        detected = min(opened, action.detected_at)
+        steps = [
+            ("detect", detected),
+            ("decide", action.planned_at),
+            ("replace" if action.kind == "rank_replacement" else "restart", action.started_at),
+            ("training again", action.resumed_at),
+        ]
+        rows.append(
+            {
+                "action": action,
+                "steps": [
+                    {"name": name, "at": at, "seconds": (at - detected).total_seconds()}
+                    for name, at in steps
+                    if at is not None
+                ],
+            }
+        )
+    return rows
 
 
 @login_required
@@ -204,6 +249,9 @@ def incident_detail(request, pk: int):
             "faults": faults,
             "actions": actions,
             "ledger": figures.incident_ledger(actions),
+            "restart_baselines": restart_bases(
+                [a for a in actions if a.state == "succeeded" and not a.dry_run and a.job_id is not None]
+            ),
             "sources": selectors.sources_of(incident),
             "who": who,
             "show_decisions": selectors.sees_decisions(user=request.user, incident=incident),
@@ -230,6 +278,7 @@ def node_detail(request, pk: int):
             "node": node,
             **fleet_selectors.node_hardware(user=request.user, node=node),
             "ladder": selectors.node_ladder(user=request.user, node=node),
+            "drain": selectors.node_drain(user=request.user, node=node),
             "faults": selectors.node_faults(user=request.user, node=node),
             "current": [a for a in allocations if a.released_at is None],
             "past": [a for a in allocations if a.released_at is not None],

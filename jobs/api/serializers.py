@@ -3,7 +3,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from jobs import figures, selectors
-from jobs.choices import FaultKind, FaultSource, Severity, SnapshotKind
+from jobs.choices import INTERNAL_FAULT_KINDS, FaultKind, FaultSource, Severity, SnapshotKind
 from jobs.models import FaultEvent, Incident, Job, JobAllocation, JobSnapshot, RecoveryAction
 
 
@@ -26,6 +26,13 @@ class JobSerializer(serializers.ModelSerializer):
     allocations = serializers.SerializerMethodField()
     protected = serializers.SerializerMethodField()
     protection_reason = serializers.SerializerMethodField()
+    restart_baseline = serializers.SerializerMethodField(
+        help_text="the restart overhead a fault of this job is priced against now: seconds, basis (measured on "
+        "this cluster for jobs of its size, or assumed: the cluster's setting), samples, needed, detail"
+    )
+    standbys = serializers.SerializerMethodField(
+        help_text="the job's live standbys (nodes of its own allocation, from its runtime's reports)"
+    )
 
     class Meta:
         model = Job
@@ -49,6 +56,8 @@ class JobSerializer(serializers.ModelSerializer):
             "degraded_until",
             "protected",
             "protection_reason",
+            "restart_baseline",
+            "standbys",
             "allocations",
             "created_at",
             "started_at",
@@ -64,7 +73,7 @@ class JobSerializer(serializers.ModelSerializer):
         return job.cluster.driver == DriverName.SIMULATED
 
     def get_reports_progress(self, job) -> bool:
-        return not job.simulated
+        return job.reports_progress
 
     def get_last_checkpoint_iteration(self, job) -> int:
         return job.checkpoint_iteration_now()
@@ -95,6 +104,23 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_protection_reason(self, job) -> str:
         return self._protection(job).reason
+
+    @extend_schema_field(serializers.DictField())
+    def get_restart_baseline(self, job) -> dict:
+        from jobs.services.estimates import restart_baseline_of, restart_baselines_of
+
+        cache = self.context.setdefault("restart-baselines", {})
+        if job.cluster_id not in cache:
+            cache[job.cluster_id] = restart_baselines_of(job.cluster)
+        return restart_baseline_of(job, measured=cache[job.cluster_id]).as_dict()
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_standbys(self, job) -> list[dict]:
+        return [
+            {"node": s.node_id, "hostname": s.node.hostname, "since": s.since}
+            for s in job.standbys.all()
+            if s.released_at is None
+        ]
 
 
 class JobSubmitSerializer(serializers.Serializer):
@@ -210,6 +236,16 @@ class FaultReportSerializer(serializers.Serializer):
             raise serializers.ValidationError({"node": ["name the node: its id or hostname"]})
         if data["kind"] == FaultKind.GPU_XID and data.get("xid") is None:
             raise serializers.ValidationError({"xid": ["a gpu_xid fault needs its code"]})
+        if data["kind"] in INTERNAL_FAULT_KINDS or data.get("source") == FaultSource.LOCKSTEP:
+            # A drain request moves every job off its node: Lockstep raises it when the node is drained.
+            field = "kind" if data["kind"] in INTERNAL_FAULT_KINDS else "source"
+            raise serializers.ValidationError(
+                {
+                    field: [
+                        "only Lockstep raises this: drain the node instead (POST /api/v1/nodes/{id}/drain/)"
+                    ]
+                }
+            )
         return data
 
 
@@ -220,6 +256,19 @@ class RecoveryActionSerializer(serializers.ModelSerializer):
     previous = serializers.PrimaryKeyRelatedField(
         read_only=True, allow_null=True, help_text="the attempt this one replaced"
     )
+    restart_baseline = serializers.SerializerMethodField(
+        help_text="the restart overhead its baseline was priced with: seconds, basis (measured on this cluster "
+        "for jobs of this size, or assumed: the cluster's setting), samples, needed, detail"
+    )
+    expected = serializers.SerializerMethodField(
+        help_text="what it was expected to cost when chosen; the ledger fields are what happened"
+    )
+
+    def get_restart_baseline(self, action) -> dict | None:
+        return (action.estimate or {}).get("restart_overhead")
+
+    def get_expected(self, action) -> dict | None:
+        return (action.estimate or {}).get("expected")
 
     class Meta:
         model = RecoveryAction
@@ -263,7 +312,10 @@ class RecoveryActionSerializer(serializers.ModelSerializer):
             "reason",
             "alternatives",
             "estimate",
+            "restart_baseline",
+            "expected",
             "failed_back_at",
+            "resumed_at",
             "error",
         ]
 
@@ -341,9 +393,24 @@ class IncidentActionSerializer(serializers.ModelSerializer):
             "gpu_hours_saved",
             "saving",
             "gpu_hours_expected",
+            "restart_baseline",
+            "expected",
             "ended_at",
         ]
         read_only_fields = fields
+
+    restart_baseline = serializers.SerializerMethodField(
+        help_text="the restart overhead its baseline was priced with: measured or assumed"
+    )
+    expected = serializers.SerializerMethodField(
+        help_text="what it was expected to cost when chosen (the ledger fields are what happened)"
+    )
+
+    def get_restart_baseline(self, action) -> dict | None:
+        return (action.estimate or {}).get("restart_overhead")
+
+    def get_expected(self, action) -> dict | None:
+        return (action.estimate or {}).get("expected")
 
 
 class IncidentLedgerSerializer(serializers.Serializer):
@@ -354,6 +421,11 @@ class IncidentLedgerSerializer(serializers.Serializer):
     gpu_hours_saved = serializers.FloatField(help_text="realized savings only")
     gpu_hours_expected = serializers.FloatField(help_text="savings of proactive moves not settled yet")
     jobs = serializers.IntegerField(help_text="distinct jobs it hit")
+    restart_baselines = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="the restart overhead(s) its baselines were priced with: seconds, basis (measured or assumed), "
+        "detail",
+    )
 
 
 class IncidentDetailSerializer(IncidentSerializer):
@@ -367,7 +439,11 @@ class IncidentDetailSerializer(IncidentSerializer):
 
     @extend_schema_field(IncidentLedgerSerializer)
     def get_ledger(self, incident) -> dict:
-        return figures.incident_ledger(incident.actions.all())
+        from jobs.ledger import restart_bases
+
+        actions = incident.actions.all()
+        booked = [a for a in actions if a.state == "succeeded" and not a.dry_run and a.job_id is not None]
+        return {**figures.incident_ledger(actions), "restart_baselines": restart_bases(booked)}
 
 
 class SnapshotSerializer(serializers.ModelSerializer):
@@ -394,6 +470,7 @@ class SnapshotSerializer(serializers.ModelSerializer):
             "stalled_ranks",
             "note",
             "overhead_seconds",
+            "details",
         ]
 
 
@@ -414,6 +491,32 @@ class SnapshotLocationSerializer(serializers.Serializer):
         if unknown:
             raise serializers.ValidationError(f"unknown keys: {', '.join(sorted(map(str, unknown)))}")
         return super().to_internal_value(data)
+
+
+def _hosts() -> serializers.ListField:
+    return serializers.ListField(
+        child=serializers.CharField(max_length=100, allow_blank=False), required=False, max_length=4096
+    )
+
+
+# What a runtime report may carry beside its restore point, kept with it (``JobSnapshot.details``).
+RUNTIME_DETAILS = (
+    "at",
+    "fault_at",
+    "lost_ranks",
+    "lost_nodes",
+    "from_nodes",
+    "to_nodes",
+    "standbys",
+    "standbys_left",
+    "active_nodes",
+    "detail",
+    "reason",
+    "generation",
+    "lost_iterations",
+    "reached",
+    "survivor_pids",
+)
 
 
 class SnapshotReportSerializer(serializers.Serializer):
@@ -441,8 +544,51 @@ class SnapshotReportSerializer(serializers.Serializer):
         child=serializers.IntegerField(min_value=0, max_value=10_000_000), required=False, max_length=4096
     )
     note = serializers.CharField(max_length=300, required=False, allow_blank=True)
+    # In-job recovery (issue 49): a lost peer, a rank replaced by a standby, the job's standbys.
+    at = serializers.FloatField(
+        min_value=0, max_value=2**34, required=False, help_text="epoch seconds: noticed, or first step after"
+    )
+    fault_at = serializers.FloatField(min_value=0, max_value=2**34, required=False)
+    lost_ranks = serializers.ListField(
+        child=serializers.IntegerField(min_value=0, max_value=10_000_000), required=False, max_length=4096
+    )
+    lost_nodes = _hosts()
+    from_nodes = _hosts()
+    to_nodes = _hosts()
+    standbys = _hosts()
+    standbys_left = _hosts()
+    active_nodes = _hosts()
+    detail = serializers.CharField(max_length=2000, required=False, allow_blank=True, trim_whitespace=False)
+    reason = serializers.CharField(
+        max_length=300, required=False, allow_blank=True, help_text="a fallback: which, and why"
+    )
+    generation = serializers.IntegerField(min_value=0, max_value=2**31, required=False)
+    lost_iterations = serializers.IntegerField(min_value=0, max_value=2**62, required=False)
+    reached = serializers.IntegerField(min_value=0, max_value=2**62, required=False)
+    survivor_pids = serializers.DictField(
+        child=serializers.IntegerField(min_value=0, max_value=2**31), required=False
+    )
+
+    def validate_survivor_pids(self, value):
+        if len(value) > 4096 or not all(str(key).isdigit() for key in value):
+            raise serializers.ValidationError("rank numbers to process ids, at most 4096")
+        return value
 
     def validate(self, attrs):
-        if attrs.get("stalled_ranks") and attrs["kind"] != SnapshotKind.HANG:
+        kind = attrs["kind"]
+        if attrs.get("stalled_ranks") and kind != SnapshotKind.HANG:
             raise serializers.ValidationError({"stalled_ranks": ["only a hang names stalled ranks"]})
+        if kind == SnapshotKind.PEER_LOST and not (attrs.get("lost_nodes") or attrs.get("lost_ranks")):
+            raise serializers.ValidationError({"lost_nodes": ["a lost peer names its node or rank"]})
+        if kind == SnapshotKind.RANK_REPLACED:
+            missing = [name for name in ("at", "lost_ranks", "to_nodes") if not attrs.get(name)]
+            if missing:
+                raise serializers.ValidationError({name: ["a replaced rank says this"] for name in missing})
+        for name in ("lost_ranks", "lost_nodes", "from_nodes", "to_nodes", "lost_iterations", "reached"):
+            if name in attrs and kind not in (SnapshotKind.PEER_LOST, SnapshotKind.RANK_REPLACED):
+                raise serializers.ValidationError({name: ["only peer_lost and rank_replaced name this"]})
+        details = {name: attrs.pop(name) for name in RUNTIME_DETAILS if name in attrs}
+        if "detail" in details:
+            details["detail"] = details["detail"][:500]
+        attrs["details"] = details
         return attrs

@@ -49,7 +49,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
     filterset_class = JobFilterSet
 
     def selector(self, *, user):
-        return selectors.job_list(user=user).prefetch_related("allocations__node")
+        return selectors.job_list(user=user).prefetch_related("allocations__node", "standbys__node")
 
     def get_authenticators(self):
         # progress/ and snapshots/ also take the job's own token; everything else the usual bearer and session.
@@ -82,10 +82,14 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
         require(
             tenant is not None and who.may_submit_jobs(tenant.pk), "you may not submit jobs for this tenant"
         )
-        # Of the clusters the reader may know of (its own and the shared ones), one that may run the tenant's jobs.
-        cluster = fleet_selectors.cluster_catalog(user=request.user).filter(pk=values["cluster"]).first()
-        if cluster is None or cluster.dedicated_tenant_id not in (None, tenant.pk):
-            raise exceptions.ValidationError({"cluster": ["no such cluster for this tenant"]})
+        # One the user may put the tenant's jobs on; any other id, existing or not, gets the same answer.
+        cluster = (
+            fleet_selectors.job_clusters(user=request.user, tenant_id=tenant.pk)
+            .filter(pk=values["cluster"])
+            .first()
+        )
+        if cluster is None:
+            raise exceptions.ValidationError({"cluster": [job_services.NO_SUCH_CLUSTER]})
         # Naming hosts claims them: on a shared cluster only provider roles (or the cluster's launcher) may.
         require(
             not values.get("hostnames") or who.is_provider or cluster.dedicated_tenant_id == tenant.pk,
@@ -142,7 +146,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet
             require(self.principal.may_submit_jobs(job.tenant_id), "you may not report progress for this job")
         data = ProgressSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        job = job_services.job_progress(job=job, actor=None, **data.validated_data)
+        # The audit entry names the user who reported, or (as its token prefix) the job's own token.
+        actor = None if isinstance(request.auth, JobToken) else request.user
+        job = job_services.job_progress(job=job, actor=actor, **data.validated_data)
         from jobs.services.moves import write_through_requested
 
         # ``write_through``: Lockstep is moving the job off a node; its protection runtime writes through and holds.

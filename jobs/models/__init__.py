@@ -1,7 +1,7 @@
 from jobs.models.actions import NodeEscalation, RecoveryAction, RecoveryEstimate, SpareBooking
 from jobs.models.faults import FaultEvent
 from jobs.models.incidents import Incident
-from jobs.models.jobs import Job, JobAllocation, JobPhase, JobProgress, JobSnapshot, JobToken
+from jobs.models.jobs import Job, JobAllocation, JobPhase, JobProgress, JobSnapshot, JobStandby, JobToken
 from jobs.models.launchers import LauncherCredential, SlurmJob
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "JobPhase",
     "JobProgress",
     "JobSnapshot",
+    "JobStandby",
     "JobToken",
     "LauncherCredential",
     "NodeEscalation",

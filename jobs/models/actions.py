@@ -116,6 +116,12 @@ class RecoveryAction(models.Model):
     failed_back_at = models.DateTimeField(
         null=True, blank=True, help_text="a NIC failover: when the job failed back"
     )
+    resumed_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="a restart or rank replacement: the job's first training step after it, from its own report "
+        "(the pause ends here)",
+    )
     alternatives = models.JSONField(default=list, blank=True)
     error = models.CharField(max_length=300, blank=True)
 

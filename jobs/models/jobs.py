@@ -14,9 +14,13 @@ from tenancy.models import Token
 class Job(models.Model):
     """A distributed training job on a cluster.
 
-    A *simulated* job advances by the clock: ``iteration`` was reached at ``iteration_at`` and, while Running,
-    one more iteration completes every ``seconds_per_iteration`` (slower by ``slowdown`` while degraded); it
-    checkpoints every ``checkpoint_interval`` iterations. A real job reports both through the progress API.
+    Two things are kept apart. ``simulated`` is the job's kind, fixed when it is made: a job Lockstep placed on a
+    simulated cluster, judged by the simulated protection model (jobs.protection), against a real job registered
+    on named hosts. ``reports_progress`` says where its figures come from: a job that has not reported advances
+    by the clock (``iteration`` was reached at ``iteration_at`` and, while Running, one more iteration completes
+    every ``seconds_per_iteration``, slower by ``slowdown`` while degraded; it checkpoints every
+    ``checkpoint_interval`` iterations), and once it reports through the progress API its own figures replace the
+    clock. A real job reports from the start; a simulated one may (the simulator's jobs do) and stays simulated.
     """
 
     TRANSITIONS = {
@@ -32,7 +36,13 @@ class Job(models.Model):
     cluster = models.ForeignKey("fleet.Cluster", on_delete=models.PROTECT, related_name="jobs")
     name = models.CharField(max_length=100)
     gpus = models.PositiveIntegerField()
-    simulated = models.BooleanField(default=True)
+    simulated = models.BooleanField(
+        default=True,
+        help_text="placed by Lockstep on a simulated cluster (the kind: reports do not change it)",
+    )
+    reports_progress = models.BooleanField(
+        default=False, help_text="its own progress reports drive its figures, not the clock"
+    )
     state = models.CharField(max_length=12, choices=JobState.choices, default=JobState.PENDING)
     state_reason = models.CharField(
         max_length=300, blank=True, db_default="", help_text="why it failed, when it did"
@@ -80,8 +90,8 @@ class Job(models.Model):
         return self.slowdown > 0 and (self.degraded_until is None or self.degraded_until > now)
 
     def iteration_now(self, now=None) -> int:
-        """The iteration reached now: for a running simulated job, extrapolated from the clock."""
-        if not self.simulated or self.state != JobState.RUNNING:
+        """The iteration reached now: for a running job that does not report, extrapolated from the clock."""
+        if self.reports_progress or self.state != JobState.RUNNING:
             return self.iteration
         now = now or timezone.now()
         elapsed = max(0.0, (now - self.iteration_at).total_seconds())
@@ -90,8 +100,8 @@ class Job(models.Model):
         return min(done, self.total_iterations) if self.total_iterations else done
 
     def checkpoint_iteration_now(self, now=None) -> int:
-        """The last checkpointed iteration: for a simulated job, the last multiple of the interval reached."""
-        if not self.simulated:
+        """The last checkpointed iteration: for a job the clock drives, the last multiple of the interval reached."""
+        if self.reports_progress:
             return self.last_checkpoint_iteration
         interval = max(1, self.checkpoint_interval)
         return max(self.last_checkpoint_iteration, math.floor(self.iteration_now(now) / interval) * interval)
@@ -211,6 +221,12 @@ class JobSnapshot(models.Model):
         help_text="training time the runtime's snapshots cost since its previous report (capture and waiting for "
         "replication, in the training thread, slowest rank)",
     )
+    details = models.JSONField(
+        default=dict,
+        db_default={},
+        blank=True,
+        help_text="what else the runtime reported: lost ranks and nodes, the standbys, the generation, …",
+    )
 
     tenant_scope = "job__tenant_id"
 
@@ -223,6 +239,30 @@ class JobSnapshot(models.Model):
     @property
     def seconds(self) -> float | None:
         return (self.ended_at - self.started_at).total_seconds() if self.ended_at else None
+
+
+class JobStandby(models.Model):
+    """A standby of a protected job: a node of the job's own allocation whose rank waits, warm, to take a lost
+    rank's place. Booked to the job (never a free spare of the cluster) from its runtime's reports."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="standbys")
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="standby_of")
+    since = models.DateTimeField(default=timezone.now)
+    released_at = models.DateTimeField(null=True, blank=True)
+    released_why = models.CharField(max_length=200, blank=True)
+
+    tenant_scope = "job__tenant_id"
+
+    class Meta:
+        ordering = ["job_id", "since", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node"], condition=Q(released_at__isnull=True), name="one_live_standby_per_node"
+            ),
+        ]
+
+    def __str__(self):
+        return f"standby of job {self.job_id} on node {self.node_id}"
 
 
 class JobToken(Token):

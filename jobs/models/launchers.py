@@ -1,5 +1,5 @@
-"""Launcher credentials (a token bound to one cluster, for the job scripts a scheduler starts) and the link
-between a Lockstep job and the scheduler's job (Slurm's job id)."""
+"""Launcher credentials (a token bound to one cluster and, for most, one tenant, for the job scripts a scheduler
+starts) and the link between a Lockstep job and the scheduler's job (Slurm's job id)."""
 
 from django.conf import settings
 from django.db import models
@@ -8,13 +8,23 @@ from tenancy.models import Token
 
 
 class LauncherCredential(Token):
-    """``lsl_<prefix>_<secret>``, bound to one cluster: it may register and report only jobs of that cluster,
-    named by their scheduler job id (``SLURM_JOB_ID``)."""
+    """``lsl_<prefix>_<secret>``, bound to one cluster: it may register only jobs of that cluster, named by their
+    scheduler job id (``SLURM_JOB_ID``). With a ``tenant`` (always, on a cluster dedicated to one), only jobs whose
+    Slurm account maps to that tenant; without one (cluster-wide), only on a cluster whose jobs prove themselves
+    with their job secret (``jobs.launchers``)."""
 
     kind = "lsl"
 
     cluster = models.ForeignKey(
         "fleet.Cluster", on_delete=models.CASCADE, related_name="launcher_credentials"
+    )
+    tenant = models.ForeignKey(
+        "tenancy.Tenant",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="launcher_credentials",
+        help_text="the tenant whose jobs it registers; empty: cluster-wide (needs job secrets)",
     )
     name = models.CharField(max_length=100)
     created_by = models.ForeignKey(
@@ -27,7 +37,8 @@ class LauncherCredential(Token):
         ordering = ["-created_at", "-id"]
 
     def __str__(self):
-        return f"launcher {self.name} ({self.prefix}…) for cluster {self.cluster_id}"
+        scope = f"tenant {self.tenant_id}" if self.tenant_id else "all tenants"
+        return f"launcher {self.name} ({self.prefix}…) for cluster {self.cluster_id}, {scope}"
 
 
 class SlurmJob(models.Model):

@@ -47,6 +47,9 @@ CALLS = {
         a.job.ref, a.snapshot.handle if a.snapshot else ""
     ),
     ActionKind.RESTART_FROM_CHECKPOINT: lambda d, a: d.restart_from_checkpoint(a.job.ref),
+    # The driver takes the lost node out of the job's scheduler (Slurm: drained, no requeue); the job's runtime
+    # puts a standby in the lost rank's place and reports it (jobs.services.rank_replacement).
+    ActionKind.RANK_REPLACEMENT: lambda d, a: d.replace_rank(a.job.ref, a.node),
 }
 
 
@@ -118,6 +121,9 @@ def start_through_driver(
     action.state = ActionState.RUNNING
     action.handle, action.done_at, action.started_at, action.error = result_handle, done_at, now, ""
     action.deadline_at = now + deadline_after((done_at - now).total_seconds())
+    if action.kind == ActionKind.RANK_REPLACEMENT:
+        # It ends with the runtime's report of the standby in place, or falls back at this deadline.
+        action.deadline_at = now + timedelta(seconds=settings.RANK_REPLACEMENT_DEADLINE_SECONDS)
     if action.kind in BUDGETED_KINDS:
         budget.cluster_running += 1
         budget.leaf_running[leaf] = budget.leaf_running.get(leaf, 0) + 1

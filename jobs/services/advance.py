@@ -291,6 +291,10 @@ def actions_advance(*, cluster: Cluster, action_ids: list[int], finished: list) 
     done, failed = [], []
     for action in actions:
         status = statuses.get(action.handle, "running") if action.handle else "succeeded"
+        if action.kind == ActionKind.RANK_REPLACEMENT:
+            status = (
+                "running"  # the runtime's rank_replaced report completes it (jobs.services.rank_replacement)
+            )
         if status == "succeeded" and action.job_id:
             done.append(action)
         elif status == "succeeded":
@@ -341,6 +345,7 @@ def recovery_advance(*, cluster_ids: list[int] | None = None) -> dict:
     budget and back-off now allow, and move the escalation ladder, snapshots, incidents and savings on."""
     from jobs.services.escalation import escalation_advance
     from jobs.services.incidents import incidents_sweep
+    from jobs.services.rank_replacement import standbys_replenish
     from jobs.services.savings import savings_settle
     from jobs.services.snapshots import snapshots_advance
 
@@ -404,6 +409,7 @@ def recovery_advance(*, cluster_ids: list[int] | None = None) -> dict:
                     break  # the cluster's budget is full: the rest wait for the next beat
     counts["ladder"] = escalation_advance(cluster_ids=cluster_ids)
     counts["snapshots"] = snapshots_advance()
+    counts["standbys"] = standbys_replenish()
     counts["incidents"] = incidents_sweep(now=now)
     counts["settled"] = savings_settle(now=now)
     _complete_finished_jobs()
@@ -411,7 +417,9 @@ def recovery_advance(*, cluster_ids: list[int] | None = None) -> dict:
 
 
 def _complete_finished_jobs() -> None:
-    for job in Job.objects.filter(simulated=True, state=JobState.RUNNING, total_iterations__isnull=False):
+    for job in Job.objects.filter(
+        reports_progress=False, state=JobState.RUNNING, total_iterations__isnull=False
+    ):
         if job.iteration_now() >= job.total_iterations:
             with transaction.atomic():
                 locked = Job.objects.select_for_update(of=("self",), no_key=True).get(pk=job.pk)

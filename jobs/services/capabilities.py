@@ -24,7 +24,8 @@ def supported_operations(cluster) -> frozenset[str]:
     """Action kinds the cluster's driver can carry out."""
     from fleet.drivers.base import Operation
 
-    ops = driver_for(cluster).supports
+    driver = driver_for(cluster)
+    ops = driver.supports
     # Restart from checkpoint is always possible: without driver support the job's own launcher restarts it.
     kinds = {"restart_from_checkpoint"}
     if Operation.NIC_FAILOVER in ops:
@@ -35,6 +36,10 @@ def supported_operations(cluster) -> frozenset[str]:
         kinds.add("gpu_reset")
     if Operation.RESTORE_FROM_SNAPSHOT in ops:
         kinds.add("restore_from_snapshot")
+    if callable(getattr(driver, "replace_rank", None)):
+        kinds.add(
+            "rank_replacement"
+        )  # the driver takes the lost node out; the job's runtime replaces the rank
     if Operation.RELAUNCH_WITHOUT_NODE in ops:
         kinds.add(
             "proactive_migration"

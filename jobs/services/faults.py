@@ -20,7 +20,7 @@ from controlplane.prepared import PreparedQuery
 from controlplane.queueing import queue
 from fleet.choices import AutomationMode
 from fleet.models import GPU, NIC
-from jobs.choices import JOB_FAULT_KINDS, FaultKind, FaultSource, FaultState, Severity
+from jobs.choices import INTERNAL_FAULT_KINDS, JOB_FAULT_KINDS, FaultKind, FaultSource, FaultState, Severity
 from jobs.models import FaultEvent, JobAllocation
 from jobs.placement import immediate_constraints
 from jobs.services.incidents import incident_join, incident_join_many, incident_report
@@ -103,6 +103,13 @@ def _validate_values(source, kind, severity) -> None:
         raise ServiceError(f"unknown fault kind {kind!r}", field="kind")
     if source not in FaultSource.values:
         raise ServiceError(f"unknown source {source!r}", field="source")
+    if (kind in INTERNAL_FAULT_KINDS) != (source == FaultSource.LOCKSTEP):
+        raise ServiceError(
+            f"only Lockstep raises {kind!r} (it drains nodes through their node actions)"
+            if kind in INTERNAL_FAULT_KINDS
+            else f"source {source!r} is Lockstep's own",
+            field="kind" if kind in INTERNAL_FAULT_KINDS else "source",
+        )
     if severity and severity not in Severity.values:
         raise ServiceError(f"unknown severity {severity!r}", field="severity")
 
@@ -390,6 +397,10 @@ def fault_ingest(
                 incident_join(fault=fault, fatal=verdict.out_of_service, now=now)
                 insert_rows([fault])
         except IntegrityError:
+            # Only a report with a key has a savepoint and a race to lose; anything else is a value the database
+            # refuses, and the caller's to handle (the transaction cannot go on).
+            if not idempotency_key:
+                raise
             existing = FaultEvent.objects.values_list("pk", flat=True).get(idempotency_key=idempotency_key)
             return _merge(existing, source=source, details=details, now=now), False
         fault.node = node

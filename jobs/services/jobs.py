@@ -6,7 +6,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane import events
-from controlplane.audit import audit_record
+from controlplane.audit import audit_record, audit_record_sampled
+from controlplane.context import current as request_context
 from controlplane.errors import ServiceError
 from fleet.choices import DriverName, GPUHealth, NodeState
 from fleet.models import Cluster, Node
@@ -15,7 +16,13 @@ from jobs.models import Job, JobAllocation, JobToken, RecoveryAction
 from jobs.placement import busy_node_ids, immediate_constraints, lock_cluster, lock_nodes
 from jobs.services.phases import phase_end, phase_start, record_progress
 from jobs.services.publishing import job_payload, publish_job
+from jobs.services.resumed import restart_resumed
 from tenancy.services import token_issue
+
+NO_SUCH_CLUSTER = "no such cluster for this tenant"
+# Progress reports come every few seconds: the audit trail keeps the first of each reporter (a job token, a user)
+# per job in this window, and every report that moves the job back (docs/security.md, the audit trail).
+PROGRESS_AUDIT_SECONDS = 3600
 
 
 def job_token_create(*, job: Job) -> str:
@@ -36,8 +43,9 @@ def _pick_nodes(cluster: Cluster, nodes_needed: int, gpu_model: str | None) -> l
         rows = rows.filter(gpu_model=gpu_model)
     picked = list(rows.distinct()[:nodes_needed])
     if len(picked) < nodes_needed:
+        # How many are free is other tenants' business on a shared cluster (issue 54): say only what is missing.
         raise ServiceError(
-            f"cluster {cluster.name} has {len(picked)} free ready nodes; the job needs {nodes_needed} "
+            f"cluster {cluster.name} has too few free ready nodes: the job needs {nodes_needed} "
             f"node{'s' if nodes_needed != 1 else ''} for its GPUs",
             field="gpus",
             status=409,
@@ -92,7 +100,8 @@ def job_submit(
     if seconds_per_iteration <= 0:
         raise ServiceError("must be positive", field="seconds_per_iteration")
     if cluster.dedicated_tenant_id not in (None, tenant.pk):
-        raise ServiceError("that cluster is dedicated to another tenant", field="cluster", status=403)
+        # The answer for a cluster that does not exist, so that it says nothing of another tenant's (issue 54).
+        raise ServiceError(NO_SUCH_CLUSTER, field="cluster")
     cluster = lock_cluster(cluster.pk)
     if hostnames:
         nodes = _registered_nodes(cluster, hostnames)
@@ -109,6 +118,7 @@ def job_submit(
         name=name,
         gpus=gpus,
         simulated=not hostnames,
+        reports_progress=bool(hostnames),
         state=JobState.RUNNING,
         seconds_per_iteration=seconds_per_iteration,
         checkpoint_interval=checkpoint_interval,
@@ -140,6 +150,25 @@ def job_submit(
     )
     publish_job(job, "job.submitted")
     return job, raw
+
+
+def _progress_audit(job: Job, *, actor, iteration: int, checkpoint: bool) -> None:
+    """The audit entry of a progress report: the first of its reporter in PROGRESS_AUDIT_SECONDS, and any that
+    moves the job back (a restart from its checkpoint, or a report that is not the job's own)."""
+    reporter = request_context().token_prefix or (
+        f"user-{actor.pk}" if getattr(actor, "pk", None) else "system"
+    )
+    back = iteration < job.iteration
+    audit_record_sampled(
+        key=f"job-progress:{job.pk}:{reporter}",
+        seconds=PROGRESS_AUDIT_SECONDS,
+        always=back,
+        actor=actor,
+        action="job.progress",
+        target=job,
+        tenant_id=job.tenant_id,
+        changes={"iteration": [job.iteration, iteration], "checkpoint": checkpoint, "back": back},
+    )
 
 
 def _stop(job: Job, state: str, *, reason: str) -> str:
@@ -210,6 +239,7 @@ def job_progress(
     if job.state not in ACTIVE_JOB_STATES:
         raise ServiceError(f"job {job.pk} is {job.state}", status=409)
     now = timezone.now()
+    _progress_audit(job, actor=actor, iteration=iteration, checkpoint=checkpoint)
     job.iteration, job.iteration_at = iteration, now
     if step_seconds:
         # A moving average, so one slow step does not swing the planner's estimates.
@@ -218,8 +248,8 @@ def job_progress(
         )
     if checkpoint:
         job.last_checkpoint_iteration, job.last_checkpoint_at = iteration, now
-    if job.simulated:
-        job.simulated = False  # once a job reports, its own figures replace the clock
+    # Once a job reports, its own figures replace the clock; its kind (``simulated``) stays what it was.
+    job.reports_progress = True
     job.save(
         update_fields=[
             "iteration",
@@ -227,10 +257,12 @@ def job_progress(
             "seconds_per_iteration",
             "last_checkpoint_iteration",
             "last_checkpoint_at",
-            "simulated",
+            "reports_progress",
         ]
     )
     record_progress(job, at=now, iteration=iteration, step_seconds=step_seconds, checkpoint=checkpoint)
+    # The first step after a restart Lockstep carried out ends its pause, and measures the restart baseline.
+    restart_resumed(job=job, at=now, iteration=iteration)
     # Progress is frequent: it goes to the job's own topic only.
     events.publish(
         [events.topic("job", job.pk)],

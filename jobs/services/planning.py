@@ -30,7 +30,7 @@ from jobs.planner import (
 from jobs.protection import job_protection
 from jobs.services.actions import deadline_after
 from jobs.services.capabilities import protection_of, supported_operations
-from jobs.services.estimates import chosen_with, estimates_for
+from jobs.services.estimates import RestartBaseline, chosen_with, estimates_for, restart_baseline
 
 # One NIC's recovery: the job keeps running on its other rails, so a failover is not the job's recovery and may run
 # beside it (the one-recovery-per-job constraint leaves it out).
@@ -43,6 +43,7 @@ JOB_KINDS = frozenset(
         ActionKind.PROACTIVE_MIGRATION,
         ActionKind.GPU_RESET,
         ActionKind.RESTORE_FROM_SNAPSHOT,
+        ActionKind.RANK_REPLACEMENT,
         ActionKind.RESTART_FROM_CHECKPOINT,
     }
 )
@@ -58,7 +59,7 @@ class Context:
     estimates: Estimates
     supports: frozenset[str]
     protected: bool
-    overhead: float
+    overhead: float  # the cluster's setting: the restart overhead assumed until restarts are measured
     spares: placement.SparePool
     budget: placement.Budget | None = None  # read when a recovery first needs a spare node
     queued: int = 0  # budgeted moves this decision queued
@@ -80,6 +81,11 @@ class Context:
             spares=placement.SparePool(cluster),
             verdict=verdict,
         )
+
+    def restart_for(self, job: Job) -> RestartBaseline:
+        """The restart overhead this job's baseline is priced with: measured on this cluster for jobs of its size,
+        or the cluster's setting, assumed (jobs.services.estimates)."""
+        return restart_baseline(self.estimates, gpus=job.gpus, assumed_seconds=self.overhead)
 
     def protected_for(self, job: Job, at: datetime) -> bool:
         """Whether this job is protected when its fault was detected: the cluster's verdict for a simulated job;
@@ -213,13 +219,14 @@ def plan_hit(
     note. ``spare_gpus``: the node's spare GPUs, when the caller read them for many hits at once."""
     job, fault, allocation, retry = hit.job, hit.fault, hit.allocation, hit.retry
     node, now = allocation.node, ctx.now
+    baseline = ctx.restart_for(job)
     facts, snapshot = facts_of(
         job,
         allocation,
         hit.impact,
         fault,
         ctx.protected_for(job, fault.detected_at),
-        ctx.overhead,
+        baseline.seconds,
         snapshots,
         now,
     )
@@ -237,6 +244,9 @@ def plan_hit(
         risk=max(node.risk_score, 0.5),
         supports=ctx.supports,
         excluded=(retry.excluded if retry else frozenset()) | (JOB_KINDS if hit.only_link else frozenset()),
+        standbys=_standbys(job, node)
+        if hit.impact == Impact.NODE and facts.protected and ActionKind.RANK_REPLACEMENT in ctx.supports
+        else 0,
     )
     found = []
 
@@ -286,7 +296,18 @@ def plan_hit(
         nic_name=fault.nic_name,
         deadline_at=now + deadline_after(chosen.pause_seconds),
         risk_score=situation.risk,
-        estimate=chosen_with(ctx.estimates, chosen.kind, hit.impact),
+        estimate={
+            **chosen_with(ctx.estimates, chosen.kind, hit.impact),
+            # The baseline's restart overhead (measured or assumed), and what this action was expected to cost:
+            # the ledger fields are overwritten with what happened, this stays what was expected.
+            "restart_overhead": baseline.as_dict(),
+            "expected": {
+                "pause_seconds": round(chosen.pause_seconds, 3),
+                "work_lost_seconds": round(chosen.work_lost_seconds, 3),
+                "gpu_hours_lost": round(chosen.gpu_hours_lost, 4),
+                "gpu_hours_baseline": round(decision.baseline, 4),
+            },
+        },
     )
     if retry is not None:
         # One recovery, one clock and one baseline: the attempt it replaces booked them.
@@ -320,6 +341,15 @@ def plan_hit(
         snapshot=snapshot,
     )
     return action, f"job {job.pk}: {chosen.kind}" + (" (dry run)" if ctx.dry_run else "")
+
+
+def _standbys(job: Job, lost) -> int:
+    """The job's live standbys off the lost node (a real job's runtime reports them; a simulated job has none)."""
+    if job.simulated:
+        return 0
+    from jobs.services.in_job import live_standbys
+
+    return sum(1 for standby in live_standbys(job) if standby.node_id != lost.pk)
 
 
 def _place(

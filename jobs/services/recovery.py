@@ -409,7 +409,7 @@ def decide(*, cluster, faults: list[FaultEvent], dry_run: bool) -> list[int]:
                 h.impact,
                 h.fault,
                 ctx.protected_for(h.job, h.fault.detected_at),
-                ctx.overhead,
+                ctx.restart_for(h.job).seconds,
                 snapshots.get(h.job.pk, []),
                 now,
             )[0]

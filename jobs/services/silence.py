@@ -150,7 +150,7 @@ def jobs_judge(*, now) -> int:
     candidates = list(
         Job.objects.filter(
             state=JobState.RUNNING,
-            simulated=False,
+            reports_progress=True,
             iteration_at__lt=floor,
             progress__step_seconds__isnull=False,
         ).distinct()

@@ -49,7 +49,7 @@ from jobs.choices import (
     JobState,
 )
 from jobs.launchers import hostnames_of, slurm_job_adopt, slurm_job_unmapped
-from jobs.models import Incident, Job, JobAllocation, RecoveryAction, SlurmJob
+from jobs.models import Incident, Job, JobAllocation, JobStandby, RecoveryAction, SlurmJob
 from jobs.placement import allocations_move
 from jobs.services.faults import fault_ingest
 from jobs.services.jobs import _stop, job_fail
@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 ENDED = {"COMPLETED": JobState.COMPLETED, "CANCELLED": JobState.CANCELLED}
 FAILED = {"FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 DEAD = ("down", "not_responding")
+STANDBY_COMMENT = "lockstep-standby-for="
 
 
 def _node_state(slurm_node: dict, spare_partition: str) -> str:
@@ -81,6 +82,10 @@ def sync_nodes(cluster: Cluster, slurm_nodes: list[dict]) -> dict:
     known = {node.hostname: node for node in Node.objects.filter(cluster=cluster)}
     held = set(
         JobAllocation.objects.filter(node__cluster=cluster, released_at__isnull=True).values_list(
+            "node_id", flat=True
+        )
+    ) | set(
+        JobStandby.objects.filter(node__cluster=cluster, released_at__isnull=True).values_list(
             "node_id", flat=True
         )
     )
@@ -246,13 +251,29 @@ def _running(job: Job, hostnames: list[str], *, at) -> None:
     publish_job(job, "job.state", reason="running again")
 
 
+def _rankless(link: SlurmJob, slurm_job: dict) -> set[str]:
+    """Hosts of the job's Slurm allocation that hold none of its ranks: its standbys, and the nodes it lost since
+    Slurm last started it whose ranks a standby took (rank replacements: no requeue, so Slurm may still list
+    them)."""
+    standbys = JobStandby.objects.filter(job_id=link.job_id, released_at__isnull=True)
+    lost = RecoveryAction.objects.filter(
+        job_id=link.job_id, kind=ActionKind.RANK_REPLACEMENT, state="succeeded", node__isnull=False
+    )
+    started = _epoch(slurm_job.get("start_time"))
+    if started is not None:
+        lost = lost.filter(ended_at__gte=started)
+    return set(standbys.values_list("node__hostname", flat=True)) | set(
+        lost.values_list("node__hostname", flat=True)
+    )
+
+
 def slurm_job_follow(*, link: SlurmJob, slurm_job: dict, previous_restarts: int, previous_seen=None) -> str:
     """The Lockstep job of a followed Slurm job moves with what Slurm reports of it (requeued by Slurm itself,
     running again, running elsewhere). Returns what was done ("" for nothing). Left to the fault path while a
     recovery of the job is under way or one of its nodes has an open incident."""
     state = slurm_job.get("job_state", "")
     restarts = int(slurm_job.get("restart_cnt") or 0)
-    hostnames = hostnames_of(slurm_job)
+    hostnames = [host for host in hostnames_of(slurm_job) if host not in _rankless(link, slurm_job)]
     with transaction.atomic():
         job = Job.objects.select_for_update(of=("self",), no_key=True).get(pk=link.job_id)
         if job.state not in (JobState.RUNNING, JobState.RECOVERING) or _recovery_under_way(job):
@@ -284,6 +305,8 @@ def sync_jobs(cluster: Cluster, slurm_jobs: list[dict], dead: frozenset[str] = f
     for slurm_id, slurm_job in by_id.items():
         state = slurm_job.get("job_state", "")
         link = links.get(slurm_id)
+        if link is None and str(slurm_job.get("comment") or "").startswith(STANDBY_COMMENT):
+            continue  # a standby of a job Lockstep follows (SlurmDriver.replenish_standby): the job's, not a job
         if link is None or link.job_id is None:
             if state != "RUNNING":
                 if link is not None:  # listed unmapped, and no longer running

@@ -145,7 +145,14 @@ def snapshot_schedule() -> int:
 
 # Runtime reports that are worth an audit entry; plain restore points come every few seconds and are kept as
 # their rows, like progress reports.
-_AUDITED = (SnapshotKind.WRITE_THROUGH, SnapshotKind.RESTORE, SnapshotKind.DISK_FALLBACK, SnapshotKind.HANG)
+_AUDITED = (
+    SnapshotKind.WRITE_THROUGH,
+    SnapshotKind.RESTORE,
+    SnapshotKind.DISK_FALLBACK,
+    SnapshotKind.HANG,
+    SnapshotKind.PEER_LOST,
+    SnapshotKind.RANK_REPLACED,
+)
 
 
 @transaction.atomic
@@ -160,12 +167,16 @@ def snapshot_report(
     stalled_ranks: list[int] | None = None,
     note: str = "",
     overhead_seconds: float | None = None,
+    details: dict | None = None,
 ) -> JobSnapshot:
     """Record what the job's protection runtime reports with its job token: a restore point (``snapshot``,
     ``write_through``: usable by restore_from_snapshot), a ``restore`` or ``disk_fallback`` it performed, or a
     ``hang``. ``seconds`` is measured by the runtime; the row spans the ``seconds`` before now.
     ``overhead_seconds``: the training time its snapshots cost since its previous report (what the ledger books
-    as snapshot overhead)."""
+    as snapshot overhead). ``details``: what else it reported (jobs.services.in_job: a lost peer opens or joins
+    its node's incident, a replaced rank books its recovery, the standbys named are booked to the job)."""
+    details = dict(details or {})
+    note = note or str(details.get("reason") or "")[:300]  # a fallback says which, and why
     if kind == SnapshotKind.PLATFORM or kind not in SnapshotKind.values:
         raise ServiceError(f"{kind!r} is not a runtime report kind", status=400)
     job = Job.objects.get(pk=job.pk)
@@ -191,20 +202,10 @@ def snapshot_report(
         stalled_ranks=list(stalled_ranks or []),
         note=note,
         overhead_seconds=overhead_seconds,
+        details=details,
     )
     if kind in _AUDITED:
-        audit_record(
-            actor=None,
-            action=f"job.{kind}",
-            target=job,
-            tenant_id=job.tenant_id,
-            changes={
-                "iteration": iteration,
-                "seconds": seconds,
-                "stalled_ranks": snapshot.stalled_ranks,
-                "note": note,
-            },
-        )
+        _audit_report(job, snapshot, seconds)
     if kind == SnapshotKind.RESTORE and seconds is not None:
         # A measured in-memory restore: what the planner's restore_from_snapshot estimate is made of.
         from jobs.services.estimates import estimates_record
@@ -212,6 +213,10 @@ def snapshot_report(
         estimates_record([(job.cluster_id, "restore_pause", float(seconds))])
     if kind == SnapshotKind.HANG:
         _hang_fault(job, snapshot)
+    if details:
+        from jobs.services.in_job import in_job_reported
+
+        in_job_reported(job=job, report=snapshot)
     if kind in (SnapshotKind.RESTORE, SnapshotKind.DISK_FALLBACK):
         restore_measured(job=job, report=snapshot)
     if kind == SnapshotKind.WRITE_THROUGH:
@@ -220,6 +225,23 @@ def snapshot_report(
         write_through_reported(job=job, report=snapshot)
     _publish(snapshot, "snapshot.reported")
     return snapshot
+
+
+def _audit_report(job: Job, snapshot: JobSnapshot, seconds: float | None) -> None:
+    details = snapshot.details or {}
+    audit_record(
+        actor=None,
+        action=f"job.{snapshot.kind}",
+        target=job,
+        tenant_id=job.tenant_id,
+        changes={
+            "iteration": snapshot.iteration,
+            "seconds": seconds,
+            "stalled_ranks": snapshot.stalled_ranks,
+            "note": snapshot.note,
+            **{k: details[k] for k in ("reason", "lost_ranks", "lost_nodes", "to_nodes") if k in details},
+        },
+    )
 
 
 # How long after Lockstep's restore finished in the scheduler the runtime's own restore report still belongs to it.

@@ -1,11 +1,22 @@
 """Blueprints as YAML documents, for git: one strict reader (no aliases or anchors — no YAML bombs —, no
-duplicate or unknown keys, a size cap) and one writer. ``manage.py blueprint`` and the yaml endpoint share them."""
+duplicate or unknown keys, bounded in bytes, nodes and depth) and one writer. ``manage.py blueprint``, the yaml
+endpoint and the blueprint pages share them.
+
+The reader parses with libyaml where PyYAML has it (the wheels do): the pure-Python parser took 11.5 s of a web
+thread for a 389 KB document (issue 54). What bounds the time is the node count: building a node costs the same in
+either parser, so a document is scanned first (events only, nothing built) and refused at its first node past
+BLUEPRINT_YAML_MAX_NODES, its first alias or anchor, or its first level past MAX_DEPTH. bench/yaml_parse.py
+measures it."""
 
 import yaml
+from django.conf import settings
 
 from controlplane.errors import ServiceError
+from fleet.specs import refuse_unknown_keys
 
-MAX_BYTES = 512 * 1024
+# libyaml's parser where present; the loaders' Python constructors (and the checks below) are the same either way.
+FastSafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+MAX_DEPTH = 64  # a document's own levels above an add-on's values, which fleet.specs caps at 32
 API_VERSION = "lockstep.io/v1"
 TOP_KEYS = {
     "apiVersion",
@@ -20,14 +31,12 @@ TOP_KEYS = {
 VERSION_KEYS = {"number", "state", "parent", "notes", "addons", "node_software", "policy"}
 
 
-class StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases and anchors (so no billion-laughs expansion) and duplicate keys."""
+def max_bytes() -> int:
+    return settings.BLUEPRINT_YAML_MAX_BYTES
 
-    def compose_node(self, parent, index):
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-            raise yaml.YAMLError(f"anchors and aliases are not allowed (line {event.start_mark.line + 1})")
-        return super().compose_node(parent, index)
+
+class StrictLoader(FastSafeLoader):
+    """A safe loader that refuses duplicate keys; ``parse`` has refused aliases, anchors and oversize first."""
 
     def construct_mapping(self, node, deep=False):
         # One pass with a set: a mapping of n keys costs n, not n² (40,000 keys once took 40 s of CPU).
@@ -41,28 +50,59 @@ class StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load(text: str | bytes) -> dict:
-    """Parse and shape-check a blueprint document; ServiceError (400, naming the field) on anything off."""
+class TooLarge(yaml.YAMLError):
+    """The document is over a bound: refused as it is, not as invalid YAML."""
+
+
+def _scan(text: str) -> None:
+    """Walk the document's events (nothing is built) and stop at the first alias or anchor, the first node past
+    BLUEPRINT_YAML_MAX_NODES or the first level past MAX_DEPTH."""
+    limit, nodes, depth = settings.BLUEPRINT_YAML_MAX_NODES, 0, 0
+    for event in yaml.parse(text, Loader=FastSafeLoader):
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise yaml.YAMLError(f"anchors and aliases are not allowed (line {event.start_mark.line + 1})")
+        if isinstance(event, yaml.NodeEvent):
+            nodes += 1
+            if nodes > limit:
+                raise TooLarge(f"the document holds more than {limit} YAML nodes")
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise TooLarge(f"the document nests deeper than {MAX_DEPTH} levels")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def parse(text: str | bytes, *, field: str = "document"):
+    """Any YAML a blueprint page or endpoint takes (a whole document, a version's content), read within bounds:
+    at most BLUEPRINT_YAML_MAX_BYTES, BLUEPRINT_YAML_MAX_NODES and MAX_DEPTH, with no aliases, anchors, duplicate
+    keys or tags beyond YAML's own. ServiceError (400, on ``field``) for anything else."""
     if isinstance(text, bytes):
-        if len(text) > MAX_BYTES:
-            raise ServiceError(f"the document is over {MAX_BYTES} bytes", field="document")
+        if len(text) > max_bytes():
+            raise ServiceError(f"the document is over {max_bytes()} bytes", field=field)
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as error:
-            raise ServiceError("the document is not UTF-8", field="document") from error
-    if len(text) > MAX_BYTES:
-        raise ServiceError(f"the document is over {MAX_BYTES} bytes", field="document")
+            raise ServiceError("the document is not UTF-8", field=field) from error
+    if len(text.encode("utf-8", "surrogatepass")) > max_bytes():
+        raise ServiceError(f"the document is over {max_bytes()} bytes", field=field)
     try:
-        document = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
+        _scan(text)
+        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
+    except TooLarge as error:
+        raise ServiceError(str(error), field=field) from error
     except yaml.YAMLError as error:
-        raise ServiceError(f"not a valid blueprint document: {error}", field="document") from error
-    except RecursionError as error:
-        raise ServiceError("the document nests too deeply", field="document") from error
+        raise ServiceError(f"not valid YAML: {error}", field=field) from error
+    except RecursionError as error:  # the pure-Python parser, where libyaml is missing
+        raise ServiceError("the document nests too deeply", field=field) from error
+
+
+def load(text: str | bytes) -> dict:
+    """Parse and shape-check a blueprint document; ServiceError (400, naming the field) on anything off."""
+    document = parse(text)
     if not isinstance(document, dict):
         raise ServiceError("the document must be a mapping", field="document")
-    unknown = set(document) - TOP_KEYS
-    if unknown:
-        raise ServiceError(f"unknown keys: {', '.join(sorted(map(str, unknown)))}", field="document")
+    refuse_unknown_keys(document, TOP_KEYS, "document")
     if document.get("apiVersion") != API_VERSION or document.get("kind") != "Blueprint":
         raise ServiceError(f"apiVersion must be {API_VERSION} and kind Blueprint", field="apiVersion")
     if not isinstance(document.get("name"), str):
@@ -73,11 +113,7 @@ def load(text: str | bytes) -> dict:
     for i, version in enumerate(versions):
         if not isinstance(version, dict):
             raise ServiceError("must be a mapping", field=f"versions[{i}]")
-        unknown = set(version) - VERSION_KEYS
-        if unknown:
-            raise ServiceError(
-                f"unknown keys: {', '.join(sorted(map(str, unknown)))}", field=f"versions[{i}]"
-            )
+        refuse_unknown_keys(version, VERSION_KEYS, f"versions[{i}]")
         number = version.get("number")
         if isinstance(number, bool) or not isinstance(number, int) or number < 1:
             raise ServiceError("a version number (1, 2, 3...)", field=f"versions[{i}].number")

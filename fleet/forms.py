@@ -35,7 +35,7 @@ class VersionForm(forms.Form):
         help_text="The version it overrides; it inherits what it does not set.",
     )
     content = forms.CharField(
-        max_length=blueprint_yaml.MAX_BYTES,
+        max_length=blueprint_yaml.max_bytes(),
         strip=False,
         label="Content (YAML)",
         help_text="addons (a list of name, repo, chart, version, namespace, values), node_software, policy.",
@@ -51,11 +51,9 @@ class VersionForm(forms.Form):
 
     def clean_content(self) -> dict:
         try:
-            content = yaml.load(self.cleaned_data["content"], Loader=blueprint_yaml.StrictLoader)  # noqa: S506
-        except yaml.YAMLError as error:
-            raise forms.ValidationError(f"not valid YAML: {error}") from error
-        except RecursionError as error:
-            raise forms.ValidationError("the YAML nests too deeply") from error
+            content = blueprint_yaml.parse(self.cleaned_data["content"], field="content")
+        except ServiceError as error:
+            raise forms.ValidationError(error.detail) from error
         if content is None:
             content = {}
         if not isinstance(content, dict):
@@ -77,7 +75,7 @@ class VersionForm(forms.Form):
 
 class BlueprintImportForm(forms.Form):
     document = forms.CharField(
-        max_length=blueprint_yaml.MAX_BYTES,
+        max_length=blueprint_yaml.max_bytes(),
         strip=False,
         label="Blueprint document (YAML)",
         help_text="The document GET /api/v1/blueprints/{id}/yaml/ returns: apiVersion, kind, name, versions.",

@@ -5,6 +5,8 @@
   batch's count after the change with the count before it, scaled by node-hours.
 - ``drain_guard(node) -> tuple[bool, str]``: may this node be drained now without interrupting a protected
   job that cannot be migrated first? A node-software rollout waits (or moves the job) while it says no.
+- ``drain_started(node_ids)``: these nodes were just set draining (committed): their jobs are to be moved off
+  (jobs.services.drain); called after COMMIT by the node services.
 """
 
 from collections.abc import Callable
@@ -14,6 +16,18 @@ _fault_counter: Callable[[list[int], datetime, datetime], int] | None = None
 _drain_guard: Callable[[object], tuple[bool, str]] | None = None
 _node_reason: Callable[[object], str] | None = None
 _slurm_job_of: Callable[[str], str | None] | None = None
+_drain_started: Callable[[list[int]], None] | None = None
+
+
+def register_drain_started(callback: Callable[[list[int]], None]) -> None:
+    global _drain_started
+    _drain_started = callback
+
+
+def drain_started(node_ids: list[int]) -> None:
+    """Nothing happens until the jobs app registers what a drain sets in motion."""
+    if _drain_started and node_ids:
+        _drain_started(node_ids)
 
 
 def register_node_reason(reason: Callable[[object], str]) -> None:

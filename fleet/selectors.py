@@ -6,7 +6,7 @@ from django.db.models import Count, Q, QuerySet
 
 from controlplane.access import principal, require
 from controlplane.prepared import PreparedQuery
-from fleet.choices import GPUHealth, HealthStatus, NodeState, SyncStatus
+from fleet.choices import DriverName, GPUHealth, HealthStatus, NodeState, SyncStatus
 from fleet.models import (
     GPU,
     NIC,
@@ -341,10 +341,21 @@ def dedicated_clusters(*, user, tenant_id: int) -> QuerySet[Cluster]:
     )
 
 
+def job_clusters(*, user, tenant_id: int) -> QuerySet[Cluster]:
+    """The clusters this user may submit or register a job of the tenant on: for provider roles every cluster not
+    dedicated to another tenant; for a tenant's users its own and the shared clusters Lockstep places jobs on (the
+    simulated ones: a real shared cluster's jobs are registered by its launcher). Any other id, whether it names
+    another tenant's cluster or none, is answered the same (issue 54: no existence oracle)."""
+    clusters = cluster_catalog(user=user).filter(
+        Q(dedicated_tenant_id=tenant_id) | Q(dedicated_tenant__isnull=True)
+    )
+    if not principal(user).is_provider:
+        clusters = clusters.filter(Q(dedicated_tenant_id=tenant_id) | Q(driver=DriverName.SIMULATED))
+    return clusters
+
+
 def submit_clusters(*, user, tenant_id: int) -> list[Cluster]:
     """The simulated clusters a tenant's job may be submitted to from its home: its own and the shared ones."""
     return list(
-        cluster_catalog(user=user)
-        .filter(Q(dedicated_tenant_id=tenant_id) | Q(dedicated_tenant__isnull=True), driver="simulated")
-        .order_by("name")
+        job_clusters(user=user, tenant_id=tenant_id).filter(driver=DriverName.SIMULATED).order_by("name")
     )

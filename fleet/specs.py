@@ -7,16 +7,23 @@ so the API answers 400 and nothing is written.
 import re
 
 from controlplane.errors import ServiceError
+from controlplane.outbound import OutboundRefused, check_url
 
 NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,51}[a-z0-9])?$")  # a Helm release name
 CHART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
 REPO = re.compile(r"^(https?|oci)://[^\s]{1,300}$")
+REPO_SCHEMES = ("https", "http", "oci")
 # Semantic version, optionally with a leading v, pre-release and build (Helm charts are SemVer 2).
 SEMVER = re.compile(r"^v?(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
 SOFTWARE_VERSION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._+-]{0,63}$")
 NODE_SOFTWARE = ("gpu_driver", "cuda", "nccl", "nccl_net_plugin", "nic_firmware")
-ADDON_KEYS = {"name", "repo", "chart", "version", "namespace", "values"}
-POLICY_KEYS = {"protection", "risk_threshold", "disruption", "thresholds"}
+ADDON_KEYS = {"name", "repo", "chart", "version", "namespace", "values", "ignore_differences", "depends_on"}
+MAX_DEPENDENCIES = 20
+POLICY_KEYS = {"protection", "risk_threshold", "disruption", "thresholds", "ignore_differences"}
+# A path in an add-on's values that drift detection ignores: dotted keys (``controller.replicaCount``), ``*`` for
+# any one key or part of one (``*.image.tag``); it covers what lies below it too.
+IGNORE_PATH = re.compile(r"^[A-Za-z0-9_*/-]+(\.[A-Za-z0-9_*/-]+)*$")
+MAX_IGNORE_PATHS = 50
 STRATEGY_KEYS = {
     "canary",
     "batch_size",
@@ -32,6 +39,13 @@ NODE_SOFTWARE_PREFIX = "node-software."
 
 
 MAX_DEPTH = 32
+
+
+def refuse_unknown_keys(mapping: dict, allowed, field: str) -> None:
+    """ServiceError (400, naming ``field``) listing the keys of ``mapping`` that ``allowed`` does not hold."""
+    unknown = set(mapping) - set(allowed)
+    if unknown:
+        raise ServiceError(f"unknown keys: {', '.join(sorted(map(str, unknown)))}", field=field)
 
 
 def too_deep(value, limit: int = MAX_DEPTH) -> bool:
@@ -56,9 +70,7 @@ def clean_addons(addons, field: str = "addons") -> list[dict]:
         at = f"{field}[{i}]"
         if not isinstance(addon, dict):
             raise ServiceError("must be a mapping", field=at)
-        unknown = set(addon) - ADDON_KEYS
-        if unknown:
-            raise ServiceError(f"unknown keys: {', '.join(sorted(map(str, unknown)))}", field=at)
+        refuse_unknown_keys(addon, ADDON_KEYS, at)
         name = addon.get("name")
         if not isinstance(name, str) or not NAME.match(name) or name.startswith(NODE_SOFTWARE_PREFIX):
             raise ServiceError(
@@ -70,6 +82,13 @@ def clean_addons(addons, field: str = "addons") -> list[dict]:
         repo = addon.get("repo", "")
         if not isinstance(repo, str) or (repo and not REPO.match(repo)):
             raise ServiceError("a chart repository URL (https:// or oci://)", field=f"{at}.repo")
+        if repo:
+            try:  # helm fetches it from inside the installation (controlplane/outbound.py)
+                check_url(repo, schemes=REPO_SCHEMES, resolve=False)
+            except OutboundRefused as refusal:
+                raise ServiceError(
+                    f"a chart repository URL Lockstep may fetch: {refusal}", field=f"{at}.repo"
+                ) from None
         chart = addon.get("chart")
         if not isinstance(chart, str) or not CHART.match(chart):
             raise ServiceError(
@@ -90,17 +109,74 @@ def clean_addons(addons, field: str = "addons") -> list[dict]:
             raise ServiceError("values must be a mapping", field=f"{at}.values")
         if too_deep(values):
             raise ServiceError(f"values nest deeper than {MAX_DEPTH} levels", field=f"{at}.values")
-        cleaned.append(
-            {
-                "name": name,
-                "repo": repo,
-                "chart": chart,
-                "version": version,
-                "namespace": namespace,
-                "values": values,
-            }
-        )
+        spec = {
+            "name": name,
+            "repo": repo,
+            "chart": chart,
+            "version": version,
+            "namespace": namespace,
+            "values": values,
+        }
+        ignore = clean_ignore_paths(addon.get("ignore_differences"), field=f"{at}.ignore_differences")
+        if ignore:  # only when given, so add-ons without rules keep their stored shape
+            spec["ignore_differences"] = ignore
+        depends_on = addon.get("depends_on")
+        if depends_on is not None:
+            if (
+                not isinstance(depends_on, list)
+                or len(depends_on) > MAX_DEPENDENCIES
+                or not all(isinstance(d, str) and NAME.match(d) and d != name for d in depends_on)
+            ):
+                raise ServiceError(
+                    f"a list of at most {MAX_DEPENDENCIES} names of other add-ons", field=f"{at}.depends_on"
+                )
+            if depends_on:
+                spec["depends_on"] = list(dict.fromkeys(depends_on))
+        cleaned.append(spec)
     return cleaned
+
+
+def check_dependencies(addons: dict[str, dict], field: str = "addons") -> None:
+    """Every ``depends_on`` of a version's effective add-ons names one of them, and no chain loops back."""
+    for name, spec in addons.items():
+        for dependency in spec.get("depends_on", []):
+            if dependency not in addons:
+                raise ServiceError(
+                    f"{name} depends on {dependency}, which the version does not carry", field=field
+                )
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for start in sorted(addons):
+        stack = [(start, iter(addons[start].get("depends_on", [])))]
+        state[start] = state.get(start) or 1
+        if state[start] == 2:
+            continue
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                state[node] = 2
+                stack.pop()
+            elif state.get(child) == 1:
+                path = [n for n, _ in stack] + [child]
+                raise ServiceError(f"depends_on loops: {' → '.join(path[path.index(child) :])}", field=field)
+            elif state.get(child) is None:
+                state[child] = 1
+                stack.append((child, iter(addons[child].get("depends_on", []))))
+
+
+def clean_ignore_paths(paths, field: str) -> list[str]:
+    """Paths in an add-on's values that drift detection ignores (Argo CD's ignoreDifferences), as given."""
+    if paths is None:
+        return []
+    if not isinstance(paths, list) or len(paths) > MAX_IGNORE_PATHS:
+        raise ServiceError(f"a list of at most {MAX_IGNORE_PATHS} paths in the values", field=field)
+    for i, path in enumerate(paths):
+        if not isinstance(path, str) or len(path) > 300 or not IGNORE_PATH.match(path):
+            raise ServiceError(
+                "a dotted path in the add-on's values, such as controller.replicaCount or *.image.tag",
+                field=f"{field}[{i}]",
+            )
+    return list(dict.fromkeys(paths))
 
 
 def clean_node_software(software, field: str = "node_software") -> dict:
@@ -123,9 +199,7 @@ def clean_policy(policy, field: str = "policy") -> dict:
         raise ServiceError("must be a mapping", field=field)
     if too_deep(policy):
         raise ServiceError(f"nests deeper than {MAX_DEPTH} levels", field=field)
-    unknown = set(policy) - POLICY_KEYS
-    if unknown:
-        raise ServiceError(f"unknown keys: {', '.join(sorted(map(str, unknown)))}", field=field)
+    refuse_unknown_keys(policy, POLICY_KEYS, field)
     protection = policy.get("protection", {})
     if not isinstance(protection, dict) or not all(isinstance(v, bool) for v in protection.values()):
         raise ServiceError("a mapping of protection add-on to true/false", field=f"{field}.protection")
@@ -140,6 +214,15 @@ def clean_policy(policy, field: str = "policy") -> dict:
         raise ServiceError(
             "a whole number of nodes, at least 1", field=f"{field}.disruption.max_unavailable_nodes"
         )
+    ignore = policy.get("ignore_differences", {})
+    if not isinstance(ignore, dict):
+        raise ServiceError(
+            'a mapping of add-on name (or "*" for every add-on) to paths', field=f"{field}.ignore_differences"
+        )
+    for name, paths in ignore.items():
+        if not isinstance(name, str) or not (name == "*" or NAME.match(name)):
+            raise ServiceError('an add-on name, or "*"', field=f"{field}.ignore_differences")
+        clean_ignore_paths(paths, field=f"{field}.ignore_differences.{name}")
     return dict(policy)
 
 
@@ -158,9 +241,7 @@ def clean_strategy(strategy, field: str = "strategy") -> dict:
         strategy = {}
     if not isinstance(strategy, dict):
         raise ServiceError("must be a mapping", field=field)
-    unknown = set(strategy) - STRATEGY_KEYS
-    if unknown:
-        raise ServiceError(f"unknown keys: {', '.join(sorted(map(str, unknown)))}", field=field)
+    refuse_unknown_keys(strategy, STRATEGY_KEYS, field)
     out = {
         "canary": [],
         "batch_size": 0,

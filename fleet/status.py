@@ -15,6 +15,8 @@ class Rollup:
     health: str
     ready: int
     total: int
+    # What the clusters' tooling says of unhealthy add-ons ("c1/gpu-operator: pending-upgrade since …").
+    messages: tuple = ()
 
     @property
     def label(self) -> str:
@@ -35,6 +37,14 @@ def cluster_status(cluster_ids) -> dict[int, Rollup]:
         .order_by()
     ):
         parts[row["cluster_id"]].append(row)
+    messages = defaultdict(list)
+    for cluster_id, cluster_name, name, message in (
+        ObservedAddon.objects.filter(cluster_id__in=list(cluster_ids))
+        .exclude(message="")
+        .order_by("cluster_id", "name")
+        .values_list("cluster_id", "cluster__name", "name", "message")
+    ):
+        messages[cluster_id].append(f"{cluster_name}/{name}: {message}")
     out = {}
     for cluster_id in cluster_ids:
         rows = parts.get(cluster_id, [])
@@ -46,6 +56,7 @@ def cluster_status(cluster_ids) -> dict[int, Rollup]:
             _worst([r["health"] for r in rows], HEALTH_RANK, HealthStatus.UNKNOWN),
             ready,
             sum(r["n"] for r in rows),
+            tuple(messages.get(cluster_id, ())),
         )
     return out
 
@@ -58,6 +69,7 @@ def rollup(statuses) -> Rollup:
         _worst([s.health for s in statuses], HEALTH_RANK, HealthStatus.UNKNOWN),
         sum(1 for s in statuses if s.total and s.ready == s.total),
         len(statuses),
+        tuple(message for s in statuses for message in s.messages)[:20],
     )
 
 

@@ -56,3 +56,23 @@ def cluster_reconcile_task(cluster_id: int) -> dict | None:
         return cluster_reconcile(actor=None, cluster=cluster)
     except ServiceError as error:
         return {"error": error.detail}
+
+
+@shared_task(name="fleet.blueprint_source_sync", ignore_result=True, time_limit=300, soft_time_limit=280)
+def blueprint_source_sync_task(source_id: int) -> dict:
+    """Poll one blueprint source: each new commit that changed its document becomes a draft version."""
+    from fleet.services.sources import source_sync
+
+    return source_sync(source_id=source_id)
+
+
+@shared_task(name="fleet.blueprint_source_sweep", ignore_result=True, time_limit=60, soft_time_limit=50)
+def blueprint_source_sweep_task() -> int:
+    """Beat: queue a poll of every blueprint source whose poll is due (a lost message is found again here)."""
+    from controlplane.queueing import queue
+    from fleet.services.sources import source_due
+
+    ids = source_due()
+    for source_id in ids:
+        queue(blueprint_source_sync_task, source_id)
+    return len(ids)

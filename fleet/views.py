@@ -1,5 +1,6 @@
 """Fleet pages: overview, clusters, cluster, blueprint, rollout and drift. Thin: selectors read, services write."""
 
+import json
 from collections import Counter
 
 from django.contrib.auth.decorators import login_required
@@ -19,12 +20,13 @@ from controlplane.pagination import OneMomentPaginator
 from controlplane.selectors import event_history, topic_seq
 from fleet import selectors
 from fleet.choices import RolloutState
-from fleet.desired import desired_state, load_versions
+from fleet.desired import load_versions
 from fleet.diffing import version_diff
 from fleet.drivers import driver_for
 from fleet.filtersets import ClusterFilterSet, DriftFindingFilterSet, RolloutFilterSet
 from fleet.forms import AssignmentForm, AutomationForm
-from fleet.models import Rollout
+from fleet.models import BlueprintSource, Rollout
+from fleet.overlays import cluster_desired
 from fleet.services import rollouts as rollout_services
 from fleet.services.automation import automation_modes_for, automation_switch
 from fleet.services.clusters import cluster_reconcile
@@ -126,10 +128,18 @@ def cluster_detail(request, pk: int):
         selectors.cluster_list(user=request.user).select_related("fleet", "blueprint"), pk=pk
     )
     version = load_versions([cluster.blueprint_version_id]).get(cluster.blueprint_version_id)
-    desired = desired_state(version)
+    desired = cluster_desired(cluster, version)
     observed = {row.name: row for row in selectors.observed_addons(user=request.user, cluster=cluster)}
     addons = [
-        {"name": name, "desired": desired.get(name), "observed": observed.get(name)}
+        {
+            "name": name,
+            "desired": desired.get(name),
+            "observed": observed.get(name),
+            # the values with the blueprint's overlays for this cluster layered on (shown where an overlay applies)
+            "values_json": json.dumps(
+                (desired.get(name) or {}).get("values") or {}, indent=2, sort_keys=True
+            ),
+        }
         for name in sorted(set(desired) | set(observed))
     ]
     nodes = NodeTable(cluster.nodes.annotate(gpu_count=Count("gpus")), prefix="nodes-")
@@ -247,6 +257,7 @@ def blueprint_detail(request, pk: int):
     clusters = blueprint.clusters.select_related("blueprint_version").order_by(
         "blueprint_version__number", "name"
     )
+    source = BlueprintSource.objects.filter(blueprint=blueprint).first()
     return render(
         request,
         "fleet/blueprint_detail.html",
@@ -257,6 +268,8 @@ def blueprint_detail(request, pk: int):
             "chosen": chosen,
             "clusters": clusters[:500],
             "rollouts": selectors.blueprint_rollouts(user=request.user, blueprint=blueprint)[:20],
+            "source": source,
+            "source_commits": list(source.commits.select_related("version")[:20]) if source else [],
             "who": principal(request.user),
         },
     )

@@ -24,8 +24,10 @@ from fleet.forms import (
     ReasonForm,
     RolloutForm,
 )
+from fleet.overlays import effective_changes
 from fleet.services.automation import automation_modes_for, automation_switch, automation_switch_set
-from fleet.services.clusters import cluster_assign
+from fleet.services.blueprints import latest_active
+from fleet.services.clusters import cluster_assign, tracking_strategy
 from fleet.services.drift import drift_sweep_now
 from fleet.services.nodes import node_cordon, node_drain, node_uncordon
 from fleet.services.rollouts import rollout_plan, rollout_start
@@ -55,7 +57,7 @@ def rollout_new(request):
     """Choose a version, targets and strategy; Preview shows the clusters and batches (the plan rollout_start
     would write, nothing written); Start rolls out exactly the previewed plan, or shows the new one if it moved."""
     require_operator(request)
-    status, plan = 200, None
+    status, plan, plan_version = 200, None, None
     if request.method == "GET":
         initial = {"target_kind": "clusters"}
         if request.GET.get("version"):
@@ -71,6 +73,7 @@ def rollout_new(request):
                 form.add_error("version", "no such version")
                 status = 400
             else:
+                plan_version = version
                 try:
                     plan = rollout_plan(version=version, targets=form.targets(), strategy=form.strategy())
                 except ServiceError as error:
@@ -114,9 +117,11 @@ def rollout_new(request):
             v.pk: f"{v.blueprint.name} v{v.number}"
             for v in selectors.blueprint_versions(user=request.user, ids=ids)
         }
+        changes = effective_changes([c["id"] for batch in batches for c in batch][:500], plan_version)
         for batch in batches:
             for cluster in batch:
                 cluster["now_on"] = labels.get(cluster["blueprint_version_id"], "no version")
+                cluster["changes"] = changes.get(cluster["id"], [])
     return render(
         request, "fleet/rollout_form.html", {"form": form, "plan": plan, "batches": batches}, status=status
     )
@@ -154,7 +159,11 @@ def cluster_assign_view(request, pk: int):
             consequences=[
                 f"It carries {current} of {cluster.blueprint.name if cluster.blueprint_id else '—'} now"
                 f"{' and tracks the latest' if cluster.track_latest else ''}.",
-                "If the version changes, its add-ons are re-applied (reconciled) right after.",
+                *(
+                    tracking_consequences(cluster, blueprint)
+                    if values.get("track_latest")
+                    else ["If the version changes, its add-ons are re-applied (reconciled) right after."]
+                ),
             ],
             action_url=request.path,
             back_url=back,
@@ -176,13 +185,45 @@ def cluster_assign_view(request, pk: int):
     )
 
 
+def tracking_consequences(cluster, blueprint) -> list[str]:
+    """What letting ``cluster`` track ``blueprint`` will roll out, and how (the rollout cluster_assign starts)."""
+    latest = latest_active(blueprint)
+    if latest is None:
+        return [f"{blueprint.name} has no active version yet; nothing rolls out."]
+    if latest.pk == cluster.blueprint_version_id:
+        return [f"It already carries {latest}; later versions reach it by their rollouts."]
+    try:
+        strategy = tracking_strategy(blueprint=blueprint, cluster=cluster)
+    except ServiceError as error:
+        return [
+            f"{latest} cannot roll out to it: the blueprint's default strategy is refused ({error.detail})."
+        ]
+    window = strategy["change_window"]
+    return [
+        f"It does not move at once: a rollout of {latest} to this cluster starts, with {blueprint.name}'s default "
+        f"strategy.",
+        f"The rollout applies {latest}, waits up to {strategy['progress_deadline_seconds']} s for it to be "
+        f"healthy, then soaks {strategy['soak_seconds']} s and passes the fault-rate gate"
+        + (f", inside the change window {window['start']}–{window['end']} UTC" if window else "")
+        + ".",
+        "If it fails, "
+        + (
+            "it is rolled back to the version it carries now."
+            if strategy["auto_rollback"]
+            else "it stops there."
+        ),
+    ]
+
+
 NODE_ACTIONS = {
     "cordon": (Operation.CORDON, node_cordon, True, "No new work is placed on it; what runs there stays."),
     "drain": (
         Operation.DRAIN,
         node_drain,
         True,
-        "Its jobs are moved off it and no new work is placed on it.",
+        "No new work is placed on it, and its jobs are moved off it: migrated to a spare where protected, "
+        "restarted from checkpoint elsewhere where not. Once none is left it is cordoned; its page says what "
+        "the drain waits for.",
     ),
     "uncordon": (Operation.UNCORDON, node_uncordon, False, "It takes new work again."),
 }
@@ -230,7 +271,11 @@ def node_action(request, pk: int, action: str):
     return carry_out(
         request,
         lambda: service(actor=request.user, node=node, reason=reason or f"{action} from the node page"),
-        done=f"{node.hostname}: {action} done.",
+        done=(
+            f"{node.hostname}: draining; its jobs move off it, and the Drain card below says what it waits for."
+            if action == "drain"
+            else f"{node.hostname}: {action} done."
+        ),
         back=back,
     )
 

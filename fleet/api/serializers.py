@@ -79,6 +79,8 @@ class ClusterSerializer(serializers.ModelSerializer):
             "status",
             "reachability",
             "reachability_changed_at",
+            "last_observed_at",
+            "observation_error",
             "created_at",
         ]
         read_only_fields = [
@@ -89,6 +91,8 @@ class ClusterSerializer(serializers.ModelSerializer):
             "status",
             "reachability",
             "reachability_changed_at",
+            "last_observed_at",
+            "observation_error",
             "created_at",
         ]
         extra_kwargs = {"name": {"validators": []}}
@@ -97,7 +101,13 @@ class ClusterSerializer(serializers.ModelSerializer):
         rollup = self.context.get("statuses", {}).get(cluster.pk)
         if rollup is None:
             return None
-        return {"sync": rollup.sync, "health": rollup.health, "ready": rollup.ready, "total": rollup.total}
+        return {
+            "sync": rollup.sync,
+            "health": rollup.health,
+            "ready": rollup.ready,
+            "total": rollup.total,
+            "messages": list(rollup.messages),
+        }
 
     def to_representation(self, cluster):
         full = self.context.get("sees_in_full")
@@ -206,6 +216,9 @@ class BlueprintWriteSerializer(serializers.Serializer):
 class VersionSerializer(serializers.ModelSerializer):
     parent = serializers.IntegerField(source="parent.number", read_only=True, default=None, allow_null=True)
     clusters = serializers.SerializerMethodField(help_text="how many clusters carry it")
+    commit = serializers.SerializerMethodField(
+        help_text="the git commit it was taken from (a blueprint source)"
+    )
 
     class Meta:
         model = BlueprintVersion
@@ -221,8 +234,18 @@ class VersionSerializer(serializers.ModelSerializer):
             "activated_at",
             "disabled_at",
             "clusters",
+            "commit",
         ]
         read_only_fields = fields
+
+    def get_commit(self, version) -> dict | None:
+        from django.core.exceptions import ObjectDoesNotExist
+
+        try:
+            commit = version.commit
+        except ObjectDoesNotExist:
+            return None
+        return {"sha": commit.sha, "author": commit.author, "message": commit.message}
 
     def get_clusters(self, version) -> int:
         # Lists annotate the count (one query for all); a single version (created, patched, activated) counts.

@@ -39,7 +39,7 @@ class AutomationSwitchView(APIView):
 
     @extend_schema(
         request=AutomationSwitchSerializer,
-        responses={200: AutomationSwitchSerializer, 400: ErrorSerializer, 403: ErrorSerializer},
+        responses={200: AutomationSwitchSerializer, 403: ErrorSerializer},  # 400: field errors (openapi.py)
     )
     def put(self, request):
         self._provider(request)  # who may set which mode: automation_switch_set (DESIGN's table)

@@ -19,6 +19,8 @@ from fleet.api.serializers import (
     VersionSerializer,
     VersionWriteSerializer,
 )
+from fleet.api.views_overlays import BlueprintOverlayActions
+from fleet.api.views_sources import BlueprintSourceActions
 from fleet.api.yaml import YAMLTextParser, YAMLTextRenderer
 from fleet.diffing import version_diff
 from fleet.filtersets import BlueprintFilterSet
@@ -30,14 +32,20 @@ from tenancy.permissions import IsProvider
 NUMBER = r"(?P<number>[0-9]{1,9})"
 
 
-class BlueprintViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+class BlueprintViewSet(
+    BlueprintSourceActions,
+    BlueprintOverlayActions,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    ScopedViewSet,
+):
     """Blueprints: named bundles of add-ons published as immutable numbered versions."""
 
     serializer_class = BlueprintSerializer
     filterset_class = BlueprintFilterSet
     # Provider roles only (DESIGN), refused before any input is read: the selector alone guards reads, not writes.
     permission_classes = [*ScopedViewSet.permission_classes, IsProvider]
-    http_method_names = ["get", "post", "put", "patch", "head", "options"]
+    http_method_names = ["get", "post", "put", "patch", "delete", "head", "options"]
 
     def selector(self, *, user):
         if getattr(self, "swagger_fake_view", False):  # schema generation: no user to read for
@@ -60,7 +68,7 @@ class BlueprintViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedV
         return Response(BlueprintSerializer(blueprint).data)
 
     def _version(self, number) -> BlueprintVersion:
-        return self.get_object().versions.select_related("parent").get(number=number)
+        return self.get_object().versions.select_related("parent", "commit").get(number=number)
 
     @extend_schema(methods=["GET"], request=None, responses=VersionSerializer(many=True))
     @extend_schema(methods=["POST"], request=VersionWriteSerializer, responses={201: VersionSerializer})
@@ -69,7 +77,9 @@ class BlueprintViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedV
         """GET: every version with how many clusters carry it; POST: a new draft (``"activate": true`` too)."""
         blueprint = self.get_object()
         if request.method == "GET":
-            rows = blueprint.versions.select_related("parent").annotate(cluster_count=Count("clusters"))
+            rows = blueprint.versions.select_related("parent", "commit").annotate(
+                cluster_count=Count("clusters")
+            )
             return Response(VersionSerializer(rows, many=True).data)
         data = VersionWriteSerializer(data=request.data)
         data.is_valid(raise_exception=True)

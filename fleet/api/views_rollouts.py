@@ -2,7 +2,8 @@
 
 from collections import Counter
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -102,6 +103,26 @@ class DriftFindingViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Scop
 
     def selector(self, *, user):
         return selectors.drift_list(user=user)
+
+    @extend_schema(
+        request=None,
+        parameters=[OpenApiParameter("cluster", OpenApiTypes.INT, required=False)],
+        responses={200: dict},
+    )
+    @action(detail=False, methods=["get"], pagination_class=None, filter_backends=[])
+    def ignored(self, request):
+        """The differences ignore rules silence (``ignore_differences`` of an add-on, or of the version's policy),
+        per cluster and add-on, from the last observation; ``?cluster=`` for one cluster."""
+        from fleet.selectors_ignored import ignored_differences
+
+        raw = request.query_params.get("cluster")
+        try:
+            cluster = int(raw) if raw not in (None, "") else None
+        except ValueError:
+            raise ServiceError("a cluster id", field="cluster") from None
+        if cluster is not None and not 0 < cluster < 2**31:
+            raise ServiceError("a cluster id", field="cluster")
+        return Response({"results": ignored_differences(user=request.user, cluster_id=cluster)})
 
     @extend_schema(request=None, responses={202: dict})
     @action(detail=False, methods=["post"])

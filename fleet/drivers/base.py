@@ -51,6 +51,9 @@ class ObservedState:
     namespace: str = ""
     values: dict = field(default_factory=dict)
     health: str = "Unknown"
+    # What the cluster's own tooling says about an unhealthy add-on (Helm's description of a failed or stuck
+    # release), shown with the cluster's status.
+    message: str = ""
 
 
 @dataclass(frozen=True)

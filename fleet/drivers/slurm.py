@@ -27,8 +27,14 @@ submit host: it has the cluster's ``slurm.conf`` (or reaches the controller conf
 - proactive move (``relaunch_without_node``): once the job has written its snapshot through at Lockstep's
   request (``jobs.services.moves``), the same requeue without the node predicted to fail.
 
-Not supported (declared, so the planner never offers them): add-on installs, taints, NIC failover, moving one
-rank without a requeue, GPU reset, platform snapshots.
+- rank replacement (``replace_rank``; a protected job submitted with standbys in its own allocation, ``--no-kill``):
+  the lost node is drained with its incident's reason and the job is *not* requeued; the job's protection runtime
+  puts a standby in the lost rank's place and reports it (``rank_replaced``), which ends the operation
+  (jobs.services.rank_replacement); ``replenish_standby`` then submits a one-node standby job on the spare
+  partition that joins the job as a new standby.
+
+Not supported (declared, so the planner never offers them): add-on installs, taints, NIC failover, GPU reset,
+platform snapshots.
 
 Connection settings (``Cluster.connection``): ``slurm_conf`` (path; the ``SLURM_CONF`` the tools read),
 ``bin_dir`` (where the tools are, default: PATH), ``spare_partition`` (idle nodes there are Lockstep's spares),
@@ -36,7 +42,9 @@ Connection settings (``Cluster.connection``): ``slurm_conf`` (path; the ``SLURM_
 jobs of unmapped accounts are not adopted and are listed to the provider in the sync's report),
 ``health_check_command`` (shell, run on the node by the check job), ``requeue_at_once`` (default true),
 ``gpu_model`` (the GPU model Lockstep records for the cluster's nodes, default ``gpu``), ``health_check_seconds`` (its time limit,
-default 60), ``timeout_seconds`` (per command, default 30).
+default 60), ``timeout_seconds`` (per command, default 30), ``job_secret_key`` (32 characters or more: the
+key the cluster's Slurm prolog derives each job's secret with; when set, every launcher registration must
+bring the job's secret, ``jobs.launchers``).
 """
 
 import json
@@ -176,7 +184,14 @@ class SlurmDriver(ClusterDriver):
         return self._json("squeue", "--json", "--all").get("jobs", [])
 
     def job(self, slurm_job_id) -> dict | None:
-        found = self._json("squeue", "--json", "--all", "--jobs", str(slurm_job_id)).get("jobs", [])
+        """The job as squeue shows it; None when squeue knows no such job, including an id it refuses as
+        invalid (an id past the ones this Slurm hands out: fuzzed ids near 2^32 were answered 503 otherwise)."""
+        try:
+            found = self._json("squeue", "--json", "--all", "--jobs", str(slurm_job_id)).get("jobs", [])
+        except DriverError as error:
+            if "invalid job id" in str(error).lower():
+                return None
+            raise
         return next((j for j in found if str(j.get("job_id")) == str(slurm_job_id)), None)
 
     def _reason(self, node, fallback: str) -> str:
@@ -286,6 +301,53 @@ class SlurmDriver(ClusterDriver):
         result = self.restart_from_checkpoint(job_ref, exclude=exclude, nodes=nodes)
         return OperationResult(
             handle=result.handle, done_at=result.done_at, detail=f"{result.detail}; moving off in time"
+        )
+
+    # --- rank replacement ---------------------------------------------------------------------------------------
+    def replace_rank(self, job_ref: str, node) -> OperationResult:
+        """The job's runtime replaces the rank it lost on ``node`` with one of its standbys: take the node out of
+        service with its incident's reason (drained, so no job is placed there once its slurmd returns) and leave
+        the job running: no requeue. The operation ends with the runtime's ``rank_replaced`` report."""
+        slurm_id = self.slurm_job_id(job_ref)
+        reason = self._reason(node, "node lost, its rank replaced by a standby")
+        self._run("scontrol", "update", f"NodeName={node.hostname}", "State=DRAIN", f"Reason={reason}")
+        return OperationResult(
+            handle=f"replace:{slurm_id}:{node.hostname}"[:100],
+            done_at=timezone.now(),
+            detail=f"drained {node.hostname}; Slurm job {slurm_id} keeps running while a standby takes its rank",
+        )
+
+    def replenish_standby(self, job_ref: str, node=None) -> OperationResult:
+        """Start a new standby for the job on an idle node of the spare partition (``node`` to pin one): a one-node
+        job of the job's account running the job's own batch script with ``--standby-for <job id>``, commented
+        ``lockstep-standby-for=<job id>`` (the cluster's prolog gives it the job's secret), that joins the job's
+        rendezvous as a standby. Mirrors ``jobs.local_slurm.training.submit_standby(slurm, slurm_job_id, node)``
+        (the test Slurm's mechanism, issue 49)."""
+        slurm_id = self.slurm_job_id(job_ref)
+        current = self.job(slurm_id)
+        if current is None:
+            raise DriverError(f"Slurm no longer knows job {slurm_id}")
+        partition = self.connection.get("spare_partition") or ""
+        command = current.get("command") or ""
+        if not partition or not command:
+            raise DriverError("no spare partition or no batch script to start a standby with")
+        args = ["sbatch", "--parsable", "-p", partition, "-N", "1", "--ntasks-per-node=1"]
+        if current.get("account"):
+            args += ["-A", str(current["account"])]
+        if current.get("current_working_directory"):
+            args += ["--chdir", str(current["current_working_directory"])]
+        if current.get("standard_output"):
+            # Beside the job's own output: standby-<its id>.out.
+            args += ["-o", os.path.join(os.path.dirname(str(current["standard_output"])), "standby-%j.out")]
+        args += [f"--comment=lockstep-standby-for={slurm_id}", "-J", f"standby-{slurm_id}"]
+        if node is not None:
+            args += ["-w", node.hostname]
+        answer = self._run(*args, *shlex.split(command), "--standby-for", slurm_id)
+        standby_id = answer.strip().split(";")[0]
+        return OperationResult(
+            handle=f"standby:{standby_id}:{slurm_id}",
+            done_at=timezone.now(),
+            detail=f"standby job {standby_id} for Slurm job {slurm_id} on the {partition} partition",
         )
 
     # --- health check -------------------------------------------------------------------------------------------
@@ -398,6 +460,10 @@ class SlurmDriver(ClusterDriver):
         if kind == "check":
             slurm_id, _, hostname = rest.partition(":")
             return self._check_status(slurm_id, hostname)
+        if kind == "replace":
+            return (
+                "running"  # the job's runtime reports the standby in place (jobs.services.rank_replacement)
+            )
         if kind == "write-through":
             return "running"  # Lockstep waits for the job's write-through, then relaunches it (jobs.services.moves)
         if kind == "drain":

@@ -16,6 +16,8 @@ class ObservedAddon(models.Model):
     values = models.JSONField(default=dict, blank=True)
     sync = models.CharField(max_length=12, choices=SyncStatus.choices, default=SyncStatus.UNKNOWN)
     health = models.CharField(max_length=12, choices=HealthStatus.choices, default=HealthStatus.UNKNOWN)
+    # What the cluster's tooling said of an unhealthy add-on (Helm's description of a failed or stuck release).
+    message = models.CharField(max_length=500, blank=True, default="", db_default="")
     # When this row's content last changed; the cluster's last_observed_at says when it was last seen at all.
     observed_at = models.DateTimeField()
 

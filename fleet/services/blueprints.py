@@ -9,7 +9,14 @@ from controlplane.errors import ServiceError
 from fleet.choices import DriftMode, VersionState
 from fleet.models import Blueprint, BlueprintVersion, Cluster
 from fleet.services.publishing import publish
-from fleet.specs import NAME, clean_addons, clean_node_software, clean_policy, clean_strategy
+from fleet.specs import (
+    NAME,
+    check_dependencies,
+    clean_addons,
+    clean_node_software,
+    clean_policy,
+    clean_strategy,
+)
 
 VERSION_FIELDS = ("addons", "node_software", "policy", "notes")
 
@@ -205,6 +212,7 @@ def version_activate(*, actor, version: BlueprintVersion) -> BlueprintVersion:
         raise ServiceError(f"its parent, version {version.parent.number}, is still a draft", field="parent")
     if not version.effective_addons() and not version.effective_node_software():
         raise ServiceError("a version must carry at least one add-on or node-software pin", field="addons")
+    check_dependencies(version.effective_addons())
     version.state = VersionState.ACTIVE
     version.activated_at = timezone.now()
     version.save(update_fields=["state", "activated_at"])

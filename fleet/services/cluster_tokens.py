@@ -10,20 +10,25 @@ from tenancy.services import token_issue, token_mark_revoked
 
 
 @transaction.atomic
-def cluster_token_issue(*, model: type[Token], action: str, actor, cluster, name: str) -> tuple[Token, str]:
-    """A new token of ``model`` for one cluster; returns the row and the token, which is shown only now."""
+def cluster_token_issue(
+    *, model: type[Token], action: str, actor, cluster, name: str, tenant=None
+) -> tuple[Token, str]:
+    """A new token of ``model`` for one cluster (and, for a kind that has one, a ``tenant``: a launcher
+    credential's); returns the row and the token, which is shown only now."""
+    extra = {"tenant": tenant} if tenant is not None else {}
     token, raw = token_issue(
         model=model,
         cluster=cluster,
         name=name[:100],
         created_by=actor if getattr(actor, "is_authenticated", False) else None,
+        **extra,
     )
     audit_record(
         actor=actor,
         action=action,
         target=token,
-        tenant_id=cluster.dedicated_tenant_id,
-        changes={"cluster": cluster.name, "name": name},
+        tenant_id=tenant.pk if tenant is not None else cluster.dedicated_tenant_id,
+        changes={"cluster": cluster.name, "name": name, **({"tenant": tenant.slug} if tenant else {})},
     )
     return token, raw
 

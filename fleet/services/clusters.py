@@ -7,13 +7,15 @@ from controlplane.audit import audit_record, field_changes
 from controlplane.errors import ServiceError
 from controlplane.queueing import queue
 from fleet.choices import VersionState
-from fleet.desired import compare, desired_state, load_versions
+from fleet.desired import compare, load_versions
 from fleet.drivers import DriverError
 from fleet.models import Blueprint, Cluster, Fleet, RolloutCluster
+from fleet.overlays import cluster_desired
 from fleet.services.applying import apply_version, converge
 from fleet.services.blueprints import latest_active
 from fleet.services.observation import observe, record
 from fleet.services.publishing import publish
+from fleet.specs import clean_strategy
 
 FLEET_FIELDS = (
     "name",
@@ -183,7 +185,10 @@ def cluster_assign(
     reason: str = "",
 ) -> Cluster:
     """Pin the cluster to an active version of ``blueprint``, or let it track the blueprint's latest active
-    version (which also clears a rollback's pin). The cluster is reconciled to it after commit."""
+    version (which also clears a rollback's pin). A pin takes effect at once: the cluster is reconciled to it after
+    commit. Tracking never moves a cluster at once: when the latest version is not the one it carries, a rollout
+    of that version to this cluster starts (the blueprint's default strategy: its soak, gate and deadlines), and
+    the cluster keeps its version until the rollout applies the new one."""
     cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
     if RolloutCluster.objects.filter(cluster=cluster, open=True).exists():
         raise ServiceError(
@@ -206,6 +211,9 @@ def cluster_assign(
                 f"version {version} is {target.state}; only active versions can be assigned", field="version"
             )
     previous = cluster.blueprint_version
+    if track_latest and previous != target:
+        _track_by_rollout(actor=actor, cluster=cluster, blueprint=blueprint, target=target)
+        return cluster
     before = {
         "blueprint_version": str(previous) if previous else None,
         "track_latest": cluster.track_latest,
@@ -247,6 +255,63 @@ def cluster_assign(
     return cluster
 
 
+def tracking_strategy(*, blueprint: Blueprint, cluster: Cluster) -> dict:
+    """The strategy a rollout started by tracking uses (cleaned, defaults filled in): the blueprint's default, with
+    canaries named there kept only when they name this cluster (a one-cluster rollout has no other)."""
+    strategy = dict(blueprint.default_strategy or {})
+    if isinstance(strategy.get("canary"), list):
+        strategy["canary"] = [c for c in strategy["canary"] if c in (cluster.pk, cluster.name)]
+    return clean_strategy(strategy)
+
+
+def _as_given(strategy: dict) -> dict:
+    """A cleaned strategy in the form ``clean_strategy`` takes (a zero batch size means "by percentage")."""
+    given = dict(strategy)
+    if not given["batch_size"]:
+        given.pop("batch_size")
+    return given
+
+
+def _track_by_rollout(*, actor, cluster: Cluster, blueprint: Blueprint, target) -> None:
+    """Let ``cluster`` (locked) track ``blueprint`` and start the rollout that moves it to ``target``."""
+    from fleet.services.rollouts import rollout_start
+
+    rollout = rollout_start(
+        actor=actor,
+        version=target,
+        targets={"clusters": [cluster.pk]},
+        strategy=_as_given(tracking_strategy(blueprint=blueprint, cluster=cluster)),
+    )
+    before = {"track_latest": cluster.track_latest, "pinned_reason": cluster.pinned_reason}
+    cluster.blueprint, cluster.track_latest, cluster.pinned_reason = blueprint, True, ""
+    cluster.save(update_fields=["blueprint", "track_latest", "pinned_reason"])
+    audit_record(
+        actor=actor,
+        action="cluster.assign",
+        target=cluster,
+        tenant_id=cluster.dedicated_tenant_id,
+        changes={
+            "before": before,
+            "after": {"track_latest": True, "pinned_reason": ""},
+            "rollout": rollout.pk,
+            "to": str(target),
+        },
+    )
+    publish(
+        "cluster.assigned",
+        {
+            "cluster": cluster.pk,
+            "name": cluster.name,
+            "blueprint": blueprint.name,
+            "version": cluster.blueprint_version.number if cluster.blueprint_version_id else None,
+            "track_latest": True,
+            "rollout": rollout.pk,
+        },
+        _cluster_url(cluster),
+        clusters=[cluster.pk],
+    )
+
+
 @transaction.atomic
 def cluster_reconcile(*, actor, cluster: Cluster) -> dict:
     """Observe the cluster now and re-apply whatever of its desired add-ons differs (node software excepted:
@@ -258,7 +323,7 @@ def cluster_reconcile(*, actor, cluster: Cluster) -> dict:
     observed, errors = observe([cluster])
     if cluster.pk in errors:
         raise ServiceError(f"the cluster cannot be observed: {errors[cluster.pk]}", status=503)
-    checks = compare(desired_state(version), observed[cluster.pk])
+    checks = compare(cluster_desired(cluster, version), observed[cluster.pk])
     if not observed[cluster.pk]:
         try:  # nothing there yet: put the whole version on
             done, failed = apply_version(cluster=cluster, version=version, previous=None), {}
@@ -268,7 +333,7 @@ def cluster_reconcile(*, actor, cluster: Cluster) -> dict:
         done, failed = converge(cluster=cluster, checks=checks)
     from django.utils import timezone
 
-    record({cluster.pk: checks}, set(), timezone.now())
+    record({cluster.pk: checks}, {}, timezone.now())
     result = {"corrected": done, "failed": failed, "in_sync": not any(c.kind for c in checks)}
     audit_record(
         actor=actor,

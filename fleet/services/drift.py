@@ -20,6 +20,7 @@ from fleet.choices import AutomationMode, DriftMode
 from fleet.desired import compare, desired_state, is_node_software, load_versions
 from fleet.models import Cluster, DriftFinding
 from fleet.models.hardware import provider_automation
+from fleet.overlays import load_overlays, with_overlays
 from fleet.services.applying import converge
 from fleet.services.observation import observe, record
 from fleet.services.publishing import batched, publish
@@ -108,8 +109,16 @@ def drift_sweep(*, cluster_ids: list[int] | None = None, now=None) -> SweepRepor
     observed, errors = observe(clusters)
     versions = load_versions({c.blueprint_version_id for c in clusters})
     desired_by_version = {vid: desired_state(v) for vid, v in versions.items()}
+    overlays = load_overlays({v.blueprint_id for v in versions.values()})
     checks = {
-        c.pk: compare(desired_by_version[c.blueprint_version_id], observed[c.pk])
+        c.pk: compare(
+            with_overlays(
+                desired_by_version[c.blueprint_version_id],
+                c,
+                overlays.get(versions[c.blueprint_version_id].blueprint_id),
+            ),
+            observed[c.pk],
+        )
         for c in clusters
         if c.pk in observed
     }
@@ -119,7 +128,7 @@ def drift_sweep(*, cluster_ids: list[int] | None = None, now=None) -> SweepRepor
         if not _sweep_lock():
             report.skipped = True
             return report
-        record(checks, set(errors), now)
+        record(checks, errors, now)
         changed = _findings(checks, now, report)
         correcting = [
             c

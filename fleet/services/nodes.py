@@ -16,6 +16,7 @@ from controlplane import events
 from controlplane.audit import audit_entry, audit_record_many
 from controlplane.bulk import update_rows
 from controlplane.errors import ServiceError
+from fleet import hooks
 from fleet.choices import NodeState
 from fleet.drivers import DriverError, driver_for
 from fleet.models import Fleet, Node
@@ -146,6 +147,10 @@ def _set_states(
     audit_record_many(entries)
     for node, old, reason in changed:
         _publish(node, f"node.{state}", previous=old, reason=reason)
+    if state == NodeState.DRAINING and changed:
+        # A drain moves the node's jobs off it (jobs.services.drain), once the drain is stored.
+        drained = [node.pk for node, _, _ in changed]
+        transaction.on_commit(lambda: hooks.drain_started(drained))
     return locked, refused
 
 

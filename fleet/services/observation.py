@@ -1,12 +1,16 @@
 """Observing clusters through their drivers, batched per driver class, and recording what was seen."""
 
+import logging
 from collections import defaultdict
 
+from controlplane.bulk import update_rows
 from fleet.choices import HealthStatus, SyncStatus
 from fleet.desired import AddonCheck
 from fleet.drivers import DriverError
 from fleet.drivers.base import ObservedState, driver_class
 from fleet.models import Cluster, ObservedAddon
+
+log = logging.getLogger(__name__)
 
 
 def observe(clusters) -> tuple[dict[int, list[ObservedState]], dict[int, str]]:
@@ -22,27 +26,33 @@ def observe(clusters) -> tuple[dict[int, list[ObservedState]], dict[int, str]]:
         try:
             observed.update(cls.observe_many(group))
             continue
-        except DriverError:
+        except Exception:  # whatever the batch raised, each cluster is asked on its own below
             pass
         for cluster in group:
             try:
                 observed.update(cls.observe_many([cluster]))
             except DriverError as error:
-                errors[cluster.pk] = str(error)
+                errors[cluster.pk] = str(error)[:300]
+            except Exception as error:  # a driver's bug, or an error it did not translate
+                # One cluster's failure stays that cluster's: it is Unknown with the reason, the others are observed.
+                log.exception("observing cluster %s failed", cluster.pk)
+                errors[cluster.pk] = f"the {name} driver failed: {type(error).__name__}"
     return observed, errors
 
 
-def record(checks: dict[int, list[AddonCheck]], unreachable: set[int], now) -> int:
+def record(checks: dict[int, list[AddonCheck]], errors: dict[int, str], now) -> int:
     """Write the observed axes of every add-on of these clusters in a fixed number of queries; returns rows written.
 
     Only rows whose content changed are written (their ``observed_at`` is when they changed); every reachable
-    cluster's ``last_observed_at`` is set in one UPDATE; unreachable clusters' rows become Unknown on both axes.
+    cluster's ``last_observed_at`` is set (and its ``observation_error`` cleared) in one UPDATE; unreachable
+    clusters' (``errors``: cluster id → why) rows become Unknown on both axes and each keeps its reason.
     """
+    unreachable = set(errors)
     cluster_ids = set(checks) | unreachable
     existing = {
         (row["cluster_id"], row["name"]): row
         for row in ObservedAddon.objects.filter(cluster_id__in=cluster_ids).values(
-            "id", "cluster_id", "name", "chart", "version", "namespace", "values", "sync", "health"
+            "id", "cluster_id", "name", "chart", "version", "namespace", "values", "sync", "health", "message"
         )
     }
     upserts, keep = [], set()
@@ -56,6 +66,7 @@ def record(checks: dict[int, list[AddonCheck]], unreachable: set[int], now) -> i
                 "values": have.values if have else {},
                 "sync": check.sync,
                 "health": check.health,
+                "message": (have.message if have else "")[:500],
             }
             keep.add((cluster_id, check.name))
             old = existing.get((cluster_id, check.name))
@@ -66,15 +77,27 @@ def record(checks: dict[int, list[AddonCheck]], unreachable: set[int], now) -> i
             upserts,
             update_conflicts=True,
             unique_fields=["cluster", "name"],
-            update_fields=["chart", "version", "namespace", "values", "sync", "health", "observed_at"],
+            update_fields=[
+                "chart",
+                "version",
+                "namespace",
+                "values",
+                "sync",
+                "health",
+                "message",
+                "observed_at",
+            ],
         )
     gone = [row["id"] for key, row in existing.items() if key[0] in checks and key not in keep]
     if gone:
         ObservedAddon.objects.filter(pk__in=gone).delete()
     if checks:
-        Cluster.objects.filter(pk__in=list(checks)).update(last_observed_at=now)
+        Cluster.objects.filter(pk__in=list(checks)).update(last_observed_at=now, observation_error="")
     if unreachable:
         ObservedAddon.objects.filter(cluster_id__in=unreachable).update(
             sync=SyncStatus.UNKNOWN, health=HealthStatus.UNKNOWN, observed_at=now
+        )
+        update_rows(
+            [Cluster(pk=pk, observation_error=why[:300]) for pk, why in errors.items()], ["observation_error"]
         )
     return len(upserts)

@@ -23,7 +23,8 @@ from fleet.gate import fault_gate
 from fleet.models import Cluster, Node, Rollout, RolloutBatch, RolloutCluster
 from fleet.models.hardware import provider_automation
 from fleet.models.rollouts import DONE_CLUSTER_STATES, FAILED_CLUSTER_STATES
-from fleet.services.applying import apply_version, supports_addons
+from fleet.overlays import load_overlays, with_overlays
+from fleet.services.applying import apply_version, apply_waiting, supports_addons
 from fleet.services.observation import observe, record
 from fleet.services.publishing import batched, publish
 from fleet.services.rollouts import (
@@ -194,8 +195,11 @@ def _apply(rollout: Rollout, row: RolloutCluster, now) -> None:
         return
     if new_software != old_software and not _roll_nodes(rollout, row, cluster, now):
         return
+    waiting: dict[str, str] = {}
     try:
-        applied = apply_version(cluster=cluster, version=version, previous=row.previous_version)
+        applied = apply_version(
+            cluster=cluster, version=version, previous=row.previous_version, waiting=waiting
+        )
     except DriverError as error:
         if error.transient:
             row.reason = f"waiting: {error}"[:500]
@@ -203,7 +207,11 @@ def _apply(rollout: Rollout, row: RolloutCluster, now) -> None:
         else:
             _finish(row, Status.FAILED, f"the cluster refused: {error}", now)
         return
-    _record_applied(rollout, row, cluster, applied, now)
+    _record_applied(rollout, row, cluster, applied, now, waiting=waiting)
+
+
+def _waits(waiting: dict[str, str]) -> str:
+    return "; ".join(f"{name} {why}" for name, why in sorted(waiting.items()))[:500]
 
 
 def _apply_dry_run(
@@ -234,14 +242,16 @@ def _apply_dry_run(
     )
 
 
-def _record_applied(rollout: Rollout, row: RolloutCluster, cluster: Cluster, applied, now) -> None:
-    """The driver applied the version: the cluster is on it and its row Progressing (observed until healthy),
-    audited and published."""
+def _record_applied(
+    rollout: Rollout, row: RolloutCluster, cluster: Cluster, applied, now, waiting: dict | None = None
+) -> None:
+    """The driver applied the version: the cluster is on it and its row Progressing (observed until healthy; add-ons
+    held back for their dependencies go on as those turn healthy), audited and published."""
     version = rollout.version
     cluster.blueprint = version.blueprint
     cluster.blueprint_version = version
     cluster.save(update_fields=["blueprint", "blueprint_version"])
-    row.status, row.applied_at, row.reason = Status.PROGRESSING, now, ""
+    row.status, row.applied_at, row.reason = Status.PROGRESSING, now, _waits(waiting or {})
     row.save(update_fields=["status", "applied_at", "reason"])
     audit_record(
         actor=None,
@@ -398,17 +408,30 @@ def _observe_rows(
         return {}
     clusters = [row.cluster for row in rows]
     observed, errors = observe(clusters)
-    desired = desired_state(load_versions([rollout.version_id])[rollout.version_id])
-    checks = {cid: compare(desired, states) for cid, states in observed.items()}
+    version = load_versions([rollout.version_id])[rollout.version_id]
+    desired, overlays = (
+        desired_state(version),
+        load_overlays([version.blueprint_id]).get(version.blueprint_id),
+    )
+    by_id = {cluster.pk: cluster for cluster in clusters}
+    checks = {
+        cid: compare(with_overlays(desired, by_id[cid], overlays), states) for cid, states in observed.items()
+    }
     if found is not None:
         found.update(checks)
-    record(checks, set(errors), now)
+    record(checks, errors, now)
     ready = {}
     for row in rows:
         found = checks.get(row.cluster_id)
         ready[row.cluster_id] = bool(found) and all(c.ready for c in found)
-        degraded = [c.name for c in found or [] if c.health == "Degraded" and not is_node_software(c.name)]
+        degraded = [
+            c.name + (f" ({c.observed.message})" if c.observed and c.observed.message else "")
+            for c in found or []
+            if c.health == "Degraded" and not is_node_software(c.name)
+        ]
         if row.status != Status.PROGRESSING:
+            continue
+        if found and not ready[row.cluster_id] and _apply_held(row, found):
             continue
         if ready[row.cluster_id]:
             row.healthy_at = now
@@ -424,6 +447,23 @@ def _observe_rows(
                 now,
             )
     return ready
+
+
+def _apply_held(row: RolloutCluster, checks) -> bool:
+    """Put on the row's add-ons held back for dependencies that are healthy now, and say in its reason what still
+    waits (and for what). True when it applied something (the row is observed again on the next step)."""
+    held = [c for c in checks if c.kind is not None and c.desired and c.desired.get("depends_on")]
+    if not held:
+        return False
+    try:
+        applied, waits = apply_waiting(cluster=row.cluster, checks=checks)
+    except DriverError as error:
+        applied, waits = [], {"": f"applying what waited failed: {error}"}
+    reason = _waits(waits)
+    if reason != row.reason:
+        row.reason = reason
+        row.save(update_fields=["reason"])
+    return bool(applied)
 
 
 def _soak(rollout: Rollout, batch: RolloutBatch, now) -> str:

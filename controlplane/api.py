@@ -1,5 +1,5 @@
-"""What every app's API shares: the error handler, the base viewset, the event serializer, JSON 404/500, and
-serializers built once per process for the hot paths."""
+"""What every app's API shares: the error handler, the base viewset, the event serializer, and serializers built
+once per process for the hot paths. The JSON 404 and 500 of routes no view answers: controlplane/error_pages.py."""
 
 import functools
 import logging
@@ -7,9 +7,10 @@ import logging
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError
-from django.http import Http404, JsonResponse
+from django.http import Http404
 from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from controlplane.access import Refused, principal
@@ -37,6 +38,9 @@ def exception_handler(exc, context):
     # A DataError (input the database refuses) is left to controlplane.middleware.DatabaseErrorMiddleware, which
     # answers 400 for pages and the API alike.
     response = drf_exception_handler(exc, context)
+    if isinstance(exc, exceptions.ValidationError) and isinstance(response.data, list):
+        # A body that is no object at all (``null``, a list) fails as a whole: the errors are still an object.
+        response.data = {api_settings.NON_FIELD_ERRORS_KEY: response.data}
     return response
 
 
@@ -88,19 +92,3 @@ class EventSerializer(serializers.Serializer):
     payload = serializers.JSONField()
     url = serializers.CharField()
     created = serializers.DateTimeField(source="created_at")
-
-
-def json_not_found(request, exception=None):
-    if request.path.startswith("/api/"):
-        return JsonResponse({"detail": "Not found."}, status=404)
-    from django.views.defaults import page_not_found
-
-    return page_not_found(request, exception)
-
-
-def json_server_error(request):
-    if request.path.startswith("/api/"):
-        return JsonResponse({"detail": "Server error."}, status=500)
-    from django.views.defaults import server_error
-
-    return server_error(request)

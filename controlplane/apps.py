@@ -6,7 +6,9 @@ class ControlplaneConfig(AppConfig):
     verbose_name = "Control plane"
 
     def ready(self):
-        from controlplane import navigation, wsauth
+        from controlplane import data, navigation, wsauth
+
+        data.check()  # the public data files every process reads: a clear start-up error where one is missing
 
         navigation.register("Home", "home", audience="all", order=0)
         navigation.register("Audit", "audit-list", audience="audit", order=90)

@@ -1,6 +1,10 @@
 """The audit trail: services call ``audit_record`` inside the transaction of the change they make."""
 
-from django.db import models
+import logging
+
+from django.core.cache import cache
+from django.db import models, transaction
+from redis.exceptions import RedisError
 
 from controlplane import context
 from controlplane.bulk import insert_rows
@@ -28,6 +32,33 @@ def audit_record(
         tenant_id=tenant_id,
     )
     audit_record_many([entry])
+    return entry
+
+
+log = logging.getLogger(__name__)
+
+
+def audit_record_sampled(*, key: str, seconds: int, always: bool = False, **fields) -> AuditEntry | None:
+    """``audit_record`` for writes too frequent to keep each (a job's progress reports, refused logins): the first
+    under ``key`` in each ``seconds`` is recorded, and every one with ``always``. Returns the entry, or None when
+    the window already has one. The key is remembered in the cache (Redis) once the entry is committed; when the
+    cache cannot answer, the entry is recorded (an entry too many, never one too few)."""
+    cache_key = f"audit-sampled:{key}"
+    if not always:
+        try:
+            if cache.get(cache_key) is not None:
+                return None
+        except RedisError as error:
+            log.warning("audit sampling not consulted, Redis unreachable: %r", error)
+    entry = audit_record(**fields)
+
+    def remember():
+        try:
+            cache.set(cache_key, 1, timeout=seconds)
+        except RedisError as error:
+            log.warning("audit sampling not remembered, Redis unreachable: %r", error)
+
+    transaction.on_commit(remember)
     return entry
 
 

@@ -12,6 +12,10 @@ reads its topics' heads (one query) and, for a topic whose head is still above t
 socket was sent or told of ``HEADS_GRACE_SECONDS`` later, sends ``{"type": "heads", "heads": {"job-7": 4}}``;
 the client catches that topic up from ``/api/v1/events/``. Where every event arrived, nothing is sent.
 
+One user (or token) holds at most ``WS_MAX_PER_USER`` sockets at once, counted across web processes in Redis
+(a slot is a lease, renewed at each re-check, so a process that dies gives its slots back); the next is accepted
+only to be told why and closed with ``CLOSE_TOO_MANY`` (4429).
+
 A socket lives only as long as the credential it was opened with and the permissions of its topics: every
 ``WS_REVALIDATE_SECONDS`` it checks both again, and a revocation (the token revoked, the user deactivated, the
 session logged out) reaches it at once through the user's revocation group. A credential that no longer holds
@@ -42,6 +46,7 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_REVOKED = (
     4403  # the credential the socket was opened with ended (revoked, expired, deactivated, logged out)
 )
+CLOSE_TOO_MANY = 4429  # the user already holds WS_MAX_PER_USER sockets open
 MAX_FRAME_BYTES = 64 * 1024
 # How often each connection compares its topics' heads with what it delivered (tests set it shorter).
 HEADS_SECONDS = float(os.environ.get("LOCKSTEP_WS_HEADS_SECONDS", "5"))
@@ -68,10 +73,19 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
         self.topics: set[str] = set()
         self.told: dict[str, int] = {}  # topic -> the highest sequence number this socket was sent or told of
         self.heads_task: asyncio.Task | None = None
+        self.slot_user: int | None = None
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
+        if not await asyncio.to_thread(wsauth.socket_slot_claim, user.pk, self.channel_name):
+            # Accepted only to say why: a refused handshake carries no reason.
+            await self.accept()
+            detail = f"at most {settings.WS_MAX_PER_USER} open websockets per user: close one first"
+            await self.send_json({"type": "error", "detail": detail})
+            await self.close(code=CLOSE_TOO_MANY)
+            return
+        self.slot_user = user.pk
         self.revocation_group = wsauth.revocation_group(user.pk)
         await self.channel_layer.group_add(self.revocation_group, self.channel_name)
         await self.accept()
@@ -81,6 +95,9 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code):
         self._stop_heads()
+        if getattr(self, "slot_user", None) is not None:
+            await asyncio.to_thread(wsauth.socket_slot_release, self.slot_user, self.channel_name)
+            self.slot_user = None
         group = getattr(self, "revocation_group", None)
         if group:
             await self.channel_layer.group_discard(group, self.channel_name)
@@ -148,6 +165,9 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
             if not await self._credential_valid():
                 await self._close_revoked()
                 return
+            await asyncio.to_thread(
+                wsauth.socket_slot_claim, self.slot_user, self.channel_name
+            )  # renew the lease
             try:
                 await self._recheck_topics()
             except Exception as error:  # the database away: the next period checks again

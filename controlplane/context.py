@@ -39,8 +39,10 @@ class RequestContextMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
+        from controlplane.security_ratelimit import client_address
+
         source = "api" if request.path.startswith("/api/") else "page"
-        token = set_context(RequestContext(source=source, remote_addr=request.META.get("REMOTE_ADDR")))
+        token = set_context(RequestContext(source=source, remote_addr=client_address(request)))
         try:
             return self.get_response(request)
         finally:

@@ -15,6 +15,7 @@ import hashlib
 import json
 import re
 from functools import lru_cache
+from pathlib import Path
 
 from csp.middleware import CSPMiddleware, PolicyParts
 from django.core.exceptions import DisallowedHost
@@ -36,12 +37,16 @@ def _js_string(literal: str) -> str:
     return json.loads('"' + literal.replace("\\'", "'").replace('"', '\\"') + '"')
 
 
+# The plotly.js bundle the pages load (static/vendor/README.md).
+PLOTLY_BUNDLE = "vendor/plotly.min.js"
+
+
 @lru_cache(maxsize=1)
 def plotly_style_hashes() -> tuple[str, ...]:
     """style-src hashes for what plotly.js (the bundle served as vendor/plotly.min.js) writes into <style>."""
-    from controlplane.staticfinders import PLOTLY_DIR, PLOTLY_FILES
+    from django.contrib.staticfiles import finders
 
-    bundle = (PLOTLY_DIR / PLOTLY_FILES["vendor/plotly.min.js"]).read_text(encoding="utf-8")
+    bundle = Path(finders.find(PLOTLY_BUNDLE)).read_text(encoding="utf-8")
     sheets = [_js_string(match.group(1)) for match in _INSERTED_SHEET.finditer(bundle)]
     return tuple(dict.fromkeys([style_hash(""), *map(style_hash, sheets)]))
 

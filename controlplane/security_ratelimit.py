@@ -20,18 +20,50 @@ from rest_framework.throttling import BaseThrottle
 log = logging.getLogger(__name__)
 
 
-def _client_address(request: HttpRequest) -> str:
-    # uvicorn puts the client's address here, also behind a proxy it trusts (--forwarded-allow-ips).
-    return request.META.get("REMOTE_ADDR") or "unknown"
+# The key that requests share whose address Lockstep cannot vouch for (see client_address).
+UNVERIFIED = "unverified"
+
+
+def client_address(request: HttpRequest) -> str | None:
+    """The client's address as far as Lockstep can vouch for it (None where it cannot): what rate limits key on and
+    the audit trail records.
+
+    uvicorn replaces the peer's address with one from ``X-Forwarded-For`` when the peer is a proxy it trusts: the
+    ones in ``FORWARDED_ALLOW_IPS`` (the Procfile passes them; uvicorn also reads the variable), but 127.0.0.1 when
+    it is started by hand with the variable unset. So with no proxy configured here, an address that is one of the
+    header's is the header's word, and anyone on the host could pick it (issue 54). An address not in the header is
+    the peer's own; with proxies configured, uvicorn chose it as they say. See docs/security.md, "Behind a proxy"."""
+    remote = request.META.get("REMOTE_ADDR") or None
+    header = request.META.get("HTTP_X_FORWARDED_FOR", "")
+    if not header or settings.FORWARDED_ALLOW_IPS:
+        return remote
+    return None if remote in _hosts(header) else remote
+
+
+def _hosts(header: str) -> set[str]:
+    """The hosts an X-Forwarded-For header names, with and without a port (``1.2.3.4:80``, ``[::1]:80``)."""
+    hosts = set()
+    for entry in (part.strip() for part in header.split(",")):
+        hosts.add(entry)
+        if entry.startswith("["):
+            hosts.add(entry[1:].split("]", 1)[0])
+        elif entry.count(":") == 1:
+            hosts.add(entry.split(":", 1)[0])
+    return hosts
+
+
+def _address_key(request: HttpRequest) -> str:
+    """Requests whose address cannot be vouched for share one count, so a forged header buys no fresh ones."""
+    return client_address(request) or UNVERIFIED
 
 
 def _login_name_and_address(group: str, request: HttpRequest) -> str:
     username = (request.POST.get("username") or "").strip().casefold()
-    return f"{_client_address(request)}\n{username}"
+    return f"{_address_key(request)}\n{username}"
 
 
 def _login_address(group: str, request: HttpRequest) -> str:
-    return _client_address(request)
+    return _address_key(request)
 
 
 def _user(group: str, request: HttpRequest) -> str:

@@ -5,6 +5,7 @@ below with its default and meaning; the README's configuration table and the
 docker-compose test are checked against that list.
 """
 
+import ipaddress
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +23,11 @@ VAR_DIR = BASE_DIR / "var"
 # name -> (cast, default, meaning). The single source of truth for configuration.
 ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "DEBUG": (bool, False, "Debug pages and autoreloading static files. Never on in production."),
+    "DEBUG_ERROR_PAGES": (
+        bool,
+        False,
+        "With DEBUG on, answer a 404 or a server error with Django's debug page (every URL pattern, the traceback) instead of the site's own error pages; off, the site's pages answer and tracebacks go to the log only.",
+    ),
     "SECRET_KEY": (
         str,
         "",
@@ -180,6 +186,12 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
         600.0,
         "How much faster than real time the simulator's faults strike (demo time compression).",
     ),
+    "SIMULATOR_SHOWCASE_SECONDS": (
+        float,
+        60.0,
+        "Seconds after `simulate run` starts that the demo stages one NIC failure under the largest protected "
+        "job, so a new fleet shows a recovery other than a restart early; negative: none.",
+    ),
     "DRIFT_SWEEP_SECONDS": (int, 60, "How often beat runs the drift sweep over every cluster."),
     "DRIFT_MAX_CORRECTIONS": (
         int,
@@ -194,7 +206,7 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "XID_CATALOG": (
         str,
         "",
-        "Path of NVIDIA's Xid catalogue CSV that fault triage reads; empty: ../shared/data/xid/nvidia_xid_catalog.csv next to the project.",
+        "Path of NVIDIA's Xid catalogue CSV that fault triage reads; empty: the copy in the repository (data/xid/nvidia_xid_catalog.csv).",
     ),
     "FAULT_CORRELATION_SECONDS": (
         float,
@@ -248,6 +260,16 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
         86400.0,
         "How long a restart that finds no healthy spare for a dead node's workers waits for one (a repaired node coming back, its own included), counted from the fault; then it fails and the job with it. 0: fail at once.",
     ),
+    "DRAIN_DEADLINE_SECONDS": (
+        float,
+        1800.0,
+        "A drain whose node still holds a job this long after it began is announced (node.drain_overdue, a notification), once per drain; the node stays draining and the page says what it waits for.",
+    ),
+    "DRAIN_SWEEP_SECONDS": (
+        int,
+        5,
+        "How often beat steps every draining node: raises its drain request if missing, completes a drain no job holds up, announces an overdue one.",
+    ),
     "RECOVERY_SPARE_POLL_SECONDS": (
         float,
         300.0,
@@ -299,6 +321,16 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
         5,
         "Completed recoveries of a kind on a cluster before their measured durations replace the planner's defaults.",
     ),
+    "RESTART_BASELINE_MIN_SAMPLES": (
+        int,
+        3,
+        "Restarts measured on a cluster (fault to the job's first step again) for jobs of a size before their average replaces the cluster's assumed restart overhead in the GPU-hours baseline.",
+    ),
+    "RANK_REPLACEMENT_DEADLINE_SECONDS": (
+        float,
+        60.0,
+        "How long a rank replacement waits for the job's runtime to report the standby in place before it falls back to restoring the whole job.",
+    ),
     # validation of repaired nodes, the rollout gate (docs/fleet.md)
     "ESCALATION_CLEAN_TELEMETRY_SECONDS": (
         int,
@@ -327,15 +359,55 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
         "What-if replays one user may have queued or running at once (429 above).",
     ),
     "WHATIF_MAX_RUNNING": (int, 2, "What-if replays queued or running at once in all (429 above)."),
+    "WS_MAX_PER_USER": (
+        int,
+        20,
+        "Websockets one user (or token) may hold open at once; the next is closed at once with code 4429 (docs/security.md).",
+    ),
+    "BLUEPRINT_YAML_MAX_BYTES": (
+        int,
+        256 * 1024,
+        "The largest blueprint YAML document (or version content) Lockstep parses, in bytes; larger ones are refused unread (400).",
+    ),
+    "BLUEPRINT_YAML_MAX_NODES": (
+        int,
+        20_000,
+        "The most YAML nodes (scalars, lists, mappings) a blueprint document may hold; parsing stops at the first over it (400), so one document holds a web thread for a bounded time.",
+    ),
+    "HELM_PENDING_DEADLINE_SECONDS": (
+        int,
+        900,
+        "How long a Helm release may stay pending-install, pending-upgrade or pending-rollback (a crashed upgrade leaves it so) before the Kubernetes driver reports it Degraded and its next apply rolls it back and retries; a cluster's `pending_deadline_seconds` connection setting overrides it.",
+    ),
+    "BLUEPRINT_SOURCE_SWEEP_SECONDS": (
+        int,
+        15,
+        "How often beat looks for blueprint sources whose poll is due (each source polls at its own `poll_seconds`).",
+    ),
+    "BLUEPRINT_SOURCE_GIT_TIMEOUT": (
+        int,
+        60,
+        "Seconds one git command of a blueprint source poll may take (a fetch included) before the poll fails with that reason.",
+    ),
+    "BLUEPRINT_SOURCE_CACHE_DIR": (
+        str,
+        "",
+        "Where workers keep their copies of blueprint sources' git repositories (one bare repository each; safe to delete). Empty: var/blueprint-sources.",
+    ),
+    "BLUEPRINT_SOURCE_ALLOW_FILE": (
+        bool,
+        False,
+        "Let blueprint sources be file:// repositories on the workers' disk. Only for tests: users' source URLs are otherwise https:// to public addresses (the outbound-URL rule).",
+    ),
     "FORWARDED_ALLOW_IPS": (
         str,
         "",
         "Addresses of the proxies whose X-Forwarded-For and X-Forwarded-Proto uvicorn believes (comma-separated IPs or networks; uvicorn reads this variable). Empty: none, not even 127.0.0.1, so a client on the host cannot pick the address the login rate limit keys on. Set it to the proxy's address behind a proxy.",
     ),
-    "NOTIFICATION_ALLOW_PRIVATE_TARGETS": (
-        bool,
-        False,
-        "Let notification channel URLs point at loopback, link-local and private addresses (a lab without public hooks); off, such targets are refused when saved and when sent.",
+    "OUTBOUND_ALLOWED_NETWORKS": (
+        str,
+        "",
+        "Ranges that user-set URLs the workers fetch (notification channels, add-on repositories) may reach although they are not public: comma-separated networks such as 10.20.0.0/16 or 127.0.0.1/32 (a lab hook). Empty: loopback, private, link-local and other internal addresses are refused, when a URL is saved and when it is fetched (controlplane/outbound.py).",
     ),
 }
 
@@ -369,6 +441,8 @@ if LOCAL_ENV_FILE is not None:
     environ.Env.read_env(LOCAL_ENV_FILE)
 
 DEBUG = env("DEBUG")
+# The site's error pages answer with DEBUG on too (controlplane/error_pages.py), unless this asks for Django's.
+DEBUG_ERROR_PAGES = env("DEBUG_ERROR_PAGES")
 # Production is DEBUG off: it runs on its own key. A DEBUG run (`make run`) may fall back to a fixed development
 # key, which `check --deploy` reports (django-insecure-).
 SECRET_KEY = env("SECRET_KEY")
@@ -383,6 +457,7 @@ if not DEBUG and len(SECRET_KEY) < 32:
 SECRET_KEY_FALLBACKS = env("SECRET_KEY_FALLBACKS")
 ALLOWED_HOSTS = env("ALLOWED_HOSTS")
 CSRF_TRUSTED_ORIGINS = env("CSRF_TRUSTED_ORIGINS")
+CSRF_FAILURE_VIEW = "controlplane.error_pages.csrf_failure"
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -413,12 +488,14 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "controlplane.security_csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    "controlplane.error_pages.ApiErrorMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "controlplane.context.RequestContextMiddleware",
+    "controlplane.error_pages.ErrorPageMiddleware",
     "controlplane.middleware.DatabaseErrorMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -497,13 +574,14 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.FileSystemFinder",
     "django.contrib.staticfiles.finders.AppDirectoriesFinder",
-    "controlplane.staticfinders.PlotlyFinder",
 ]
+# After collectstatic (the image, `make run`), pages link content-hashed names that whitenoise serves gzipped and
+# cacheable for a year, DEBUG or not; without a current collected tree, the sources as they are
+# (controlplane/staticstorage.py).
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    "staticfiles": {"BACKEND": "controlplane.staticstorage.StaticFilesStorage"},
 }
-# Serve straight from the finders (no collectstatic needed) unless a collected tree exists.
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
@@ -547,6 +625,8 @@ CELERY_TASK_ROUTES = {
             "jobs.fault_handle",
             "jobs.fault_sweep",
             "jobs.recovery_advance",
+            "jobs.drain_request",
+            "jobs.drains_advance",
             "jobs.silence_sweep",
             "jobs.links_fail_back",
             "jobs.snapshot_schedule",
@@ -567,7 +647,21 @@ CELERY_TASK_ROUTES = {
 WHATIF_MAX_PER_USER = env("WHATIF_MAX_PER_USER")
 WHATIF_MAX_RUNNING = env("WHATIF_MAX_RUNNING")
 WS_REVALIDATE_SECONDS = env("WS_REVALIDATE_SECONDS")
-NOTIFICATION_ALLOW_PRIVATE_TARGETS = env("NOTIFICATION_ALLOW_PRIVATE_TARGETS")
+WS_MAX_PER_USER = env("WS_MAX_PER_USER")
+BLUEPRINT_YAML_MAX_BYTES = env("BLUEPRINT_YAML_MAX_BYTES")
+BLUEPRINT_YAML_MAX_NODES = env("BLUEPRINT_YAML_MAX_NODES")
+HELM_PENDING_DEADLINE_SECONDS = env("HELM_PENDING_DEADLINE_SECONDS")
+BLUEPRINT_SOURCE_GIT_TIMEOUT = env("BLUEPRINT_SOURCE_GIT_TIMEOUT")
+BLUEPRINT_SOURCE_CACHE_DIR = env("BLUEPRINT_SOURCE_CACHE_DIR") or str(VAR_DIR / "blueprint-sources")
+BLUEPRINT_SOURCE_ALLOW_FILE = env("BLUEPRINT_SOURCE_ALLOW_FILE")
+try:  # a range written wrong stops the start rather than allowing something else
+    OUTBOUND_ALLOWED_NETWORKS = [
+        str(ipaddress.ip_network(network.strip()))
+        for network in env("OUTBOUND_ALLOWED_NETWORKS").split(",")
+        if network.strip()
+    ]
+except ValueError as error:
+    raise ImproperlyConfigured(f"OUTBOUND_ALLOWED_NETWORKS: {error}") from None
 
 CELERY_BEAT_SCHEDULE = {
     "outbox-sweep": {
@@ -584,6 +678,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "jobs.recovery_advance",
         "schedule": timedelta(seconds=env("RECOVERY_ADVANCE_SECONDS")),
         "options": {"expires": max(2, env("RECOVERY_ADVANCE_SECONDS") * 2)},
+    },
+    "jobs-drains-advance": {
+        "task": "jobs.drains_advance",
+        "schedule": timedelta(seconds=env("DRAIN_SWEEP_SECONDS")),
+        "options": {"expires": env("DRAIN_SWEEP_SECONDS") * 2},
     },
     "jobs-silence-sweep": {
         "task": "jobs.silence_sweep",
@@ -604,6 +703,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "fleet.drift_sweep",
         "schedule": timedelta(seconds=env("DRIFT_SWEEP_SECONDS")),
         "options": {"expires": env("DRIFT_SWEEP_SECONDS")},
+    },
+    "fleet-blueprint-source-sweep": {
+        "task": "fleet.blueprint_source_sweep",
+        "schedule": timedelta(seconds=env("BLUEPRINT_SOURCE_SWEEP_SECONDS")),
+        "options": {"expires": env("BLUEPRINT_SOURCE_SWEEP_SECONDS") * 2},
     },
     "fleet-rollout-sweep": {
         "task": "fleet.rollout_sweep",
@@ -676,15 +780,17 @@ TELEMETRY_SYMBOL_ERRORS_PER_HOUR = env("TELEMETRY_SYMBOL_ERRORS_PER_HOUR")
 RISK_SWEEP_SECONDS = env("RISK_SWEEP_SECONDS")
 PREDICTION_HORIZON_HOURS = env("PREDICTION_HORIZON_HOURS")
 SIMULATOR_ACCELERATION = env("SIMULATOR_ACCELERATION")
+SIMULATOR_SHOWCASE_SECONDS = env("SIMULATOR_SHOWCASE_SECONDS")
 DEMO_ADMIN_USERNAME = env("DEMO_ADMIN_USERNAME")
 DRIFT_SWEEP_SECONDS = env("DRIFT_SWEEP_SECONDS")
 DRIFT_MAX_CORRECTIONS = env("DRIFT_MAX_CORRECTIONS")
 ROLLOUT_TICK_SECONDS = env("ROLLOUT_TICK_SECONDS")
 
 # --- Fault tolerance (jobs) ----------------------------------------------------------------------------
-XID_CATALOG = env("XID_CATALOG") or str(
-    BASE_DIR.parent / "shared" / "data" / "xid" / "nvidia_xid_catalog.csv"
-)
+# The public data every process reads, inside the repository (data/README.md; checked at start-up by
+# controlplane.data.check).
+DATA_DIR = BASE_DIR / "data"
+XID_CATALOG = env("XID_CATALOG")
 FAULT_CORRELATION_SECONDS = env("FAULT_CORRELATION_SECONDS")
 FAULT_SWEEP_SECONDS = env("FAULT_SWEEP_SECONDS")
 ESCALATION_STRIKES = env("ESCALATION_STRIKES")
@@ -698,6 +804,8 @@ SILENCE_INTERVALS = env("SILENCE_INTERVALS")
 HANG_STEP_MULTIPLE = env("HANG_STEP_MULTIPLE")
 HANG_FLOOR_SECONDS = env("HANG_FLOOR_SECONDS")
 RECOVERY_ESTIMATE_MIN_SAMPLES = env("RECOVERY_ESTIMATE_MIN_SAMPLES")
+RESTART_BASELINE_MIN_SAMPLES = env("RESTART_BASELINE_MIN_SAMPLES")
+RANK_REPLACEMENT_DEADLINE_SECONDS = env("RANK_REPLACEMENT_DEADLINE_SECONDS")
 ESCALATION_CLEAN_TELEMETRY_SECONDS = env("ESCALATION_CLEAN_TELEMETRY_SECONDS")
 ROLLOUT_GATE_SIGNIFICANCE = env("ROLLOUT_GATE_SIGNIFICANCE")
 ROLLOUT_GATE_BASELINE_HOURS = env("ROLLOUT_GATE_BASELINE_HOURS")
@@ -707,6 +815,7 @@ RECOVERY_RESTART_RETRIES = env("RECOVERY_RESTART_RETRIES")
 RECOVERY_RETRY_BACKOFF_SECONDS = env("RECOVERY_RETRY_BACKOFF_SECONDS")
 RECOVERY_SPARE_WAIT_SECONDS = env("RECOVERY_SPARE_WAIT_SECONDS")
 RECOVERY_SPARE_POLL_SECONDS = env("RECOVERY_SPARE_POLL_SECONDS")
+DRAIN_DEADLINE_SECONDS = env("DRAIN_DEADLINE_SECONDS")
 PROACTIVE_PRECISION_PRIOR = env("PROACTIVE_PRECISION_PRIOR")
 PROACTIVE_PRECISION_MIN_JUDGED = env("PROACTIVE_PRECISION_MIN_JUDGED")
 
@@ -725,6 +834,8 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "controlplane.openapi.AutoSchema",  # documents error answers as well as success
     "EXCEPTION_HANDLER": "controlplane.api.exception_handler",
+    # An unknown ?format= is a 400 naming the formats, not DRF's 404 (controlplane/negotiation.py).
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "controlplane.negotiation.ContentNegotiation",
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
@@ -816,6 +927,10 @@ CONTENT_SECURITY_POLICY = {
 
 # Rate limits on the login form and on token issue (controlplane/security_ratelimit.py), counted in Redis.
 LOGIN_RATE = env("LOGIN_RATE")
+# The proxies uvicorn was told to believe; the address rate limits key on is checked against them (security_ratelimit).
+FORWARDED_ALLOW_IPS = [
+    address.strip() for address in env("FORWARDED_ALLOW_IPS").split(",") if address.strip()
+]
 LOGIN_ADDRESS_RATE = env("LOGIN_ADDRESS_RATE")
 TOKEN_CREATE_RATE = env("TOKEN_CREATE_RATE")
 # Django's RedisCache increments atomically (INCRBY, SET NX), which is what django-ratelimit needs; its list of

@@ -10,8 +10,11 @@ router = DefaultRouter()
 router.register("events", api_views.EventViewSet, basename="event")
 router.register("audit", api_views.AuditEntryViewSet, basename="audit")
 
-handler404 = "controlplane.api.json_not_found"
-handler500 = "controlplane.api.json_server_error"
+# A page in the site's layout, or JSON under /api/, with DEBUG on or off (controlplane/error_pages.py).
+handler400 = "controlplane.error_pages.bad_request"
+handler403 = "controlplane.error_pages.permission_denied"
+handler404 = "controlplane.error_pages.page_not_found"
+handler500 = "controlplane.error_pages.server_error"
 
 urlpatterns = [
     path("", include("home.urls")),

@@ -143,3 +143,66 @@ def connect_signals() -> None:
     from django.contrib.auth.signals import user_logged_out
 
     user_logged_out.connect(_logged_out, dispatch_uid="lockstep-ws-logout")
+
+
+# --- how many sockets one user holds ---------------------------------------------------------------------------------
+
+# Claim a slot atomically: drop the leases that ran out (a process that died), then admit the socket only while the
+# user holds fewer than the cap. KEYS[1]: the user's slots; ARGV: now, lease end, the socket's channel, cap, lease.
+_CLAIM = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if not redis.call('ZSCORE', KEYS[1], ARGV[3]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[5])))
+return 1
+"""
+_slots_client = None
+
+
+def _slots():
+    """The Redis client (its pool is thread-safe) and the claim script, made once per process."""
+    global _slots_client
+    if _slots_client is None:
+        import redis
+
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+        _slots_client = (client, client.register_script(_CLAIM))
+    return _slots_client
+
+
+def _slot_key(user_id: int) -> str:
+    return f"lockstep:ws-slots:user-{int(user_id)}"
+
+
+def _lease_seconds() -> float:
+    """A slot is renewed at every credential re-check (WS_REVALIDATE_SECONDS) and lapses after three missed."""
+    return 3 * float(settings.WS_REVALIDATE_SECONDS)
+
+
+def socket_slot_claim(user_id: int, channel_name: str) -> bool:
+    """Take (or renew) one of the user's WS_MAX_PER_USER socket slots, in every web process at once (Redis): False
+    when the user holds them all. Redis away: True (the channel layer is Redis too, and its loss is reported)."""
+    import time
+
+    now = time.time()
+    try:
+        _, claim = _slots()
+        return bool(
+            claim(
+                keys=[_slot_key(user_id)],
+                args=[now, now + _lease_seconds(), channel_name, settings.WS_MAX_PER_USER, _lease_seconds()],
+            )
+        )
+    except Exception as error:  # Redis away or refusing: the cap steps aside, logged
+        log.warning("websocket slot of user %s not counted: %r", user_id, error)
+        return True
+
+
+def socket_slot_release(user_id: int, channel_name: str) -> None:
+    """Give the socket's slot back (it closed)."""
+    try:
+        _slots()[0].zrem(_slot_key(user_id), channel_name)
+    except Exception as error:  # the lease runs out by itself
+        log.info("websocket slot of user %s not released: %r", user_id, error)

@@ -16,13 +16,13 @@ from controlplane import events
 from controlplane.access import principal
 from controlplane.errors import ServiceError
 from controlplane.selectors import event_history, topic_seq
-from controlplane.timerange import TimeRange, time_range
+from controlplane.timerange import TimeRange, fitting, time_range
 from fleet import selectors as fleet_selectors
 from fleet.choices import NodeState
-from fleet.models import Cluster
 from fleet.status import cluster_status
 from jobs import selectors as job_selectors
 from jobs.choices import JobPhaseKind, JobState
+from jobs.protection import cluster_jobs_protection
 from jobs.services.jobs import job_submit
 from tenancy import selectors as tenancy_selectors
 from tenancy.models import Tenant
@@ -52,8 +52,8 @@ def heatmap_summary(entry: dict) -> str:
 
 
 def provider_dashboard(user, window: TimeRange | None = None) -> dict:
-    """The fleet dashboard's figures, heat maps and charts; the charts (faults per bucket, GPU-hours saved
-    cumulated) cover ``window`` (the last 7 days by default)."""
+    """The fleet dashboard's figures, heat maps and charts; the charts (faults per bucket, GPU-hours saved and
+    lost cumulated) cover ``window`` (the last 7 days by default)."""
     now = window.now if window else timezone.now()
     since = window.since if window else now - timedelta(days=7)
     truncate = TRUNCATE[window.bucket if window else "hour"]
@@ -83,6 +83,8 @@ def provider_dashboard(user, window: TimeRange | None = None) -> dict:
             "with_blueprint": sum(1 for c in clusters if c.blueprint_version_id),
             "saved_today": figures["saved_today"],
             "saved_30d": figures["saved_30d"],
+            "lost_today": figures["lost_today"],
+            "lost_30d": figures["lost_30d"],
             "expected": figures["expected"],
         },
         "clusters": [
@@ -103,6 +105,7 @@ def provider_dashboard(user, window: TimeRange | None = None) -> dict:
         "charts": {
             "faults": recoveries["faults"],
             "saved": recoveries["saved"],
+            "lost": recoveries["lost"],
             "range": window.as_data() if window else None,
         },
     }
@@ -110,7 +113,7 @@ def provider_dashboard(user, window: TimeRange | None = None) -> dict:
 
 def tenant_dashboard(user, tenant: Tenant) -> dict:
     """A tenant's jobs, clusters (those its jobs run on and those dedicated to it), uptime over 30 days and
-    GPU-hours saved."""
+    GPU-hours saved and lost."""
     now = timezone.now()
     jobs = job_selectors.tenant_recent_jobs(user=user, tenant_id=tenant.pk)
     clusters = {job.cluster_id: job.cluster for job in jobs}
@@ -130,12 +133,14 @@ def tenant_dashboard(user, tenant: Tenant) -> dict:
         "clusters": [
             {
                 "cluster": c,
-                "protection": fleet_selectors.cluster_protection(cluster=c),
+                # The verdict of each job's page (jobs.protection), over the tenant's running jobs there.
+                "protection": cluster_jobs_protection(c, jobs, at=now),
                 "dedicated": c.dedicated_tenant_id == tenant.pk,
             }
             for c in clusters.values()
         ],
         "saved": recoveries["saved"],
+        "lost": recoveries["lost"],
         "uptime": uptime,
         "expected": recoveries["expected"],
         "recovering_now": recoveries["recovering_now"],
@@ -152,13 +157,23 @@ SUBMIT_GPUS_PER_NODE = 8
 def _submit(request, tenant: Tenant) -> str | None:
     """The submit form: validates shape, then the job service decides. Returns an error to show, or None."""
     try:
-        # Any cluster by id: the job service refuses one the tenant may not use, and says why.
-        cluster = Cluster.objects.get(pk=int(request.POST.get("cluster", "0")))
+        cluster_id = int(request.POST.get("cluster", "0"))
         gpus = int(request.POST.get("gpus", "0"))
         seconds = float(request.POST.get("seconds_per_iteration") or 2.0)
         interval = int(request.POST.get("checkpoint_interval") or 500)
-    except (Cluster.DoesNotExist, ValueError):
+    except ValueError:
         return "Choose a cluster and give whole numbers."
+    # One of the clusters the form offers; any other id, another tenant's or none, gets the same answer.
+    cluster = next(
+        (
+            c
+            for c in fleet_selectors.submit_clusters(user=request.user, tenant_id=tenant.pk)
+            if c.pk == cluster_id
+        ),
+        None,
+    )
+    if cluster is None:
+        return "No such cluster for this tenant: choose one of the clusters listed."
     name = (request.POST.get("name") or "").strip()[:100]
     if not name:
         return "Give the job a name."
@@ -195,7 +210,10 @@ def home(request):
     if who.is_provider:
         topic = events.topic("fleet")
         after = topic_seq(topic)  # read before the snapshot: events after it are applied on top
-        window = time_range(request)
+        # The charts open on a window that holds the fleet's data: its first hour, not one spike in 7 days.
+        window = time_range(
+            request, default=lambda now: fitting(job_selectors.first_fault_at(user=request.user), now=now)
+        )
         data = provider_dashboard(request.user, window)
         return render(
             request,

@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from controlplane import events
 from controlplane.access import PROVIDER_ROLES, principal, require
-from controlplane.audit import audit_record, field_changes
+from controlplane.audit import audit_record, audit_record_sampled, field_changes
+from controlplane.context import current as request_context
 from controlplane.errors import ServiceError
 from controlplane.wsauth import credentials_revoked
 from tenancy.choices import Role, TenantTier, TokenScope
@@ -126,6 +127,36 @@ def user_deactivate(*, actor, user) -> None:
         changes={"is_active": [True, False]},
     )
     credentials_revoked(user_id=user.pk)  # its open websockets close
+
+
+# Of the login attempts the rate limit refuses, the first per name and address in this window is audited.
+THROTTLED_LOGIN_AUDIT_SECONDS = 60
+
+
+@transaction.atomic
+def login_refused(*, username: str, throttled: bool = False) -> None:
+    """Audit a refused login: the name tried and, from the request, the address. Every attempt whose password was
+    checked and refused is kept (the login rate limits bound how many one address makes); of those refused for
+    the rate limit before any check, the first per name and address in THROTTLED_LOGIN_AUDIT_SECONDS. A name that
+    is a user's names that user (and its tenant, whose admins see the entry)."""
+    username = username.replace("\x00", "")[:150]  # NUL fits neither a query nor a JSON column
+    user = User.objects.filter(username=username).first() if username else None
+    tenant_id = (
+        Membership.objects.filter(user=user).values_list("tenant_id", flat=True).first() if user else None
+    )
+    fields = {
+        "actor": None,
+        "action": "login.throttled" if throttled else "login.failed",
+        "object_type": "auth.user",
+        "object_id": str(user.pk) if user else "",
+        "tenant_id": tenant_id,
+        "changes": {"username": username},
+    }
+    if throttled:
+        key = f"login-throttled:{request_context().remote_addr}:{username.casefold()}"
+        audit_record_sampled(key=key, seconds=THROTTLED_LOGIN_AUDIT_SECONDS, **fields)
+    else:
+        audit_record(**fields)
 
 
 def may_manage_tokens_of(actor, owner) -> bool:

@@ -21,9 +21,14 @@ class LoginView(auth_views.LoginView):
         wait = refused(request, LOGIN)
         if wait is None:
             return super().post(request, *args, **kwargs)
+        services.login_refused(username=request.POST.get("username", ""), throttled=True)
         form = self.get_form_class()(request, initial={"username": request.POST.get("username", "")})
         context = self.get_context_data(form=form, throttled=wait)
         return retry_after(self.render_to_response(context, status=429), wait)
+
+    def form_invalid(self, form):
+        services.login_refused(username=self.request.POST.get("username", ""))
+        return super().form_invalid(form)
 
 
 @login_required

@@ -38,25 +38,35 @@
   }
   function drawFaults(points) {
     show(faultsChart);
+    // Whole faults only: a step of at least 1 (left to Plotly, a bucket of one fault gets ticks 0.2 apart,
+    // which ",d" prints as 0, 0, 0, 1, 1, 1).
+    var most = Math.max.apply(null, [1].concat(points.map(function (p) { return p.v; })));
     Plotly.newPlot(faultsChart, [{ type: "bar", x: points.map(function (p) { return p.t; }),
       y: points.map(function (p) { return p.v; }), marker: { color: "#b42318" }, name: "faults" }],
       { margin: { t: 8, r: 8, b: 40, l: 40 }, xaxis: { type: "date", range: [range.since, new Date().toISOString()] },
-        yaxis: { title: "faults", rangemode: "nonnegative", tickformat: ",d" } }, CONFIG);
+        yaxis: { title: "faults", rangemode: "nonnegative", tickformat: ",d", tick0: 0, dtick: Math.max(1, Math.ceil(most / 5)) } }, CONFIG);
     faultsDrawn = true;
   }
-  function drawSaved(points) {
-    show(savedChart);
-    // a step line from zero at the start of the window, so even one completed recovery draws a line
-    Plotly.newPlot(savedChart, [{ x: [range.since].concat(points.map(function (p) { return p.t; })),
+  // GPU-hours saved and lost, cumulated: two step lines from zero at the start of the window, so even one
+  // completed recovery draws them (the series share their buckets: jobs.selectors.recovery_dashboard)
+  function steps(points, name, color, dash) {
+    return { x: [range.since].concat(points.map(function (p) { return p.t; })),
       y: [0].concat(points.map(function (p) { return p.v; })), mode: "lines+markers",
-      line: { color: "#1a7f37", width: 3, shape: "hv" }, name: "saved" }],
+      line: { color: color, width: 3, shape: "hv", dash: dash }, name: name };
+  }
+  function drawSaved(saved, lost) {
+    show(savedChart);
+    Plotly.newPlot(savedChart, [steps(saved, "saved", "#1a7f37", "solid"), steps(lost, "lost", "#b42318", "dot")],
       { margin: { t: 8, r: 8, b: 40, l: 60 }, xaxis: { type: "date", range: [range.since, new Date().toISOString()] },
-        yaxis: { title: "GPU-hours", rangemode: "tozero", tickformat: "," } }, CONFIG);
+        yaxis: { title: "GPU-hours", rangemode: "tozero", tickformat: "," },
+        legend: { orientation: "h", y: 1.12 } }, CONFIG);
     savedDrawn = true;
   }
+  function last(points) { return points.length ? points[points.length - 1].v : 0; }
+  var lostPoints = data.charts.lost || [];
   if (data.charts.faults.length) { drawFaults(data.charts.faults); }
-  if (data.charts.saved.length) { drawSaved(data.charts.saved); }
-  var savedTotal = data.charts.saved.length ? data.charts.saved[data.charts.saved.length - 1].v : 0;
+  if (data.charts.saved.length) { drawSaved(data.charts.saved, lostPoints); }
+  var savedTotal = last(data.charts.saved), lostTotal = last(lostPoints);
 
   // heat maps: 8 nodes to a row, cells keyed by node id (hostnames may repeat across clusters)
   var cells = {};   // node id -> {cluster, row, col, state, unhealthy, gpus}
@@ -142,12 +152,16 @@
       bump("fig-faults-open", -1);
     } else if (event.kind === "actions.completed") {
       // one list per cluster and batch: the recoveries that just finished
-      var saved = (p.actions || []).reduce(function (sum, a) { return sum + (a.dry_run ? 0 : (a.gpu_hours_saved || 0)); }, 0);
-      if (saved) {
+      var booked = (p.actions || []).filter(function (a) { return !a.dry_run; });
+      var saved = booked.reduce(function (sum, a) { return sum + (a.gpu_hours_saved || 0); }, 0);
+      var lost = booked.reduce(function (sum, a) { return sum + (a.gpu_hours_lost || 0); }, 0);
+      if (saved || lost) {
         bump("fig-saved-today", saved); bump("fig-saved-30d", saved);
-        savedTotal += saved;
-        if (savedDrawn) { Plotly.extendTraces(savedChart, { x: [[event.created]], y: [[savedTotal]] }, [0]); }
-        else { drawSaved([{ t: event.created, v: savedTotal }]); }
+        bump("fig-lost-today", lost); bump("fig-lost-30d", lost);
+        savedTotal += saved; lostTotal += lost;
+        if (savedDrawn) {
+          Plotly.extendTraces(savedChart, { x: [[event.created], [event.created]], y: [[savedTotal], [lostTotal]] }, [0, 1]);
+        } else { drawSaved([{ t: event.created, v: savedTotal }], [{ t: event.created, v: lostTotal }]); }
       }
     } else if (event.kind.indexOf("node.") === 0 && p.node) {
       nodeChanged(p);

@@ -1,4 +1,4 @@
-/* A tenant's home: job rows and figures follow the tenant's topic live (job state, GPU-hours saved). */
+/* A tenant's home: job rows and figures follow the tenant's topic live (job state, GPU-hours saved and lost). */
 (function () {
   "use strict";
   var liveEl = document.getElementById("dashboard-live");
@@ -34,6 +34,10 @@
         if (event.kind === "actions.completed" && !a.dry_run && a.gpu_hours_saved) {
           window.LockstepLive.bumpFigure(document.getElementById("fig-saved"), a.gpu_hours_saved, 2);
           if (row) { window.LockstepLive.bumpFigure(row.querySelector(".saved"), a.gpu_hours_saved, 2); }
+        }
+        if (event.kind === "actions.completed" && !a.dry_run && a.gpu_hours_lost) {
+          window.LockstepLive.bumpFigure(document.getElementById("fig-lost"), a.gpu_hours_lost, 2);
+          if (row) { window.LockstepLive.bumpFigure(row.querySelector(".lost"), a.gpu_hours_lost, 2); }
         }
       });
     }

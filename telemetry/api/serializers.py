@@ -2,6 +2,7 @@
 
 from rest_framework import serializers
 
+from controlplane.outbound import OutboundRefused, check_url
 from telemetry.models import NotificationChannel
 from telemetry.services.notifications import RULES
 from tenancy.api.serializers import ClusterTokenSerializer
@@ -16,7 +17,16 @@ class AgentTokenCreatedSerializer(AgentTokenSerializer):
 
 
 class NotificationChannelSerializer(serializers.ModelSerializer):
+    # Not Django's URLValidator: the one outbound check says what is wrong (controlplane/outbound.py).
+    url = serializers.CharField(max_length=500)
     rules = serializers.ListField(child=serializers.ChoiceField(choices=sorted(RULES)), required=False)
+
+    def validate_url(self, value: str) -> str:
+        try:
+            check_url(value, resolve=False)
+        except OutboundRefused as refusal:
+            raise serializers.ValidationError(str(refusal)) from None
+        return value
 
     class Meta:
         model = NotificationChannel

@@ -1,5 +1,7 @@
 """Take in an Alertmanager webhook: each alert becomes (or joins) a FaultEvent, once per fingerprint."""
 
+import logging
+
 from django.db import DataError, IntegrityError, transaction
 from django.utils import timezone
 
@@ -9,7 +11,11 @@ from jobs.services.faults import FaultReport, fault_ingest, fault_ingest_many
 from telemetry.alertmanager import map_alert
 from telemetry.models import AlertRecord
 
+log = logging.getLogger(__name__)
+
 MAX_ALERTS = 1000
+# What the database says of one alert's values (a constraint, a range): that alert is skipped, not the group.
+REFUSED = (ServiceError, DataError, IntegrityError)
 
 
 def _check_shape(payload) -> list[dict]:
@@ -29,10 +35,12 @@ def alertmanager_ingest(*, actor, payload) -> dict:
     """Returns, per alert, what happened: ``opened``, ``merged``, ``duplicate``, ``resolved`` or ``skipped``.
 
     An alert Lockstep cannot place or read (unknown node, no fault kind, labels that are not an object, a time
-    without a zone, a value the database refuses) is skipped with its reason rather than refusing the whole
-    group: Alertmanager would otherwise retry the group forever, and each alert is its own transaction, so the
-    answer is always 200 with every alert's outcome. An alert that started before the raw-retention period is
-    taken in with its detection time clamped to it (``detected_at_clamped_from`` in its details).
+    without a zone, an Xid code out of range, a value the database refuses) is skipped with its reason rather than
+    refusing the whole group: Alertmanager would otherwise retry the group forever. Each alert is its own
+    transaction (a savepoint inside a caller's), so a refused one leaves nothing behind and no transaction
+    aborted, and the answer is 200 with every alert's outcome; each skip is also logged with its reason. An alert
+    that started before the raw-retention period is taken in with its detection time clamped to it
+    (``detected_at_clamped_from`` in its details).
     """
     alerts = _check_shape(payload)
     mapped_alerts = [map_alert(alert) for alert in alerts]
@@ -70,10 +78,13 @@ def alertmanager_ingest(*, actor, payload) -> dict:
                 for (index, _, _), outcome in zip(fresh, _apply_together(actor, fresh), strict=True):
                     outcomes[index] = outcome
             fresh = []
-        except (ServiceError, DataError, IntegrityError):
+        except REFUSED:
             pass
     for index, mapped, node in fresh:
         outcomes[index] = _apply_alone(actor, mapped, node)
+    for outcome in outcomes:
+        if outcome["outcome"] == "skipped":
+            log.warning("Alertmanager alert %r skipped: %s", outcome["fingerprint"], outcome["reason"])
     return {"alerts": outcomes}
 
 
@@ -92,10 +103,12 @@ def _apply_alone(actor, mapped, node) -> dict:
     try:
         with transaction.atomic():  # one alert at a time: a refused one leaves no row behind
             return _apply(actor, mapped, node)
-    except (ServiceError, DataError) as error:  # skipped with its reason; the rest of the group goes on
-        reason = (
-            error.detail if isinstance(error, ServiceError) else "the database refused a value of this alert"
-        )
+    except REFUSED as error:  # skipped with its reason; the rest of the group goes on
+        if isinstance(error, ServiceError):
+            reason = error.detail
+        else:
+            log.warning("Alertmanager alert %r refused by the database: %s", mapped.fingerprint, error)
+            reason = "the database refused a value of this alert"
         return {"fingerprint": mapped.fingerprint, "outcome": "skipped", "reason": reason}
 
 

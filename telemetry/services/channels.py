@@ -1,56 +1,24 @@
 """Notification channels: created, changed and removed by the provider admin, audited.
 
-A channel's URL is where the workers will POST from inside the installation, so it must not reach what only the
-installation can reach (SSRF): loopback, link-local (cloud metadata at 169.254.169.254), private and other
-non-global addresses are refused, when the channel is saved and again before each delivery (the name may
-resolve elsewhere by then), unless NOTIFICATION_ALLOW_PRIVATE_TARGETS is on.
+A channel's URL is where the workers will POST from inside the installation, so it passes controlplane.outbound's
+check when it is saved (its form, and the addresses it names literally) and again when each delivery is sent
+(resolved once and connected to as checked): what only the installation can reach is refused (SSRF).
 """
 
-import ipaddress
-import socket
-from urllib.parse import urlsplit
-
-from django.conf import settings
 from django.db import transaction
 
 from controlplane.access import principal, require
 from controlplane.audit import audit_record, field_changes
 from controlplane.errors import ServiceError
+from controlplane.outbound import OutboundRefused, check_url
 from telemetry.models import NotificationChannel
 
 
-def target_problem(url: str, *, unresolved_ok: bool = False) -> str | None:
-    """Why Lockstep will not post to ``url``, or None when it may. ``unresolved_ok``: a name that does not resolve
-    now is no reason to refuse it (saving a channel); before a delivery it is."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        return "not a valid URL"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "an http:// or https:// URL with a host"
-    if settings.NOTIFICATION_ALLOW_PRIVATE_TARGETS:
-        return None
-    try:
-        addresses = {
-            info[4][0] for info in socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)
-        }
-    except (OSError, UnicodeError):
-        return None if unresolved_ok else f"the host {parts.hostname} does not resolve"
-    for address in addresses:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-        if not ip.is_global or ip.is_multicast:
-            return (
-                f"{parts.hostname} resolves to {ip}, a loopback, link-local or private address "
-                "(NOTIFICATION_ALLOW_PRIVATE_TARGETS allows it)"
-            )
-    return None
-
-
 def _require_target(url: str) -> None:
-    problem = target_problem(url, unresolved_ok=True)
-    if problem:
-        raise ServiceError(problem, field="url")
+    try:
+        check_url(url, resolve=False)  # the name is resolved when a delivery is sent, not now
+    except OutboundRefused as refusal:
+        raise ServiceError(str(refusal), field="url") from None
 
 
 def _require_admin(actor) -> None:

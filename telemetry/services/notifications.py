@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from controlplane.events import topic
 from controlplane.models import Event
+from controlplane.outbound import OutboundRefused, outbound_post
 from telemetry.models import NotificationChannel, NotificationCursor, NotificationDelivery
-from telemetry.services.channels import target_problem
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,14 @@ RULES = {
             kind in ("rollout.failed", "rollout.rolledback", "rollout.paused", "cluster.rolled_back")
         ),
         lambda p: f"Rollout {p.get('rollout', '')} is {p.get('state', 'rolled back')}: {p.get('reason', '')}",
+    ),
+    # A drain still held up by jobs past DRAIN_DEADLINE_SECONDS (jobs.services.drain), once per drain.
+    "drain_overdue": (
+        lambda kind, p: kind == "node.drain_overdue",
+        lambda p: (
+            f"Drain of {p.get('hostname', '')} overdue: draining since {p.get('since', '')}, "
+            f"still waits for {p.get('waits', '')}"
+        ),
     ),
     "cluster_unreachable": (
         lambda kind, p: kind == "cluster.unreachable",
@@ -145,23 +153,23 @@ def notifications_deliver(*, now=None) -> dict:
                 continue
             delivery.attempts += 1
             try:
-                refused = target_problem(
-                    delivery.channel.url
-                )  # checked again: the name may resolve elsewhere now
-                if refused:
-                    raise requests.RequestException(f"target refused: {refused}")
-                response = requests.post(
-                    delivery.channel.url, json=_body(delivery), timeout=TIMEOUT_SECONDS, allow_redirects=False
-                )
-                delivery.last_status = response.status_code
-                ok = 200 <= response.status_code < 300
-                delivery.last_error = "" if ok else response.text[:300]
-            except requests.RequestException as error:
+                # Checked (the name resolved once) and sent to the address checked; a redirect is not followed.
+                response = outbound_post(delivery.channel.url, json=_body(delivery), timeout=TIMEOUT_SECONDS)
+            except OutboundRefused as refusal:
                 ok, delivery.last_status, delivery.last_error = (
                     False,
                     None,
-                    f"{type(error).__name__}: {error}"[:300],
+                    f"target refused: {refusal}"[:300],
                 )
+            except requests.RequestException as error:
+                ok, delivery.last_status = False, None
+                delivery.last_error = f"{type(error).__name__}: {error}"[:300]
+            else:
+                # The status only: what the receiver answered is not kept (an internal service's reply must not
+                # reach whoever set the URL through the delivery log).
+                delivery.last_status = response.status_code
+                ok = 200 <= response.status_code < 300
+                delivery.last_error = "" if ok else f"HTTP {response.status_code}"
             if ok:
                 delivery.state, delivery.delivered_at = NotificationDelivery.State.DELIVERED, timezone.now()
                 counts["delivered"] += 1

@@ -11,6 +11,52 @@ from rest_framework.test import APIClient
 from controlplane.access import Role
 from tests.support.factories import make_tenant, make_user, token_header
 from tests.support.processes import PrivateRedis
+from tests.support.slow import ProcessWatch, slow_items
+
+PROCESS_WATCH = ProcessWatch()
+
+
+def pytest_configure(config):
+    PROCESS_WATCH.install()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``slow`` every test that starts a process (tests/support/slow.py), so ``-m "not slow"`` (make test-fast)
+    runs only those that start none."""
+    for item in slow_items(items):
+        if item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    PROCESS_WATCH.begin(item.nodeid)
+    try:
+        return (yield)
+    finally:
+        PROCESS_WATCH.end()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    outer = PROCESS_WATCH.shared_fixture
+    PROCESS_WATCH.shared_fixture = outer or fixturedef.scope != "function"
+    try:
+        return (yield)
+    finally:
+        PROCESS_WATCH.shared_fixture = outer
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield
+    started = PROCESS_WATCH.started
+    if started and item.get_closest_marker("slow") is None:
+        raise AssertionError(
+            f"{item.nodeid} started {len(started)} process(es) ({started[0][:200]}) but is not marked slow: add "
+            "@pytest.mark.slow (make test-fast must start no process), or let tests/support/slow.py find it"
+        )
+    return result
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -20,7 +66,8 @@ def _fast_password_hashing():
 
 @pytest.fixture(scope="session", autouse=True)
 def _clean_test_redis():
-    """The suite owns its Redis database (REDIS_URL, DB 14 by default): start it empty."""
+    """The suite owns its Redis database (REDIS_URL, DB 14 by default; under xdist each worker its own, see
+    controlplane/testing/settings.py): start it empty. FLUSHDB empties that one database only."""
     redis.Redis.from_url(settings.REDIS_URL).flushdb()
 
 

@@ -46,8 +46,8 @@ def form_pages() -> set[str]:
 # Writes that leave no audit entry, and why. Anything else must.
 EXEMPT = {
     "api_v1_ingest_telemetry_create": "node telemetry from agents (agent tokens), kept as its own rows per batch id",
-    "api_v1_jobs_progress_create": "a job's own progress reports (iteration, checkpoint), kept as its progress rows",
     "logout": "ends the caller's own session; changes no data",
+    "api_v1_blueprint_sources_webhook_create": "a git host's signed push: queues a poll, whose versions are audited",
     # Audited (launcher.register), but only a real Slurm can answer for the job: tests/slurm checks its entry.
     "api_v1_launchers_register_create": "a launcher registers its Slurm job; its audit entry is checked in tests/slurm",
 }
@@ -127,6 +127,14 @@ class Write:
     prepare: Callable[[World], dict] = lambda w: {}
     content_type: str = "application/json"
     status: int = 200
+
+
+def _with_source(w: World) -> dict:
+    from fleet.models import BlueprintSource
+
+    blueprint = w.blueprint("gpu-base")
+    BlueprintSource.objects.create(blueprint=blueprint, url="https://git.example.org/fleet.git")
+    return {"id": blueprint.pk}
 
 
 def created(model: str) -> Callable:
@@ -342,6 +350,40 @@ API_WRITES: dict[str, Write] = {
         target=at("fleet.blueprint"),
         action="blueprint.update",
     ),
+    "api_v1_blueprints_overlays_update": Write(
+        "operator",
+        prepare=lambda w: {"id": w.blueprint("gpu-base").pk},
+        path=path_id,
+        body=lambda w, ctx: {
+            "overlays": [{"name": "eu", "labels": {"region": "eu"}, "addon": "a", "values": {}}]
+        },
+        target=at("fleet.blueprint"),
+        action="blueprint.overlays_set",
+    ),
+    "api_v1_blueprints_source_update": Write(
+        "operator",
+        prepare=lambda w: {"id": w.blueprint("gpu-base").pk},
+        path=path_id,
+        body=lambda w, ctx: {"url": "https://git.example.org/fleet.git", "webhook_secret": "s" * 20},
+        target=at("fleet.blueprint"),
+        action="blueprint.source_set",
+    ),
+    "api_v1_blueprints_source_destroy": Write(
+        "operator",
+        prepare=lambda w: _with_source(w),
+        path=path_id,
+        target=at("fleet.blueprint"),
+        action="blueprint.source_delete",
+        status=204,
+    ),
+    "api_v1_blueprints_source_sync_create": Write(
+        "operator",
+        prepare=lambda w: _with_source(w),
+        path=path_id,
+        target=at("fleet.blueprint"),
+        action="blueprint.source_poll",
+        status=202,
+    ),
     "api_v1_blueprints_versions_create": Write(
         "operator",
         prepare=lambda w: {"id": w.blueprint("gpu-base").pk},
@@ -487,6 +529,15 @@ API_WRITES: dict[str, Write] = {
         target=created("jobs.job"),
         action="job.submit",
         status=201,
+    ),
+    # The first report of each reporter per job an hour, and any that moves the job back (jobs.services.jobs).
+    "api_v1_jobs_progress_create": Write(
+        "acme-admin",
+        prepare=_ids(id=("job", "acme")),
+        path=path_id,
+        body=lambda w, ctx: {"iteration": 10},
+        target=at("jobs.job"),
+        action="job.progress",
     ),
     "api_v1_jobs_cancel_create": Write(
         "acme-admin",

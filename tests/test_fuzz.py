@@ -3,6 +3,11 @@ a bounded number of generated requests each. No input may produce a server error
 what the schema documents: a documented status code, a body of the documented shape, the documented media
 type and headers.
 
+Two runs. In this process, through the WSGI handler, schemathesis' generated cases (below). And over HTTP, as an
+attacker runs it (issue 54): the ``st`` command against a live uvicorn, with its coverage phase (boundary and
+malformed values: a ``null`` body, an unknown ``?format=``, ids such as ``0.5``), its fuzzing and its stateful
+phase, ``LOCKSTEP_FUZZ_LIVE_EXAMPLES`` examples per operation (10: about a minute per user).
+
 Each request runs in a savepoint that is rolled back, as a request on its own would: a write does not change
 the world the next request sees, and input the database refuses (a DataError) cannot poison the test's
 transaction. Half of the requests to an operation with an ``{id}`` name an object that exists (one the user
@@ -10,11 +15,15 @@ sees in the list), so the success answers are checked too, not only the 404 of a
 """
 
 import collections
+import os
+import re
+import subprocess
 
 import pytest
 import schemathesis
 import werkzeug.test
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from django.core.wsgi import get_wsgi_application
 from django.db import transaction
 from hypothesis import HealthCheck, given
@@ -22,6 +31,7 @@ from hypothesis import settings as hypothesis_settings
 
 from simulator.world import world_build
 from tenancy.services import token_create
+from tests.support.processes import VENV_BIN, child_env, uvicorn_server
 from tests.support.schema_checks import CHECKS
 
 EXAMPLES = 5
@@ -112,3 +122,68 @@ def test_every_operation_answers_as_documented(username, settings, capsys):
         )
     assert len(operations) > 50
     assert not fuzzer.failures, fuzzer.report()
+
+
+LIVE_CHECKS = ",".join(check.__name__ for check in CHECKS)
+
+
+def st_run(server, raw: str, *, examples: int, seed: str, workdir) -> tuple[int, str]:
+    """``st run`` against the live server as the token's user: its exit status and its report (its own files, such
+    as the ``.schemathesis`` cache, stay in ``workdir``)."""
+    done = subprocess.run(
+        [
+            str(VENV_BIN / "st"),
+            "run",
+            f"{server.url}/api/schema/",
+            "--header",
+            f"Authorization: Bearer {raw}",
+            "--checks",
+            LIVE_CHECKS,
+            "--phases",
+            "examples,coverage,fuzzing,stateful",
+            "--max-examples",
+            str(examples),
+            "--workers",
+            "1",  # two (threads) hit CPython 3.11.7's spurious ast.parse SystemError in CI (gh-106905)
+            "--seed",
+            seed,
+            "--suppress-health-check",
+            "all",
+            "--max-failures",
+            "500",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=workdir,
+        env=child_env(NO_COLOR="1"),
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_live_schemathesis_run_as_provider_and_tenant_finds_nothing(tmp_path, capsys):
+    """The bounded run of issue 54's definition of done: 0 server errors and 0 answers the schema does not document,
+    as the provider (lockstep-simulator) and as a tenant admin (nimbus-admin), each on a world of its own (the
+    provider's run may revoke its own token, pause automation, delete clusters)."""
+    examples = int(os.environ.get("LOCKSTEP_FUZZ_LIVE_EXAMPLES", "10"))
+    seed = os.environ.get("LOCKSTEP_FUZZ_LIVE_SEED", "54")
+    reports = {}
+    for username in ("lockstep-simulator", "nimbus-admin"):
+        world_build(seed=3, nodes_per_cluster=8, spares=1)
+        user = get_user_model().objects.get(username=username)
+        _, raw = token_create(actor=user, owner=user, name="fuzz-live", scope="write")
+        with uvicorn_server(tmp_path) as server:
+            status, report = st_run(server, raw, examples=examples, seed=seed, workdir=tmp_path)
+        counts = re.search(r"(\d+) generated, (.*)", report)
+        reports[username] = (status, counts.group(0) if counts else "no summary", report)
+        with capsys.disabled():
+            print(
+                f"\nlive schemathesis as {username}: {reports[username][1]} (seed {seed}, {examples} examples)"
+            )
+        call_command("flush", interactive=False, verbosity=0)  # the next user's run starts from a fresh world
+    for username, (status, summary, report) in reports.items():
+        assert status == 0 and re.search(r"\d+ generated, \d+ passed", summary), (
+            f"{username}:\n{report[-6000:]}"
+        )

@@ -150,11 +150,13 @@ def populate(tenant):
         size_bytes=15_000_000,
         locations=[{"rank": 0, "own": "n0", "replica": "n1"}],
     )
+    from jobs.launchers import launcher_credential_create
     from jobs.models import SlurmJob
 
     SlurmJob.objects.create(
         job=job, cluster=cluster, slurm_job_id="4242", account="acme", slurm_state="RUNNING"
     )
+    launcher_credential_create(actor=operator, cluster=cluster, name="migrate")
     return operator
 
 

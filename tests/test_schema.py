@@ -40,6 +40,7 @@ def test_schema_endpoint_serves_a_valid_openapi_document(api, users):
         "gpu_hours_saved",
         "gpu_hours_expected",
         "jobs",
+        "restart_baselines",
     }
     assert {"incident"} <= set(components["Fault"]["properties"])
     assert {"incident", "attempt", "previous", "deadline_at", "saving", "gpu_hours_expected"} <= set(

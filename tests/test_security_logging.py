@@ -10,11 +10,14 @@ import time
 
 import pytest
 import requests
+from django.apps import apps
 from uvicorn.logging import AccessFormatter
 from websockets.sync.client import connect
 
 from controlplane.security_logging import RedactSecretsFilter, redact
 from telemetry.services.tokens import agent_token_create
+from tenancy.models import Token
+from tenancy.tokens import generate
 from tests.support.browser import usable_password
 from tests.support.factories import make_cluster, make_fleet, make_node, token_header
 from tests.support.processes import BASE_DIR, VENV_BIN, _stop, child_env, free_port, wait_for
@@ -23,6 +26,7 @@ from tests.support.telemetry import batch, reading
 API_TOKEN = "lsk_abcd1234_QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVphYmNkZWY"
 AGENT_TOKEN = "lsa_wxyz9876_YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXpBQkNERUY"
 JOB_TOKEN = "lsj_q1w2e3r4_MTIzNDU2Nzg5MGFiY2RlZmdoaWprbG1ub3BxcnN0dXY"
+LAUNCHER_CREDENTIAL = "lsl_m5n6b7v8_bGF1bmNoZXJjcmVkZW50aWFsc2VjcmV0MDEyMzQ1Njc4OQ"
 
 
 @pytest.mark.parametrize(
@@ -31,6 +35,7 @@ JOB_TOKEN = "lsj_q1w2e3r4_MTIzNDU2Nzg5MGFiY2RlZmdoaWprbG1ub3BxcnN0dXY"
         (f"GET /ws/events/?token={API_TOKEN}", API_TOKEN[13:]),
         (f"Authorization: Bearer {AGENT_TOKEN}", AGENT_TOKEN[13:]),
         (f"progress from {JOB_TOKEN}", JOB_TOKEN[13:]),
+        (f"job 4242 registered by {LAUNCHER_CREDENTIAL}", LAUNCHER_CREDENTIAL[13:]),
         ("Authorization: Basic dXNlcjpodW50ZXIy", "dXNlcjpodW50ZXIy"),
         ("headers=[(b'authorization', b'Basic dXNlcjpodW50ZXIy'), (b'host', b'x')]", "dXNlcjpodW50ZXIy"),
         ("headers=[(b'cookie', b'csrftoken=c5rf7ok3n; sessionid=s3ss10nid')]", "s3ss10nid"),
@@ -79,6 +84,22 @@ def test_records_are_redacted_as_they_are_made(caplog):
     assert "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVphYmNkZWY" not in text and "hunter2" not in text
     assert "k8s-t0ken" not in text and AGENT_TOKEN[13:] not in text
     assert "login bob with password=***" in text and "cluster c1 connection" in text and "ValueError" in text
+
+
+def test_a_launcher_credential_logged_is_masked(caplog):
+    log = logging.getLogger("tests.security")
+    with caplog.at_level(logging.INFO, logger="tests.security"):
+        log.info("launcher registered with %s for job %s", LAUNCHER_CREDENTIAL, "4242")
+    assert LAUNCHER_CREDENTIAL[13:] not in caplog.text
+    assert "launcher registered with lsl_m5n6b7v8_*** for job 4242" in caplog.text
+
+
+def test_every_kind_of_token_lockstep_mints_is_masked():
+    kinds = {model.kind for model in apps.get_models() if issubclass(model, Token)}
+    assert {"lsk", "lsa", "lsj", "lsl"} <= kinds
+    for kind in sorted(kinds):
+        raw, prefix, _ = generate(kind)
+        assert redact(f"token {raw} used") == f"token {kind}_{prefix}_*** used", kind
 
 
 def test_uvicorns_access_log_keeps_its_shape():

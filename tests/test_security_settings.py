@@ -6,7 +6,6 @@ import os
 import re
 import secrets
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import requests
 from django.conf import settings
 from django.test import Client
 
-from tests.support.processes import BASE_DIR, uvicorn_server
+from tests.support.processes import manage_py, uvicorn_server
 
 PRODUCTION = {
     "PATH": os.environ["PATH"],
@@ -27,14 +26,7 @@ PRODUCTION = {
 
 
 def manage(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=BASE_DIR,
-        env={**PRODUCTION, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return manage_py(*args, env={**PRODUCTION, **env})
 
 
 def production_settings(**env: str) -> dict:
@@ -64,14 +56,7 @@ def test_check_deploy_reports_plain_http_so_its_silence_means_something():
 def test_production_refuses_to_start_without_a_secret_key():
     env = dict(PRODUCTION)
     del env["SECRET_KEY"]
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=BASE_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = manage_py("check", env=env)
     assert result.returncode != 0 and "SECRET_KEY must be set when DEBUG is off" in result.stderr
 
 

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import requests
+from django.conf import settings
 
 from tests.support.processes import BASE_DIR, free_port, wait_for
 
@@ -14,7 +15,7 @@ def test_sqlite_migrates_and_serves_login(tmp_path):
     env = {
         "PATH": f"{BASE_DIR / '.venv' / 'bin'}:/usr/bin:/bin",
         "DATABASE_URL": f"sqlite:///{database}",
-        "REDIS_URL": "redis://127.0.0.1:6379/14",
+        "REDIS_URL": settings.REDIS_URL,  # the suite's (this xdist worker's) Redis database
         "DJANGO_SETTINGS_MODULE": "controlplane.settings",
         "DEBUG": "true",
     }  # as `make run` does: no SECRET_KEY, plain http

@@ -1,5 +1,6 @@
 """The protection runtime in one process: packing is bit-identical, the holder keeps slots past their writer,
-and the package fails plainly without torch. The multi-process tests are in test_protect_nodes.py."""
+and the package fails plainly without torch. The multi-process tests are in test_protect_nodes.py; the peer
+channel's defences (who may use a holder, sizes, planted slots, forged heartbeats) in test_protect_peer_channel.py."""
 
 import os
 import subprocess
@@ -30,11 +31,17 @@ def test_packed_state_comes_back_bit_identical_model_optimizer_and_rng():
         "iteration": 2,
         "odd": [torch.tensor(True), (torch.zeros(0), 1.5)],
     }
-    packed = packing.Packed(captured, 2)
+    key, other_key = b"k" * 32, b"o" * 32
+    packed = packing.Packed(captured, 2, owner=1, world=3)
     buffer = torch.zeros(packed.nbytes + 100, dtype=torch.uint8)
     packed.write_into(buffer)
-    iteration, back = packing.unpack(buffer)
+    packing.seal(buffer, key)
+    iteration, back = packing.unpack(buffer, key, owner=1, world=3)
     assert iteration == 2 and packing.digest(back) == packing.digest(captured)
+    assert (
+        isinstance(back["odd"][1], tuple)
+        and back["rng"]["numpy"][1].dtype == captured["rng"]["numpy"][1].dtype
+    )
     for name, tensor in captured["model"].items():
         assert back["model"][name].dtype == tensor.dtype and torch.equal(back["model"][name], tensor)
     # The restored RNG draws what the captured one would have.
@@ -44,8 +51,24 @@ def test_packed_state_comes_back_bit_identical_model_optimizer_and_rng():
     # One flipped bit is a different digest: the digest can fail.
     back["model"]["layers.0.weight"].view(-1).view(torch.int32)[7] ^= 1
     assert packing.digest(back) != packing.digest(captured)
+    # Only the job's key, the owner's and the world's: anything else is refused before its skeleton is read.
+    with pytest.raises(packing.SnapshotRefused, match="tag is wrong"):
+        packing.unpack(buffer, other_key)
+    with pytest.raises(packing.SnapshotRefused, match="rank 1's state, not rank 0's"):
+        packing.unpack(buffer, key, owner=0)
+    with pytest.raises(packing.SnapshotRefused, match="world of 3"):
+        packing.unpack(buffer, key, world=2)
+    tampered = buffer.clone()
+    tampered[packed.nbytes - 1] ^= 1  # one bit of the last tensor
+    with pytest.raises(packing.SnapshotRefused, match="tag is wrong"):
+        packing.unpack(tampered, key)
+    with pytest.raises(packing.SnapshotRefused, match="truncated"):
+        packing.unpack(buffer[: packed.nbytes - 1], key)
     with pytest.raises(ValueError):
-        packing.unpack(bytearray(200))
+        packing.unpack(bytearray(200), key)
+    # What it cannot hold it refuses to capture, saying where.
+    with pytest.raises(TypeError, match=r"state\['data'\]\['sampler'\]: a object"):
+        packing.Packed({"data": {"sampler": object()}}, 1)
 
 
 def test_holder_keeps_a_slot_after_its_writer_is_gone_and_only_committed_slots_count(tmp_path):
@@ -54,31 +77,31 @@ def test_holder_keeps_a_slot_after_its_writer_is_gone_and_only_committed_slots_c
     from lockstep_agent.snapshot_holder import HolderClient, make_slot_fd
 
     node = start_node(str(tmp_path), "n0")
+    key = os.urandom(32)
     try:
         writer = textwrap.dedent(f"""
             import mmap, os
             from lockstep_agent.snapshot_holder import HolderClient, make_slot_fd
-            client = HolderClient({node.socket_path!r})
+            client = HolderClient({node.socket_path!r}, job="job", key=bytes.fromhex({key.hex()!r}))
             fd = make_slot_fd("job/own/0/0", 4096)
-            client.register("job/own/0/0", fd, 4096)
+            client.register("own/0/0", fd, 4096)
             m = mmap.mmap(fd, 4096); m[:5] = b"hello"
-            client.commit("job/own/0/0", {{"iteration": 4, "owner": 0}})
+            client.commit("own/0/0", {{"iteration": 4, "owner": 0}})
             fd2 = make_slot_fd("job/own/0/1", 4096)
-            client.register("job/own/0/1", fd2, 4096)   # begun, never committed
+            client.register("own/0/1", fd2, 4096)   # begun, never committed
         """)
         subprocess.run([sys.executable, "-c", writer], check=True, timeout=30)  # the writer exits
-        client = HolderClient(node.socket_path)
-        listed = {s["key"]: s["meta"] for s in client.list("job/")}
-        assert listed == {"job/own/0/0": {"iteration": 4, "owner": 0}, "job/own/0/1": None}
-        fd, size, meta = client.open("job/own/0/0")
+        client = HolderClient(node.socket_path, job="job", key=key)
+        listed = {s["name"]: s["meta"] for s in client.list()}
+        assert listed == {"own/0/0": {"iteration": 4, "owner": 0}, "own/0/1": None}
+        fd, size, meta = client.open("own/0/0")
         assert os.pread(fd, 5, 0) == b"hello" and size == 4096 and meta["iteration"] == 4
         os.close(fd)
-        assert client.drop("job/", above=3) == 2 and client.list("job/") == []
+        assert client.drop(above=3) == 2 and client.list() == []
         with pytest.raises(RuntimeError, match="no slot"):
-            client.commit("job/own/0/0", {})
-        spare = make_slot_fd("x", 10)
-        client.register("other/own/0/0", spare, 10)
-        assert client.ping()["slots"] == 1
+            client.commit("own/0/0", {})
+        client.register("own/0/0", make_slot_fd("x", 10), 10)
+        assert client.stats()["slots"] == 1 and client.stats()["bytes"] == 10
     finally:
         node.kill()
     assert node.holder.returncode == -9  # SIGKILLed with its node: the kernel frees the slots

@@ -8,6 +8,7 @@ torch is imported inside the tests (``importorskip``): collecting this module ne
 import glob
 import os
 import random
+import secrets
 import time
 
 import pytest
@@ -45,6 +46,8 @@ def lockstep(tmp_path, tenant_a):
                 LOCKSTEP_JOB_ID=str(job.pk),
                 LOCKSTEP_JOB_TOKEN=job.token,
                 LOCKSTEP_PROTECT_INTERVAL="0",
+                # The job's secret, as a launcher gives it: the same to every rank and every relaunch.
+                LOCKSTEP_PROTECT_SECRET=secrets.token_hex(32),
             ),
         )
 

@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 
 from jobs.models import Job
 from simulator.world import world_build
-from tests.support.browser import log_in, screenshot, usable_password
+from tests.support.browser import log_in, publish_in_a_thread, screenshot, usable_password
 from tests.support.factories import token_header
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -89,24 +89,6 @@ def test_screenshots_of_the_main_pages(page, server, world):
     screenshot(page, "whatif-report")
 
 
-def _publish_in_a_thread(topic: str, kind: str, payload: dict) -> None:
-    """Publish as a service would, from a thread without the browser's event loop (so the relay sends it)."""
-    import threading
-
-    from django.db import connection, transaction
-
-    from controlplane import events
-
-    def work():
-        with transaction.atomic():
-            events.publish([topic], kind, payload)
-        connection.close()
-
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join()
-
-
 def test_home_figures_follow_completed_recoveries_live(page, chromium, server, world):
     from tenancy.models import Tenant
 
@@ -114,7 +96,7 @@ def test_home_figures_follow_completed_recoveries_live(page, chromium, server, w
     job = Job.objects.filter(tenant=nimbus).first()
     log_in(page, server.url, "nimbus-admin", PASSWORD)
     page.wait_for_selector("#live-state[data-state='live']", timeout=10_000)
-    _publish_in_a_thread(
+    publish_in_a_thread(
         f"tenant-{nimbus.pk}",
         "actions.completed",
         {"actions": [{"job": job.pk, "job_state": "Running", "gpu_hours_saved": 12.5, "dry_run": False}]},
@@ -129,7 +111,7 @@ def test_home_figures_follow_completed_recoveries_live(page, chromium, server, w
     log_in(page, server.url, world.username, PASSWORD)
     page.wait_for_selector("#live-state[data-state='live']", timeout=10_000)
     before = float(page.locator("#fig-saved-today").inner_text())
-    _publish_in_a_thread(
+    publish_in_a_thread(
         "fleet",
         "actions.completed",
         {

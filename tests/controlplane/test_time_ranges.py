@@ -1,4 +1,4 @@
-"""Time ranges on the chart pages: ?range=15m|6h|7d|30d filters the charts' data on the server; a value not
+"""Time ranges on the chart pages: ?range=15m|1h|6h|24h|7d|30d filters the charts' data on the server; a value not
 offered falls back to the page's default (never an error); the picker keeps the page's other parameters."""
 
 import json
@@ -36,7 +36,7 @@ def test_a_range_is_one_of_four_and_anything_else_is_the_default():
 def test_the_pickers_links_keep_the_other_parameters_and_start_at_the_first_page():
     window = time_range(RequestFactory().get("/faults/", {"cluster": "3", "page": "4", "range": "6h"}))
     links = {option["key"]: option["href"] for option in window.options}
-    assert set(links) == {"15m", "6h", "7d", "30d"}
+    assert set(links) == {"15m", "1h", "6h", "24h", "7d", "30d"}
     assert links["30d"] == "?cluster=3&range=30d"
     assert [option["key"] for option in window.options if option["current"]] == ["6h"]
 
@@ -65,7 +65,8 @@ def test_the_fleet_charts_cover_the_range_asked_for(client, users, node):
         assert response.status_code == 200
         data = json_script(response.content.decode(), "dashboard-data")["charts"]
         counts[key] = sum(point["v"] for point in data["faults"])
-        assert data["range"]["key"] == ("7d" if key == "bogus" else key)
+        # the default fits the data: the first fault, three hours old, is inside 6 h (tests/home)
+        assert data["range"]["key"] == ("6h" if key == "bogus" else key)
     assert counts == {"15m": 1, "6h": 2, "7d": 2, "30d": 2, "bogus": 2}
     page = client.get("/", {"range": "15m"}).content.decode()
     assert 'data-time-range="15m"' in page and "Faults per minute (last 15 min)" in page

@@ -7,60 +7,15 @@ tested). What is checked is what the driver sends: the node PATCHes, the Evictio
 import json
 
 import pytest
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from fleet.choices import HealthStatus
 from fleet.drivers import DriverError, driver_for
 from fleet.drivers.base import Operation
 from fleet.drivers.kubernetes import CommandResult, KubernetesDriver, split_chart
 from tests.support.factories import make_cluster, make_node
+from tests.support.kubernetes import FakeCore, pod
 
 pytestmark = pytest.mark.django_db
-
-
-class FakeCore:
-    """Records every call; pods and node are real kubernetes.client models."""
-
-    def __init__(self, pods=(), refuse=(), taints=(), labels=None):
-        self.calls, self.pods, self.refuse = [], list(pods), set(refuse)
-        self.node = client.V1Node(
-            metadata=client.V1ObjectMeta(name="gpu-1", labels=labels or {}),
-            spec=client.V1NodeSpec(taints=[client.V1Taint(**t) for t in taints]),
-        )
-
-    def patch_node(self, name, body):
-        self.calls.append(("patch_node", name, body))
-
-    def read_node(self, name):
-        self.calls.append(("read_node", name))
-        return self.node
-
-    def list_node(self):
-        return client.V1NodeList(items=[self.node])
-
-    def list_pod_for_all_namespaces(self, field_selector=None):
-        self.calls.append(("list_pods", field_selector))
-        return client.V1PodList(items=list(self.pods))
-
-    def create_namespaced_pod_eviction(self, name, namespace, body):
-        self.calls.append(("evict", namespace, name, body.metadata.name))
-        if name in self.refuse:
-            raise ApiException(status=429, reason="Too Many Requests")
-        self.pods = [p for p in self.pods if p.metadata.name != name]
-
-
-def pod(name, namespace="train", owner=None, phase="Running", mirror=False):
-    owners = (
-        [client.V1OwnerReference(api_version="apps/v1", kind=owner, name="x", uid="u")] if owner else None
-    )
-    annotations = {"kubernetes.io/config.mirror": "abc"} if mirror else None
-    return client.V1Pod(
-        metadata=client.V1ObjectMeta(
-            name=name, namespace=namespace, owner_references=owners, annotations=annotations
-        ),
-        status=client.V1PodStatus(phase=phase),
-    )
 
 
 class FakeHelm:

@@ -55,7 +55,12 @@ def test_progress_with_the_job_token_only_for_its_own_job(api, users, world):
     )
     assert response.status_code == 200, response.content
     job_a.refresh_from_db()
-    assert job_a.iteration == 500 and job_a.last_checkpoint_iteration == 500 and not job_a.simulated
+    assert (
+        job_a.iteration == 500
+        and job_a.last_checkpoint_iteration == 500
+        and job_a.simulated
+        and job_a.reports_progress
+    )
     assert api.post(f"/api/v1/jobs/{job_b.pk}/progress/", {"iteration": 1}, format="json").status_code == 403
     assert api.get("/api/v1/jobs/").status_code in (401, 403)  # a job token reads nothing
     api.credentials(HTTP_AUTHORIZATION="Bearer lsj_zzzzzzzz_" + "x" * 43)

@@ -1,6 +1,8 @@
 """The landing pages: the provider's dashboard and a tenant's self-service view."""
 
+import html
 import json
+import re
 
 import pytest
 from django.db import connection
@@ -96,7 +98,7 @@ def test_tenant_admin_submits_a_job_from_the_page(client, users, fleet, tenant_a
     assert response.status_code == 302
     assert Job.objects.get(name="from-page").tenant == tenant_a
     refused = client.post("/", {"name": "sneaky", "cluster": fleet["theirs"].pk, "gpus": 8}).content.decode()
-    assert "dedicated to another tenant" in refused and not Job.objects.filter(name="sneaky").exists()
+    assert "No such cluster for this tenant" in refused and not Job.objects.filter(name="sneaky").exists()
     bad = client.post("/", {"name": "x", "cluster": "nope", "gpus": "many"}).content.decode()
     assert "whole numbers" in bad
 
@@ -129,3 +131,32 @@ def test_job_list_sorts_filters_paginates_and_keeps_the_live_hooks(client, users
     assert "job-0" in filtered and "job-1" not in filtered
     client.force_login(users["other-viewer"])
     assert "job-0" not in client.get("/jobs/").content.decode()
+
+
+def test_tenant_home_judges_protection_as_each_jobs_page_does(client, users, tenant_a):
+    """The cluster rows of a tenant's home count the tenant's running jobs protected by jobs.protection, the
+    verdict of the job page: a simulated job that reports its progress stays protected on a protected cluster; a
+    real job whose runtime never reported is not, though its cluster's add-ons are all there."""
+    from jobs.protection import job_protection
+    from jobs.services.jobs import job_progress
+    from tests.support.jobs import protected_cluster, submit
+
+    cluster = protected_cluster(nodes=4, spares=1, tenant=tenant_a)
+    simulated, real = submit(cluster, tenant_a, gpus=8), submit(cluster, tenant_a, gpus=8)
+    job_progress(job=simulated, iteration=10, step_seconds=1.0)
+    client.force_login(users["tenant-admin"])
+    row = re.search(
+        r'data-protected-jobs="(\d+)" data-running-jobs="(\d+)">(.*?)</td>', client.get("/").content.decode()
+    )
+    assert (
+        row.groups()[:2] == ("2", "2") and "protected" in row.group(3) and "unprotected" not in row.group(3)
+    )
+
+    Job.objects.filter(pk=real.pk).update(simulated=False, reports_progress=True)  # registered by a launcher
+    real.refresh_from_db()
+    assert not job_protection(real).protected and job_protection(simulated).protected
+    row = re.search(
+        r'data-protected-jobs="(\d+)" data-running-jobs="(\d+)">(.*?)</td>', client.get("/").content.decode()
+    )
+    assert row.groups()[:2] == ("1", "2") and "unprotected" in row.group(3)
+    assert job_protection(real).reason in html.unescape(row.group(3))

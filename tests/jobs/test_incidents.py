@@ -460,7 +460,7 @@ def test_a_failing_restart_is_retried_with_back_off_then_the_job_is_failed_and_a
 
     settings.RECOVERY_RESTART_RETRIES = 2
     settings.RECOVERY_RETRY_BACKOFF_SECONDS = 30
-    settings.NOTIFICATION_ALLOW_PRIVATE_TARGETS = True  # a loopback hook
+    settings.OUTBOUND_ALLOWED_NETWORKS = ["127.0.0.1/32"]  # a loopback hook
     channel_create(actor=users["provider-admin"], name="ops", url="http://127.0.0.1:9/hook")
     cluster = make_cluster(connection=dict(INSTANT))
     bulk_nodes(cluster, 4)

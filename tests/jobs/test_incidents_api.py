@@ -52,6 +52,8 @@ ACTION_FIELDS = {
     "gpu_hours_saved",
     "saving",
     "gpu_hours_expected",
+    "restart_baseline",
+    "expected",
     "ended_at",
 }
 
@@ -135,6 +137,7 @@ def test_ledger_totals_are_the_sums_of_its_booked_actions(api, users, world):
         "gpu_hours_saved": 8.0,
         "gpu_hours_expected": 4.0,
         "jobs": 2,
+        "restart_baselines": [],
     }
     idle = api.get(f"/api/v1/incidents/{world.incidents['idle'].pk}/").json()
     assert idle["actions"] == [] and idle["ledger"] == {
@@ -143,6 +146,7 @@ def test_ledger_totals_are_the_sums_of_its_booked_actions(api, users, world):
         "gpu_hours_saved": 0,
         "gpu_hours_expected": 0,
         "jobs": 0,
+        "restart_baselines": [],
     }
 
 
@@ -201,6 +205,7 @@ def test_a_tenant_sees_only_its_own_incidents_also_through_filters(api, users, w
         "gpu_hours_saved": 1.5,
         "gpu_hours_expected": 0,
         "jobs": 1,
+        "restart_baselines": [],
     }
     assert [f["kind"] for f in both["faults"]] == ["nic_down"]
 

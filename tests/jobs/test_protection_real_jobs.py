@@ -6,66 +6,21 @@ tests/slurm/test_slurm_protection.py does the same on a real Slurm)."""
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 from django.test import Client
 from django.utils import timezone
 
-from fleet.choices import NodeState
-from fleet.models import BlueprintVersion
 from fleet.selectors import cluster_protection
 from jobs.choices import ActionKind, ActionState, JobState
 from jobs.ledger import actual_gpu_hours
 from jobs.models import JobSnapshot, RecoveryAction
 from jobs.protection import job_protection
 from jobs.services.advance import recovery_advance
-from jobs.services.estimates import estimates_record
 from jobs.services.faults import fault_handle, fault_ingest
-from tests.support.factories import make_blueprint, make_cluster, make_fleet, make_user
-from tests.support.jobs import INSTANT, bulk_nodes, node_of, protect, submit
+from tests.support.factories import make_user
+from tests.support.jobs import node_of, protect, submit
+from tests.support.runtime_jobs import POINT, real_job, report, runtime_cluster
 
 pytestmark = pytest.mark.django_db
-
-POINT = {"kind": "snapshot", "seconds": 0.02, "bytes": 8_000_000}
-
-
-def runtime_cluster(*, policy_on: bool = True, nodes: int = 3, spares: int = 1):
-    """A cluster whose blueprint policy turns the protection runtime on (or not), without protection add-ons. Moving
-    a worker has measured ten minutes there, so a restore is the cheaper recovery that needs a spare."""
-    _, version = make_blueprint()
-    policy = {"protection": {"runtime": True}} if policy_on else {"protection": {"nic_failover": True}}
-    BlueprintVersion.objects.filter(pk=version.pk).update(policy=policy)
-    version.refresh_from_db()
-    cluster = make_cluster(
-        make_fleet(), connection=INSTANT, blueprint_version=version, restart_overhead_minutes=10
-    )
-    bulk_nodes(cluster, nodes, prefix=f"{cluster.name}-n")
-    bulk_nodes(cluster, spares, state=NodeState.SPARE, prefix=f"{cluster.name}-s")
-    estimates_record([(cluster.pk, "migration_pause", 600.0)] * settings.RECOVERY_ESTIMATE_MIN_SAMPLES)
-    return cluster
-
-
-def real_job(cluster, tenant, api, *, iteration: int = 500, checkpoint: int = 400):
-    """A job that reports its own progress (so Lockstep counts it real): a checkpoint, then steps past it."""
-    job = submit(cluster, tenant, gpus=16, checkpoint_interval=100_000)
-    api.credentials(HTTP_AUTHORIZATION=f"Bearer {job.token}")
-    for at, saved in ((checkpoint, True), (iteration, False)):
-        answer = api.post(
-            f"/api/v1/jobs/{job.pk}/progress/",
-            {"iteration": at, "step_seconds": 0.5, "checkpoint": saved},
-            format="json",
-        )
-        assert answer.status_code == 200, answer.content
-    job.refresh_from_db()
-    job.token = api._credentials["HTTP_AUTHORIZATION"].split()[1]
-    assert not job.simulated
-    return job
-
-
-def report(api, job, **body):
-    api.credentials(HTTP_AUTHORIZATION=f"Bearer {job.token}")
-    answer = api.post(f"/api/v1/jobs/{job.pk}/snapshots/", body, format="json")
-    assert answer.status_code == 201, answer.content
-    return JobSnapshot.objects.get(pk=answer.json()["id"])
 
 
 def test_a_real_job_is_protected_only_with_the_policy_and_its_runtime_reporting(tenant_a, api, users):

@@ -292,13 +292,15 @@ def test_the_planner_prices_move_toward_what_recoveries_measured(tenant_a, setti
     job = submit(cluster, tenant_a, gpus=16)
     node = node_of(job)
     fault, _ = fault_ingest(source="agent", kind="nic_down", node=node, nic_name="mlx5_3")
+    began = time.monotonic()
     [action_id] = fault_handle(fault_id=fault.pk)
     time.sleep(0.35)
     recovery_advance()
+    took = time.monotonic() - began  # the most the recovery can have measured, however loaded the machine
     action = RecoveryAction.objects.get(pk=action_id)
     assert action.state == ActionState.SUCCEEDED
     row = RecoveryEstimate.objects.get(cluster=cluster, kind="nic_failover")
-    assert row.samples == 1 and 0.3 <= row.last_seconds < 5
+    assert row.samples == 1 and 0.3 <= row.last_seconds <= took
     assert estimates_for(cluster).nic_failover == 1.0  # one measurement is not enough
     estimates_record([(cluster.pk, "nic_failover", 0.3)] * 4)
     measured = estimates_for(cluster)

@@ -94,16 +94,18 @@ def test_heartbeats_by_role(api, users, client_redis):
 
 
 def test_sweep_timings_come_from_successful_runs_of_scheduled_tasks(api, users, client_redis):
+    began = time.monotonic()
     sweep_started(task_id="t1", name="fleet.drift_sweep")
     time.sleep(0.05)
     sweep_finished(task_id="t1", name="fleet.drift_sweep", state="SUCCESS")
+    took = time.monotonic() - began  # the most the timing can say, however loaded the machine
     sweep_started(task_id="t2", name="jobs.fault_sweep")
     sweep_finished(task_id="t2", name="jobs.fault_sweep", state="FAILURE")  # a failure leaves no timing
     sweep_started(task_id="t3", name="jobs.fault_handle")  # not a sweep: not recorded
     sweep_finished(task_id="t3", name="jobs.fault_handle", state="SUCCESS")
     metrics = scrape(api, users)
     drift = (("task", "fleet.drift_sweep"),)
-    assert 0.05 <= metrics[("lockstep_sweep_duration_seconds", drift)] < 2
+    assert 0.05 <= metrics[("lockstep_sweep_duration_seconds", drift)] <= took
     assert abs(metrics[("lockstep_sweep_last_success_timestamp_seconds", drift)] - time.time()) < 5
     assert metrics[("lockstep_sweep_interval_seconds", drift)] == settings.DRIFT_SWEEP_SECONDS
     assert ("lockstep_sweep_duration_seconds", (("task", "jobs.fault_sweep"),)) not in metrics

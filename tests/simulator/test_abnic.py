@@ -49,3 +49,30 @@ def test_scenario_page_shows_both_jobs(client, operator, users):
     assert "ab-nic-protected" in page and "ab-nic-unprotected" in page and 'id="abnic-chart"' in page
     client.force_login(users["tenant-admin"])
     assert client.get(f"/scenarios/{scenario.pk}/").status_code == 403
+
+
+def test_jobs_that_report_their_progress_keep_their_protection_and_only_the_unprotected_restarts(operator):
+    """The simulator's jobs report their own progress (as the demo's do). Reports change where a job's figures come
+    from, not its kind: the protected job still fails over, only the unprotected one restarts."""
+    from jobs.protection import job_protection
+    from jobs.services.jobs import job_progress
+
+    scenario = abnic_start(actor=operator, gpus=32, strike_after_seconds=60)
+    protected = Job.objects.get(pk=scenario.jobs["protected"])
+    unprotected = Job.objects.get(pk=scenario.jobs["unprotected"])
+    for job in (protected, unprotected):
+        for iteration, checkpoint in ((300, True), (350, False)):
+            job_progress(job=job, iteration=iteration, step_seconds=2.0, checkpoint=checkpoint)
+        job.refresh_from_db()
+        assert job.simulated and job.reports_progress and job.iteration_now() == 350
+    assert job_protection(protected).protected and not job_protection(unprotected).protected
+    scenarios_advance(now=scenario.strike_at + timedelta(seconds=1))
+    for fault in FaultEvent.objects.filter(details__scenario=scenario.pk):
+        fault_handle(fault_id=fault.pk)
+    kinds = {
+        label: list(RecoveryAction.objects.filter(job=job).values_list("kind", flat=True))
+        for label, job in (("protected", protected), ("unprotected", unprotected))
+    }
+    assert kinds == {"protected": ["nic_failover"], "unprotected": ["restart_from_checkpoint"]}
+    unprotected.refresh_from_db()
+    assert unprotected.state in ("Recovering", "Running")

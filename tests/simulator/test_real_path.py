@@ -15,6 +15,8 @@ from simulator.replay_sensitivity import RECOSTED, real_path_runs, recost
 from simulator.sampling import Strike
 from simulator.whatif import WhatIfConfig
 
+pytestmark = pytest.mark.slow  # each replay runs in a process of its own
+
 # 2,048 GPUs for 54 days: about 50 interruptions, about 10 s through the real path; 12 spares, so that a whole rack
 # failing (8 nodes) finds enough (with the default 2 %, 5 spares, it fails the job: see the rack test below)
 SMALL = WhatIfConfig(seed=3, gpus=2048, days=54.0, spare_fraction=0.05)
@@ -93,7 +95,12 @@ def test_a_rack_failure_uses_up_the_spares_and_the_job_waits_for_repairs(monkeyp
     # waits, parked; the operator repairs the rack's nodes, a node returned wakes it, and the job runs on, having
     # paid for the wait
     assert rack["correlated"] == {"rack": 1}
-    assert [d["kind"] for d in rack["decisions"]] == ["node_unreachable"] * 8
+    # The ladder drains each dead node; each drain raises a drain request (issue 47), which moves nothing here:
+    # the job's restart already owns its ranks (one incident, one recovery).
+    faults = [d for d in rack["decisions"] if d["kind"] != "drain"]
+    drains = [d for d in rack["decisions"] if d["kind"] == "drain"]
+    assert [d["kind"] for d in faults] == ["node_unreachable"] * 8
+    assert len(drains) <= 8 and all(d["actions"] == [] for d in drains), drains
     restarts = [
         state for d in rack["decisions"] for kind, state in d["actions"] if kind == "restart_from_checkpoint"
     ]

@@ -74,7 +74,7 @@ def test_jobs_report_their_own_progress_and_slow_down_on_a_grey_link(tmp_path):
         runner = Runner(url=server.url, acceleration=0.0, tick_seconds=0)
         runner.tick()
         job = Job.objects.filter(cluster__name="use-h100-a", state="Running").first()
-        assert job is not None and not job.simulated  # the simulator reports for it now
+        assert job is not None and job.simulated and job.reports_progress  # reports, stays simulated
         mine = runner.jobs[job.pk]
         host = job.allocations.filter(released_at__isnull=True).first().node.hostname
         node = next(n for n in runner.nodes if n.hostname == host)

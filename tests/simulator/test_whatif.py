@@ -102,6 +102,7 @@ def test_replay_started_through_the_api_runs_on_a_real_worker(api, users, client
 
 
 @pytest.mark.django_db
+@pytest.mark.slow  # runs the real-path replay in processes of its own
 def test_executing_twice_is_harmless(users):
     from simulator.services.whatifs import whatif_execute, whatif_start
 
@@ -114,6 +115,7 @@ def test_executing_twice_is_harmless(users):
 
 
 @pytest.mark.django_db
+@pytest.mark.slow  # runs the real-path replay in processes of its own
 def test_whatif_page_shows_progress_assumptions_sensitivity_and_checkpoint_advice(client, users):
     from simulator.services.whatifs import whatif_execute, whatif_start
 

@@ -218,6 +218,7 @@ def test_checkpoint_advice_in_the_report_and_replayed_at_the_advised_interval(re
     )
 
 
+@pytest.mark.slow  # runs the real-path replay in processes of its own
 def test_json_is_one_document_with_the_old_and_new_keys_and_progress_goes_to_stderr():
     out, err = StringIO(), StringIO()
     call_command("simulate", "what-if", "--json", "--days", "20", "--gpus", "4096", stdout=out, stderr=err)
@@ -263,6 +264,7 @@ def test_formula_only_leaves_the_real_path_out():
         call_command("simulate", "what-if", "--formula-only", "--real-path", stdout=out, stderr=err)
 
 
+@pytest.mark.slow  # runs the real-path replay in processes of its own
 def test_text_report_keeps_todays_lines_first_then_advice_and_the_table():
     out, err = StringIO(), StringIO()
     call_command("simulate", "what-if", "--days", "20", "--gpus", "4096", stdout=out, stderr=err)

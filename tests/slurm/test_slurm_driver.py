@@ -135,7 +135,7 @@ def test_slurm_launcher_credential_registers_only_jobs_of_its_own_cluster(slurm,
         connection={"slurm_conf": "/nonexistent/slurm.conf"},
     )
     _, mine = launcher_credential_create(actor=None, cluster=slurm_cluster, name="sbatch")
-    _, theirs = launcher_credential_create(actor=None, cluster=other, name="sbatch")
+    _, theirs = launcher_credential_create(actor=None, cluster=other, name="sbatch", tenant=tenant_a)
     slurm_id = sbatch(slurm, "-N", "1", "-A", "acme", "-o", "/dev/null", "--wrap", "sleep 60")
     wait(
         lambda: (
@@ -161,7 +161,10 @@ def test_slurm_launcher_credential_registers_only_jobs_of_its_own_cluster(slurm,
         client.post("/api/v1/launchers/register/", {"slurm_job_id": "99999"}, format="json").status_code
         == 404
     )
-    answer = client.post("/api/v1/launchers/register/", {"slurm_job_id": slurm_id}, format="json")
+    secret = slurm.job_secret(slurm_id)  # what the job's prolog gave it (LOCKSTEP_JOB_SECRET)
+    answer = client.post(
+        "/api/v1/launchers/register/", {"slurm_job_id": slurm_id, "job_secret": secret}, format="json"
+    )
     assert answer.status_code == 201, answer.content
     body = answer.json()
     job = Job.objects.get(pk=body["job"])
@@ -179,9 +182,14 @@ def test_slurm_launcher_credential_registers_only_jobs_of_its_own_cluster(slurm,
         401,
         403,
     )
-    # Registering again (a requeued run) gives a new token for the same job.
-    again = client.post("/api/v1/launchers/register/", {"slurm_job_id": slurm_id}, format="json").json()
+    # Registering again (a requeued run) gives a new token for the same job; the earlier one stops working.
+    again = client.post(
+        "/api/v1/launchers/register/", {"slurm_job_id": slurm_id, "job_secret": secret}, format="json"
+    ).json()
     assert again["job"] == job.pk and again["job_token"] != body["job_token"]
+    assert (
+        progress.post(f"/api/v1/jobs/{job.pk}/progress/", {"iteration": 7}, format="json").status_code == 401
+    )
     client.credentials(HTTP_AUTHORIZATION="Bearer lsl_notreal")
     assert (
         client.post("/api/v1/launchers/register/", {"slurm_job_id": slurm_id}, format="json").status_code

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import requests
 
+from tests.support.slack import SLACK
+
 FAKE_NVML_DIR = Path(__file__).parent.parent / "agent" / "fakenvml"
 LOOPBACK = "127.0.0.1"
 
@@ -118,6 +120,7 @@ def run_agent(*args: str, fake_nvml: dict | None = None, env: dict | None = None
 
 
 def _wait_for(url: str, seconds: float = 20.0) -> None:
+    seconds *= SLACK
     deadline = time.monotonic() + seconds
     while True:
         try:

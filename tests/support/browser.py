@@ -77,3 +77,59 @@ def log_in(page, base_url: str, username: str, password: str) -> None:
             f"login refused by the rate limit (Retry-After {answer.value.headers.get('retry-after')})"
         )
     page.wait_for_url(f"{base_url}/")
+
+
+# Records every violation the page reports, from before its first script runs (init scripts are not subject to
+# the page's policy).
+LISTEN = """
+window.__cspViolations = [];
+document.addEventListener('securitypolicyviolation', (e) => {
+  window.__cspViolations.push(`${e.violatedDirective} blocked ${e.blockedURI || 'inline'} (${e.sourceFile}:${e.lineNumber}) ${e.sample}`);
+});
+"""
+SKIP = ("/accounts/logout/", "/static/", "/metrics", "/healthz", "/readyz", "/api/schema/")
+
+
+class Watcher:
+    """Collects CSP violations from the securitypolicyviolation event and the console, page by page."""
+
+    def __init__(self, page):
+        self.page = page
+        self.console: list[str] = []
+        page.add_init_script(LISTEN)
+        page.on(
+            "console",
+            lambda message: (
+                self.console.append(message.text) if "Content Security Policy" in message.text else None
+            ),
+        )
+
+    def visit(self, url: str) -> tuple[int, str, list[str]]:
+        self.console.clear()
+        response = self.page.goto(url)
+        self.page.wait_for_load_state("load")
+        self.page.wait_for_timeout(400)  # charts draw and live regions connect after load
+        found = self.page.evaluate("() => window.__cspViolations || []")
+        return response.status, response.headers.get("content-security-policy", ""), found + self.console
+
+    def links(self, base: str) -> list[str]:
+        hrefs = self.page.eval_on_selector_all("a[href]", "els => els.map(e => e.getAttribute('href'))")
+        return [href for href in hrefs if href.startswith("/") and not href.startswith(SKIP)]
+
+
+def publish_in_a_thread(topic: str, kind: str, payload: dict) -> None:
+    """Publish as a service would, from a thread without the browser's event loop (so the relay sends it)."""
+    import threading
+
+    from django.db import connection, transaction
+
+    from controlplane import events
+
+    def work():
+        with transaction.atomic():
+            events.publish([topic], kind, payload)
+        connection.close()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()

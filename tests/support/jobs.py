@@ -129,20 +129,39 @@ def submit(cluster, tenant, *, gpus: int = 16, name: str | None = None, **fields
 
 
 @contextmanager
-def beat_in_a_thread(*, cluster_ids=None, interval: float = 0.2):
-    """Beat's recovery work in a thread while the block runs: advance recovery (for ``cluster_ids``, or all) and
-    sweep the faults still new, every ``interval`` seconds."""
+def beat_in_a_thread(
+    *, cluster_ids=None, interval: float = 0.2, drains: bool = False, errors: list | None = None
+):
+    """Beat's recovery work in a thread while the block runs: advance recovery (for ``cluster_ids``, or all),
+    with ``drains`` step the draining nodes, and sweep the faults still new, every ``interval`` seconds. With
+    ``errors``, what a step raises is appended there and the thread goes on, as beat does after a failed task."""
     from jobs.services.advance import recovery_advance
+    from jobs.services.drain import drains_advance
     from jobs.services.faults import fault_sweep
 
     stop = threading.Event()
 
+    def step():
+        recovery_advance(cluster_ids=cluster_ids)
+        if drains:
+            drains_advance()
+        fault_sweep(min_age_seconds=3)
+
     def beat():
         try:
             while not stop.is_set():
-                close_old_connections()
-                recovery_advance(cluster_ids=cluster_ids)
-                fault_sweep(min_age_seconds=3)
+                if errors is None:
+                    close_old_connections()
+                    step()
+                else:
+                    # Everything an iteration does may raise, closing old connections too: between tests, while
+                    # pytest-django blocks database access, even that touches the database. A thread that died
+                    # there would leave the next test with no beat at all.
+                    try:
+                        close_old_connections()
+                        step()
+                    except Exception as error:  # the test shows it
+                        errors.append(repr(error))
                 time.sleep(interval)
         finally:
             connection.close()

@@ -565,6 +565,16 @@ ROUTES: dict[str, Route] = {
     ),
     "api:blueprint-diff": Route(per_method(get=provider(400)), fill="blueprint"),
     "api:blueprint-yaml": Route(per_method(get=provider(), put=provider(415)), fill="blueprint"),
+    # The matrix world's blueprint has no git source: reads and deletes find none; a PUT without a URL is refused.
+    "api:blueprint-source": Route(
+        per_method(get=provider(404), put=provider(400), delete=provider(404)), fill="blueprint"
+    ),
+    "api:blueprint-source-sync": Route(per_method(post=provider(404)), fill="blueprint"),
+    "api:blueprint-overlays": Route(per_method(get=provider(), put=provider(400)), fill="blueprint"),
+    # A git host's webhook: no token, only the signature over the body, which no request here carries.
+    "api:blueprint-source-webhook": Route(
+        per_method(post=lambda who, owner, method: 401), values={"source_id": "1"}
+    ),
     "api:rollout-list": Route(per_method(get=provider(), post=provider(400))),
     "api:rollout-detail": Route(per_method(get=provider()), fill="rollout"),
     "api:rollout-cancel": Route(per_method(post=provider(either(200, 409))), fill="rollout"),
@@ -574,6 +584,7 @@ ROUTES: dict[str, Route] = {
     "api:drift-list": Route(per_method(get=signed_in())),
     "api:drift-detail": Route(per_method(get=scoped()), fill="drift"),
     "api:drift-sweep": Route(per_method(post=provider(202))),
+    "api:drift-ignored": Route(per_method(get=signed_in())),
     # Agents' own endpoint: it takes an agent token, which no user has (tests/telemetry cover the agents).
     "api:ingest-telemetry": Route(per_method(post=lambda who, owner, method: 401)),
     "api:ingest-alertmanager": Route(per_method(post=provider(400))),

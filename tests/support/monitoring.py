@@ -262,7 +262,7 @@ class MonitoringStack:
         )
         for name, url in (("alertmanager", self.alertmanager_url), ("prometheus", self.prometheus_url)):
             wait_for(
-                lambda url=url: requests.get(f"{url}/-/ready", timeout=1).ok,
+                lambda url=url: requests.get(f"{url}/-/ready", timeout=5).ok,
                 30,
                 what=f"{name} ({self.output(name)[-800:]})",
             )

@@ -23,8 +23,22 @@ import redis
 from django.conf import settings
 from django.db import connection, connections
 
+from tests.support.slack import SLACK
+
 BASE_DIR = Path(settings.BASE_DIR)
 VENV_BIN = Path(sys.executable).parent
+
+
+def manage_py(*args: str, env: dict) -> subprocess.CompletedProcess:
+    """``manage.py ARGS`` in a process of its own with exactly ``env``: what a process started so does or refuses."""
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def free_port() -> int:
@@ -34,7 +48,8 @@ def free_port() -> int:
 
 
 def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1, what: str = "condition"):
-    deadline = time.monotonic() + timeout
+    """Poll ``predicate`` until it answers truthy; ``timeout`` is a quiet machine's figure, stretched by SLACK."""
+    deadline = time.monotonic() + timeout * SLACK
     last = None
     while time.monotonic() < deadline:
         try:
@@ -44,7 +59,7 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1, what: str 
         except Exception as error:  # not up yet
             last = error
         time.sleep(interval)
-    raise TimeoutError(f"timed out waiting for {what} (last: {last!r})")
+    raise TimeoutError(f"timed out waiting for {what} ({timeout * SLACK:.0f} s; last: {last!r})")
 
 
 def database_url() -> str:
@@ -351,7 +366,7 @@ def uvicorn_server(tmp_path: Path, **env):
     server = Server(process, port, log)
     try:
         wait_for(
-            lambda: requests.get(f"{server.url}/healthz", timeout=1).ok,
+            lambda: requests.get(f"{server.url}/healthz", timeout=5).ok,
             30,
             what=f"uvicorn ({server.output()[-500:]})",
         )

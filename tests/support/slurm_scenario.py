@@ -21,11 +21,14 @@ Django set-up.
 
 import functools
 import json
+import os
+import signal
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 from jobs.local_slurm.training import kill_n2, ranks, submit_training
+from tests.support.slack import SLACK
 
 
 def first_step_at(folder: Path, restart: int) -> float | None:
@@ -36,6 +39,18 @@ def first_step_at(folder: Path, restart: int) -> float | None:
         return None
 
 
+def newest_checkpoint(folder: Path) -> int:
+    """The step of the newest checkpoint the training job wrote under ``folder`` (0: none yet)."""
+    steps = [int(path.stem.split("-")[1]) for path in (folder / "ckpt").glob("ckpt-*.pt")]
+    return max(steps, default=0)
+
+
+def _checkpoint_being_written(folder: Path) -> bool:
+    """Rank 0 writes a checkpoint to ``ckpt-N.tmp`` and renames it: stopped in between, it would add one on
+    resuming."""
+    return any((folder / "ckpt").glob("ckpt-*.tmp"))
+
+
 def squeue_job(slurm, slurm_id: str) -> dict | None:
     jobs = json.loads(
         slurm.run("squeue", "--json", "--all", "--jobs", slurm_id, check=False).stdout or "{}"
@@ -44,7 +59,7 @@ def squeue_job(slurm, slurm_id: str) -> dict | None:
 
 
 def _until(predicate, timeout: float, what: str, step=None, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout * SLACK
     while time.monotonic() < deadline:
         if step is not None:
             step()
@@ -52,7 +67,7 @@ def _until(predicate, timeout: float, what: str, step=None, interval: float = 0.
         if found:
             return found
         time.sleep(interval)
-    raise TimeoutError(f"timed out waiting for {what}")
+    raise TimeoutError(f"timed out waiting for {what} ({timeout * SLACK:.0f} s)")
 
 
 def beat_once(cluster) -> None:
@@ -193,6 +208,23 @@ def with_lockstep(
             "total": trained - killed_at,
         },
     }
+
+
+def booked_work_bounds(job, action) -> tuple[float, float]:
+    """The least and the most work lost (seconds) the ledger can have booked for ``action`` from the job's own
+    reports: the iterations since its restore point as of any report in effect while the action ran, at a step
+    time within those the job reported (the job's estimate is a moving average of them, from its initial one).
+    A bound from the run itself, however slow the machine made the steps."""
+    from jobs.models import Job, JobProgress
+
+    reports = list(JobProgress.objects.filter(job=job, at__lte=action.ended_at).order_by("at", "pk"))
+    before = [report for report in reports if report.at < action.started_at]
+    during = [report for report in reports if report.at >= action.started_at]
+    candidates = [*before[-1:], *during] + ([max(before, key=lambda r: r.iteration)] if before else [])
+    iterations = [max(0, report.iteration - action.restore_iteration) for report in candidates]
+    steps = [report.step_seconds for report in reports if report.step_seconds]
+    steps.append(Job._meta.get_field("seconds_per_iteration").default)
+    return min(iterations) * min(steps), max(iterations) * max(steps)
 
 
 def without_lockstep(slurm, folder: Path, *, checkpoint_every: int = 20, timeout: float = 240) -> dict:
@@ -394,7 +426,7 @@ def ab_run(
         }
         return found if all(found.values()) else None
 
-    def ready():
+    def reported_ready():
         found = jobs_of()
         if not found:
             return None
@@ -409,7 +441,25 @@ def ab_run(
             else None
         )
 
-    jobs = _until(
+    def ready():
+        """Both jobs where the story needs them, checked against the unprotected job's disk with its rank 0 (the
+        only one that writes checkpoints) stopped: its reports lag its training (by seconds on a loaded machine),
+        and a checkpoint written between the reports and the kill would leave it nothing to lose. Returns with
+        that rank still stopped, or resumes it and answers None."""
+        found = reported_ready()
+        if not found:
+            return None
+        writer = next(r["pid"] for r in ranks(folder / "unprotected", 0) if r["rank"] == 0)
+        os.kill(writer, signal.SIGSTOP)
+        on_disk = newest_checkpoint(folder / "unprotected")
+        if on_disk == found["unprotected"].last_checkpoint_iteration and not _checkpoint_being_written(
+            folder / "unprotected"
+        ):
+            return found, on_disk
+        os.kill(writer, signal.SIGCONT)
+        return None
+
+    jobs, checkpoint_at_kill = _until(
         ready, 150, "both jobs to train past a checkpoint, one of them protected", step=beat, interval=0.05
     )
     victims = {}
@@ -422,6 +472,9 @@ def ab_run(
     killed_at = time.time()
     for node, pids in victims.values():
         slurm.kill_node(node, pids)
+    # The unprotected job's rank 0 stays stopped: resumed, it could still finish the step it was in and write
+    # the checkpoint that step ends at. Its peer is gone, so it would train no further anyway; Slurm's requeue
+    # ends it (SIGCONT, then SIGTERM).
     kinds = {"protected": ActionKind.RESTORE_FROM_SNAPSHOT, "unprotected": ActionKind.RESTART_FROM_CHECKPOINT}
 
     def recovered(name):
@@ -457,7 +510,12 @@ def ab_run(
         actions = RecoveryAction.objects.filter(job__in=list(jobs.values())).order_by("pk")
         seen = "; ".join(f"job {a.job_id} {a.kind} {a.state} {a.error or a.reason[:160]}" for a in actions)
         raise TimeoutError(f"{error}: {seen or 'no action'}") from error
-    out = {"killed_at": killed_at, "kill_after": kill_after, "victims": {n: v[0] for n, v in victims.items()}}
+    out = {
+        "killed_at": killed_at,
+        "kill_after": kill_after,
+        "victims": {n: v[0] for n, v in victims.items()},
+        "checkpoint_at_kill": checkpoint_at_kill,  # the unprotected job's newest checkpoint when its node died
+    }
     for name, (action, restore) in zip(arms, done, strict=True):
         job = jobs[name]
         job.refresh_from_db()

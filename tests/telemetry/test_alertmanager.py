@@ -156,3 +156,135 @@ def test_a_grouped_webhook_takes_its_new_alerts_in_together_with_the_outcomes_on
     assert [a["outcome"] for a in spoiled] == ["opened", "duplicate", "opened", "duplicate"]
     assert spoiled[0]["fault"] == spoiled[1]["fault"] and spoiled[3]["fault"] == together[0]["fault"]
     assert FaultEvent.objects.count() == 6 and AlertRecord.objects.count() == 6
+
+
+def test_an_out_of_range_xid_skips_its_alert_and_the_group_is_taken_in(api, users, node, caplog):
+    """Issue 54 (M): a DCGM_XID alert with "xid": "-5" answered 500 after the alerts before it were committed and
+    before the ones after it were taken in, and Alertmanager retried the group forever."""
+    api.as_token(users["operator"])
+    group = webhook(
+        alert(fingerprint="good-1"),
+        alert(fingerprint="bad-xid", alertname="DCGM_XID", xid="-5", gpu="3"),
+        alert(fingerprint="good-2", gpu="4"),
+    )
+    answer = api.post(URL, group, format="json")
+    assert answer.status_code == 200, answer.content
+    outcomes = answer.json()["alerts"]
+    assert [item["outcome"] for item in outcomes] == ["opened", "skipped", "opened"], outcomes
+    assert outcomes[1]["fingerprint"] == "bad-xid" and "xid '-5' is not an Xid code" in outcomes[1]["reason"]
+    assert set(AlertRecord.objects.values_list("fingerprint", flat=True)) == {"good-1", "good-2"}
+    assert sorted(FaultEvent.objects.values_list("gpu_index", "xid")) == [(2, 79), (4, 79)]
+    assert "'bad-xid' skipped: xid '-5'" in caplog.text  # what the operator sees besides the answer
+    again = api.post(URL, group, format="json")  # Alertmanager's retry changes nothing
+    assert again.status_code == 200
+    assert [item["outcome"] for item in again.json()["alerts"]] == ["duplicate", "skipped", "duplicate"]
+
+
+@pytest.mark.parametrize(
+    "labels, annotations, reason",
+    [
+        ({"xid": "70000"}, None, "not an Xid code"),
+        ({"xid": "79.5"}, None, "not an Xid code"),
+        ({"xid": "-0.5"}, None, "not an Xid code"),
+        ({}, {"value": "1e12"}, "not an Xid code"),
+        ({"lockstep_kind": "meteor"}, None, "unknown fault kind"),
+        ({"Hostname": "h" * 101}, None, "over 100 characters"),
+        ({"k" * 257: "v"}, None, "name over 256 characters"),
+        ({f"l{i}": "v" for i in range(201)}, None, "more than 200 entries"),
+        ({"summary": "x" * 4097}, None, "over 4096 characters"),
+    ],
+)
+def test_every_field_is_bounded_before_anything_is_written(api, users, node, labels, annotations, reason):
+    api.as_token(users["operator"])
+    bad = alert(fingerprint="bad", **labels)
+    if annotations:
+        bad["annotations"] = annotations
+    answer = api.post(URL, webhook(bad, alert(fingerprint="good")), format="json")
+    assert answer.status_code == 200, answer.content
+    skipped, good = answer.json()["alerts"]
+    assert skipped["outcome"] == "skipped" and reason in skipped["reason"], skipped
+    assert good["outcome"] == "opened"
+    assert list(AlertRecord.objects.values_list("fingerprint", flat=True)) == ["good"]
+
+
+@pytest.mark.parametrize("starts", [{"a": 1}, 12, "2026-11-30T05:00:00Z" + " " * 100])
+def test_a_start_time_that_is_not_a_short_text_skips_its_alert(api, users, node, starts):
+    api.as_token(users["operator"])
+    answer = api.post(
+        URL, webhook(alert(fingerprint="bad", starts=starts), alert(fingerprint="good")), format="json"
+    )
+    assert [item["outcome"] for item in answer.json()["alerts"]] == ["skipped", "opened"], answer.json()
+
+
+def test_gpu_and_nic_labels_out_of_range_make_the_fault_the_nodes(api, users, node):
+    api.as_token(users["operator"])
+    answer = api.post(
+        URL,
+        webhook(
+            alert(fingerprint="a", gpu="-1"),
+            alert(fingerprint="b", gpu="40000", starts="2026-11-30T05:01:00Z"),
+            alert(fingerprint="c", alertname="InfinibandLinkDown", device="x" * 31, gpu=""),
+        ),
+        format="json",
+    )
+    assert [item["outcome"] for item in answer.json()["alerts"]] == ["opened", "merged", "opened"], (
+        answer.json()
+    )
+    assert set(FaultEvent.objects.values_list("gpu_index", "nic_name")) == {(None, "")}
+
+
+@pytest.fixture
+def poisoned_faults(django_db_blocker):
+    """A database that refuses one alert's fault with a constraint error (as any CHECK a field may carry would):
+    a real refusal from PostgreSQL, raised by a trigger on the fault table for the fingerprint ``poison``."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the trigger is PostgreSQL's")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            CREATE FUNCTION lockstep_test_poison() RETURNS trigger AS $$
+            BEGIN
+                IF NEW.details ->> 'fingerprint' = 'poison' THEN
+                    RAISE EXCEPTION 'poisoned alert' USING ERRCODE = 'check_violation';
+                END IF;
+                RETURN NEW;
+            END $$ LANGUAGE plpgsql;
+            CREATE TRIGGER lockstep_test_poison BEFORE INSERT ON jobs_faultevent
+                FOR EACH ROW EXECUTE FUNCTION lockstep_test_poison();
+            """
+        )
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "DROP TRIGGER lockstep_test_poison ON jobs_faultevent; DROP FUNCTION lockstep_test_poison();"
+        )
+
+
+@pytest.mark.parametrize("alone", [True, False], ids=["one-new-alert", "taken-in-together"])
+def test_a_constraint_error_on_one_alert_skips_it_and_leaves_no_transaction_aborted(
+    api, users, poisoned_faults, alone, caplog
+):
+    cluster = make_cluster()
+    for i in range(3):
+        make_node(cluster, f"dgx-{i}")
+    api.as_token(users["operator"])
+    if alone:  # the good alerts are known already: the poisoned one is the only new one, taken in alone
+        api.post(URL, webhook(alert(fingerprint="good-0", Hostname="dgx-0")), format="json")
+        api.post(URL, webhook(alert(fingerprint="good-2", Hostname="dgx-2")), format="json")
+    group = webhook(
+        alert(fingerprint="good-0", Hostname="dgx-0"),
+        alert(fingerprint="poison", Hostname="dgx-1"),
+        alert(fingerprint="good-2", Hostname="dgx-2"),
+    )
+    answer = api.post(URL, group, format="json")
+    assert answer.status_code == 200, answer.content
+    outcomes = answer.json()["alerts"]
+    expected = ["duplicate", "skipped", "duplicate"] if alone else ["opened", "skipped", "opened"]
+    assert [item["outcome"] for item in outcomes] == expected, outcomes
+    assert outcomes[1]["reason"] == "the database refused a value of this alert"
+    assert "poisoned alert" in caplog.text  # the database's own words are in the log, not in the answer
+    # The transaction goes on: nothing of the poisoned alert, everything of the others.
+    assert set(AlertRecord.objects.values_list("fingerprint", flat=True)) == {"good-0", "good-2"}
+    assert FaultEvent.objects.count() == 2

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def _loopback_receivers_allowed(settings):
-    settings.NOTIFICATION_ALLOW_PRIVATE_TARGETS = True  # the receivers here listen on 127.0.0.1
+    settings.OUTBOUND_ALLOWED_NETWORKS = ["127.0.0.1/32"]  # the receivers here listen on 127.0.0.1
 
 
 class Receiver:
@@ -195,3 +195,73 @@ def test_pausing_automation_on_a_fleet_or_cluster_is_announced(users, receiver):
     notifications_deliver()
     summaries = sorted(body["summary"] for body in receiver.bodies)
     assert summaries == ["Recovery automation paused on us-west", "Recovery automation paused on usw-1"]
+
+
+# --- issue 54 (M): the SSRF guard bypassed with a backslash; the internal reply's body shown to operators ----------
+
+
+@pytest.fixture
+def internal():
+    """A real HTTP server inside the installation (loopback, a port the kernel picks) that must hear nothing."""
+    from tests.support.outbound import Receiver as Recording
+
+    running = Recording(
+        status=500, body=b"internal-secret: the reply of a service only the installation reaches"
+    )
+    yield running
+    running.close()
+
+
+def deliver_to(url: str) -> NotificationDelivery:
+    """A channel row with ``url`` as it may be found in the database (saved before a check, or a name that resolves
+    elsewhere since), one notice due to it, delivered once."""
+    channel = NotificationChannel.objects.create(name="c", url=url)
+    NotificationDelivery.objects.create(
+        channel=channel, event_id=1, rule="job_failed", summary="s", next_attempt_at=timezone.now()
+    )
+    notifications_deliver()
+    return NotificationDelivery.objects.get()
+
+
+@pytest.mark.parametrize(
+    "url, words",
+    [
+        ("http://127.0.0.1:{port}\\@8.8.8.8/hook", "backslashes"),  # the report's URL
+        ("http://u:p@127.0.0.1:{port}/hook", "user name or password"),
+        ("http://2130706433:{port}/hook", "dotted-decimal"),  # 127.0.0.1 in decimal
+        ("http://localhost:{port}/hook", "localhost is 127.0.0.1, which is a loopback address"),
+    ],
+)
+def test_an_internal_target_is_refused_when_saved_and_when_sent(api, users, internal, settings, url, words):
+    settings.OUTBOUND_ALLOWED_NETWORKS = []
+    url = url.format(port=internal.port)
+    api.as_token(users["provider-admin"])
+    answer = api.post("/api/v1/notification-channels/", {"name": "c", "url": url}, format="json")
+    assert answer.status_code == 400 and words in str(answer.json()["url"]), answer.content
+    assert not NotificationChannel.objects.exists()
+    delivery = deliver_to(url)
+    assert delivery.last_status is None and delivery.last_error.startswith("target refused: "), (
+        delivery.last_error
+    )
+    assert words in delivery.last_error
+    assert internal.seen == []
+
+
+def test_a_name_that_resolves_to_loopback_is_refused_at_delivery(users, internal, settings):
+    """The name is not looked up when it is saved (it may resolve elsewhere by the time it is used); it is when
+    the notice is sent, and the address it resolves to then is checked and connected to."""
+    settings.OUTBOUND_ALLOWED_NETWORKS = []
+    NotificationChannel.objects.create(name="n", url="http://hooks.example/x")  # a name, saved while public
+    delivery = deliver_to(f"http://localhost:{internal.port}/hook")
+    assert "loopback" in delivery.last_error and internal.seen == []
+
+
+def test_a_failed_delivery_keeps_the_status_not_the_body(api, users, internal, settings):
+    settings.OUTBOUND_ALLOWED_NETWORKS = ["127.0.0.1/32"]  # the provider allows this receiver's range
+    delivery = deliver_to(internal.url())
+    assert len(internal.seen) == 1  # it was sent
+    assert (delivery.state, delivery.last_status, delivery.last_error) == ("pending", 500, "HTTP 500")
+    api.as_token(users["provider-admin"])
+    listed = api.get("/api/v1/notification-deliveries/")
+    assert listed.status_code == 200 and "internal-secret" not in listed.content.decode()
+    assert '"last_status":500' in listed.content.decode().replace(" ", "")

@@ -135,11 +135,13 @@ def test_a_precursor_becomes_a_prediction_a_proactive_move_before_the_fault_and_
     cluster, job, node, agent = world(tenant_a)
     runner = simulated_fleet(cluster, seed=5)
     sim_node = next(n for n in runner.nodes if n.id == node.pk)
-    start = time.time() - 160.0  # the precursor's first minutes, as sent
-    warm_up(runner, until=start)
-    item = Pending(STRIKES[precursor], sim_node, 1, due=start + PRECURSOR_SECONDS)
-    runner.pending.append(item)
+    warm_up(runner, until=time.time() - 160.0)
     with celery_worker(tmp_path) as worker, beat_in_a_thread(cluster_ids=[cluster.pk]):
+        # the precursor's first minutes, as sent, from now: the warm-up and the worker's start (tens of seconds on a
+        # loaded machine) take nothing from the 144 s the prediction's horizon gives the move and the strike
+        start = time.time() - 160.0
+        item = Pending(STRIKES[precursor], sim_node, 1, due=start + PRECURSOR_SECONDS)
+        runner.pending.append(item)
         raised = run_precursor_clock(agent, runner, cluster, start=start, seconds=160.0)
         predictions = list(Prediction.objects.filter(pk__in=raised))
         assert [p.node_id for p in predictions] == [node.pk], [(p.node_id, p.cause) for p in predictions]
@@ -177,10 +179,13 @@ def test_a_precursor_becomes_a_prediction_a_proactive_move_before_the_fault_and_
     assert 0 < figures["chance_precision"] < 0.5 and figures["precision_lift"] > 2
     client.force_login(make_user(Role.OPERATOR))
     page = client.get("/predictions/").content.decode()
+    later = prediction_metrics()
     assert "after its node was emptied" in page and "Random at the same rate" in page
-    # the page computes its figures a moment later, over a longer period: its chance, and so its lift, differ a little
+    # the page computes its figures between the two computations here, over a period that grows with the clock
+    # (its chance falls, its lift rises: by 0.26 over a loaded machine's minute): it shows a lift between them
     shown = float(re.search(r"precision by chance; lift ([0-9.]+)×", page).group(1))
-    assert shown == pytest.approx(figures["precision_lift"], abs=0.25), (shown, figures["precision_lift"])
+    bounds = sorted((figures["precision_lift"], later["precision_lift"]))
+    assert bounds[0] - 0.05 <= shown <= bounds[1] + 0.05, (shown, bounds)
 
 
 def test_without_a_precursor_nothing_is_predicted_and_the_fault_is_a_miss(
@@ -189,10 +194,10 @@ def test_without_a_precursor_nothing_is_predicted_and_the_fault_is_a_miss(
     cluster, job, node, agent = world(tenant_a)
     runner = simulated_fleet(cluster, seed=6)
     sim_node = next(n for n in runner.nodes if n.id == node.pk)
-    start = time.time() - 160.0
-    warm_up(runner, until=start)
+    warm_up(runner, until=time.time() - 160.0)
     strike = Strike(0.0, "GPU", "gpu_xid", 79, "", "agent", 0)  # strikes without warning
     with celery_worker(tmp_path) as worker, beat_in_a_thread(cluster_ids=[cluster.pk]):
+        start = time.time() - 160.0
         raised = run_precursor_clock(agent, runner, cluster, start=start, seconds=160.0)
         assert raised == [] and not Prediction.objects.exists()
         events: dict = {}

@@ -12,7 +12,9 @@ from telemetry.prediction import evaluation
 from telemetry.prediction.detector import CONFIG
 from telemetry.prediction.scoring import Scores
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "anomaly"
+DATA = Path(__file__).resolve().parents[2] / "data" / "anomaly"
+pytestmark = pytest.mark.slow  # the score matrix is computed in a pool of processes
+
 TADGAN_AWS = Scores(12, 2, 1)  # Orion's published TadGAN sums on the nine realAWSCloudwatch series
 
 

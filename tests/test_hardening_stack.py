@@ -155,7 +155,7 @@ def test_a_client_on_the_host_cannot_rotate_its_address_with_x_forwarded_for(tmp
     assert re.search(r'^ENV FORWARDED_ALLOW_IPS=""$', (BASE_DIR / "Dockerfile").read_text(), re.M)
     compose = yaml.safe_load((BASE_DIR / "docker-compose.yml").read_text())
     assert compose["x-lockstep-environment"]["FORWARDED_ALLOW_IPS"] == "${FORWARDED_ALLOW_IPS:-}"
-    limits = {"LOGIN_ADDRESS_RATE": "3/min", "LOGIN_RATE": "100/min"}
+    limits = {"LOGIN_ADDRESS_RATE": "3/hour", "LOGIN_RATE": "100/hour"}
     with uvicorn_server(
         tmp_path, FORWARDED_ALLOW_IPS="", **limits
     ) as server:  # as every deployment starts it

@@ -11,15 +11,21 @@ LOCAL_ENV := var/local.env
 # make run
 PORT ?= 8000
 
+# make test / test-fast: pytest-xdist workers. Most tests wait on other processes, so twice the cores (at least 3,
+# at most 8) pays; TEST_WORKERS=0 runs in this process, one test at a time.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); n=$$((n * 2)); [ $$n -lt 3 ] && n=3; [ $$n -gt 8 ] && n=8; echo $$n)
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup
+
 .DEFAULT_GOAL := help
-.PHONY: help install install-runtime run test lint clean slurm-demo
+.PHONY: help install install-runtime run test test-fast lint clean slurm-demo
 
 help:
 	@echo "make install   create $(VENV) and install Lockstep with its test extras (quick when nothing changed)"
 	@echo "make install-runtime  only what running needs (make run uses it; make install includes it)"
-	@echo "make run       install-runtime, $(LOCAL_ENV), migrate, demo users and world, web + workers (faults, analytics) + beat (+ redis) on http://127.0.0.1:$(PORT)/"
+	@echo "make run       install-runtime, $(LOCAL_ENV), migrate, collectstatic, demo users and world, web + workers (faults, analytics) + beat (+ redis) on http://127.0.0.1:$(PORT)/"
 	@echo "make slurm-demo  (with make run going) a local 3-node Slurm with a real training job that loses a node"
-	@echo "make test      run the test suite (PostgreSQL and Redis; see DATABASE_URL / REDIS_URL); PYTEST_ARGS=... passes through"
+	@echo "make test      run the whole suite in parallel (TEST_WORKERS=$(TEST_WORKERS); PostgreSQL and Redis, see DATABASE_URL / REDIS_URL); PYTEST_ARGS=... passes through"
+	@echo "make test-fast the tests that start no extra process (-m 'not slow'), in parallel: the inner loop"
 	@echo "make lint      ruff check and ruff format --check"
 	@echo "make clean     remove caches, collected static files and the beat schedule (keeps $(VENV) and the database)"
 
@@ -52,6 +58,7 @@ run: export WEB_PORT := $(PORT)
 run: export PATH := $(abspath $(VENV))/bin:$(PATH)
 run: install-runtime $(LOCAL_ENV)
 	@$(PY) manage.py migrate --noinput -v 0
+	@$(PY) manage.py collectstatic --noinput -v 0
 	@answer=$$(bin/ensure-redis) || exit 1; \
 	procs="web worker analytics beat simulator"; \
 	if [ "$$(printf '%s\n' "$$answer" | tail -n 1)" = local ]; then \
@@ -67,10 +74,22 @@ slurm-demo: install $(LOCAL_ENV)
 	$(PY) manage.py slurm_demo --url http://127.0.0.1:$(PORT)
 
 # --- test: against PostgreSQL and a real Redis (DB 14 keeps away from a dev stack on DB 0) ------------------
-test: export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/lockstep
-test: export REDIS_URL ?= redis://127.0.0.1:6379/14
+# Each xdist worker gwN gets test_<db>_gwN and Redis DB 14-N (controlplane/testing/settings.py). The wall time
+# printed last is the whole run's, worker start-up included; --durations lists the slowest tests. test-fast keeps
+# its test databases between runs (--reuse-db: migrate still applies new migrations); make test builds them anew.
+test test-fast: export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/lockstep
+test test-fast: export REDIS_URL ?= redis://127.0.0.1:6379/14
 test: install
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	@start=$$(date +%s); status=0; \
+	$(VENV)/bin/pytest $(PYTEST_PARALLEL) --durations=25 $(PYTEST_ARGS) || status=$$?; \
+	echo "make test: suite wall time $$(( $$(date +%s) - start )) s with TEST_WORKERS=$(TEST_WORKERS)"; \
+	exit $$status
+
+test-fast: install
+	@start=$$(date +%s); status=0; \
+	$(VENV)/bin/pytest $(PYTEST_PARALLEL) -m "not slow" --reuse-db --durations=10 $(PYTEST_ARGS) || status=$$?; \
+	echo "make test-fast: wall time $$(( $$(date +%s) - start )) s with TEST_WORKERS=$(TEST_WORKERS)"; \
+	exit $$status
 
 lint: install
 	$(VENV)/bin/ruff check .

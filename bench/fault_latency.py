@@ -39,9 +39,7 @@ DB_URL = ADMIN_URL.rsplit("/", 1)[0] + f"/{DB_NAME}"
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
 CLUSTERS, NODES_PER_CLUSTER, NICS = 4, 256, 8
 
-KUBERNETES_SECONDS = (
-    350  # node-monitor-grace-period 50 s + default NoExecute toleration 300 s (shared/data/README)
-)
+KUBERNETES_SECONDS = 350  # node-monitor-grace-period 50 s + default NoExecute toleration 300 s (data/failures/README.md cites the figure)
 NCCL_SECONDS = 30  # NCCL_IB_TIMEOUT 20, 7 retries: about 30 s to report a dead InfiniBand link
 
 

@@ -5,7 +5,7 @@
     .venv/bin/python bench/predictor_nab.py --compare --family river --family ruptures   # ... for some
     .venv/bin/python bench/predictor_nab.py --data DIR --windows FILE [--labels FILE] [--orion FILE]
 
-With no options: leave-one-series-out over every shared labelled series (``../shared/data/anomaly``, both
+With no options: leave-one-series-out over every shared labelled series (``data/anomaly``, both
 folders). For each series, the candidate configuration (``telemetry.prediction.evaluation.CANDIDATES``) with the
 best summed F1 on the other fifteen is chosen and run on it; the table shows each series as scored by the
 configuration chosen without it, the held-out sums per folder and overall (``held-out F1 overall 0.xxx``), the
@@ -39,7 +39,7 @@ from telemetry.prediction import evaluation  # noqa: E402
 from telemetry.prediction.detector import CONFIG  # noqa: E402
 from telemetry.prediction.scoring import Scores  # noqa: E402
 
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "anomaly"
+DATA = Path(__file__).resolve().parent.parent / "data" / "anomaly"
 
 
 def orion_sums(path: Path, pipeline: str, signals: set[str]) -> tuple[Scores, set[str]] | None:

@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import random
+import secrets
 import statistics
 import sys
 import tempfile
@@ -30,6 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "agent"))
 # The holders and training processes import this checkout's agent too.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "agent"), os.environ.get("PYTHONPATH")]))
+# The jobs' protection secret, as a launcher gives it (one per benchmark: each run is a job of its own name).
+os.environ.setdefault("LOCKSTEP_PROTECT_SECRET", secrets.token_hex(32))
 
 from lockstep_agent.protect import testing  # noqa: E402
 

@@ -102,6 +102,8 @@ def provider_dashboard(user, window: TimeRange | None = None) -> dict:
             }
             for c in clusters
         ],
+        # Median time to acknowledge, recover and resolve, fleet-wide and per cluster, over the last 30 days.
+        "incident_medians": job_selectors.incident_medians(user=user, since=now - timedelta(days=30)),
         "charts": {
             "faults": recoveries["faults"],
             "saved": recoveries["saved"],

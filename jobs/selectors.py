@@ -1,15 +1,17 @@
 """Reads of the jobs app; each takes the user it reads for (DESIGN's permission table)."""
 
 import re
+import statistics
 from datetime import timedelta
 
 from django.core.paginator import Page
 from django.db.models import Count, F, Prefetch, Q, QuerySet, Sum, Value
 
 from controlplane import events
+from controlplane.access import PROVIDER_ROLES
 from controlplane.pagination import OneMomentPaginator
 from controlplane.selectors import event_list
-from jobs.choices import NODE_HARDWARE_KINDS, ActionState, JobPhaseKind, SavingState
+from jobs.choices import ACTIVE_ACTION_STATES, NODE_HARDWARE_KINDS, ActionState, JobPhaseKind, SavingState
 from jobs.models import (
     FaultEvent,
     Incident,
@@ -22,6 +24,7 @@ from jobs.models import (
     RecoveryAction,
     SlurmJob,
 )
+from jobs.models.incidents import IncidentNote
 from jobs.triage import catalogue, classify_xid
 from tenancy.scoping import may_see, restrict, sees
 
@@ -457,3 +460,112 @@ def node_drain(*, user, node) -> dict | None:
         "waits": [wait for wait in status["waits"] if wait["job"].pk in visible],
         "hidden": hidden,
     }
+
+
+# --- incidents as on-call work (jobs.services.incident_work) ----------------------------------------------------
+
+INCIDENT_MEASURES = ("acknowledge", "recover", "resolve")
+
+
+def incident_work_list(*, user) -> QuerySet[Incident]:
+    """The incident list page's rows: ``incident_list``'s scope, with who works each."""
+    return _incidents(user).select_related("assignee")
+
+
+def incident_tenant_ids(incident: Incident) -> set[int]:
+    """The tenants whose users see an incident: its cluster's dedicated tenant and the tenants of the jobs it hit."""
+    ids = set(
+        RecoveryAction.objects.filter(incident=incident, job__isnull=False).values_list(
+            "job__tenant_id", flat=True
+        )
+    )
+    if incident.cluster.dedicated_tenant_id:
+        ids.add(incident.cluster.dedicated_tenant_id)
+    return ids
+
+
+def incident_assignees(*, incident: Incident) -> QuerySet:
+    """Who an incident may be assigned to: the active users who may see it (provider roles, and the users of the
+    tenants that see it), by name."""
+    from django.contrib.auth import get_user_model
+
+    sees_it = (
+        Q(membership__role__in=sorted(PROVIDER_ROLES))
+        | Q(membership__tenant_id__in=incident_tenant_ids(incident))
+        | Q(is_superuser=True, membership__isnull=True)
+    )
+    return get_user_model().objects.filter(sees_it, is_active=True).order_by("username")
+
+
+def incident_notes(*, user, incident: Incident) -> QuerySet[IncidentNote]:
+    """An incident's notes the user may read, oldest first: every one for provider roles; a tenant user's own
+    tenant's and the provider's (a provider note is for everyone who sees the incident)."""
+    rows = IncidentNote.objects.filter(incident=incident).select_related("author")
+    return restrict(rows, user, also=Q(tenant__isnull=True))
+
+
+def incident_recovering(*, incident: Incident) -> bool:
+    """Whether a recovery of the incident is still under way (decided, not ended, not a dry run)."""
+    return RecoveryAction.objects.filter(
+        incident=incident, dry_run=False, state__in=ACTIVE_ACTION_STATES
+    ).exists()
+
+
+def _since_opened(opened_at, at) -> float | None:
+    return max(0.0, (at - opened_at).total_seconds()) if at is not None else None
+
+
+def incident_times(incident: Incident) -> dict[str, float | None]:
+    """Seconds from an incident's first report until a person acknowledged it, until it recovered (the fault path
+    closed it: its reports stopped and every recovery of it ended) and until a person resolved it; None where
+    that has not happened."""
+    return {
+        "acknowledge": _since_opened(incident.opened_at, incident.acknowledged_at),
+        "recover": _since_opened(incident.opened_at, incident.resolved_at),
+        "resolve": _since_opened(incident.opened_at, incident.closed_at),
+    }
+
+
+def _medians(rows) -> dict:
+    """Medians of each measure over ``rows`` of (cluster id, cluster name, opened, acknowledged, recovered,
+    resolved): the fleet's and each cluster's, with how many incidents each counts."""
+    fleet: dict[str, list[float]] = {m: [] for m in INCIDENT_MEASURES}
+    clusters: dict[int, dict] = {}
+    for cluster_id, name, opened, *ends in rows:
+        entry = clusters.setdefault(cluster_id, {"id": cluster_id, "name": name, "incidents": 0})
+        entry["incidents"] += 1
+        for measure, at in zip(INCIDENT_MEASURES, ends, strict=True):
+            seconds = _since_opened(opened, at)
+            if seconds is not None:
+                fleet[measure].append(seconds)
+                entry.setdefault(measure, []).append(seconds)
+
+    def summary(values: dict, n: int) -> dict:
+        found = {m: statistics.median(values[m]) if values.get(m) else None for m in INCIDENT_MEASURES}
+        return {**found, "incidents": n}
+
+    return {
+        "fleet": summary(fleet, len(rows)),
+        "clusters": [
+            {"id": entry["id"], "name": entry["name"], **summary(entry, entry["incidents"])}
+            for entry in sorted(clusters.values(), key=lambda e: e["name"])
+        ],
+    }
+
+
+MEDIAN_FIELDS = ("cluster_id", "cluster__name", "opened_at", "acknowledged_at", "resolved_at", "closed_at")
+
+
+def incident_medians(*, user, since) -> dict:
+    """Median time to acknowledge, to recover and to resolve of the incidents the user sees opened since
+    ``since``: the fleet's and each cluster's (``_medians``)."""
+    return _medians(
+        list(_incidents(user).filter(opened_at__gte=since).order_by().values_list(*MEDIAN_FIELDS))
+    )
+
+
+def fleet_incident_medians(*, since) -> dict:
+    """``incident_medians`` of every incident, for /metrics (which only provider roles read)."""
+    return _medians(
+        list(Incident.objects.filter(opened_at__gte=since).order_by().values_list(*MEDIAN_FIELDS))
+    )

@@ -21,6 +21,7 @@ from fleet.models import GPU, Node
 from fleet.models.drift import DriftFinding
 from fleet.models.rollouts import Rollout
 from jobs.choices import ActionKind, ActionState, FaultKind, FaultState
+from jobs.metrics import IncidentWorkCollector
 from jobs.models import FaultEvent, RecoveryAction
 
 DECISION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -148,4 +149,5 @@ def exposition() -> bytes:
     registry = CollectorRegistry()
     registry.register(LockstepCollector())
     registry.register(HealthCollector())
+    registry.register(IncidentWorkCollector())  # incidents as on-call work (jobs/metrics.py)
     return generate_latest(registry)

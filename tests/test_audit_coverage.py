@@ -290,6 +290,25 @@ def _ids(**kinds):
 
 path_id = lambda w, ctx: {"id": ctx["id"]}  # noqa: E731
 
+
+def _settled_incident(w) -> dict:
+    """The provider's incident, its recoveries ended (resolving waits for a running one)."""
+    from jobs.models import RecoveryAction
+
+    pk = w.id("incident", "provider")
+    RecoveryAction.objects.filter(incident_id=pk, state__in=("planned", "running")).update(state="succeeded")
+    return {"id": pk}
+
+
+def _resolved_incident(w) -> dict:
+    from jobs.models import Incident
+    from jobs.services.incident_work import incident_resolve
+
+    ctx = _settled_incident(w)
+    incident_resolve(actor=w.padmin, incident=Incident.objects.get(pk=ctx["id"]), cause="unknown")
+    return ctx
+
+
 API_WRITES: dict[str, Write] = {
     "api_v1_agent_tokens_create": Write(
         "provider-admin",
@@ -538,6 +557,45 @@ API_WRITES: dict[str, Write] = {
         body=lambda w, ctx: {"iteration": 10},
         target=at("jobs.job"),
         action="job.progress",
+    ),
+    "api_v1_incidents_acknowledge_create": Write(
+        "operator",
+        prepare=_ids(id=("incident", "provider")),
+        path=path_id,
+        target=at("jobs.incident"),
+        action="incident.acknowledge",
+    ),
+    "api_v1_incidents_assign_create": Write(
+        "operator",
+        prepare=_ids(id=("incident", "provider")),
+        path=path_id,
+        body=lambda w, ctx: {"user": w.user("operator").pk},
+        target=at("jobs.incident"),
+        action="incident.assign",
+    ),
+    "api_v1_incidents_notes_create": Write(
+        "acme-admin",
+        prepare=_ids(id=("incident", "acme")),
+        path=path_id,
+        body=lambda w, ctx: {"body": "seen from **acme**"},
+        target=at("jobs.incident"),
+        action="incident.note",
+        status=201,
+    ),
+    "api_v1_incidents_resolve_create": Write(
+        "operator",
+        prepare=_settled_incident,
+        path=path_id,
+        body=lambda w, ctx: {"cause": "hardware"},
+        target=at("jobs.incident"),
+        action="incident.resolve",
+    ),
+    "api_v1_incidents_reopen_create": Write(
+        "operator",
+        prepare=_resolved_incident,
+        path=path_id,
+        target=at("jobs.incident"),
+        action="incident.reopen",
     ),
     "api_v1_jobs_cancel_create": Write(
         "acme-admin",
@@ -840,6 +898,14 @@ PAGE_WRITES: dict[str, Write] = {
         body=lambda w, ctx: {"mode": "dry-run", "reason": "audit", **CONFIRMED},
         target=lambda w, ctx, response: ("fleet.automationswitch", "1"),
         action="automation.switch",
+        status=302,
+    ),
+    "incident-act": Write(
+        "operator",
+        prepare=_ids(pk=("incident", "provider")),
+        path=lambda w, ctx: {"pk": ctx["pk"], "action": "acknowledge"},
+        target=at("jobs.incident", "pk"),
+        action="incident.acknowledge",
         status=302,
     ),
     "job-cancel": Write(

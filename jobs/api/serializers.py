@@ -5,6 +5,7 @@ from rest_framework import serializers
 from jobs import figures, selectors
 from jobs.choices import INTERNAL_FAULT_KINDS, FaultKind, FaultSource, Severity, SnapshotKind
 from jobs.models import FaultEvent, Incident, Job, JobAllocation, JobSnapshot, RecoveryAction
+from jobs.models.incidents import IncidentCause, IncidentNote
 
 
 class AllocationSerializer(serializers.ModelSerializer):
@@ -592,3 +593,87 @@ class SnapshotReportSerializer(serializers.Serializer):
             details["detail"] = details["detail"][:500]
         attrs["details"] = details
         return attrs
+
+
+# --- incidents as on-call work (jobs.services.incident_work) ----------------------------------------------------
+
+
+class IncidentNoteSerializer(serializers.ModelSerializer):
+    author = serializers.CharField(source="author.username", read_only=True, default=None)
+    by_provider = serializers.SerializerMethodField(
+        help_text="written by a provider user (seen by every tenant that sees the incident)"
+    )
+
+    class Meta:
+        model = IncidentNote
+        fields = ["id", "author", "by_provider", "body", "created_at"]
+        read_only_fields = fields
+
+    def get_by_provider(self, note) -> bool:
+        return note.tenant_id is None
+
+
+class IncidentTimesSerializer(serializers.Serializer):
+    acknowledge = serializers.FloatField(
+        allow_null=True, help_text="seconds from its first report to acknowledged"
+    )
+    recover = serializers.FloatField(
+        allow_null=True, help_text="seconds to recovered: its reports stopped and every recovery of it ended"
+    )
+    resolve = serializers.FloatField(allow_null=True, help_text="seconds to resolved by a person")
+
+
+class IncidentWorkSerializer(serializers.ModelSerializer):
+    """Where the on-call work on an incident stands."""
+
+    acknowledged_by = serializers.CharField(source="acknowledged_by.username", read_only=True, default=None)
+    assignee_name = serializers.CharField(source="assignee.username", read_only=True, default=None)
+    closed_by = serializers.CharField(source="closed_by.username", read_only=True, default=None)
+    times = serializers.SerializerMethodField(help_text="seconds from its first report to each step")
+    url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Incident
+        fields = [
+            "id",
+            "state",
+            "work_state",
+            "opened_at",
+            "acknowledged_at",
+            "acknowledged_by",
+            "assignee",
+            "assignee_name",
+            "resolved_at",
+            "closed_at",
+            "closed_by",
+            "cause",
+            "times",
+            "url",
+        ]
+        read_only_fields = fields
+        extra_kwargs = {
+            "state": {"help_text": "the fault path's: open while reports arrive or a recovery of it runs"},
+            "resolved_at": {"help_text": "when it recovered (the fault path closed it)"},
+            "closed_at": {"help_text": "when a person resolved it, with a cause"},
+        }
+
+    @extend_schema_field(IncidentTimesSerializer)
+    def get_times(self, incident) -> dict:
+        return selectors.incident_times(incident)
+
+    def get_url(self, incident) -> str:
+        return reverse("api:incident-detail", args=[incident.pk])
+
+
+class IncidentAssignSerializer(serializers.Serializer):
+    user = serializers.IntegerField(
+        allow_null=True, min_value=1, max_value=2**63 - 1, help_text="the user's id (null: assign to nobody)"
+    )
+
+
+class IncidentNoteCreateSerializer(serializers.Serializer):
+    body = serializers.CharField(max_length=10_000, help_text="Markdown; raw HTML is shown as text")
+
+
+class IncidentResolveSerializer(serializers.Serializer):
+    cause = serializers.ChoiceField(choices=IncidentCause.choices)

@@ -21,8 +21,13 @@ from jobs import figures, selectors
 from jobs.api.serializers import (
     FaultReportSerializer,
     FaultSerializer,
+    IncidentAssignSerializer,
     IncidentDetailSerializer,
+    IncidentNoteCreateSerializer,
+    IncidentNoteSerializer,
+    IncidentResolveSerializer,
     IncidentSerializer,
+    IncidentWorkSerializer,
     JobSerializer,
     JobSubmitSerializer,
     ProgressSerializer,
@@ -34,6 +39,7 @@ from jobs.authentication import JobTokenAuthentication
 from jobs.filtersets import FaultEventFilterSet, IncidentFilterSet, JobFilterSet, RecoveryActionFilterSet
 from jobs.models import JobToken
 from jobs.services import faults as fault_services
+from jobs.services import incident_work
 from jobs.services import jobs as job_services
 from jobs.services.escalation import escalation_repaired
 from jobs.services.snapshots import snapshot_report, snapshot_take
@@ -227,6 +233,91 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedVi
 
     def get_serializer_class(self):
         return IncidentDetailSerializer if getattr(self, "action", None) == "retrieve" else IncidentSerializer
+
+    # --- the on-call work (jobs.services.incident_work): the incident is looked up first (another tenant's is
+    # a 404), then the role is checked (a viewer's 403), then the body (a 400); a state that refuses is a 409.
+
+    def _worked(self):
+        """The work on the incident ``_incident`` looked up, as it stands now."""
+        rows = selectors.incident_work_list(user=self.request.user).select_related(
+            "acknowledged_by", "closed_by"
+        )
+        return Response(represented(IncidentWorkSerializer, rows.get(pk=self._pk)))
+
+    def _incident(self):
+        incident = self.get_object()
+        self._pk = incident.pk
+        return incident
+
+    @extend_schema(request=None, responses=IncidentWorkSerializer)
+    @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
+    def work(self, request, pk=None):
+        """Where the on-call work on it stands: acknowledged, assigned, resolved (with a cause), and the times."""
+        self._incident()
+        return self._worked()
+
+    @extend_schema(request=None, responses={200: IncidentWorkSerializer, 409: ErrorSerializer})
+    @action(detail=True, methods=["post"])
+    def acknowledge(self, request, pk=None):
+        """A person has it (provider roles): its time to acknowledge stops. 409 if acknowledged or resolved."""
+        incident_work.incident_acknowledge(actor=request.user, incident=self._incident())
+        return self._worked()
+
+    @extend_schema(
+        request=IncidentAssignSerializer, responses={200: IncidentWorkSerializer, 409: ErrorSerializer}
+    )
+    @action(detail=True, methods=["post"])
+    def assign(self, request, pk=None):
+        """Give it to a user who may see it, by id (null: to nobody); provider roles."""
+        incident = self._incident()
+        require(incident_work.may_work(request.user), "only provider roles assign incidents")
+        values = validated(IncidentAssignSerializer, request.data)
+        assignee = None
+        if values["user"] is not None:
+            assignee = selectors.incident_assignees(incident=incident).filter(pk=values["user"]).first()
+            if assignee is None:
+                raise exceptions.ValidationError(
+                    {"user": ["no active user who may see this incident has that id"]}
+                )
+        incident_work.incident_assign(actor=request.user, incident=incident, assignee=assignee)
+        return self._worked()
+
+    @extend_schema(methods=["GET"], request=None, responses=IncidentNoteSerializer(many=True))
+    @extend_schema(
+        methods=["POST"], request=IncidentNoteCreateSerializer, responses={201: IncidentNoteSerializer}
+    )
+    @action(detail=True, methods=["get", "post"], filter_backends=[], pagination_class=None)
+    def notes(self, request, pk=None):
+        """Its notes the reader may read (Markdown); POST adds one: provider roles and tenant admins (a tenant's
+        note is seen by that tenant and the provider)."""
+        incident = self._incident()
+        if request.method == "GET":
+            rows = selectors.incident_notes(user=request.user, incident=incident)
+            return Response(IncidentNoteSerializer(rows, many=True).data)
+        require(incident_work.may_annotate(request.user), "you may not add notes to incidents")
+        values = validated(IncidentNoteCreateSerializer, request.data)
+        note = incident_work.incident_note(actor=request.user, incident=incident, body=values["body"])
+        return Response(IncidentNoteSerializer(note).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        request=IncidentResolveSerializer, responses={200: IncidentWorkSerializer, 409: ErrorSerializer}
+    )
+    @action(detail=True, methods=["post"])
+    def resolve(self, request, pk=None):
+        """A person closes it with a cause (provider roles). 409 if it is already resolved or a recovery of it
+        still runs."""
+        incident = self._incident()
+        require(incident_work.may_work(request.user), "only provider roles resolve incidents")
+        values = validated(IncidentResolveSerializer, request.data)
+        incident_work.incident_resolve(actor=request.user, incident=incident, cause=values["cause"])
+        return self._worked()
+
+    @extend_schema(request=None, responses={200: IncidentWorkSerializer, 409: ErrorSerializer})
+    @action(detail=True, methods=["post"])
+    def reopen(self, request, pk=None):
+        """Back to work: its resolution and cause are cleared (provider roles). 409 if it is not resolved."""
+        incident_work.incident_reopen(actor=request.user, incident=self._incident())
+        return self._worked()
 
 
 @extend_schema(

@@ -1,9 +1,28 @@
 """Incidents: one underlying failure (a node dying, a link going grey) and every fault report of it."""
 
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
 from jobs.choices import FaultKind, IncidentScope, IncidentState
+
+
+class IncidentWork(models.TextChoices):
+    """Where the on-call work on an incident stands (its ``state`` is the fault path's: reports still arriving)."""
+
+    NEW = "new", "New, not acknowledged"
+    ACKNOWLEDGED = "acknowledged", "Acknowledged"
+    RESOLVED = "resolved", "Resolved by a person"
+
+
+class IncidentCause(models.TextChoices):
+    """What a person found the cause to be when resolving it."""
+
+    HARDWARE = "hardware", "Hardware (GPU, memory, board)"
+    FABRIC = "fabric", "Fabric (NIC, link, switch)"
+    SOFTWARE = "software", "Software (driver, firmware, job)"
+    FACILITY = "facility", "Facility (power, cooling)"
+    UNKNOWN = "unknown", "Unknown"
 
 
 class Incident(models.Model):
@@ -34,6 +53,32 @@ class Incident(models.Model):
     report_count = models.PositiveIntegerField(
         default=1, help_text="reports of all its faults, merged ones too"
     )
+    # The on-call work (jobs.services.incident_work): acknowledged, assigned, noted, resolved with a cause by a
+    # person. ``resolved_at`` above is the fault path's (reports stopped, recoveries ended): its time to recover.
+    # Defaults in the database too: fault intake inserts incidents in SQL of its own (jobs.services.incidents).
+    work_state = models.CharField(
+        max_length=12, choices=IncidentWork.choices, default=IncidentWork.NEW, db_default=IncidentWork.NEW
+    )
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    assignee = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="assigned_incidents",
+    )
+    closed_at = models.DateTimeField(
+        null=True, blank=True, help_text="when a person resolved it, with a cause"
+    )
+    closed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    cause = models.CharField(
+        max_length=10, choices=IncidentCause.choices, blank=True, default="", db_default=""
+    )
 
     tenant_scope = "cluster__dedicated_tenant_id"
 
@@ -48,3 +93,32 @@ class Incident(models.Model):
     def __str__(self):
         where = f"{self.node_id}/{self.nic_name}" if self.scope == IncidentScope.NIC else str(self.node_id)
         return f"incident {self.pk}: {self.kind} on {where} ({self.state})"
+
+
+class IncidentNote(models.Model):
+    """A note on an incident, in Markdown (rendered with raw HTML off). A tenant user's note is seen by that tenant
+    and the provider; a provider user's by everyone who sees the incident."""
+
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="notes")
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    tenant = models.ForeignKey(
+        "tenancy.Tenant",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+        help_text="the author's tenant (empty: a provider user's note)",
+    )
+    body = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    tenant_scope = "tenant_id"
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [models.Index(fields=["incident", "created_at"])]
+
+    def __str__(self):
+        return f"note {self.pk} on incident {self.incident_id}"

@@ -75,6 +75,11 @@ RULES = {
         lambda p: f"Cluster {p.get('name', '')} unreachable: {p.get('summary', '')}",
     ),
     "automation_paused": (_automation_paused, lambda p: f"Recovery automation paused on {p.get('name', '')}"),
+    # A person worked an incident (jobs.services.incident_work): acknowledged, assigned, noted, resolved, reopened.
+    "incident_worked": (
+        lambda kind, p: kind.startswith("incident.") and bool(p.get("summary")),
+        lambda p: p.get("summary", ""),
+    ),
 }
 
 

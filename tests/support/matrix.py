@@ -521,6 +521,14 @@ ROUTES: dict[str, Route] = {
     # A node of a cluster the reader does not see in full, and an incident it may not see, are 404s.
     "node-detail": Route(per_method(get=scoped(api=False)), fill="node"),
     "incident-detail": Route(per_method(get=scoped(api=False)), fill="incident"),
+    # Incidents as on-call work: a step is the provider's (a tenant's own incident: 403), done or refused on the
+    # page (a redirect with the message); another tenant's incident is a 404.
+    "incident-list": Route(per_method(get=signed_in(api=False))),
+    "incident-act": Route(
+        per_method(post=scoped(REDIRECT, api=False, tenant_writes=403)),
+        fill="incident",
+        values={"action": "acknowledge"},
+    ),
     "search": Route(per_method(get=signed_in(api=False)), values={}),
     # --- the API ---------------------------------------------------------------------------------------------
     "api:api-root": Route(per_method(get=signed_in())),
@@ -621,6 +629,16 @@ ROUTES: dict[str, Route] = {
     "api:job-timeline": Route(per_method(get=scoped()), fill="job"),
     "api:incident-list": Route(per_method(get=signed_in())),
     "api:incident-detail": Route(per_method(get=scoped()), fill="incident"),
+    # The on-call work: the provider's steps (an empty body: 400, or a state that refuses: 409); notes are also a
+    # tenant admin's (its viewer's 403).
+    "api:incident-work": Route(per_method(get=scoped()), fill="incident"),
+    "api:incident-acknowledge": Route(
+        per_method(post=scoped(either(200, 409), tenant_writes=403)), fill="incident"
+    ),
+    "api:incident-assign": Route(per_method(post=scoped(400, tenant_writes=403)), fill="incident"),
+    "api:incident-notes": Route(per_method(get=scoped(), post=tenant_writes(400)), fill="incident"),
+    "api:incident-resolve": Route(per_method(post=scoped(400, tenant_writes=403)), fill="incident"),
+    "api:incident-reopen": Route(per_method(post=scoped(409, tenant_writes=403)), fill="incident"),
     "api:fault-list": Route(per_method(get=signed_in(), post=provider(400))),
     "api:fault-detail": Route(per_method(get=scoped()), fill="fault"),
     "api:fault-repaired": Route(per_method(post=scoped(either(200, 409), tenant_writes=403)), fill="fault"),

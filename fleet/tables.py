@@ -68,12 +68,30 @@ class ClusterListTable(ClusterTable):
     """The clusters page: the overview's columns, the cluster's nodes and a link to its fabric."""
 
     nodes = tables.Column(accessor="node_count", verbose_name="Nodes")
+    # annotations of the rows (fleet.views.ClusterListView): no query per row
+    gpus = tables.Column(accessor="gpu_count", verbose_name="GPUs", attrs={"td": {"data-column": "gpus"}})
+    gpus_busy = tables.Column(verbose_name="GPUs busy", attrs={"td": {"data-column": "gpus-busy"}})
+    gpus_faulty = tables.Column(verbose_name="GPUs faulty", attrs={"td": {"data-column": "gpus-faulty"}})
+    nodes_cordoned = tables.Column(
+        verbose_name="Nodes cordoned", attrs={"td": {"data-column": "nodes-cordoned"}}
+    )
     fabric = tables.Column(empty_values=(), orderable=False, verbose_name="Fabric")
 
     class Meta(ClusterTable.Meta):
-        fields = (*ClusterTable.Meta.fields, "nodes", "fabric")
+        fields = (
+            *ClusterTable.Meta.fields,
+            "nodes",
+            "gpus",
+            "gpus_busy",
+            "gpus_faulty",
+            "nodes_cordoned",
+            "fabric",
+        )
         sequence = fields
         empty_text = "No clusters you can see."
+
+    def render_gpus_faulty(self, value):
+        return format_html('<span class="{}">{}</span>', "bad" if value else "muted", number(value))
 
     def render_fabric(self, record):
         return format_html('<a href="{}">Fabric of {}</a>', reverse("fabric", args=[record.pk]), record.name)

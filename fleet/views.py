@@ -5,7 +5,8 @@ from collections import Counter
 
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.mixins import LoginRequiredMixin
-from django.db.models import Count
+from django.db.models import Count, F, Func, IntegerField, OuterRef, Subquery, Sum
+from django.db.models.functions import Coalesce
 from django.http import Http404
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -19,13 +20,13 @@ from controlplane.confirm import carry_out, confirm_page, confirmed
 from controlplane.pagination import OneMomentPaginator
 from controlplane.selectors import event_history, topic_seq
 from fleet import selectors
-from fleet.choices import RolloutState
+from fleet.choices import GPUHealth, NodeState, RolloutState
 from fleet.desired import load_versions
 from fleet.diffing import version_diff
 from fleet.drivers import driver_for
 from fleet.filtersets import ClusterFilterSet, DriftFindingFilterSet, RolloutFilterSet
 from fleet.forms import AssignmentForm, AutomationForm
-from fleet.models import BlueprintSource, Rollout
+from fleet.models import GPU, BlueprintSource, Node, Rollout
 from fleet.overlays import cluster_desired
 from fleet.services import rollouts as rollout_services
 from fleet.services.automation import automation_modes_for, automation_switch
@@ -98,6 +99,41 @@ class FleetOverviewView(LoginRequiredMixin, SingleTableMixin, FilterView):
         return context
 
 
+class _ArrayLength(Func):
+    """The length of a JSON array column (an allocation's ``gpu_indices``)."""
+
+    function = "jsonb_array_length"
+    output_field = IntegerField()
+
+    def as_sqlite(self, compiler, connection, **extra):
+        return super().as_sql(compiler, connection, function="json_array_length", **extra)
+
+
+def _gpu_counts() -> dict:
+    """The cluster list's GPU columns as annotations of the cluster rows, each a scalar subquery (so they do not
+    multiply the node join, and the database evaluates them for the page's rows only): GPUs, GPUs held by a running
+    allocation, GPUs not healthy, and nodes cordoned."""
+
+    def per_cluster(rows, value) -> Coalesce:
+        rows = rows.order_by().values("cluster_key").annotate(value=value).values("value")
+        return Coalesce(Subquery(rows, output_field=IntegerField()), 0)
+
+    gpus = GPU.objects.filter(node__cluster=OuterRef("pk")).annotate(cluster_key=F("node__cluster_id"))
+    # the running allocations' GPUs, through the nodes' reverse relation (jobs' JobAllocation)
+    held = Node.objects.filter(cluster=OuterRef("pk"), job_allocations__released_at__isnull=True).annotate(
+        cluster_key=F("cluster_id")
+    )
+    cordoned = Node.objects.filter(cluster=OuterRef("pk"), state=NodeState.CORDONED).annotate(
+        cluster_key=F("cluster_id")
+    )
+    return {
+        "gpu_count": per_cluster(gpus, Count("pk")),
+        "gpus_busy": per_cluster(held, Sum(_ArrayLength("job_allocations__gpu_indices"))),
+        "gpus_faulty": per_cluster(gpus.exclude(health=GPUHealth.HEALTHY), Count("pk")),
+        "nodes_cordoned": per_cluster(cordoned, Count("pk")),
+    }
+
+
 class ClusterListView(LoginRequiredMixin, SingleTableMixin, FilterView):
     """The clusters the reader sees in full (as on the fleet overview), each with its nodes, status, drift and a
     link to its fabric; filtered by the API's FilterSet, paged."""
@@ -111,7 +147,7 @@ class ClusterListView(LoginRequiredMixin, SingleTableMixin, FilterView):
         return (
             selectors.cluster_list(user=self.request.user)
             .select_related("blueprint")
-            .annotate(node_count=Count("nodes"))
+            .annotate(node_count=Count("nodes"), **_gpu_counts())
             .order_by("name")
         )
 

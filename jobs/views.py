@@ -1,6 +1,9 @@
 """Pages: the job list, the job page (live Plotly timeline, its incidents, its nodes), the fault overview (live
 feed of incidents and their reports, paged; GPU-hours saved), the incident page, the node page and search."""
 
+from dataclasses import replace
+
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.paginator import InvalidPage
@@ -16,7 +19,7 @@ from controlplane.access import principal, require
 from controlplane.confirm import carry_out, confirm_page, confirmed
 from controlplane.pagination import OneMomentPaginator
 from controlplane.selectors import topic_seq
-from controlplane.timerange import fitting, time_range
+from controlplane.timerange import PARAMETER, fitting, time_range
 from fleet import selectors as fleet_selectors
 from fleet.views_actions import node_actions_for
 from jobs import figures, selectors
@@ -27,6 +30,7 @@ from jobs.protection import job_protection
 from jobs.services import jobs as job_services
 from jobs.services.estimates import restart_baseline_of
 from jobs.tables import JobTable
+from telemetry import selectors as telemetry_selectors
 
 # The job page's default ranges, shortest first: the first that holds the job's life since it started.
 JOB_RANGES = ("1h", "6h", "24h", "7d", "30d")
@@ -265,21 +269,104 @@ def incident_detail(request, pk: int):
     )
 
 
+# The node page's chart ranges, shortest first (a subset of controlplane.timerange.RANGES).
+NODE_RANGES = ("1h", "6h", "24h", "7d")
+NIC_FAULTS = frozenset({"nic_down", "link_flap", "link_degraded"})
+# The node page's charts: (the series' key in telemetry.selectors.node_gpu_series, or the NIC counter group, title)
+GPU_CHARTS = (
+    ("temperature", "GPU temperature (°C)"),
+    ("power", "GPU power (W)"),
+    ("utilization", "GPU utilisation (%)"),
+    ("ecc", "ECC errors since the driver loaded (corrected, uncorrected)"),
+)
+NIC_CHARTS = (
+    ("bytes", "Bytes received and sent"),
+    ("errors", "Errors"),
+    ("drops", "Drops"),
+    ("link changes", "Link changes"),
+)
+
+
+def _node_window(request):
+    """The node page's range: one of NODE_RANGES (6 h where none is asked), the picker offering only those; None
+    for a range the page does not offer (a 400)."""
+    asked = request.GET.get(PARAMETER)
+    if asked is not None and asked not in NODE_RANGES:
+        return None
+    window = time_range(request, default="6h")
+    return replace(window, options=tuple(o for o in window.options if o["key"] in NODE_RANGES))
+
+
+def _node_markers(faults, steps, since) -> list[dict]:
+    """The node's faults (Xids and link changes as kinds of their own) and recovery actions inside the window,
+    for the charts' shared time axis; from the rows the page already loaded, so no query."""
+    markers = []
+    actions = {action.pk: action for fault in faults for action in fault.actions.all()}
+    actions.update((action.pk, action) for action in steps)
+    for fault in faults:
+        if fault.detected_at < since:
+            continue
+        kind = "xid" if fault.xid is not None else "link" if fault.kind in NIC_FAULTS else "fault"
+        label = f"{fault.kind} {fault.xid}" if fault.xid is not None else fault.kind
+        markers.append(
+            {
+                "at": fault.detected_at.isoformat(),
+                "kind": kind,
+                "label": label,
+                "device": fault.device or "",
+                "state": fault.state,
+            }
+        )
+    for action in actions.values():
+        if action.planned_at >= since:
+            markers.append(
+                {
+                    "at": action.planned_at.isoformat(),
+                    "kind": "action",
+                    "label": action.kind,
+                    "device": action.nic_name
+                    or ("" if action.gpu_index is None else f"GPU {action.gpu_index}"),
+                    "state": action.state,
+                }
+            )
+    return sorted(markers, key=lambda marker: marker["at"])
+
+
 @login_required
 def node_detail(request, pk: int):
-    """One node: its GPUs and NICs, its escalation ladder and the steps it took, its faults and the jobs that ran
-    on it. A node of a cluster the reader does not see in full is a 404, like a missing one."""
+    """One node: its GPUs and NICs with their telemetry charted over a range (``?range=``, a range the page does
+    not offer is a 400) and the node's faults and recoveries on the same time axis, its escalation ladder and the
+    steps it took, its faults and the jobs that ran on it. A node of a cluster the reader does not see in full is
+    a 404, like a missing one."""
     node = get_object_or_404(fleet_selectors.node_list(user=request.user), pk=pk)
+    window = _node_window(request)
+    if window is None:
+        return HttpResponseBadRequest(f"range: one of {', '.join(NODE_RANGES)}.")
     allocations = list(selectors.node_allocations(user=request.user, node=node)[:200])
+    ladder = selectors.node_ladder(user=request.user, node=node)
+    faults = selectors.node_faults(user=request.user, node=node)
+    charts = {
+        "range": window.as_data(),
+        "gpus": telemetry_selectors.node_gpu_series(
+            user=request.user, node=node, since=window.since, until=window.now
+        ),
+        **telemetry_selectors.node_device_state(user=request.user, node=node),
+        "markers": _node_markers(faults, ladder["steps"], window.since),
+    }
     return render(
         request,
         "fleet/node_detail.html",
         {
             "node": node,
             **fleet_selectors.node_hardware(user=request.user, node=node),
-            "ladder": selectors.node_ladder(user=request.user, node=node),
+            "ladder": ladder,
             "drain": selectors.node_drain(user=request.user, node=node),
-            "faults": selectors.node_faults(user=request.user, node=node),
+            "faults": faults,
+            "charts": charts,
+            "gpu_charts": GPU_CHARTS,
+            "nic_charts": NIC_CHARTS,
+            "raw_hours": settings.TELEMETRY_RAW_RETENTION_HOURS,
+            "time_range": window,
             "current": [a for a in allocations if a.released_at is None],
             "past": [a for a in allocations if a.released_at is not None],
             "who": principal(request.user),

@@ -1,0 +1,66 @@
+"""The node page in a real browser: per-GPU and per-NIC charts drawn from the telemetry its agent sent (through
+the real ingest), an Xid and its recovery marked on the charts' time axis, the range changed from the picker,
+no script or style refused by the CSP, and axe with no serious finding."""
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from controlplane.access import Role
+from tests.support.axe import axe_serious
+from tests.support.browser import log_in, screenshot, usable_password
+from tests.support.factories import make_cluster, make_user
+from tests.support.node_telemetry import node_with_an_xid
+
+pytestmark = pytest.mark.django_db(transaction=True)
+PASSWORD = "correct-horse-9"
+User = get_user_model()
+
+
+@pytest.fixture
+def node():
+    """A node with two hours of telemetry (a reading every 30 s), an Xid 20 minutes ago and the reset it got."""
+    return node_with_an_xid(make_cluster(), "gpu-node-7", gpus=8, nics=4, minutes=120, xid_gpu=3)
+
+
+def test_node_page_charts_with_fault_markers_and_a_range_change(page, server, node):
+    operator = make_user(Role.OPERATOR)
+    usable_password(operator, PASSWORD)
+    refused = []
+    page.on("console", lambda message: refused.append(message.text) if "Refused" in message.text else None)
+    log_in(page, server.url, operator.username, PASSWORD)
+    page.goto(f"{server.url}/nodes/{node.pk}/?range=6h")
+    temperature = page.locator("#chart-temperature")
+    temperature.locator(".main-svg").first.wait_for()
+    # eight GPUs, one line each; the Xid and the reset as lines on the chart and points on the strip
+    assert temperature.locator(".scatterlayer .trace").count() == 8
+    assert temperature.locator(".shapelayer path").count() == 2
+    strip = page.locator("#chart-events")
+    assert strip.get_attribute("data-markers") == "2"
+    assert strip.locator(".scatterlayer .point").count() == 2
+    assert "gpu_xid 79 on gpu3" in page.locator("#chart-events-summary").inner_text()
+    for metric in ("power", "utilization", "ecc"):
+        assert page.locator(f"#chart-{metric} .scatterlayer .trace").count() >= 8
+    assert page.locator("#chart-memory .bars .point").count() == 16  # in use and free, per GPU
+    assert page.locator("#nic-charts .nic-chart.js-plotly-plot").count() == 4
+    assert (
+        page.locator('#nic-charts [data-group="bytes"] .bars .point').count() == 8
+    )  # received, sent per NIC
+    screenshot(page, "node-telemetry-6h")
+    assert axe_serious(page) == []
+
+    # The last hour, from the picker: fewer minutes, the same markers, the choice shown as current.
+    page.locator('[data-time-range] a[data-range="1h"]').click()
+    page.wait_for_url(f"{server.url}/nodes/{node.pk}/?range=1h")
+    page.locator("#chart-temperature .main-svg").first.wait_for()
+    assert page.locator('[data-time-range] a[aria-current="true"]').get_attribute("data-range") == "1h"
+    assert page.locator("#telemetry-title").inner_text() == "Telemetry (last 1 h)"
+    assert page.locator("#chart-events").get_attribute("data-markers") == "2"
+    offered = page.locator("[data-time-range] a[data-range]")
+    assert [offered.nth(i).get_attribute("data-range") for i in range(offered.count())] == [
+        "1h",
+        "6h",
+        "24h",
+        "7d",
+    ]
+    assert axe_serious(page) == []
+    assert refused == []

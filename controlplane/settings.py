@@ -409,6 +409,50 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
         "",
         "Ranges that user-set URLs the workers fetch (notification channels, add-on repositories) may reach although they are not public: comma-separated networks such as 10.20.0.0/16 or 127.0.0.1/32 (a lab hook). Empty: loopback, private, link-local and other internal addresses are refused, when a URL is saved and when it is fetched (controlplane/outbound.py).",
     ),
+    # Single sign-on with OpenID Connect (tenancy/sso.py, mozilla-django-oidc). Off while OIDC_CLIENT_ID is empty.
+    "OIDC_CLIENT_ID": (
+        str,
+        "",
+        "Lockstep's client id at the OpenID Connect provider. Empty: single sign-on is off and the login page has only the local form; set, every OIDC_*_ENDPOINT must be set too.",
+    ),
+    "OIDC_CLIENT_SECRET": (str, "", "Lockstep's client secret at the OpenID Connect provider."),
+    "OIDC_AUTHORIZATION_ENDPOINT": (
+        str,
+        "",
+        "The provider's authorization endpoint (authorization_endpoint of its /.well-known/openid-configuration), where the browser is sent to log in.",
+    ),
+    "OIDC_TOKEN_ENDPOINT": (str, "", "The provider's token endpoint (token_endpoint), which Lockstep calls."),
+    "OIDC_USERINFO_ENDPOINT": (
+        str,
+        "",
+        "The provider's userinfo endpoint (userinfo_endpoint), whose answer carries the groups claim.",
+    ),
+    "OIDC_JWKS_ENDPOINT": (
+        str,
+        "",
+        "The provider's key set (jwks_uri), which the ID token's signature is checked against.",
+    ),
+    "OIDC_SIGN_ALGO": (str, "RS256", "The algorithm the provider signs ID tokens with (RS256, ES256, …)."),
+    "OIDC_SCOPES": (
+        str,
+        "openid email profile groups",
+        "The scopes Lockstep asks for, space-separated: enough for the provider to send the groups claim.",
+    ),
+    "OIDC_GROUPS_CLAIM": (
+        str,
+        "groups",
+        "The userinfo claim that lists the user's groups at the provider (a list, or one string).",
+    ),
+    "OIDC_GROUP_ROLES": (
+        str,
+        "",
+        "Which provider group gives which Lockstep role, comma-separated GROUP=ROLE for provider roles and GROUP=ROLE:TENANT-SLUG for tenant roles, e.g. `sre=operator,acme-admins=tenant-admin:acme`. A user gets the strongest role its groups give, again at each login; one whose groups give none, or tenant roles in two tenants, is refused and no account is made.",
+    ),
+    "OIDC_PROVIDER_NAME": (
+        str,
+        "single sign-on",
+        "What the login page's button names the provider: `Log in with <name>`.",
+    ),
 }
 
 env = environ.Env(**{name: (cast, default) for name, (cast, default, _) in ENVIRONMENT.items()})
@@ -561,6 +605,35 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
+
+# Single sign-on (tenancy/sso.py): on when OIDC_CLIENT_ID is set; the local login form stays (the first admin
+# logs in there). mozilla-django-oidc reads the OIDC_RP_* and OIDC_OP_* names.
+OIDC_RP_CLIENT_ID = env("OIDC_CLIENT_ID")
+SSO_ENABLED = bool(OIDC_RP_CLIENT_ID)
+OIDC_RP_CLIENT_SECRET = env("OIDC_CLIENT_SECRET")
+OIDC_OP_AUTHORIZATION_ENDPOINT = env("OIDC_AUTHORIZATION_ENDPOINT")
+OIDC_OP_TOKEN_ENDPOINT = env("OIDC_TOKEN_ENDPOINT")
+OIDC_OP_USER_ENDPOINT = env("OIDC_USERINFO_ENDPOINT")
+OIDC_OP_JWKS_ENDPOINT = env("OIDC_JWKS_ENDPOINT")
+if SSO_ENABLED and not all(
+    (OIDC_OP_AUTHORIZATION_ENDPOINT, OIDC_OP_TOKEN_ENDPOINT, OIDC_OP_USER_ENDPOINT, OIDC_OP_JWKS_ENDPOINT)
+):
+    raise ImproperlyConfigured(
+        "OIDC_CLIENT_ID is set: set OIDC_AUTHORIZATION_ENDPOINT, OIDC_TOKEN_ENDPOINT, OIDC_USERINFO_ENDPOINT and "
+        "OIDC_JWKS_ENDPOINT too (see README, Configuration)."
+    )
+OIDC_RP_SIGN_ALGO = env("OIDC_SIGN_ALGO")
+OIDC_RP_SCOPES = env("OIDC_SCOPES")
+OIDC_GROUPS_CLAIM = env("OIDC_GROUPS_CLAIM")
+OIDC_GROUP_ROLES = env("OIDC_GROUP_ROLES")
+OIDC_PROVIDER_NAME = env("OIDC_PROVIDER_NAME")
+OIDC_CALLBACK_CLASS = "tenancy.sso.CallbackView"
+OIDC_USE_PKCE = True
+OIDC_TIMEOUT = 10
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    *(["tenancy.sso.GroupRoleBackend"] if SSO_ENABLED else []),
+]
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

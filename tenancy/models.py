@@ -90,3 +90,25 @@ class ApiToken(Token):
         from django.utils import timezone
 
         return self.revoked_at is None and (self.expires_at is None or self.expires_at > timezone.now())
+
+
+class ExternalIdentity(models.Model):
+    """The single sign-on account a user logs in with: the provider's issuer and subject (``sub``), which never
+    change, unlike the name or email the provider also reports (tenancy.sso)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="external_identity"
+    )
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    tenant_scope = "user__membership__tenant_id"
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["issuer", "subject"], name="external_identity_unique_subject")
+        ]
+
+    def __str__(self):
+        return f"{self.subject} at {self.issuer}"

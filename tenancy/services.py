@@ -3,6 +3,8 @@
 Every kind of token (API, agent, job, launcher) is issued by ``token_issue``, has its use noted by ``token_touch``
 and is revoked by ``token_mark_revoked``; the services that call those two audit what they issue and revoke."""
 
+import hashlib
+import re
 import secrets
 from datetime import datetime, timedelta
 
@@ -18,7 +20,7 @@ from controlplane.context import current as request_context
 from controlplane.errors import ServiceError
 from controlplane.wsauth import credentials_revoked
 from tenancy.choices import Role, TenantTier, TokenScope
-from tenancy.models import ApiToken, Membership, Tenant, Token
+from tenancy.models import ApiToken, ExternalIdentity, Membership, Tenant, Token
 from tenancy.tokens import generate
 
 User = get_user_model()
@@ -84,30 +86,32 @@ def user_create(
     password: str | None = None,
 ) -> tuple[User, str | None]:
     """A user with a role. Returns the user and, when no password was given, a generated one to show once."""
-    who = principal(actor)
-    if role in PROVIDER_ROLES:
-        require(who.is_provider_admin, "Only the provider admin may create provider users.")
-        if tenant is not None:
-            raise ServiceError("provider roles belong to no tenant", field="tenant")
-    else:
-        if tenant is None:
-            raise ServiceError("tenant roles need a tenant", field="tenant")
-        require(who.may_manage_users(tenant.pk), "You may not create users in this tenant.")
+    _may_grant(actor, role, tenant)
     if User.objects.filter(username=username).exists():
         raise ServiceError("a user with this name exists", field="username")
     generated = None
     if password is None:
         generated = password = secrets.token_urlsafe(12)
+    return _user_make(
+        actor=actor, username=username, email=email, password=password, role=role, tenant=tenant
+    ), generated
+
+
+def _user_make(
+    *, actor, username: str, email: str, password: str | None, role: str, tenant, sso: bool = False
+):
+    """A new user with its membership, audited as user.create (a password of None: it has none usable)."""
     user = User.objects.create_user(username=username, email=email, password=password)
     Membership.objects.create(user=user, tenant=tenant, role=role)
+    changes = {"username": username, "role": role, "tenant": tenant.pk if tenant else None}
     audit_record(
         actor=actor,
         action="user.create",
         target=user,
         tenant_id=tenant.pk if tenant else None,
-        changes={"username": username, "role": role, "tenant": tenant.pk if tenant else None},
+        changes={**changes, "sso": True} if sso else changes,
     )
-    return user, generated
+    return user
 
 
 @transaction.atomic
@@ -118,7 +122,7 @@ def user_deactivate(*, actor, user) -> None:
     if user.pk == getattr(actor, "pk", None):
         raise ServiceError("you cannot deactivate yourself", status=409)
     User.objects.filter(pk=user.pk).update(is_active=False)
-    ApiToken.objects.filter(user=user, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    _revoke_tokens(user)
     audit_record(
         actor=actor,
         action="user.deactivate",
@@ -127,6 +131,127 @@ def user_deactivate(*, actor, user) -> None:
         changes={"is_active": [True, False]},
     )
     credentials_revoked(user_id=user.pk)  # its open websockets close
+
+
+def _may_grant(actor, role: str, tenant: Tenant | None) -> None:
+    """Refuse (403) a role ``actor`` may not give: provider roles only the provider admin, a tenant's roles that
+    tenant's admin too. A provider role with a tenant, or a tenant role without one, is bad input (400)."""
+    who = principal(actor)
+    if role in PROVIDER_ROLES:
+        require(who.is_provider_admin, "Only the provider admin may give provider roles.")
+        if tenant is not None:
+            raise ServiceError("provider roles belong to no tenant", field="tenant")
+    else:
+        if tenant is None:
+            raise ServiceError("tenant roles need a tenant", field="tenant")
+        require(who.may_manage_users(tenant.pk), "You may not give roles in this tenant.")
+
+
+def _revoke_tokens(user) -> int:
+    return ApiToken.objects.filter(user=user, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def _membership_set(*, actor, user, role: str, tenant: Tenant | None) -> dict:
+    """Give ``user`` ``role`` in ``tenant``, audited as user.role; the changes made (none: nothing to do). A user
+    moved to another tenant loses its API tokens (they would act in the new tenant); its open pages re-check."""
+    membership = Membership.objects.select_for_update().filter(user=user).first()
+    before = (membership.role, membership.tenant_id) if membership else (None, None)
+    after = (role, tenant.pk if tenant else None)
+    if before == after:
+        return {}
+    if membership is None:
+        Membership.objects.create(user=user, role=role, tenant=tenant)
+    else:
+        Membership.objects.filter(pk=membership.pk).update(role=role, tenant=tenant)
+    changes = {"role": [before[0], after[0]], "tenant": [before[1], after[1]]}
+    if before[1] != after[1] and _revoke_tokens(user):
+        changes["tokens_revoked"] = True
+    audit_record(
+        actor=actor, action="user.role", target=user, tenant_id=after[1] or before[1], changes=changes
+    )
+    credentials_revoked(user_id=user.pk)  # its open sockets check their credential and role again
+    user.__dict__.pop("_lockstep_principal", None)
+    return changes
+
+
+@transaction.atomic
+def user_set_role(*, actor, user, role: str, tenant: Tenant | None = None) -> dict:
+    """Change a user's role (and, for the provider admin, its tenant). Not one's own: an admin would lock
+    themselves out. Returns the changes made."""
+    current = Membership.objects.filter(user=user).values_list("tenant_id", flat=True).first()
+    require(principal(actor).may_manage_user_of(current), "You may not change this user's role.")
+    _may_grant(actor, role, tenant)
+    if user.pk == getattr(actor, "pk", None):
+        raise ServiceError("you cannot change your own role", field="role", status=409)
+    return _membership_set(actor=actor, user=user, role=role, tenant=tenant)
+
+
+@transaction.atomic
+def user_reset_password(*, actor, user) -> str:
+    """Give ``user`` a new random password, returned to be shown once (only its hash is kept). Its sessions end
+    (Django ties a session to the password) and its open pages close; its API tokens stay."""
+    tenant_id = Membership.objects.filter(user=user).values_list("tenant_id", flat=True).first()
+    require(principal(actor).may_manage_user_of(tenant_id), "You may not reset this user's password.")
+    if user.pk == getattr(actor, "pk", None):
+        raise ServiceError("change your own password yourself, not by a reset", status=409)
+    if hasattr(user, "external_identity"):
+        raise ServiceError("this user logs in through single sign-on and has no password here", status=409)
+    password = secrets.token_urlsafe(12)
+    user.set_password(password)
+    user.save(update_fields=["password"])
+    audit_record(
+        actor=actor,
+        action="user.password-reset",
+        target=user,
+        tenant_id=tenant_id,
+        changes={"password": "reset"},
+    )
+    credentials_revoked(user_id=user.pk)
+    return password
+
+
+def _free_username(wanted: str, subject: str) -> str:
+    """``wanted`` as a user name, or, when a user has it, with a few characters of the subject's digest."""
+    base = re.sub(r"[^\w.@+-]", "-", wanted)[:120] or "sso-user"
+    if not User.objects.filter(username=base).exists():
+        return base
+    return f"{base}-{hashlib.sha256(subject.encode()).hexdigest()[:8]}"
+
+
+@transaction.atomic
+def sso_login(*, issuer: str, subject: str, username: str, email: str, role: str, tenant: Tenant | None):
+    """The user the provider vouched for (by issuer and subject), made at its first login, with the role and
+    tenant its groups give now. A disabled user stays disabled (ServiceError, 403)."""
+    identity = ExternalIdentity.objects.select_related("user").filter(issuer=issuer, subject=subject).first()
+    if identity is None:
+        username = _free_username(username, subject)
+        user = _user_make(
+            actor=None, username=username, email=email, password=None, role=role, tenant=tenant, sso=True
+        )
+        ExternalIdentity.objects.create(user=user, issuer=issuer, subject=subject)
+        return user
+    user = identity.user
+    if not user.is_active:
+        raise ServiceError("Your Lockstep account is disabled: ask your administrator.", status=403)
+    if email and user.email != email:
+        User.objects.filter(pk=user.pk).update(email=email)
+    _membership_set(actor=None, user=user, role=role, tenant=tenant)
+    return user
+
+
+@transaction.atomic
+def sso_refused(*, subject: str, groups: list[str], reason: str) -> None:
+    """Audit a single sign-on the provider vouched for and Lockstep refused (no role, or a disabled user)."""
+    identity = ExternalIdentity.objects.select_related("user__membership").filter(subject=subject).first()
+    membership = getattr(identity.user, "membership", None) if identity else None
+    audit_record(
+        actor=None,
+        action="login.sso-refused",
+        object_type="auth.user",
+        object_id=str(identity.user_id) if identity else "",
+        tenant_id=membership.tenant_id if membership else None,
+        changes={"subject": subject[:255], "groups": groups[:50], "reason": reason},
+    )
 
 
 # Of the login attempts the rate limit refuses, the first per name and address in this window is audited.

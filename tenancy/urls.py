@@ -1,4 +1,5 @@
-from django.urls import path
+from django.conf import settings
+from django.urls import include, path
 from django.views.generic import RedirectView
 
 from tenancy import views
@@ -11,4 +12,10 @@ urlpatterns = [
     path("tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
     path("users/", views.user_list, name="user-list"),
     path("users/<int:pk>/remove/", views.user_remove, name="user-remove"),
+    path("users/<int:pk>/role/", views.user_role, name="user-role"),
+    path("users/<int:pk>/password/", views.user_password_reset, name="user-password-reset"),
 ]
+
+# Single sign-on (tenancy/sso.py): the provider's login and its redirect back, only where it is configured.
+if settings.SSO_ENABLED:
+    urlpatterns.append(path("oidc/", include("mozilla_django_oidc.urls")))

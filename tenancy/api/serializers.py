@@ -82,6 +82,20 @@ class UserCreateSerializer(serializers.Serializer):
     password = serializers.CharField(required=False, write_only=True, min_length=10, max_length=128)
 
 
+class UserRoleSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Role.choices)
+    tenant = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        help_text="the tenant, for tenant roles (none for provider roles); omitted, the one the user is in",
+    )
+
+
+class UserPasswordSerializer(serializers.Serializer):
+    password = serializers.CharField(read_only=True, help_text="the new password, shown once")
+
+
 class UserCreatedSerializer(UserSerializer):
     password = serializers.CharField(
         read_only=True, allow_null=True, help_text="generated password, shown once"

@@ -12,6 +12,7 @@ from functools import cache
 
 import requests
 from django.conf import settings
+from django.contrib.auth.backends import ModelBackend
 from django.core.exceptions import ImproperlyConfigured
 from django.shortcuts import render
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
@@ -110,6 +111,10 @@ class GroupRoleBackend(OIDCAuthenticationBackend):
             )
         except (SsoRefused, ServiceError) as refusal:
             return self.refuse(subject, groups, str(refusal))
+
+    def get_user(self, user_id):
+        """The session's user, as for a local login: none once disabled (mozilla-django-oidc's would keep it)."""
+        return ModelBackend.get_user(self, user_id)
 
     def refuse(self, subject: str, groups: list[str], reason: str):
         services.sso_refused(subject=subject, groups=groups, reason=reason)

@@ -3,6 +3,7 @@ clicks "Log in with", logs in at the provider and comes back to Lockstep in the 
 a user whose groups map to nothing is refused with a page that says so, and no account is made."""
 
 import pytest
+from django.contrib.auth import get_user_model
 
 from controlplane.audit import AuditEntry
 from tenancy.models import ExternalIdentity, Membership
@@ -12,6 +13,8 @@ from tests.support.factories import make_tenant
 from tests.support.processes import uvicorn_server
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+User = get_user_model()
 
 ACCOUNTS = {
     "alice": ["acme-admins", "coffee-club"],
@@ -79,6 +82,15 @@ def test_sso_operator_group_gives_the_provider_role(chromium, sso):
     assert page.locator(".who .badge").inner_text() == "operator"
     membership = Membership.objects.get(user__external_identity__subject="bob")
     assert membership.role == "operator" and membership.tenant_id is None
+
+    # Disabled, bob's session ends, and the provider's word does not bring him back.
+    User.objects.filter(pk=membership.user_id).update(is_active=False)
+    assert page.goto(f"{server.url}/").url.startswith(f"{server.url}/accounts/login/")
+    context.close()
+    context = chromium.new_context()
+    page = context.new_page()
+    sso_log_in(page, server, "bob")
+    assert "Your Lockstep account is disabled" in page.locator("#sso-reason").inner_text()
     context.close()
 
 

@@ -71,7 +71,7 @@
   }
 
   var memory = document.getElementById("chart-memory");
-  if (data.memory.length) {
+  if (memory && data.memory.length) {
     var GIB = 1073741824;
     var gib = function (v) { return v === null || v === undefined ? null : Math.round(v / GIB * 10) / 10; };
     var names = data.memory.map(function (m) { return m.gpu; });

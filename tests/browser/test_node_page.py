@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from controlplane.access import Role
 from tests.support.axe import axe_serious
 from tests.support.browser import log_in, screenshot, usable_password
-from tests.support.factories import make_cluster, make_user
+from tests.support.factories import make_cluster, make_node, make_user
 from tests.support.node_telemetry import node_with_an_xid
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -25,14 +25,16 @@ def node():
 def test_node_page_charts_with_fault_markers_and_a_range_change(page, server, node):
     operator = make_user(Role.OPERATOR)
     usable_password(operator, PASSWORD)
-    refused = []
+    refused, errors = [], []
     page.on("console", lambda message: refused.append(message.text) if "Refused" in message.text else None)
+    page.on("pageerror", lambda error: errors.append(str(error)))
     log_in(page, server.url, operator.username, PASSWORD)
     page.goto(f"{server.url}/nodes/{node.pk}/?range=6h")
     temperature = page.locator("#chart-temperature")
     temperature.locator(".main-svg").first.wait_for()
     # eight GPUs, one line each; the Xid and the reset as lines on the chart and points on the strip
     assert temperature.locator(".scatterlayer .trace").count() == 8
+    assert page.locator("#telemetry-empty, #nic-empty").count() == 0
     assert temperature.locator(".shapelayer path").count() == 2
     strip = page.locator("#chart-events")
     assert strip.get_attribute("data-markers") == "2"
@@ -63,4 +65,20 @@ def test_node_page_charts_with_fault_markers_and_a_range_change(page, server, no
         "7d",
     ]
     assert axe_serious(page) == []
-    assert refused == []
+    assert refused == [] and errors == []
+
+
+def test_a_node_without_telemetry_says_so(page, server):
+    node = make_node(make_cluster(), "quiet-node", gpus=2, nics=1)
+    provider = make_user(Role.PROVIDER_ADMIN)
+    usable_password(provider, PASSWORD)
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    log_in(page, server.url, provider.username, PASSWORD)
+    page.goto(f"{server.url}/nodes/{node.pk}/?range=24h")
+    page.locator("#chart-events .main-svg").first.wait_for()
+    assert page.locator("#telemetry-empty").is_visible() and page.locator("#nic-empty").is_visible()
+    assert page.locator("#gpu-charts, #memory-figure, #nic-charts").count() == 0
+    assert page.locator("#chart-events").get_attribute("data-markers") == "0"
+    assert axe_serious(page) == []
+    assert errors == []

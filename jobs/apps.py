@@ -25,3 +25,4 @@ class JobsConfig(AppConfig):
         hooks.register_slurm_job_of(launchers.slurm_job_of)
         navigation.register("Jobs", "job-list", audience="all", order=20)
         navigation.register("Faults", "fault-overview", audience="all", order=25)
+        navigation.register("Incidents", "incident-list", audience="all", order=26)

@@ -33,6 +33,7 @@ from simulator.world import world_build
 from tenancy.services import token_create
 from tests.support.processes import VENV_BIN, child_env, uvicorn_server
 from tests.support.schema_checks import CHECKS
+from tests.support.slack import SLACK
 
 EXAMPLES = 5
 
@@ -154,7 +155,7 @@ def st_run(server, raw: str, *, examples: int, seed: str, workdir) -> tuple[int,
         ],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=600 * SLACK,  # 300 s on CI's machine; 615 s at a load of 10 here
         cwd=workdir,
         env=child_env(NO_COLOR="1"),
     )

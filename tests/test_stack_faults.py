@@ -554,7 +554,7 @@ def test_postgresql_stop_and_start_while_workers_run_loses_no_fault(tmp_path, se
                 time.sleep(3.2)
                 down_at = time.monotonic() - storm.t0
                 postgres.stop("fast")
-                readyz_down = requests.get(f"{web.url}/readyz", timeout=10)
+                readyz_down = requests.get(f"{web.url}/readyz", timeout=30)
                 time.sleep(4)
                 postgres.start()
                 up = time.monotonic()

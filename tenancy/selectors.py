@@ -1,7 +1,7 @@
 from django.contrib.auth import get_user_model
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
-from controlplane.access import PROVIDER_ROLES, Principal, Role, principal
+from controlplane.access import Principal, Role, principal
 from tenancy.models import ApiToken, Membership, Tenant
 from tenancy.scoping import restrict
 
@@ -61,17 +61,3 @@ def tenant_members(*, user, tenant_id: int) -> QuerySet[Membership]:
 def tenant_of(*, user, tenant_id: int) -> Tenant:
     """The tenant, where the user may see it (Tenant.DoesNotExist otherwise)."""
     return tenant_list(user=user).get(pk=tenant_id)
-
-
-def assignable_users(*, user, tenant_id: int | None = None) -> QuerySet:
-    """Who an item of ``tenant_id`` (None: a provider-side item) may be assigned to, in a picker: for provider
-    roles the provider users and that tenant's; for the tenant's own users that tenant's users; never disabled
-    users."""
-    who = principal(user)
-    rows = User.objects.filter(is_active=True).select_related("membership").order_by("username")
-    if who.is_provider:
-        members = Q(membership__tenant__isnull=True, membership__role__in=sorted(PROVIDER_ROLES))
-        return rows.filter(members | Q(membership__tenant_id=tenant_id) if tenant_id else members)
-    if tenant_id is not None and who.in_tenant(tenant_id):
-        return rows.filter(membership__tenant_id=tenant_id)
-    return rows.none()

@@ -3,6 +3,7 @@ clicks "Log in with", logs in at the provider and comes back to Lockstep in the 
 a user whose groups map to nothing is refused with a page that says so, and no account is made."""
 
 import pytest
+from axe_playwright_python.sync_playwright import Axe
 from django.contrib.auth import get_user_model
 
 from controlplane.audit import AuditEntry
@@ -36,6 +37,11 @@ def sso(tmp_path):
         callback = f"{server.url}/oidc/callback/"
         with oidc.running(provider, tmp_path, redirect_uri=callback, accounts=ACCOUNTS):
             yield server, acme
+
+
+def serious_axe(page) -> list[str]:
+    found = Axe().run(page).response["violations"]
+    return [f"{v['id']}: {v['help']}" for v in found if v["impact"] in ("serious", "critical")]
 
 
 def sso_log_in(page, server, login: str):
@@ -108,7 +114,10 @@ def test_sso_user_whose_groups_map_to_nothing_is_refused_and_not_created(chromiu
     assert "None of your groups at the provider (finance) gives a role in Lockstep." == reason
     assert page.get_by_role("heading", name="You cannot log in to Lockstep with Test IdP").count() == 1
     screenshot(page, "sso-refused")
+    assert serious_axe(page) == []
     assert not ExternalIdentity.objects.filter(subject="mallory").exists()
     assert AuditEntry.objects.filter(action="login.sso-refused", changes__subject="mallory").count() == 1
     assert page.goto(f"{server.url}/").url.startswith(f"{server.url}/accounts/login/")  # not logged in
+    assert page.get_by_role("link", name="Log in with Test IdP").count() == 1
+    assert serious_axe(page) == []  # the login page with its single sign-on button
     context.close()

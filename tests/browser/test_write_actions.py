@@ -460,12 +460,12 @@ def test_a_tenant_admin_adds_and_removes_its_own_users_only(page, server, world)
     screenshot(page, "users-page")
     assert serious_axe_findings(page) == []
 
-    remove = page.locator(f'tr[data-user="{intern.pk}"] button')
-    submit(page, remove)
+    disable = page.locator(f'tr[data-user="{intern.pk}"]').get_by_role("button", name="Disable")
+    submit(page, disable)
     page.locator("#confirm-no").click()
     intern.refresh_from_db()
     assert intern.is_active
-    submit(page, page.locator(f'tr[data-user="{intern.pk}"] button'))
+    submit(page, disable)
     submit(page, page.locator("#confirm-yes"))
     intern.refresh_from_db()
     assert not intern.is_active

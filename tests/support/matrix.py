@@ -477,6 +477,9 @@ ROUTES: dict[str, Route] = {
     "token-revoke": Route(per_method(post=managed(OK, self_only=None, api=False)), fill="token"),
     "user-list": Route(per_method(get=user_admins(), post=user_admins(400))),
     "user-remove": Route(per_method(post=user_admins(OK, fill=True)), fill="user"),
+    # An empty body: the role form is bad input (400); the reset asks for a confirmation first (200).
+    "user-role": Route(per_method(post=user_admins(400, fill=True)), fill="user"),
+    "user-password-reset": Route(per_method(post=user_admins(OK, fill=True)), fill="user"),
     "whatif-list-page": Route(per_method(get=provider(api=False), post=provider(REDIRECT, api=False))),
     "whatif-detail": Route(per_method(get=provider(api=False)), fill="whatif"),
     "scenario-list": Route(
@@ -544,6 +547,8 @@ ROUTES: dict[str, Route] = {
     ),
     "api:user-list": Route(per_method(get=signed_in(), post=signed_in(400))),
     "api:user-detail": Route(per_method(get=managed(self_only=None), delete=managed(204)), fill="user"),
+    "api:user-role": Route(per_method(post=managed(400)), fill="user"),
+    "api:user-reset-password": Route(per_method(post=managed(OK)), fill="user"),
     "api:fleet-list": Route(per_method(get=signed_in(), post=provider(400))),
     "api:fleet-detail": Route(
         per_method(get=scoped(), patch=provider(), delete=provider(either(204, 409))), fill="fleet"

@@ -45,13 +45,16 @@ def in_job_reported(*, job: Job, report: JobSnapshot) -> None:
 def standbys_record(*, job: Job, hostnames: list[str]) -> list[JobStandby]:
     """The job's live standbys are the nodes its runtime names now: new ones are booked to it, those no longer
     named (a standby that took a rank, or was lost) are released. Names Lockstep does not know on the job's
-    cluster, and nodes another job holds as its standby, are left out; the job's allocations on its standbys (a
+    cluster, nodes the job may not stand by on (``_may_stand_by``) and nodes another job holds as its standby are
+    left out; the job's allocations on its standbys (a
     launcher registers the whole Slurm allocation) are released, as no rank runs there. Returns the live
     standbys."""
     now = timezone.now()
     nodes = {
         node.pk: node
-        for node in Node.objects.filter(cluster_id=job.cluster_id, hostname__in=set(hostnames)).order_by("pk")
+        for node in Node.objects.filter(
+            cluster_id=job.cluster_id, hostname__in=set(hostnames), pk__in=_may_stand_by(job)
+        ).order_by("pk")
     }
     live = {s.node_id: s for s in JobStandby.objects.filter(job=job, released_at__isnull=True)}
     gone = [pk for node_id, standby in live.items() if node_id not in nodes for pk in [standby.pk]]
@@ -68,6 +71,26 @@ def standbys_record(*, job: Job, hostnames: list[str]) -> list[JobStandby]:
         # A node another job still holds as its standby stays that job's (its next report releases it).
         JobStandby.objects.bulk_create(new, ignore_conflicts=True)
     return list(JobStandby.objects.filter(job=job, released_at__isnull=True).select_related("node"))
+
+
+def _may_stand_by(job: Job) -> set[int]:
+    """The nodes a job's runtime may book as its standbys: those of its own allocation (it registers the whole of
+    it, standbys too) and those the standby jobs Lockstep started for it run on (``standby_replenish`` records
+    them as the Slurm sync sees them). A name beyond them is left out: a job may not hold a free spare of the
+    cluster, or another job's node, by naming it."""
+    from jobs.choices import ActionKind
+    from jobs.models import RecoveryAction
+
+    allocated = set(JobAllocation.objects.filter(job=job).values_list("node_id", flat=True))
+    started = RecoveryAction.objects.filter(
+        job=job, kind=ActionKind.RANK_REPLACEMENT, estimate__standby__nodes__isnull=False
+    ).values_list("estimate__standby__nodes", flat=True)
+    hosts = {str(h) for nodes in started for h in nodes or []}
+    if hosts:
+        allocated |= set(
+            Node.objects.filter(cluster_id=job.cluster_id, hostname__in=hosts).values_list("pk", flat=True)
+        )
+    return allocated
 
 
 def live_standbys(job: Job) -> list[JobStandby]:

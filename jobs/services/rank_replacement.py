@@ -229,19 +229,21 @@ def standby_replenish(*, action_id: int) -> str:
         )
         if action is None or action.job is None:
             return "done already"
-        replenish = getattr(driver_for(action.cluster), "replenish_standby", None)
+        replenish, started = getattr(driver_for(action.cluster), "replenish_standby", None), ""
         if not callable(replenish):
             outcome = "no new standby: the cluster's driver cannot start one"
         else:
             try:
-                outcome = f"new standby asked for: {replenish(action.job.ref).detail}"
+                result = replenish(action.job.ref)
+                outcome = f"new standby asked for: {result.detail}"
+                started = _standby_job_id(result.handle)
             except (DriverError, NotImplementedError) as error:
                 log.warning("standby for %s not started: %s", action.job.ref, error)
                 outcome = f"no new standby: {error}"
-        action.estimate = {
-            **action.estimate,
-            "standby": {"at": timezone.now().isoformat(), "outcome": outcome},
-        }
+        standby = {"at": timezone.now().isoformat(), "outcome": outcome}
+        if started:  # the standby job Lockstep started: the sync leaves it out of adoption and notes its node
+            standby["slurm_job_id"] = started
+        action.estimate = {**action.estimate, "standby": standby}
         action.reason = f"{action.reason} Standbys: {outcome}."[:4000]
         action.save(update_fields=["estimate", "reason"])
         audit_record(
@@ -252,3 +254,10 @@ def standby_replenish(*, action_id: int) -> str:
             changes={"action": action_id, "outcome": outcome[:300]},
         )
     return outcome
+
+
+def _standby_job_id(handle: str) -> str:
+    """The scheduler's id of the standby job a driver started (``standby:<its id>:<the job's id>``; "" if the
+    handle names none)."""
+    kind, _, rest = (handle or "").partition(":")
+    return rest.split(":", 1)[0] if kind == "standby" else ""

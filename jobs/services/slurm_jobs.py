@@ -47,9 +47,10 @@ from jobs.choices import (
     IncidentState,
     JobPhaseKind,
     JobState,
+    SnapshotKind,
 )
 from jobs.launchers import hostnames_of, slurm_job_adopt, slurm_job_unmapped
-from jobs.models import Incident, Job, JobAllocation, JobStandby, RecoveryAction, SlurmJob
+from jobs.models import Incident, Job, JobAllocation, JobSnapshot, JobStandby, RecoveryAction, SlurmJob
 from jobs.placement import allocations_move
 from jobs.services.faults import fault_ingest
 from jobs.services.jobs import _stop, job_fail
@@ -61,7 +62,6 @@ log = logging.getLogger(__name__)
 ENDED = {"COMPLETED": JobState.COMPLETED, "CANCELLED": JobState.CANCELLED}
 FAILED = {"FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 DEAD = ("down", "not_responding")
-STANDBY_COMMENT = "lockstep-standby-for="
 
 
 def _node_state(slurm_node: dict, spare_partition: str) -> str:
@@ -259,12 +259,48 @@ def _rankless(link: SlurmJob, slurm_job: dict) -> set[str]:
     lost = RecoveryAction.objects.filter(
         job_id=link.job_id, kind=ActionKind.RANK_REPLACEMENT, state="succeeded", node__isnull=False
     )
+    # The runtime's own word, which may come before Lockstep decided anything (then no action names the node).
+    replaced = JobSnapshot.objects.filter(job_id=link.job_id, kind=SnapshotKind.RANK_REPLACED)
     started = _epoch(slurm_job.get("start_time"))
     if started is not None:
         lost = lost.filter(ended_at__gte=started)
-    return set(standbys.values_list("node__hostname", flat=True)) | set(
-        lost.values_list("node__hostname", flat=True)
+        replaced = replaced.filter(started_at__gte=started)
+    from_nodes = {
+        str(h)
+        for details in replaced.values_list("details", flat=True)
+        for h in details.get("from_nodes") or []
+    }
+    return (
+        set(standbys.values_list("node__hostname", flat=True))
+        | set(lost.values_list("node__hostname", flat=True))
+        | from_nodes
     )
+
+
+def lockstep_standbys(cluster: Cluster) -> dict[str, int]:
+    """The standby jobs Lockstep started on the cluster (``SlurmDriver.replenish_standby``, recorded by
+    ``standby_replenish``) for jobs still running: Slurm job id -> the rank replacement that asked for it. Only
+    these are left out of adoption; a job of anyone else's that borrows the standby comment is followed as any
+    other."""
+    rows = RecoveryAction.objects.filter(
+        cluster=cluster,
+        kind=ActionKind.RANK_REPLACEMENT,
+        estimate__standby__slurm_job_id__isnull=False,
+        job__state__in=[JobState.RUNNING, JobState.RECOVERING],
+    ).values_list("pk", "estimate__standby__slurm_job_id")
+    return {str(slurm_id): pk for pk, slurm_id in rows}
+
+
+def _standby_seen(action_id: int, slurm_job: dict) -> None:
+    """Where a standby job Lockstep started runs, kept on the replacement that asked for it: the only nodes
+    besides its own allocation that a job's runtime may name as its standbys (jobs.services.in_job)."""
+    hosts = hostnames_of(slurm_job) if slurm_job.get("job_state") == "RUNNING" else []
+    action = RecoveryAction.objects.filter(pk=action_id).only("estimate").first()
+    standby = dict((action.estimate or {}).get("standby") or {}) if action else {}
+    if action is None or standby.get("nodes") == hosts:
+        return
+    action.estimate = {**action.estimate, "standby": {**standby, "nodes": hosts}}
+    action.save(update_fields=["estimate"])
 
 
 def slurm_job_follow(*, link: SlurmJob, slurm_job: dict, previous_restarts: int, previous_seen=None) -> str:
@@ -273,11 +309,13 @@ def slurm_job_follow(*, link: SlurmJob, slurm_job: dict, previous_restarts: int,
     recovery of the job is under way or one of its nodes has an open incident."""
     state = slurm_job.get("job_state", "")
     restarts = int(slurm_job.get("restart_cnt") or 0)
-    hostnames = [host for host in hostnames_of(slurm_job) if host not in _rankless(link, slurm_job)]
     with transaction.atomic():
         job = Job.objects.select_for_update(of=("self",), no_key=True).get(pk=link.job_id)
         if job.state not in (JobState.RUNNING, JobState.RECOVERING) or _recovery_under_way(job):
             return ""
+        # Read under the job's lock: a runtime report that moves a rank to its standby holds it, and hosts read
+        # before it committed would move the rank back to the lost node.
+        hostnames = [host for host in hostnames_of(slurm_job) if host not in _rankless(link, slurm_job)]
         done = []
         slurms_own = restarts - previous_restarts - _own_restarts(job, previous_seen)
         if slurms_own > 0 and job.state == JobState.RUNNING:
@@ -301,12 +339,14 @@ def sync_jobs(cluster: Cluster, slurm_jobs: list[dict], dead: frozenset[str] = f
         link.slurm_job_id: link for link in SlurmJob.objects.filter(cluster=cluster).select_related("job")
     }
     adopted, unmapped, ended, followed = [], [], {}, {}
+    standbys = lockstep_standbys(cluster)
     now = timezone.now()
     for slurm_id, slurm_job in by_id.items():
         state = slurm_job.get("job_state", "")
         link = links.get(slurm_id)
-        if link is None and str(slurm_job.get("comment") or "").startswith(STANDBY_COMMENT):
-            continue  # a standby of a job Lockstep follows (SlurmDriver.replenish_standby): the job's, not a job
+        if link is None and slurm_id in standbys:
+            _standby_seen(standbys[slurm_id], slurm_job)
+            continue  # a standby Lockstep started for a job it follows: the job's, not a job of its own
         if link is None or link.job_id is None:
             if state != "RUNNING":
                 if link is not None:  # listed unmapped, and no longer running

@@ -7,14 +7,15 @@ import time
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from fleet.choices import NodeState
 from fleet.models import Node
 from jobs import placement
-from jobs.models import FaultEvent, Incident, JobAllocation, JobSnapshot, JobStandby
+from jobs.models import FaultEvent, Incident, JobAllocation, JobSnapshot, JobStandby, RecoveryAction
 from tests.support.factories import make_user
 from tests.support.jobs import node_of
-from tests.support.runtime_jobs import POINT, real_job, runtime_cluster
+from tests.support.runtime_jobs import POINT, real_job, registered_on, runtime_cluster
 
 pytestmark = pytest.mark.django_db
 
@@ -114,6 +115,7 @@ def test_standbys_are_booked_to_the_job_and_are_no_spares_of_the_cluster(tenant_
     ready, _, spare = _free(cluster, job)
     assert spare.state == NodeState.SPARE
     names = [ready.hostname, spare.hostname]
+    registered_on(job, names)
     answer = _post(api, job, {"iteration": 495, **POINT, "standbys": names, "active_nodes": ["a", "b"]})
     assert answer.status_code == 201, answer.content
     assert set(
@@ -148,3 +150,29 @@ def test_a_standby_registered_as_part_of_the_job_holds_no_rank(tenant_a, api):
     assert _post(api, job, {"iteration": 495, **POINT, "standbys": [second.hostname]}).status_code == 201
     assert list(job.allocations.filter(released_at=None).values_list("node", flat=True)) == [first.pk]
     assert JobStandby.objects.get(job=job, released_at=None).node == second
+
+
+def test_a_job_may_not_book_a_node_beyond_its_allocation_as_its_standby(tenant_a, api):
+    """A runtime names its standbys; Lockstep books only nodes of the job's own allocation, or those a standby job
+    Lockstep started for it runs on: naming a free spare, or another job's node, holds nothing."""
+    cluster = runtime_cluster(nodes=6, spares=1)
+    job = real_job(cluster, tenant_a, api)
+    other = real_job(cluster, tenant_a, api)
+    ready, spare = _free(cluster, job)[0], Node.objects.get(cluster=cluster, state=NodeState.SPARE)
+    theirs = node_of(other, 0)
+    answer = _post(api, job, {"iteration": 495, **POINT, "standbys": [ready.hostname, spare.hostname]})
+    assert answer.status_code == 201, answer.content
+    answer = _post(api, job, {"iteration": 496, **POINT, "standbys": [theirs.hostname]})
+    assert answer.status_code == 201 and not JobStandby.objects.filter(job=job).exists()
+    assert placement.SparePool(cluster).pick(near=node_of(job, 8), gpus=8) == spare
+    # Where a standby job Lockstep started runs (the Slurm sync notes it on the replacement that asked for it).
+    RecoveryAction.objects.create(
+        job=job,
+        cluster=cluster,
+        kind="rank_replacement",
+        state="succeeded",
+        detected_at=timezone.now(),
+        estimate={"standby": {"slurm_job_id": "77", "nodes": [ready.hostname]}},
+    )
+    assert _post(api, job, {"iteration": 497, **POINT, "standbys": [ready.hostname]}).status_code == 201
+    assert list(JobStandby.objects.filter(job=job).values_list("node", flat=True)) == [ready.pk]

@@ -21,7 +21,7 @@ from jobs.services.advance import recovery_advance
 from jobs.services.faults import fault_handle, fault_ingest
 from tests.support.factories import make_user
 from tests.support.jobs import node_of
-from tests.support.runtime_jobs import POINT, real_job, report, runtime_cluster
+from tests.support.runtime_jobs import POINT, real_job, registered_on, report, runtime_cluster
 
 pytestmark = pytest.mark.django_db
 
@@ -48,6 +48,7 @@ def _protected_with_standby(tenant_a, api):
     job = real_job(cluster, tenant_a, api, iteration=500, checkpoint=400)
     held = {node_of(job, 0).hostname, node_of(job, 8).hostname}
     standby, other = sorted(n.hostname for n in cluster.nodes.all() if n.hostname not in held)[:2]
+    registered_on(job, [standby, other])
     report(api, job, iteration=499, **POINT, standbys=[standby, other])
     return cluster, job, standby, other
 

@@ -56,18 +56,36 @@ def test_standbys_and_replaced_nodes_are_not_ranks_of_the_job(tenant_a):
     )
 
 
-def test_a_standby_job_is_not_adopted_as_a_job(tenant_a):
+def test_only_a_standby_lockstep_started_is_left_out_of_adoption_and_its_node_noted(tenant_a):
     cluster = make_cluster(
         make_fleet(), driver=DriverName.SLURM, connection={"default_tenant": tenant_a.slug}
     )
-    Node.objects.create(cluster=cluster, hostname="n5", gpu_model="gpu")
-    standby = {
-        "job_id": 77,
-        "job_state": "RUNNING",
-        "account": "acme",
-        "comment": "lockstep-standby-for=41",
-        "job_resources": {"allocated_nodes": [{"nodename": "n5"}]},
-    }
-    report = sync_jobs(cluster, [standby])
-    assert report["adopted"] == [] and report["unmapped"] == []
-    assert not SlurmJob.objects.filter(cluster=cluster).exists()
+    for host in ("n5", "n6"):
+        Node.objects.create(cluster=cluster, hostname=host, gpu_model="gpu")
+    job = Job.objects.create(
+        tenant=tenant_a, cluster=cluster, name="train", gpus=2, simulated=False, state=JobState.RUNNING
+    )
+    action = RecoveryAction.objects.create(
+        job=job,
+        cluster=cluster,
+        kind=ActionKind.RANK_REPLACEMENT,
+        state=ActionState.SUCCEEDED,
+        detected_at=timezone.now(),
+        estimate={"standby": {"slurm_job_id": "77", "outcome": "new standby asked for"}},
+    )
+
+    def standby(slurm_id: int, host: str) -> dict:
+        return {
+            "job_id": slurm_id,
+            "job_state": "RUNNING",
+            "account": "acme",
+            "comment": "lockstep-standby-for=41",
+            "job_resources": {"allocated_nodes": [{"nodename": host}]},
+        }
+
+    # Job 78 borrows the comment: nobody's standby, followed as any other job is.
+    report = sync_jobs(cluster, [standby(77, "n5"), standby(78, "n6")])
+    assert report["adopted"] == ["78"] and report["unmapped"] == []
+    assert list(SlurmJob.objects.filter(cluster=cluster).values_list("slurm_job_id", flat=True)) == ["78"]
+    action.refresh_from_db()
+    assert action.estimate["standby"]["nodes"] == ["n5"]

@@ -55,3 +55,17 @@ def report(api, job, **body):
     answer = api.post(f"/api/v1/jobs/{job.pk}/snapshots/", body, format="json")
     assert answer.status_code == 201, answer.content
     return JobSnapshot.objects.get(pk=answer.json()["id"])
+
+
+def registered_on(job, hostnames) -> None:
+    """As a launcher registers a job on its whole Slurm allocation, standbys too: an allocation of the job on each
+    of ``hostnames`` past its ranks (its runtime's first report naming them its standbys releases them)."""
+    from fleet.models import Node
+    from jobs.models import JobAllocation
+
+    rank = max(job.allocations.values_list("rank_end", flat=True), default=-1) + 1
+    for node in Node.objects.filter(cluster_id=job.cluster_id, hostname__in=list(hostnames)).order_by(
+        "hostname"
+    ):
+        JobAllocation.objects.create(job=job, node=node, gpu_indices=[0], rank_start=rank, rank_end=rank)
+        rank += 1

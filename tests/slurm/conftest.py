@@ -88,3 +88,16 @@ def ab_slurm(tmp_path):
 @pytest.fixture
 def ab_cluster(ab_slurm, tenant_a):
     return _runtime_cluster(ab_slurm, tenant_a)
+
+
+@pytest.fixture
+def standby_slurm(tmp_path):
+    """Room for a job with a standby in its allocation (n1 + n2 train, n3 waits) and one idle spare (n4) for the
+    standby Lockstep starts after a replacement; a snapshot holder on each node."""
+    with _holders(tmp_path, nodes=4, spare_nodes=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def standby_cluster(standby_slurm, tenant_a):
+    return _runtime_cluster(standby_slurm, tenant_a)

@@ -538,3 +538,91 @@ def ab_run(
             "resume_seconds": first_step_at(folder / name, 1) - killed_at,
         }
     return out
+
+
+def in_job_with_lockstep(
+    slurm,
+    cluster,
+    folder: Path,
+    *,
+    launcher_token: str,
+    url: str,
+    timeout: float = 120,
+) -> dict:
+    """A node lost under a job with a standby in its allocation (issue 49), with Lockstep driving: the job (two
+    ranks on n1 + n2, a standby on n3; n4 idle in the spare partition) registers and reports; once Lockstep has
+    booked n3 as its standby and counts it protected, n2 dies (slurmd, rank, holder). The runtime's ``peer_lost``
+    opens n2's incident, Lockstep decides rank_replacement (n2 drained with the incident's reason), the runtime puts
+    the standby in rank 1's place and reports it, and beat starts a new standby on n4 (``replenish_standby``), which
+    the job's next report books. The Slurm needs ``SlurmCluster(nodes=4, spare_nodes=1, holders=True)``; the
+    control plane's environment must name the Python and agent the standby runs with (LOCKSTEP_PYTHON,
+    PYTHONPATH), as a cluster's would. Returns what happened and when."""
+    from jobs.choices import ActionKind, ActionState, FaultKind
+    from jobs.local_slurm.training import checksums, in_job_events, kill_member, submit_in_job_training
+    from jobs.models import FaultEvent, Job, JobProgress, JobStandby, RecoveryAction
+    from jobs.protection import job_protection
+
+    env = {"LOCKSTEP_URL": url, "LOCKSTEP_LAUNCHER_TOKEN": launcher_token}
+    slurm_id = submit_in_job_training(slurm, folder, active=2, standbys=1, env=env)
+    beat = functools.partial(beat_once, cluster)
+
+    def protected_with_its_standby():
+        job = Job.objects.filter(slurm__cluster=cluster, slurm__slurm_job_id=slurm_id).first()
+        standbys = JobStandby.objects.filter(job=job, released_at__isnull=True).values_list(
+            "node__hostname", flat=True
+        )
+        return (
+            job
+            if job and job.iteration >= 12 and list(standbys) == ["n3"] and job_protection(job).protected
+            else None
+        )
+
+    job = _until(protected_with_its_standby, 150, "the job protected, with n3 as its standby", step=beat)
+    before = ranks(folder, 0)
+    killed_at, node = kill_member(slurm, folder, 1)
+
+    def replaced_and_replenished():
+        action = RecoveryAction.objects.filter(
+            job=job, kind=ActionKind.RANK_REPLACEMENT, state=ActionState.SUCCEEDED, resumed_at__isnull=False
+        ).first()
+        if action is None or "standby" not in action.estimate:
+            return None
+        standbys = set(
+            JobStandby.objects.filter(job=job, released_at__isnull=True).values_list(
+                "node__hostname", flat=True
+            )
+        )
+        progress = JobProgress.objects.filter(job=job, at__gt=action.resumed_at).first()
+        return (action, progress) if progress and standbys == {"n4"} else None
+
+    action, progress = _until(
+        replaced_and_replenished, timeout, "the rank replaced and a new standby on n4", step=beat
+    )
+    job.refresh_from_db()
+    faults = FaultEvent.objects.filter(cluster=cluster, node__hostname=node, kind=FaultKind.NODE_UNREACHABLE)
+    fault = faults.order_by("received_at").first()
+    events = {e["kind"]: e for e in in_job_events(folder)}
+    replaced = events["rank_replaced"]
+    trained = min(c["at"] for c in checksums(folder) if c["generation"] == 1)
+    detected = _epoch(fault.received_at)
+    started = _epoch(action.started_at or action.planned_at)
+    return {
+        "slurm_job_id": slurm_id,
+        "job": job,
+        "action": action,
+        "fault": fault,
+        "faults": list(faults),
+        "node": node,
+        "before": before,
+        "peer_lost": events["peer_lost"],
+        "rank_replaced": replaced,
+        "first_progress": progress,
+        "killed_at": killed_at,
+        "seconds": {
+            "notice": events["peer_lost"]["at"] - killed_at,  # a survivor's collective with rank 1 fails
+            "detect": detected - killed_at,  # the first report of the node's loss reaches Lockstep
+            "decide": started - detected,  # Lockstep decides rank_replacement and drains the node
+            "replace": replaced["at"] - events["peer_lost"]["at"],  # new group, state from the peer, one step
+            "total": trained - killed_at,  # the job's first parameter digest of the new generation
+        },
+    }

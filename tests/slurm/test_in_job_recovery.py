@@ -129,16 +129,19 @@ def test_a_lost_rank_is_replaced_by_a_standby_and_the_survivor_keeps_its_process
     )
 
 
-def _fell_back(slurm, folder, job: str, sink, kind: str) -> tuple[dict, dict]:
-    """Wait for the runtime to give up in place, do Lockstep's part (drain the dead nodes, requeue the job) and
-    wait for the relaunch's ``kind`` report and 5 steps after it: the fallback event and that report."""
+def _fell_back(slurm, folder, job: str, sink, kind: str, member: int = 0, lost=None) -> tuple[dict, dict]:
+    """Wait for the runtime (``member``'s event) to give up in place, do Lockstep's part (drain the dead nodes —
+    ``lost``, else those its peer_lost named — and requeue the job) and wait for the relaunch's ``kind`` report
+    and 5 steps after it: the fallback event and that report."""
     from jobs.local_slurm.training import checksums, in_job_events
     from tests.support.in_job import until
 
     fallback = until(
-        lambda: next((e for e in in_job_events(folder) if e["kind"] == "fallback"), None), 60, "the fallback"
+        lambda: next((e for e in in_job_events(folder, member=member) if e["kind"] == "fallback"), None),
+        60,
+        "the fallback",
     )
-    for name in fallback_nodes(folder):
+    for name in lost or fallback_nodes(folder):
         slurm.run("scontrol", "update", f"nodename={name}", "state=drain", "reason=in-job-test")
     slurm.run("scontrol", "requeue", job)
     report = until(lambda: next(iter(sink.of(kind)), None), 180, f"the relaunch's {kind} report")
@@ -269,3 +272,28 @@ def test_a_used_standby_is_replenished_by_a_standby_job_on_the_spare_partition(i
     written = _same_as_uninterrupted(folder, tmp_path)
     again = min(c["at"] for c in written if c["generation"] == 2)
     print(f"in-job, replenished standby: node killed → training again {again - killed_at:.1f} s")
+
+
+def test_the_store_hosts_loss_falls_back_to_a_relaunch_restored_from_memory(in_job_slurm, tmp_path):
+    """Rank 0's node hosts the job's store: with it gone nobody can re-form the group in place. The survivor says
+    so and exits; the relaunch (on n2, the standby's n3 and n4) restores rank 0 from its replica on n2."""
+    pytest.importorskip("torch", reason="the training job needs torch (CPU wheel)")
+
+    from jobs.local_slurm.training import kill_member, submit_in_job_training
+    from tests.support.in_job import ReportSink
+
+    slurm, folder = in_job_slurm(4), tmp_path / "run"  # n1 + n2 train, n3 waits; n4 free for the relaunch
+    with ReportSink() as sink:
+        job = submit_in_job_training(slurm, folder, active=2, standbys=1, steps=STEPS, env=sink.env)
+        _started(folder, standbys=1, steps=12)
+        _, node = kill_member(slurm, folder, 0)
+        fallback, restore = _fell_back(slurm, folder, job, sink, "restore", member=1, lost=[node])
+        slurm.run("scancel", job)
+
+    assert node == "n1" and fallback["reason"].startswith("store host lost"), fallback
+    assert sink.of("rank_replaced") == []
+    assert restore["reason"] == f"in-place replacement impossible: {fallback['reason']}", restore
+    # Both ranks from memory kept on n2, the survivor's node (rank 0's own copy died with n1): no disk.
+    assert sorted(place["rank"] for place in restore["locations"]) == [0, 1], restore["locations"]
+    assert all(place["source"].endswith(" on n2") for place in restore["locations"]), restore["locations"]
+    _same_as_uninterrupted(folder, tmp_path)

@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Callable
 
-from lockstep_agent.protect.membership import Fallback, Plan
+from lockstep_agent.protect.membership import STORE_HOST_LOST, Fallback, Plan
 
 log = logging.getLogger("lockstep_agent.protect")
 
@@ -151,14 +151,17 @@ class InPlaceRecovery:
         return os.path.join(self.checkpoint_dir, self.namespace, FALLBACK_FILE)
 
     def _fell_back(self, reason: str) -> None:
-        """Rank 0 keeps the reason for the relaunch's report (which says which fallback and why)."""
+        """Rank 0 keeps the reason for the relaunch's report (which says which fallback and why); when rank 0's
+        node is the one lost (the store host), the survivors do, each writing the whole file at once."""
         log.error("rank %d: cannot replace in place: %s; falling back to a relaunch", self.rank, reason)
         self.events.append({"kind": "fallback", "reason": reason, "at": round(time.time(), 3)})
         path = self._fallback_path()
-        if self.rank == 0 and path:
+        if path and (self.rank == 0 or reason.startswith(STORE_HOST_LOST)):
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as out:
+            partial = f"{path}.{self.rank}.tmp"
+            with open(partial, "w") as out:
                 json.dump({"reason": reason, "at": time.time()}, out)
+            os.replace(partial, path)
 
     def _fallback_reason(self) -> dict:
         """``{"reason": ...}`` when the previous launch fell back (said once, by rank 0), else ``{}``."""

@@ -53,6 +53,9 @@ import torch.distributed as dist
 log = logging.getLogger("lockstep_agent.protect.membership")
 
 COLLECTIVE_TIMEOUT_ENV = "LOCKSTEP_PROTECT_COLLECTIVE_TIMEOUT"
+STORE_HOST_LOST = (
+    "store host lost"  # a fallback's reason when rank 0's node, which hosts the job's store, is gone
+)
 
 
 class Fallback(RuntimeError):
@@ -247,7 +250,7 @@ class Membership:
         except Fallback:
             raise
         except Exception as error:
-            raise Fallback(f"store host lost ({type(error).__name__}: {str(error)[:200]})") from error
+            raise Fallback(f"{STORE_HOST_LOST} ({type(error).__name__}: {str(error)[:200]})") from error
         if plan.fallback:
             raise Fallback(plan.fallback, plan)
         if self.member not in plan.members:

@@ -108,6 +108,7 @@ def test_lockstep_replaces_a_lost_rank_in_place_books_it_and_starts_a_new_standb
     ]
     assert len(standby_jobs) == 1 and standby_jobs[0]["nodes"] == "n4", standby_jobs
 
+    _the_job_page_shows_its_way_back(job, action)
     seconds = run["seconds"]
     assert seconds["detect"] < seconds["total"] < 60, seconds
     print(
@@ -117,3 +118,25 @@ def test_lockstep_replaces_a_lost_rank_in_place_books_it_and_starts_a_new_standb
         f"{replaced['lost_iterations']}; survivors restarted: no"
     )
     slurm.run("scancel", run["slurm_job_id"], str(standby_jobs[0]["job_id"]))
+
+
+def _the_job_page_shows_its_way_back(job, action) -> None:
+    """The job page's "Back to training" table: detect → decide → replace → training again, from what happened
+    (the last at the runtime's first step with the standby in place)."""
+    import re
+
+    from django.test import Client
+
+    from tests.support.factories import make_user
+
+    browser = Client()
+    browser.force_login(make_user("operator"))
+    page = browser.get(f"/jobs/{job.pk}/").content.decode()
+    row = re.search(rf'<tr data-action="{action.pk}"><td>rank_replacement</td>(.*?)</tr>', page, re.S)
+    assert row, page[-2000:]
+    steps = re.findall(r'data-step="([^"]+)">[^<]*<span class="muted">\+([\d.]+) s', row.group(1))
+    assert [name for name, _ in steps] == ["detect", "decide", "replace", "training again"], steps
+    seconds = [float(value) for _, value in steps]
+    assert seconds == sorted(seconds) and seconds[-1] == pytest.approx(
+        (action.resumed_at - min(action.incident.opened_at, action.detected_at)).total_seconds(), abs=0.06
+    )

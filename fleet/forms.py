@@ -126,6 +126,12 @@ class RolloutForm(forms.Form):
     progress_deadline_seconds = forms.IntegerField(min_value=1, max_value=7 * 86400, initial=600)
     auto_rollback = forms.BooleanField(required=False, initial=True)
     plan = forms.CharField(required=False, widget=forms.HiddenInput, max_length=100_000)
+    # The second confirmation a start needs when the preview warns (another blueprint, protection turned off);
+    # rendered beside the Start button, with the count of jobs it drops, not among the fields above.
+    acknowledge_drop = forms.BooleanField(required=False, label="I understand protection is dropped")
+
+    def visible_fields(self):
+        return [field for field in super().visible_fields() if field.name != "acknowledge_drop"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -412,6 +412,23 @@ def _may(rollout, action: str) -> bool:
     return rollout.may_become(ACTION_TARGET[action])
 
 
+def rollback_lines(rollout, limit: int = 50) -> list[str]:
+    """The rollback confirmation's lines: each cluster the rollout moved (and has not sent back yet) with the
+    version it goes back to, as ``roll_back_locked`` will; the rest counted past ``limit``."""
+    rows = rollout.clusters.filter(applied_at__isnull=False, rolled_back_at__isnull=True).select_related(
+        "cluster", "previous_version__blueprint"
+    )
+    total = rows.count()
+    if not total:
+        return ["No cluster has moved yet: none goes back."]
+    lines = [
+        f"{row.cluster.name} goes back from {rollout.version} to "
+        f"{row.previous_version if row.previous_version_id else 'no version'}."
+        for row in rows.order_by("cluster__name")[:limit]
+    ]
+    return lines + ([f"… and {total - limit} more clusters."] if total > limit else [])
+
+
 @login_required
 @require_POST
 def rollout_action(request, pk: int, action: str):
@@ -428,7 +445,10 @@ def rollout_action(request, pk: int, action: str):
             request,
             title=f"{action.capitalize()} rollout #{rollout.pk}",
             question=f"{CONFIRMED_ACTIONS[action][0]} rollout #{rollout.pk} of {rollout.version}?",
-            consequences=[CONFIRMED_ACTIONS[action][1]],
+            consequences=[
+                CONFIRMED_ACTIONS[action][1],
+                *(rollback_lines(rollout) if action == "rollback" else []),
+            ],
             action_url=request.path,
             back_url=reverse("fleet-rollout", args=[rollout.pk]),
             button=CONFIRMED_ACTIONS[action][0],

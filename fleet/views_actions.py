@@ -4,11 +4,14 @@ import are in fleet/views_versions.py). Each calls the service the REST API call
 the same way), is refused (403) to roles DESIGN's permission table does not allow before any input is read, and
 puts a service's refusal back on its form with the service's 4xx status."""
 
+from collections import defaultdict
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404
+from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from controlplane.access import principal, require
@@ -24,13 +27,18 @@ from fleet.forms import (
     ReasonForm,
     RolloutForm,
 )
+from fleet.models import Cluster, ObservedAddon
+from fleet.models.blueprints import PROTECTION_ADDONS
 from fleet.overlays import effective_changes
+from fleet.selectors import cluster_protection
 from fleet.services.automation import automation_modes_for, automation_switch, automation_switch_set
 from fleet.services.blueprints import latest_active
 from fleet.services.clusters import cluster_assign, tracking_strategy
 from fleet.services.drift import drift_sweep_now
 from fleet.services.nodes import node_cordon, node_drain, node_uncordon
 from fleet.services.rollouts import rollout_plan, rollout_start
+from jobs import selectors as job_selectors
+from jobs.protection import job_protection, runtime_policy_on
 
 
 def require_operator(request):
@@ -51,13 +59,60 @@ def put_back_on_form(form, error: ServiceError, fallback: str | None = None) -> 
 # --- rollouts ---------------------------------------------------------------------------------------------------
 
 
+def blast_radius(user, batches: list[list[dict]], version) -> dict:
+    """What the previewed rollout does to the jobs running on its clusters, writing nothing. Per cluster: the
+    reader's running jobs, each with ``jobs.protection.job_protection``'s verdict now and with the cluster on
+    ``version`` (the same verdict, given the target version's policy through an unsaved copy of the cluster),
+    whether it moves to another blueprint and which protection flags of its policy it turns off. ``dropped`` counts
+    the jobs protected now and not after; ``warned`` is true when any cluster switches blueprint or drops a flag
+    (the start then needs the acknowledgement)."""
+    ids = [c["id"] for batch in batches for c in batch][:500]
+    clusters = {c.pk: c for c in selectors.cluster_list(user=user).filter(pk__in=ids)}
+    running = defaultdict(list)
+    for job in job_selectors.running_jobs_on(user=user, cluster_ids=ids):
+        running[job.cluster_id].append(job)
+    observed = defaultdict(list)
+    for row in ObservedAddon.objects.filter(cluster_id__in=ids, name__in=PROTECTION_ADDONS.values()):
+        observed[row.cluster_id].append(row)
+    target_flags = version.effective_policy().get("protection") or {}
+    now, per_cluster, dropped = timezone.now(), {}, 0
+    for cid, cluster in clusters.items():
+        current = cluster.blueprint_version
+        flags = (current.effective_policy().get("protection") or {}) if current else {}
+        after = Cluster(pk=cluster.pk, name=cluster.name, driver=cluster.driver, blueprint_version=version)
+        verdicts = {
+            "now": (cluster_protection(cluster=cluster, observed=observed[cid]), runtime_policy_on(cluster)),
+            "after": (cluster_protection(cluster=after, observed=observed[cid]), runtime_policy_on(after)),
+        }
+        jobs = []
+        for job in running[cid]:
+            seen = {
+                when: job_protection(job, at=now, cluster_verdict=simulated, policy=policy)
+                for when, (simulated, policy) in verdicts.items()
+            }
+            dropped += seen["now"].protected and not seen["after"].protected
+            jobs.append({"job": job, "now": seen["now"], "after": seen["after"]})
+        switches = cluster.blueprint_id is not None and cluster.blueprint_id != version.blueprint_id
+        per_cluster[cid] = {
+            "jobs": jobs,
+            "switch_from": cluster.blueprint.name if switches else None,
+            "flags_off": sorted(
+                key.replace("_", " ") for key, on in flags.items() if on and not target_flags.get(key)
+            ),
+        }
+    warned = any(c["switch_from"] or c["flags_off"] for c in per_cluster.values())
+    return {"clusters": per_cluster, "dropped": dropped, "warned": warned}
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
 def rollout_new(request):
     """Choose a version, targets and strategy; Preview shows the clusters and batches (the plan rollout_start
-    would write, nothing written); Start rolls out exactly the previewed plan, or shows the new one if it moved."""
+    would write, nothing written), what each carries now, its add-on changes and its blast radius (its running
+    jobs, protected now and after); Start rolls out exactly the previewed plan, or shows the new one if it moved,
+    and needs the acknowledgement when the preview warns of another blueprint or protection turned off."""
     require_operator(request)
-    status, plan, plan_version = 200, None, None
+    status, plan, plan_version, blast = 200, None, None, None
     if request.method == "GET":
         initial = {"target_kind": "clusters"}
         if request.GET.get("version"):
@@ -80,36 +135,10 @@ def rollout_new(request):
                     put_back_on_form(form, error)
                     status = error.status
                 else:
-                    key = ";".join(",".join(map(str, wave)) for wave in plan.waves)
-                    if "start" in request.POST and form.cleaned_data["plan"] == key:
-                        try:
-                            rollout = rollout_start(
-                                actor=request.user,
-                                version=version,
-                                targets=form.targets(),
-                                strategy=form.strategy(),
-                            )
-                        except ServiceError as error:
-                            put_back_on_form(form, error)
-                            status = error.status
-                        else:
-                            messages.success(
-                                request,
-                                f"Rollout #{rollout.pk} started: {len(plan.ready)} clusters "
-                                f"in {len(plan.waves)} batches.",
-                            )
-                            return redirect("fleet-rollout", pk=rollout.pk)
-                    elif "start" in request.POST:
-                        form.add_error(
-                            None,
-                            "The plan changed since the preview: check the batches below and start again.",
-                        )
-                        status = 409
-                    # The form carries the plan it previewed (the bound value renders from the data; its
-                    # errors stay).
-                    data = form.data.copy()
-                    data["plan"] = key
-                    form.data = data
+                    blast = blast_radius(request.user, plan.batches(), version)
+                    status = start_previewed(request, form, plan, version, blast)
+                    if not isinstance(status, int):
+                        return status
     batches = plan.batches() if plan else []
     if batches:  # what each cluster carries now, beside its name
         ids = {c["blueprint_version_id"] for batch in batches for c in batch}
@@ -122,9 +151,50 @@ def rollout_new(request):
             for cluster in batch:
                 cluster["now_on"] = labels.get(cluster["blueprint_version_id"], "no version")
                 cluster["changes"] = changes.get(cluster["id"], [])
+                cluster["blast"] = blast["clusters"].get(cluster["id"])
     return render(
-        request, "fleet/rollout_form.html", {"form": form, "plan": plan, "batches": batches}, status=status
+        request,
+        "fleet/rollout_form.html",
+        {"form": form, "plan": plan, "batches": batches, "blast": blast, "version": plan_version},
+        status=status,
     )
+
+
+def start_previewed(request, form, plan, version, blast) -> int | HttpResponse:
+    """A Start of the previewed plan: the rollout's page when it started; otherwise the status the form is shown
+    again with (200 for a preview, 409 when the plan moved, 400 without the acknowledgement a warning needs, the
+    service's refusal). The form carries the plan it previewed."""
+    key = ";".join(",".join(map(str, wave)) for wave in plan.waves)
+    status = 200
+    if "start" in request.POST and form.cleaned_data["plan"] != key:
+        form.add_error(None, "The plan changed since the preview: check the batches below and start again.")
+        status = 409
+    elif "start" in request.POST and blast["warned"] and not form.cleaned_data["acknowledge_drop"]:
+        form.add_error(
+            "acknowledge_drop",
+            f"This rollout moves a cluster to another blueprint or turns protection off: tick "
+            f'"I understand protection is dropped for {blast["dropped"]} jobs" to start it.',
+        )
+        status = 400
+    elif "start" in request.POST:
+        try:
+            rollout = rollout_start(
+                actor=request.user, version=version, targets=form.targets(), strategy=form.strategy()
+            )
+        except ServiceError as error:
+            put_back_on_form(form, error)
+            status = error.status
+        else:
+            messages.success(
+                request,
+                f"Rollout #{rollout.pk} started: {len(plan.ready)} clusters in {len(plan.waves)} batches.",
+            )
+            return redirect("fleet-rollout", pk=rollout.pk)
+    # The bound value renders from the data; its errors stay.
+    data = form.data.copy()
+    data["plan"] = key
+    form.data = data
+    return status
 
 
 # --- clusters and nodes -----------------------------------------------------------------------------------------

@@ -11,7 +11,14 @@ from controlplane import events
 from controlplane.access import PROVIDER_ROLES
 from controlplane.pagination import OneMomentPaginator
 from controlplane.selectors import event_list
-from jobs.choices import ACTIVE_ACTION_STATES, NODE_HARDWARE_KINDS, ActionState, JobPhaseKind, SavingState
+from jobs.choices import (
+    ACTIVE_ACTION_STATES,
+    NODE_HARDWARE_KINDS,
+    ActionState,
+    JobPhaseKind,
+    JobState,
+    SavingState,
+)
 from jobs.models import (
     FaultEvent,
     Incident,
@@ -35,6 +42,15 @@ def may_see_job_topic(who, job_id: int) -> bool:
 
 def job_list(*, user) -> QuerySet[Job]:
     return restrict(Job.objects.select_related("tenant", "cluster"), user)
+
+
+def running_jobs_on(*, user, cluster_ids) -> QuerySet[Job]:
+    """The reader's running jobs on these clusters (a rollout preview's blast radius), by cluster, then name."""
+    return (
+        job_list(user=user)
+        .filter(cluster_id__in=list(cluster_ids), state=JobState.RUNNING)
+        .order_by("cluster_id", "name", "id")
+    )
 
 
 def launcher_credential_list(*, user) -> QuerySet[LauncherCredential]:

@@ -350,6 +350,9 @@ def node_detail(request, pk: int):
         "gpus": telemetry_selectors.node_gpu_series(
             user=request.user, node=node, since=window.since, until=window.now
         ),
+        "nic_series": telemetry_selectors.node_nic_series(
+            user=request.user, node=node, since=window.since, until=window.now
+        ),
         **telemetry_selectors.node_device_state(user=request.user, node=node),
         "markers": _node_markers(faults, ladder["steps"], window.since),
     }

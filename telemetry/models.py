@@ -125,12 +125,38 @@ class GPUSample(models.Model):
     dbe_total = models.BigIntegerField(null=True)
     nvlink_errors = models.BigIntegerField(null=True)
     throttle_reasons = models.BigIntegerField(null=True)
+    memory_used = models.BigIntegerField(null=True, help_text="framebuffer memory in use, bytes")
 
     class Meta:
         indexes = [models.Index(fields=["gpu_id", "ts"]), models.Index(fields=["ts"])]
 
     def __str__(self):
         return f"gpu {self.gpu_id} @ {self.ts}"
+
+
+class NICSample(models.Model):
+    """One raw NIC reading, kept for TELEMETRY_RAW_RETENTION_HOURS: the counters the node page charts, as the
+    agent sends them (totals since boot), none where the NIC reports none of a group's counters."""
+
+    ts = models.DateTimeField()
+    nic_id = models.BigIntegerField()
+    rx_bytes = models.BigIntegerField(null=True)
+    tx_bytes = models.BigIntegerField(null=True)
+    errors = models.BigIntegerField(
+        null=True, help_text="rx_errors + tx_errors + symbol_error + port_rcv_errors, those reported"
+    )
+    drops = models.BigIntegerField(
+        null=True, help_text="rx_dropped + tx_dropped + port_xmit_discards, those reported"
+    )
+    link_changes = models.BigIntegerField(
+        null=True, help_text="carrier_changes (a netdev), else link_downed (an InfiniBand port)"
+    )
+
+    class Meta:
+        indexes = [models.Index(fields=["nic_id", "ts"]), models.Index(fields=["ts"])]
+
+    def __str__(self):
+        return f"nic {self.nic_id} @ {self.ts}"
 
 
 class NodeMinute(models.Model):

@@ -132,8 +132,10 @@ def _aligned(rows, keys: list[str], series_of) -> dict:
 
 
 # The per-GPU series a chart reads, as the samples query names them.
-SERIES = ("temperature", "power", "utilization", "sbe", "dbe")
-# Up to this many readings to a bucket, a point is their mean; beyond, the bucket's first reading (_gpu_grid).
+SERIES = ("temperature", "power", "utilization", "sbe", "dbe", "memory")
+# The per-NIC series (counters: a bucket's highest reading), as the NIC samples query names them.
+NIC_SERIES = ("rx_bytes", "tx_bytes", "errors", "drops", "link_changes")
+# Up to this many readings to a bucket, a point is their mean; beyond, the bucket's first reading (_grid).
 MEAN_SAMPLES = 10
 
 
@@ -141,66 +143,73 @@ def _has_data(data: dict) -> bool:
     return any(v is not None for lines in data["values"].values() for line in lines.values() for v in line)
 
 
-def _gpu_grid(samples, gpus, since: datetime, until: datetime, step: int) -> tuple[dict, str]:
-    """PostgreSQL: the samples laid on the window's grid of buckets, one row per GPU with each series as a JSON
-    array (None where a bucket has no sample), so Python touches no point; one statement. Where a bucket holds
-    at most MEAN_SAMPLES readings a point is their mean (``samples``, grouped by bucket); beyond, the first
-    reading in the bucket, found through the (gpu_id, ts) index, as a Prometheus range query steps (the cost
-    then follows the points drawn, not the samples stored). Returns the data and which it did."""
+def _grid(samples, devices, key: str, first: str, series, since: datetime, until: datetime, step: int):
+    """PostgreSQL: the samples laid on the window's grid of buckets, one row per device with each series as a
+    JSON array (None where a bucket has no sample), so Python touches no point; one statement. ``samples`` is
+    grouped by (``key``, bucket); ``devices`` gives each device's ``gid``, ``gorder`` and ``glabel``; ``first``
+    selects ``series`` from the raw table ``x`` for the device ``g.gid``. Where a bucket holds at most
+    MEAN_SAMPLES readings a point is their aggregate (``samples``); beyond, the first reading in the bucket, found
+    through the (device, ts) index, as a Prometheus range query steps (the cost then follows the points drawn,
+    not the samples stored). Returns {label: [arrays per series]}, the x axis (ms) and which it did."""
     start = _ORIGIN + timedelta(seconds=(since - _ORIGIN).total_seconds() // step * step)
     points = int((until - start).total_seconds() // step) + 1
-    ids, id_params = (
-        gpus.order_by()
-        .annotate(gid=F("id"), gindex=F("index"))
-        .values("gid", "gindex")
-        .query.sql_with_params()
-    )
+    ids, id_params = devices.order_by().values("gid", "gorder", "glabel").query.sql_with_params()
     grid = "grid AS (SELECT b FROM generate_series(%s::timestamptz, %s::timestamptz, %s::interval) AS b)"
     grid_params = [start, until, timedelta(seconds=step)]
+    tail = "GROUP BY g.gid, g.gorder, g.glabel ORDER BY g.gorder, g.glabel"
     if step <= MEAN_SAMPLES * settings.AGENT_INTERVAL_SECONDS:
         how = "mean"
-        arrays = ", ".join(f"json_agg(round(s.{name}::numeric, 2) ORDER BY grid.b)::text" for name in SERIES)
+        arrays = ", ".join(f"json_agg(round(s.{name}::numeric, 2) ORDER BY grid.b)::text" for name in series)
         inner, inner_params = samples.order_by().query.sql_with_params()
         sql = (
-            f"WITH s AS ({inner}), g AS ({ids}), {grid} SELECT g.gindex, {arrays} FROM g CROSS JOIN grid "
-            "LEFT JOIN s ON s.gpu_id = g.gid AND s.bucket = grid.b GROUP BY g.gindex ORDER BY g.gindex"
+            f"WITH s AS ({inner}), g AS ({ids}), {grid} SELECT g.glabel, {arrays} FROM g CROSS JOIN grid "
+            f"LEFT JOIN s ON s.{key} = g.gid AND s.bucket = grid.b {tail}"
         )
         params = [*inner_params, *id_params, *grid_params]
     else:
         how = "first"  # readings as the agent sent them: nothing to round
-        arrays = ", ".join(f"json_agg(s.{name} ORDER BY grid.b)::text" for name in SERIES)
+        arrays = ", ".join(f"json_agg(s.{name} ORDER BY grid.b)::text" for name in series)
         first = (
-            "SELECT temperature, power, utilization, sbe_total AS sbe, dbe_total AS dbe "
-            f"FROM {GPUSample._meta.db_table} x WHERE x.gpu_id = g.gid AND x.ts >= greatest(grid.b, %s) "
+            f"{first} WHERE x.{key} = g.gid AND x.ts >= greatest(grid.b, %s) "
             "AND x.ts < least(grid.b + %s::interval, %s) ORDER BY x.ts LIMIT 1"
         )
         sql = (
-            f"WITH g AS ({ids}), {grid} SELECT g.gindex, {arrays} FROM g CROSS JOIN grid "
-            f"LEFT JOIN LATERAL ({first}) s ON true GROUP BY g.gindex ORDER BY g.gindex"
+            f"WITH g AS ({ids}), {grid} SELECT g.glabel, {arrays} FROM g CROSS JOIN grid "
+            f"LEFT JOIN LATERAL ({first}) s ON true {tail}"
         )
         params = [*id_params, *grid_params, since, timedelta(seconds=step), until]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    values: dict[str, dict[str, list]] = {name: {} for name in SERIES}
-    for index, *series in rows:
-        for name, text in zip(SERIES, series, strict=True):
-            values[name][f"GPU {index}"] = orjson.loads(text)
-    return {"x": [_ms(start) + i * step * 1000 for i in range(points)], "values": values}, how
+    return rows, [_ms(start) + i * step * 1000 for i in range(points)], how
+
+
+def _series_data(rows, x: list, series, label) -> dict:
+    values: dict[str, dict[str, list]] = {name: {} for name in series}
+    for glabel, *arrays in rows:
+        for name, text in zip(series, arrays, strict=True):
+            values[name][label(glabel)] = orjson.loads(text)
+    return {"x": x, "values": values}
+
+
+def _raw_kept(since: datetime, step: int) -> bool:
+    """Whether the raw samples still hold the window (they are kept TELEMETRY_RAW_RETENTION_HOURS)."""
+    kept = timezone.now() - timedelta(hours=settings.TELEMETRY_RAW_RETENTION_HOURS)
+    return since >= kept - timedelta(seconds=step)
 
 
 def node_gpu_series(*, user, node, since: datetime, until: datetime) -> dict:
-    """Per GPU of ``node`` the user may see: temperature, power, utilisation and the ECC counters from the raw
-    samples, at most CHART_POINTS buckets (``step`` seconds) each, in one query whatever the number of GPUs or
-    samples (``point``: "mean" of a bucket's readings, or its "first" where a bucket holds many: _gpu_grid). Raw
-    samples are kept TELEMETRY_RAW_RETENTION_HOURS; a window reaching further back reads the node's per-minute
-    history instead (``per_gpu`` False: the mean of the node's GPUs and the hottest reading, per bucket)."""
+    """Per GPU of ``node`` the user may see: temperature, power, utilisation, memory in use (bytes) and the ECC
+    counters from the raw samples, at most CHART_POINTS buckets (``step`` seconds) each, in one query whatever
+    the number of GPUs or samples (``point``: "mean" of a bucket's readings, or its "first" where a bucket holds
+    many: _grid). Raw samples are kept TELEMETRY_RAW_RETENTION_HOURS; a window reaching further back reads the
+    node's per-minute history instead (``per_gpu`` False: the mean of the node's GPUs and the hottest reading,
+    per bucket; no ECC, no memory)."""
     from fleet.models import GPU, Node
     from telemetry.models import NodeMinute
 
     step = chart_step(since, until)
-    kept = timezone.now() - timedelta(hours=settings.TELEMETRY_RAW_RETENTION_HOURS)
-    if since >= kept - timedelta(seconds=step):
+    if _raw_kept(since, step):
         gpus = restrict(GPU.objects.filter(node=node), user)
         samples = (
             GPUSample.objects.filter(gpu_id__in=gpus.values("id"), ts__gte=since, ts__lte=until)
@@ -212,11 +221,18 @@ def node_gpu_series(*, user, node, since: datetime, until: datetime) -> dict:
                 utilization=Avg("utilization"),
                 sbe=Max("sbe_total"),
                 dbe=Max("dbe_total"),
+                memory=Avg("memory_used"),
             )
             .order_by("gpu_id", "bucket")
         )
         if connection.vendor == "postgresql":
-            data, how = _gpu_grid(samples, gpus, since, until, step)
+            first = (
+                "SELECT temperature, power, utilization, sbe_total AS sbe, dbe_total AS dbe, memory_used AS memory "
+                f"FROM {GPUSample._meta.db_table} x"
+            )
+            devices = gpus.annotate(gid=F("id"), gorder=F("index"), glabel=F("index"))
+            rows, x, how = _grid(samples, devices, "gpu_id", first, SERIES, since, until, step)
+            data = _series_data(rows, x, SERIES, lambda index: f"GPU {index}")
         else:
             index = dict(gpus.values_list("id", "index"))
             rows = samples.values_list("gpu_id", "bucket", *SERIES)
@@ -249,8 +265,40 @@ def node_gpu_series(*, user, node, since: datetime, until: datetime) -> dict:
     hottest = [("hottest GPU", bucket, t_max) for _, bucket, _, _, t_max, _, _ in rows]
     data = _aligned(means, ["temperature", "power", "utilization"], str)
     data["values"]["temperature"].update(_aligned(hottest, ["temperature"], str)["values"]["temperature"])
-    data["values"].update(sbe={}, dbe={})
+    data["values"].update(sbe={}, dbe={}, memory={})
     return {"per_gpu": False, "step": step, "point": "mean", "has_data": _has_data(data), **data}
+
+
+def node_nic_series(*, user, node, since: datetime, until: datetime) -> dict:
+    """Per NIC of ``node`` the user may see: bytes received and sent, errors, drops and link changes (counters,
+    totals since boot: a bucket's highest reading, or its first where a bucket holds many) from the raw NIC
+    samples, on the same buckets as node_gpu_series and in one query whatever the number of NICs or samples.
+    A window reaching past the raw samples' retention has none (``kept`` False): NICs have no per-minute
+    history."""
+    from fleet.models import NIC
+    from telemetry.models import NICSample
+
+    step = chart_step(since, until)
+    if not _raw_kept(since, step):
+        return {"kept": False, "step": step, "point": "mean", "has_data": False, "x": [], "values": {}}
+    nics = restrict(NIC.objects.filter(node=node), user)
+    samples = (
+        NICSample.objects.filter(nic_id__in=nics.values("id"), ts__gte=since, ts__lte=until)
+        .annotate(bucket=_TimeBucket("ts", step))
+        .values("nic_id", "bucket")
+        .annotate(**{name: Max(name) for name in NIC_SERIES})
+        .order_by("nic_id", "bucket")
+    )
+    if connection.vendor == "postgresql":
+        first = f"SELECT {', '.join(NIC_SERIES)} FROM {NICSample._meta.db_table} x"
+        devices = nics.annotate(gid=F("id"), gorder=F("rail"), glabel=F("name"))
+        rows, x, how = _grid(samples, devices, "nic_id", first, NIC_SERIES, since, until, step)
+        data = _series_data(rows, x, NIC_SERIES, str)
+    else:
+        names = dict(nics.values_list("id", "name"))
+        rows = samples.values_list("nic_id", "bucket", *NIC_SERIES)
+        data, how = _aligned(list(rows), list(NIC_SERIES), lambda nic_id: names.get(nic_id, "?")), "mean"
+    return {"kept": True, "step": step, "point": how, "has_data": _has_data(data), **data}
 
 
 def node_device_state(*, user, node) -> dict:

@@ -1,5 +1,6 @@
-/* The node page's telemetry (templates/fleet/node_detail.html): per-GPU series over the page's range, the
- * latest memory and NIC counters, and the node's faults, Xids, link changes and recovery actions on the same
+/* The node page's telemetry (templates/fleet/node_detail.html): per-GPU series (memory included) and per-NIC
+ * series (throughput, errors, drops, link changes) over the page's range, or the latest memory and NIC counters
+ * where the raw samples are not kept that far back, and the node's faults, Xids, link changes and recovery actions on the same
  * time axis (a line on every chart, and a strip naming them). Data from #node-charts-data (json_script, built
  * by jobs.views.node_detail from telemetry.selectors); nothing is fetched. */
 (function () {
@@ -30,13 +31,40 @@
       legend: { orientation: "h", y: -0.2 } };
     return Object.assign(base, extra || {});
   }
-  function lines(values, suffix) {
+  function lines(values, suffix, along) {
     return Object.keys(values).sort(function (a, b) { return a.localeCompare(b, undefined, { numeric: true }); })
       .map(function (name) {
-        return { type: "scatter", mode: "lines", x: x, y: values[name], name: name + (suffix || ""),
-          connectgaps: false, hovertemplate: "%{y}<extra>" + name + "</extra>" };
+        return { type: "scatter", mode: "lines", x: along || x, y: values[name], name: name + (suffix || ""),
+          connectgaps: false, hovertemplate: "%{y}<extra>" + name + (suffix || "") + "</extra>" };
       });
   }
+  // each line of ``values`` through ``f`` (null stays null)
+  function mapped(values, f) {
+    var out = {};
+    Object.keys(values).forEach(function (name) {
+      out[name] = values[name].map(function (v) { return v === null || v === undefined ? null : f(v); });
+    });
+    return out;
+  }
+  // a byte counter per bucket (times in ms) as Gbit/s since the previous point; none across a reset
+  function throughput(values, times) {
+    var out = {};
+    Object.keys(values).forEach(function (name) {
+      var last = -1;
+      out[name] = values[name].map(function (v, i) {
+        if (v === null || v === undefined) { return null; }
+        var rate = null;
+        if (last >= 0 && v >= values[name][last]) {
+          rate = Math.round((v - values[name][last]) * 8 / 1e9 / ((times[i] - times[last]) / 1000) * 1000) / 1000;
+        }
+        last = i;
+        return rate;
+      });
+    });
+    return out;
+  }
+  var GIB = 1073741824;
+  var gib = function (v) { return Math.round(v / GIB * 10) / 10; };
 
   // the strip: one row per kind of marker, each a point with its name and device
   var strip = document.getElementById("chart-events");
@@ -71,11 +99,15 @@
   }
 
   var memory = document.getElementById("chart-memory");
-  if (memory && data.memory.length) {
-    var GIB = 1073741824;
-    var gib = function (v) { return v === null || v === undefined ? null : Math.round(v / GIB * 10) / 10; };
+  var memoryLines = gpus.per_gpu ? lines(mapped(gpus.values.memory || {}, gib)) : [];
+  var memoryKept = memoryLines.some(function (t) { return t.y.some(function (v) { return v !== null; }); });
+  if (memory && memoryKept) {
+    var total = Math.max.apply(null, data.memory.map(function (m) { return m.total ? gib(m.total) : 0; }));
+    Plotly.newPlot(memory, memoryLines, layout("GiB", total ? { yaxis: { title: "GiB", range: [0, total] } } : null), CONFIG);
+    memory.dataset.series = String(memoryLines.length);
+  } else if (memory && data.memory.length) {
     var names = data.memory.map(function (m) { return m.gpu; });
-    var used = data.memory.map(function (m) { return gib(m.used); });
+    var used = data.memory.map(function (m) { return m.used === null || m.used === undefined ? null : gib(m.used); });
     var free = data.memory.map(function (m) { return m.total ? gib(m.total - m.used) : null; });
     Plotly.newPlot(memory, [
       { type: "bar", x: names, y: used, name: "in use", marker: { color: "#0969da" } },
@@ -84,7 +116,28 @@
       legend: { orientation: "h", y: -0.2 } }, CONFIG);
   }
 
-  // NIC counters: per group, a bar per counter and NIC
+  // NIC series: per group, a line per NIC (and direction), on the GPU charts' time axis and markers
+  var nicCharts = document.getElementById("nic-charts");
+  if (nicCharts && nicCharts.dataset.mode === "series") {
+    var nic = data.nic_series;
+    var nx = nic.x.map(function (ms) { return new Date(ms); });
+    var COUNTERS = { errors: "errors", drops: "drops", "link changes": "link_changes" };
+    Array.prototype.forEach.call(nicCharts.querySelectorAll("[data-group]"), function (chart) {
+      var group = chart.dataset.group;
+      var traces = group === "bytes"
+        ? lines(throughput(nic.values.rx_bytes, nic.x), " received", nx)
+          .concat(lines(throughput(nic.values.tx_bytes, nic.x), " sent", nx))
+        : lines(nic.values[COUNTERS[group]], "", nx);
+      var shown = traces.filter(function (t) { return t.y.some(function (v) { return v !== null; }); });
+      var extra = shown.length ? null : { annotations: [{ text: "No " + group + " counters reported",
+        showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5 }] };
+      Plotly.newPlot(chart, shown, layout(group === "bytes" ? "Gbit/s" : group, extra), CONFIG);
+      chart.dataset.series = String(shown.length);
+    });
+    return;
+  }
+
+  // NIC counters at their latest reading (no samples over this range): per group, a bar per counter and NIC
   Array.prototype.forEach.call(document.querySelectorAll("#nic-charts [data-group]"), function (chart) {
     var group = chart.dataset.group;
     var counters = {};

@@ -4,7 +4,7 @@ Order of work: validate everything first (schema, clock skew, every node, GPU, r
 rejected batch stores nothing). Then, on PostgreSQL, two statements (telemetry/upsert.py): the first records
 the batch id and, unless it was seen before (a duplicate changes nothing and locks nothing), locks and reads
 the previous state of the GPUs, NICs and facility series the batch reports; the readings are folded in time
-order (extract.py); the second writes raw samples, latest state with features, the per-minute history,
+order (extract.py); the second writes raw GPU and NIC samples, latest state with features, the per-minute history,
 facility series and the nodes' last-seen time. Hard faults go to jobs' ``fault_ingest_many``, which stores them
 before anything acts on them. Elsewhere (SQLite) the ORM does the same reads and writes, a few more statements.
 """
@@ -32,6 +32,7 @@ from telemetry.models import (
     GPUSample,
     GPUState,
     IngestBatch,
+    NICSample,
     NICState,
     NodeMinute,
 )
@@ -89,7 +90,12 @@ SAMPLE_COLUMNS = [
     "dbe_total",
     "nvlink_errors",
     "throttle_reasons",
+    "memory_used",
 ]
+NIC_SAMPLE_COLUMNS = ["ts", "nic_id", "rx_bytes", "tx_bytes", "errors", "drops", "link_changes"]
+# What a NIC sample sums of the agent's counters (sysfs or InfiniBand names; rx_crc_errors is part of rx_errors).
+NIC_ERRORS = ("rx_errors", "tx_errors", "symbol_error", "port_rcv_errors")
+NIC_DROPS = ("rx_dropped", "tx_dropped", "port_xmit_discards")
 MINUTE_COLUMNS = [
     "node_id",
     "minute",
@@ -167,6 +173,7 @@ class Writes:
     """Everything a batch writes, as rows (dicts keyed by column)."""
 
     samples: list = field(default_factory=list)
+    nic_samples: list = field(default_factory=list)
     gpus: list = field(default_factory=list)
     minutes: list = field(default_factory=list)
     nics: list = field(default_factory=list)
@@ -243,7 +250,7 @@ def _require_finite(writes: Writes) -> None:
     """An extreme reading the schema let through must not become an infinite or NaN derived value (an EWMA, a
     rate): the batch is refused with a 400 (the agent logs it and keeps it in its rejected spool; a 409 it would
     count as delivered), and nothing is stored."""
-    for name in ("samples", "gpus", "minutes", "nics", "facility_samples", "facility_states"):
+    for name in ("samples", "nic_samples", "gpus", "minutes", "nics", "facility_samples", "facility_states"):
         for row in getattr(writes, name):
             values = row.values() if isinstance(row, dict) else row
             for value in values:
@@ -325,6 +332,7 @@ def _fold_gpus(readings: list, states: dict, writes: Writes) -> list[extract.Fau
                 "dbe_total": _int(fields.get("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL")),
                 "nvlink_errors": extract.nvlink_total(fields),
                 "throttle_reasons": _int(fields.get("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")),
+                "memory_used": _int(fields.get("DCGM_FI_DEV_FB_USED")),
             }
         )
         # the per-node, per-minute history: samples, max and sum of temperature, sums of power and utilisation
@@ -379,6 +387,25 @@ def _fold_gpus(readings: list, states: dict, writes: Writes) -> list[extract.Fau
     return faults
 
 
+def _counter_sum(fields: dict, names: tuple[str, ...]) -> int | None:
+    """The sum of those of ``names`` the NIC reports as numbers; None where it reports none."""
+    values = [_int(fields[name]) for name in names if isinstance(fields.get(name), int | float)]
+    return sum(values) if values else None
+
+
+def _nic_sample(ts: float, nic_id: int, fields: dict) -> dict:
+    link = fields.get("carrier_changes")
+    return {
+        "ts": _dt(ts),
+        "nic_id": nic_id,
+        "rx_bytes": _counter_sum(fields, ("rx_bytes",)),
+        "tx_bytes": _counter_sum(fields, ("tx_bytes",)),
+        "errors": _counter_sum(fields, NIC_ERRORS),
+        "drops": _counter_sum(fields, NIC_DROPS),
+        "link_changes": _counter_sum(fields, ("carrier_changes",) if link is not None else ("link_downed",)),
+    }
+
+
 def _fold_nics(nics: list, states: dict, writes: Writes) -> list[extract.FaultCandidate]:
     if not nics:
         return []
@@ -387,6 +414,7 @@ def _fold_nics(nics: list, states: dict, writes: Writes) -> list[extract.FaultCa
     limit = settings.TELEMETRY_SYMBOL_ERRORS_PER_HOUR
     for ts, node, nic_id, nic in nics:
         writes.nodes.add(node.id)
+        writes.nic_samples.append(_nic_sample(ts, nic_id, nic["fields"]))
         prev = states.get(nic_id)
         if prev is not None and ts <= prev["ts"]:
             continue
@@ -537,6 +565,7 @@ class PostgresStore:
             update=_minute_sums("GREATEST"),
         )
         statement.upsert(NICState, "nic_id", NIC_STATE_COLUMNS, writes.nics)
+        statement.insert(NICSample, NIC_SAMPLE_COLUMNS, writes.nic_samples)
         statement.insert(FacilitySample, FACILITY_SAMPLE_COLUMNS, writes.facility_samples)
         statement.insert(
             FacilityState,
@@ -605,6 +634,7 @@ class PortableStore:
         upsert(GPUState, "gpu_id", GPU_STATE_COLUMNS, writes.gpus)
         _upsert_minutes(writes.minutes)
         upsert(NICState, "nic_id", NIC_STATE_COLUMNS, writes.nics)
+        NICSample.objects.bulk_create([NICSample(**row) for row in writes.nic_samples], batch_size=2000)
         FacilitySample.objects.bulk_create([FacilitySample(**row) for row in writes.facility_samples])
         FacilityState.objects.bulk_create(
             [FacilityState(**row) for row in writes.facility_states],

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from telemetry.models import AlertRecord, FacilitySample, GPUSample, IngestBatch, NodeMinute
+from telemetry.models import AlertRecord, FacilitySample, GPUSample, IngestBatch, NICSample, NodeMinute
 
 CHUNK = 50_000
 
@@ -31,6 +31,7 @@ def telemetry_prune(*, now=None) -> dict:
     history_cutoff = now - timedelta(days=settings.TELEMETRY_HISTORY_DAYS)
     return {
         "gpu_samples": _delete_in_chunks(GPUSample.objects.filter(ts__lt=raw_cutoff)),
+        "nic_samples": _delete_in_chunks(NICSample.objects.filter(ts__lt=raw_cutoff)),
         "ingest_batches": _delete_in_chunks(IngestBatch.objects.filter(received_at__lt=raw_cutoff)),
         "node_minutes": _delete_in_chunks(NodeMinute.objects.filter(minute__lt=history_cutoff)),
         "facility_samples": _delete_in_chunks(FacilitySample.objects.filter(ts__lt=history_cutoff)),

@@ -1,4 +1,4 @@
-"""The node page in a real browser: per-GPU and per-NIC charts drawn from the telemetry its agent sent (through
+"""The node page in a real browser: per-GPU (memory included) and per-NIC time charts drawn from the telemetry its agent sent (through
 the real ingest), an Xid and its recovery marked on the charts' time axis, the range changed from the picker,
 no script or style refused by the CSP, and axe with no serious finding."""
 
@@ -42,11 +42,16 @@ def test_node_page_charts_with_fault_markers_and_a_range_change(page, server, no
     assert "gpu_xid 79 on gpu3" in page.locator("#chart-events-summary").inner_text()
     for metric in ("power", "utilization", "ecc"):
         assert page.locator(f"#chart-{metric} .scatterlayer .trace").count() >= 8
-    assert page.locator("#chart-memory .bars .point").count() == 16  # in use and free, per GPU
+    memory = page.locator("#chart-memory")
+    assert memory.locator(".scatterlayer .trace").count() == 8 and memory.get_attribute("data-series") == "8"
+    assert page.locator("#nic-charts").get_attribute("data-mode") == "series"
     assert page.locator("#nic-charts .nic-chart.js-plotly-plot").count() == 4
-    assert (
-        page.locator('#nic-charts [data-group="bytes"] .bars .point').count() == 8
-    )  # received, sent per NIC
+    throughput = page.locator('#nic-charts [data-group="bytes"]')
+    assert throughput.locator(".scatterlayer .trace").count() == 8  # received, sent per NIC
+    assert throughput.locator(".shapelayer path").count() == 2  # the Xid and the reset, on the same axis
+    for group in ("errors", "drops", "link changes"):
+        chart = page.locator(f'#nic-charts [data-group="{group}"]')
+        assert chart.get_attribute("data-series") == ("0" if group == "drops" else "4"), group
     screenshot(page, "node-telemetry-6h")
     assert axe_serious(page) == []
 
@@ -57,6 +62,7 @@ def test_node_page_charts_with_fault_markers_and_a_range_change(page, server, no
     assert page.locator('[data-time-range] a[aria-current="true"]').get_attribute("data-range") == "1h"
     assert page.locator("#telemetry-title").inner_text() == "Telemetry (last 1 h)"
     assert page.locator("#chart-events").get_attribute("data-markers") == "2"
+    assert page.locator('#nic-charts [data-group="bytes"] .scatterlayer .trace').count() == 8
     offered = page.locator("[data-time-range] a[data-range]")
     assert [offered.nth(i).get_attribute("data-range") for i in range(offered.count())] == [
         "1h",

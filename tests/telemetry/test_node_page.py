@@ -57,6 +57,33 @@ def test_node_page_charts_every_gpu_and_marks_the_xid_and_its_action(client, use
     assert charts["nics"][0]["counters"]["link changes"]["carrier_changes"] == 2
 
 
+def test_nic_and_memory_series_share_the_gpu_charts_buckets(client, users, own):
+    client.force_login(users["provider-admin"])
+    charts = charts_of(client.get(reverse("node-detail", args=[own.pk]), {"range": "1h"}))
+    gpus, nics = charts["gpus"], charts["nic_series"]
+    memory = [v for v in gpus["values"]["memory"]["GPU 1"] if v is not None]
+    assert 110 <= len(memory) <= 121 and set(memory) == {60 * 2**30}
+    assert nics["kept"] is True and nics["point"] == "mean" and nics["x"] == gpus["x"]
+    names = sorted(own.nics.values_list("name", flat=True))
+    for series in ("rx_bytes", "tx_bytes", "errors", "drops", "link_changes"):
+        assert sorted(nics["values"][series]) == names
+    received = [v for v in nics["values"]["rx_bytes"][names[0]] if v is not None]
+    assert 110 <= len(received) <= 121 and received == sorted(received) and received[-1] > received[0]
+    assert {v for v in nics["values"]["link_changes"][names[1]] if v is not None} == {2}
+    assert {v for v in nics["values"]["errors"][names[1]] if v is not None} == {0}  # the ingest's sum
+    assert all(v is None for v in nics["values"]["drops"][names[0]])  # none reported
+    # a day: 6-minute buckets, each the first reading in it
+    day = charts_of(client.get(reverse("node-detail", args=[own.pk]), {"range": "24h"}))["nic_series"]
+    assert day["step"] == 360 and day["point"] == "first" and len(day["x"]) <= CHART_POINTS + 1
+    assert 10 <= sum(v is not None for v in day["values"]["tx_bytes"][names[0]]) <= 11
+    # a week reaches past the raw samples: no NIC series, the latest counters instead
+    response = client.get(reverse("node-detail", args=[own.pk]), {"range": "7d"})
+    week = charts_of(response)
+    assert week["nic_series"]["kept"] is False and week["nic_series"]["has_data"] is False
+    assert week["gpus"]["values"]["memory"] == {} and len(week["nics"]) == 2
+    assert b"NIC samples are kept 24 h" in response.content
+
+
 def test_long_ranges_are_bucketed_to_at_most_chart_points(client, users, own):
     client.force_login(users["provider-admin"])
     charts = charts_of(client.get(reverse("node-detail", args=[own.pk]), {"range": "24h"}))
@@ -116,7 +143,7 @@ def page_queries(client, node, range_: str) -> int:
 
 
 @pytest.mark.parametrize("range_", ["1h", "24h", "7d"])
-def test_queries_do_not_grow_with_gpus_or_samples(
+def test_queries_do_not_grow_with_gpus_nics_or_samples(
     client, users, tenant_a, own, range_, django_assert_max_num_queries
 ):
     client.force_login(users["tenant-admin"])

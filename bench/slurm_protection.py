@@ -1,16 +1,18 @@
 """Benchmark (not a timed test): the A/B on a real Slurm — two real PyTorch jobs, one protected, one not, a node
 killed under each at a random iteration (issue 18).
 
-Each run starts a fresh six-node Slurm (munged, slurmctld, six ``slurmd -N``, a snapshot holder per node;
-jobs/local_slurm/cluster.py: 4 training nodes + 2 hot spares, one CPU a node) on a Lockstep cluster whose policy
+Each run starts a fresh seven-node Slurm (munged, slurmctld, seven ``slurmd -N``, a snapshot holder per node;
+jobs/local_slurm/cluster.py: 5 training nodes + 2 hot spares, one CPU a node) on a Lockstep cluster whose policy
 turns the protection runtime on, and a real uvicorn server the jobs register with and report to; beat's work
 (Slurm sync, fault handling, recovery advance) runs every 0.25 s. Both jobs run
 agent/lockstep_agent/examples/train_slurm.py on two nodes (gloo, a checkpoint every ``--checkpoint-every`` steps,
-steps padded to 50 ms); the protected one under the protection runtime (a snapshot every ``--snapshot-every``
-steps, replicated to the peer node), the unprotected one without it. Once the unprotected job is a random number
-of steps past a checkpoint, the node of each job's rank 1 dies (slurmd, rank, snapshot holder SIGKILLed together):
-Lockstep restores the protected job from memory on a spare (restore_from_snapshot) and restarts the other from its
-checkpoint (restart_from_checkpoint), both requeued without the dead node.
+steps padded to 50 ms); the protected one (issue 49) under the protection runtime with a standby in its own
+allocation (a snapshot every step, replicated to the peer node), the unprotected one without it. Once the
+unprotected job is a random number of steps past a checkpoint, the node of each job's rank 1 dies (slurmd, rank,
+snapshot holder SIGKILLed together): the protected job's standby takes the lost rank in place while its survivor
+keeps running (rank_replacement), the other is requeued and restarted from its checkpoint
+(restart_from_checkpoint). ``--requeue-protected`` runs the protected job without a standby instead: restored from
+memory on a spare after a requeue (restore_from_snapshot, issue 18's A/B).
 
 Printed per arm, from the jobs' own progress reports: iterations lost (last report before the recovery started −
 the iteration it resumed from), what the ledger booked, and the time from the kill to the first training step
@@ -78,7 +80,7 @@ def one_run(index: int, args, kill_after: int) -> dict:
         blueprint=blueprint, number=1, state="active", addons=[], policy={"protection": {"runtime": True}}
     )
     with (
-        SlurmCluster(folder / "slurm", nodes=6, spare_nodes=2, cpus=1, holders=True) as slurm,
+        SlurmCluster(folder / "slurm", nodes=7, spare_nodes=2, cpus=1, holders=True) as slurm,
         uvicorn_server(folder) as server,
     ):
         fleet = Fleet.objects.create(name=f"bench-protection-{index}")
@@ -102,6 +104,7 @@ def one_run(index: int, args, kill_after: int) -> dict:
             checkpoint_every=args.checkpoint_every,
             snapshot_every=args.snapshot_every,
             kill_after=kill_after,
+            standbys=0 if args.requeue_protected else 1,
         )
 
 
@@ -115,6 +118,11 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=40)
     parser.add_argument("--snapshot-every", type=int, default=5)
     parser.add_argument("--seed", type=int, default=18)
+    parser.add_argument(
+        "--requeue-protected",
+        action="store_true",
+        help="the protected job without a standby: restored from memory after a requeue (issue 18's A/B)",
+    )
     args = parser.parse_args()
     setup_django()
     rng = random.Random(args.seed)
@@ -148,6 +156,9 @@ def main() -> None:
             f"  snapshot overhead {spread([r[arm]['action'].snapshot_overhead_seconds for r in runs], 2)} s booked"
         )
         print(f"  resumed from      {', '.join(sorted({r[arm]['resumed']['from'] for r in runs}))}")
+        if "survivor_pids" in runs[0][arm]:
+            kept = sum(r[arm]["survivor_pids"][0] == r[arm]["survivor_pids"][1] for r in runs)
+            print(f"  survivor kept its process in {kept}/{len(runs)} runs")
     print(
         f"half a checkpoint interval: {args.checkpoint_every / 2:.0f} iterations; one snapshot interval: "
         f"{args.snapshot_every}"

@@ -79,9 +79,9 @@ def protected_slurm_cluster(slurm_holders, tenant_a):
 
 @pytest.fixture
 def ab_slurm(tmp_path):
-    """Room for two jobs: 4 training nodes + 2 hot spares, a snapshot holder on each; one CPU a node, so the two
-    jobs (one task a node) never share one."""
-    with _holders(tmp_path, nodes=6, spare_nodes=2, cpus=1) as cluster:
+    """Room for two jobs, one of them with a standby in its allocation: 5 training nodes + 2 hot spares, a snapshot
+    holder on each; one CPU a node, so the two jobs (one task a node) never share one."""
+    with _holders(tmp_path, nodes=7, spare_nodes=2, cpus=1) as cluster:
         yield cluster
 
 

@@ -170,8 +170,9 @@ def test_a_predicted_failure_moves_the_protected_job_off_the_node_in_time_with_n
 
 
 def test_the_ab_two_real_jobs_one_protected_lose_a_node_each(ab_slurm, ab_cluster, live, tmp_path):
-    """``simulate ab-nic``'s story with real jobs: the protected one loses at most a snapshot interval, the
-    unprotected one everything since its checkpoint, as their own progress reports measure."""
+    """``simulate ab-nic``'s story with real jobs (issue 49): the protected one, with a standby in its allocation,
+    keeps running — its survivor keeps its process and a standby takes the lost rank, at most a step redone —
+    while the unprotected one is requeued and loses everything since its checkpoint, as their own reports say."""
     pytest.importorskip("torch", reason="the training job needs torch (CPU wheel)")
     from tests.support.slurm_scenario import ab_run
 
@@ -185,11 +186,13 @@ def test_the_ab_two_real_jobs_one_protected_lose_a_node_each(ab_slurm, ab_cluste
         checkpoint_every=CHECKPOINT_EVERY,
         snapshot_every=SNAPSHOT_EVERY,
         kill_after=KILL_AFTER,
+        standbys=1,
     )
     protected, unprotected = run["protected"], run["unprotected"]
     assert run["victims"]["protected"] != run["victims"]["unprotected"]
-    assert protected["action"].kind == ActionKind.RESTORE_FROM_SNAPSHOT
-    assert protected["resumed"]["from"] == "memory" and protected["lost_iterations"] <= SNAPSHOT_EVERY
+    assert protected["action"].kind == ActionKind.RANK_REPLACEMENT, protected["action"].reason
+    before, after = protected["survivor_pids"]
+    assert before == after and protected["lost_iterations"] <= 1  # not restarted: the same process
     assert unprotected["action"].kind == ActionKind.RESTART_FROM_CHECKPOINT
     assert unprotected["resumed"]["from"] == "disk" and unprotected["restored"] % CHECKPOINT_EVERY == 0
     # It redoes everything since the checkpoint it had on disk when its node died, which its reports showed at
@@ -203,13 +206,18 @@ def test_the_ab_two_real_jobs_one_protected_lose_a_node_each(ab_slurm, ab_cluste
     assert protected["action"].gpu_hours_saved > 0 and unprotected["action"].gpu_hours_saved == pytest.approx(
         0, abs=1e-6
     )
-    # The ledger books the same iterations the reports show (at the step time the job had reported by then).
+    # The ledger books the steps the runtime redid, and the restart the unprotected one took.
     assert (
-        f"restored iteration {protected['restored']} from memory" in protected["action"].reason
-        and f"had reached {protected['reached']};" in protected["action"].reason
+        f"from iteration {protected['restored']} ({protected['lost_iterations']} step(s) redone)"
+        in protected["action"].reason
     ), protected["action"].reason
     assert unprotected["action"].restore_iteration == unprotected["restored"]
     assert unprotected["action"].work_lost_seconds > protected["action"].work_lost_seconds
+    # Training again in seconds without a requeue, against the unprotected job's requeue and relaunch.
+    assert 0 < protected["resume_seconds"] < unprotected["resume_seconds"], (
+        protected["resume_seconds"],
+        unprotected["resume_seconds"],
+    )
     for name, arm in (("protected", protected), ("unprotected", unprotected)):
-        assert arm["resume_seconds"] > 0 and run["victims"][name] not in {r["node"] for r in arm["after"]}
+        assert run["victims"][name] not in {r["node"] for r in arm["after"]}
     ab_slurm.run("scancel", protected["job"].slurm.slurm_job_id, unprotected["job"].slurm.slurm_job_id)

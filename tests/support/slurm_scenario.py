@@ -27,7 +27,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from jobs.local_slurm.training import kill_n2, ranks, submit_training
+from jobs.local_slurm.training import kill_n2, ranks, submit_in_job_training, submit_training
 from tests.support.slack import SLACK
 
 
@@ -397,15 +397,21 @@ def ab_run(
     snapshot_every: int = 5,
     kill_after: int | None = None,
     timeout: float = 180,
+    standbys: int = 0,
 ) -> dict:
     """``manage.py simulate ab-nic``'s story on a real Slurm: two training jobs on one cluster whose policy turns
     the protection runtime on, one running it (protected) and one not (unprotected: its runtime never reports).
     Once the unprotected one is ``kill_after`` steps past a checkpoint (default half an interval), the node of
     each job's rank 1 dies at once (slurmd, rank, snapshot holder). Lockstep restores the protected job from
     memory and restarts the other from its checkpoint; each arm's loss and time to resume come from its own
-    progress reports. The Slurm needs two spare nodes (``SlurmCluster(nodes=6, spare_nodes=2, holders=True)``)."""
+    progress reports. The Slurm needs two spare nodes (``SlurmCluster(nodes=6, spare_nodes=2, holders=True)``).
+
+    With ``standbys`` (issue 49) the protected job runs with that many standbys in its own allocation and a
+    snapshot every step: its lost rank is replaced in place (rank_replacement, the survivor keeping its process)
+    instead of a requeue; the Slurm needs ``standbys`` more nodes (``nodes=7`` for one). Its arm then also says
+    whether the survivor kept its process (``survivor_pids``: before, after)."""
     from jobs.choices import ActionKind, SnapshotKind
-    from jobs.models import Job, JobProgress, JobSnapshot, RecoveryAction
+    from jobs.models import Job, JobProgress, JobSnapshot, JobStandby, RecoveryAction
     from jobs.protection import job_protection
 
     kill_after = checkpoint_every // 2 if kill_after is None else kill_after
@@ -413,6 +419,11 @@ def ab_run(
     env = {"LOCKSTEP_URL": url, "LOCKSTEP_LAUNCHER_TOKEN": launcher_token}
     ids = {}
     for name, every in arms.items():
+        if name == "protected" and standbys:
+            ids[name] = submit_in_job_training(
+                slurm, folder / name, standbys=standbys, checkpoint_every=checkpoint_every, env=env
+            )
+            continue
         ids[name] = submit_training(
             slurm, folder / name, checkpoint_every=checkpoint_every, env=env, snapshot_every=every
         )
@@ -436,6 +447,7 @@ def ab_run(
             found
             if protected.last_checkpoint_iteration >= checkpoint_every
             and job_protection(protected).protected
+            and JobStandby.objects.filter(job=protected, released_at__isnull=True).count() >= standbys
             and unprotected.last_checkpoint_iteration >= checkpoint_every
             and kill_after <= since < checkpoint_every
             else None
@@ -476,9 +488,17 @@ def ab_run(
     # the checkpoint that step ends at. Its peer is gone, so it would train no further anyway; Slurm's requeue
     # ends it (SIGCONT, then SIGTERM).
     kinds = {"protected": ActionKind.RESTORE_FROM_SNAPSHOT, "unprotected": ActionKind.RESTART_FROM_CHECKPOINT}
+    if standbys:
+        kinds["protected"] = ActionKind.RANK_REPLACEMENT
 
     def recovered(name):
         job = jobs[name]
+        if name == "protected" and standbys:
+            action = RecoveryAction.objects.filter(
+                job=job, kind=kinds[name], state="succeeded", resumed_at__isnull=False
+            ).first()
+            after = action and JobProgress.objects.filter(job=job, at__gt=action.resumed_at).exists()
+            return (action, None) if after else None
         action = RecoveryAction.objects.filter(job=job, kind=kinds[name], state="succeeded").first()
         if action is None or first_step_at(folder / name, 1) is None:
             return None
@@ -520,24 +540,53 @@ def ab_run(
         job = jobs[name]
         job.refresh_from_db()
         reached = max(
-            JobProgress.objects.filter(job=job, at__lt=action.started_at).values_list("iteration", flat=True)
+            JobProgress.objects.filter(job=job, at__lt=action.started_at or action.planned_at).values_list(
+                "iteration", flat=True
+            )
         )
         restored = restore.iteration if restore is not None else action.restore_iteration
         lost = max(0, reached - restored)
-        resumed = json.loads((folder / name / "ckpt" / "ranks" / "1" / "resumed.json").read_text())
         out[name] = {
             "job": job,
             "action": action,
             "restore": restore,
-            "resumed": resumed,
-            "after": ranks(folder / name, 1),
             "reached": reached,
             "restored": restored,
             "lost_iterations": lost,
             "lost_seconds": lost * job.seconds_per_iteration,
-            "resume_seconds": first_step_at(folder / name, 1) - killed_at,
+            **(
+                _in_place(folder / name, killed_at, job.seconds_per_iteration)
+                if name == "protected" and standbys
+                else {}
+            ),
         }
+        if "resumed" not in out[name]:
+            resumed = json.loads((folder / name / "ckpt" / "ranks" / "1" / "resumed.json").read_text())
+            out[name]["resumed"] = resumed
+            out[name]["after"] = ranks(folder / name, 1)
+            out[name]["resume_seconds"] = first_step_at(folder / name, 1) - killed_at
     return out
+
+
+def _in_place(folder: Path, killed_at: float, step_seconds: float) -> dict:
+    """An arm whose lost rank a standby replaced in place: what its runtime reported of it (the step it had reached,
+    the one all resumed from, the steps redone), where its ranks run in the new generation, whether its survivor
+    (rank 0) kept its process, and when it trained again (its first digest of generation 1)."""
+    from jobs.local_slurm.training import checksums, in_job_events
+
+    here = folder / "ckpt" / "ranks" / "0"
+    after = [json.loads(p.read_text()) for p in sorted(here.glob("gen1-rank*.json"))]
+    replaced = next(e for e in in_job_events(folder) if e["kind"] == "rank_replaced")
+    return {
+        "reached": replaced["reached"],
+        "restored": replaced["iteration"],
+        "lost_iterations": replaced["lost_iterations"],
+        "lost_seconds": replaced["lost_iterations"] * step_seconds,
+        "resumed": {"from": "memory, in place"},
+        "after": after,
+        "survivor_pids": (json.loads((here / "0.json").read_text())["pid"], after[0]["pid"]),
+        "resume_seconds": min(c["at"] for c in checksums(folder) if c["generation"] == 1) - killed_at,
+    }
 
 
 def in_job_with_lockstep(

@@ -133,6 +133,7 @@ def test_another_tenants_node_page_is_not_found(client, users, own):
     assert response.status_code == 200  # its own dedicated cluster's node: its GPUs' series, the Xid
     charts = charts_of(response)
     assert len(charts["gpus"]["values"]["power"]) == 4 and len(charts["nics"]) == 2
+    assert len(charts["nic_series"]["values"]["rx_bytes"]) == 2
     assert [m["kind"] for m in charts["markers"]] == ["xid"]  # the reset was of no job of theirs
 
 

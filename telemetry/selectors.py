@@ -135,12 +135,22 @@ def _aligned(rows, keys: list[str], series_of) -> dict:
 SERIES = ("temperature", "power", "utilization", "sbe", "dbe", "memory")
 # The per-NIC series (counters: a bucket's highest reading), as the NIC samples query names them.
 NIC_SERIES = ("rx_bytes", "tx_bytes", "errors", "drops", "link_changes")
+# Series that are whole numbers (counters, bytes): a bucket's value is sent as an integer, not as 123.00 (bytes
+# and counters have up to 14 digits; the decimals nearly doubled the page).
+WHOLE = {"sbe", "dbe", "memory", *NIC_SERIES}
+# GPU memory is charted in MiB (whole): bytes took 11 digits a point.
+MIB = 2**20
 # Up to this many readings to a bucket, a point is their mean; beyond, the bucket's first reading (_grid).
 MEAN_SAMPLES = 10
 
 
 def _has_data(data: dict) -> bool:
     return any(v is not None for lines in data["values"].values() for line in lines.values() for v in line)
+
+
+def _point(name: str) -> str:
+    """A bucket's aggregate of series ``name`` as charted: whole, or rounded to two decimals."""
+    return f"s.{name}::bigint" if name in WHOLE else f"round(s.{name}::numeric, 2)"
 
 
 def _grid(samples, devices, key: str, first: str, series, since: datetime, until: datetime, step: int):
@@ -159,7 +169,7 @@ def _grid(samples, devices, key: str, first: str, series, since: datetime, until
     tail = "GROUP BY g.gid, g.gorder, g.glabel ORDER BY g.gorder, g.glabel"
     if step <= MEAN_SAMPLES * settings.AGENT_INTERVAL_SECONDS:
         how = "mean"
-        arrays = ", ".join(f"json_agg(round(s.{name}::numeric, 2) ORDER BY grid.b)::text" for name in series)
+        arrays = ", ".join(f"json_agg({_point(name)} ORDER BY grid.b)::text" for name in series)
         inner, inner_params = samples.order_by().query.sql_with_params()
         sql = (
             f"WITH s AS ({inner}), g AS ({ids}), {grid} SELECT g.glabel, {arrays} FROM g CROSS JOIN grid "
@@ -199,7 +209,7 @@ def _raw_kept(since: datetime, step: int) -> bool:
 
 
 def node_gpu_series(*, user, node, since: datetime, until: datetime) -> dict:
-    """Per GPU of ``node`` the user may see: temperature, power, utilisation, memory in use (bytes) and the ECC
+    """Per GPU of ``node`` the user may see: temperature, power, utilisation, memory in use (MiB) and the ECC
     counters from the raw samples, at most CHART_POINTS buckets (``step`` seconds) each, in one query whatever
     the number of GPUs or samples (``point``: "mean" of a bucket's readings, or its "first" where a bucket holds
     many: _grid). Raw samples are kept TELEMETRY_RAW_RETENTION_HOURS; a window reaching further back reads the
@@ -221,13 +231,14 @@ def node_gpu_series(*, user, node, since: datetime, until: datetime) -> dict:
                 utilization=Avg("utilization"),
                 sbe=Max("sbe_total"),
                 dbe=Max("dbe_total"),
-                memory=Avg("memory_used"),
+                memory=Avg("memory_used") / MIB,
             )
             .order_by("gpu_id", "bucket")
         )
         if connection.vendor == "postgresql":
             first = (
-                "SELECT temperature, power, utilization, sbe_total AS sbe, dbe_total AS dbe, memory_used AS memory "
+                "SELECT temperature, power, utilization, sbe_total AS sbe, dbe_total AS dbe, "
+                f"memory_used / {MIB} AS memory "
                 f"FROM {GPUSample._meta.db_table} x"
             )
             devices = gpus.annotate(gid=F("id"), gorder=F("index"), glabel=F("index"))

@@ -99,7 +99,8 @@
   }
 
   var memory = document.getElementById("chart-memory");
-  var memoryLines = gpus.per_gpu ? lines(mapped(gpus.values.memory || {}, gib)) : [];
+  var mibToGib = function (v) { return Math.round(v / 1024 * 10) / 10; };  // the series are in MiB
+  var memoryLines = gpus.per_gpu ? lines(mapped(gpus.values.memory || {}, mibToGib)) : [];
   var memoryKept = memoryLines.some(function (t) { return t.y.some(function (v) { return v !== null; }); });
   if (memory && memoryKept) {
     var total = Math.max.apply(null, data.memory.map(function (m) { return m.total ? gib(m.total) : 0; }));

@@ -62,7 +62,7 @@ def test_nic_and_memory_series_share_the_gpu_charts_buckets(client, users, own):
     charts = charts_of(client.get(reverse("node-detail", args=[own.pk]), {"range": "1h"}))
     gpus, nics = charts["gpus"], charts["nic_series"]
     memory = [v for v in gpus["values"]["memory"]["GPU 1"] if v is not None]
-    assert 110 <= len(memory) <= 121 and set(memory) == {60 * 2**30}
+    assert 110 <= len(memory) <= 121 and set(memory) == {60 * 1024}  # MiB
     assert nics["kept"] is True and nics["point"] == "mean" and nics["x"] == gpus["x"]
     names = sorted(own.nics.values_list("name", flat=True))
     for series in ("rx_bytes", "tx_bytes", "errors", "drops", "link_changes"):

@@ -5,9 +5,10 @@
 Builds a scratch PostgreSQL database (lockstep_bench_node_page) with one node of ``--gpus`` GPUs and 8 NICs and
 ``--neighbours`` nodes of 8 GPUs beside it, ingests ``--hours`` of readings for all of them at the agent's
 interval (AGENT_INTERVAL_SECONDS, the agent's --interval default: 10 s) through the real ingest service
-(telemetry_ingest: raw samples, per-minute history, latest state), adds 20 faults with a recovery each on the
+(telemetry_ingest: raw GPU and NIC samples, per-minute history, latest state), adds 20 faults with a recovery each on the
 node, then renders its page as an operator through Django's test client (server time only: no network, no
-browser) for each range, and prints the median and p95 render time, the SQL query count and the points charted.
+browser) for each range (per-GPU series with memory, per-NIC series), and prints the median and p95 render time,
+the SQL query count and the page's size.
 Target: under 300 ms at 24 h.
 """
 
@@ -192,7 +193,7 @@ def main() -> None:
     from django.test import Client
 
     from fleet.models import Node
-    from telemetry.models import GPUSample
+    from telemetry.models import GPUSample, NICSample
 
     if not args.reuse:
         seed(args)
@@ -200,8 +201,10 @@ def main() -> None:
     client.force_login(get_user_model().objects.get(username="bench-operator"))
     node = Node.objects.get(hostname="big-0")
     samples = GPUSample.objects.filter(gpu_id__in=node.gpus.values("id")).count()
+    nic_samples = NICSample.objects.filter(nic_id__in=node.nics.values("id")).count()
     print(
-        f"node {node.hostname}: {node.gpus.count()} GPUs, {samples:,} samples; load {os.getloadavg()[0]:.1f}"
+        f"node {node.hostname}: {node.gpus.count()} GPUs, {samples:,} GPU samples, {node.nics.count()} NICs, "
+        f"{nic_samples:,} NIC samples; load {os.getloadavg()[0]:.1f}"
     )
     for key in ("1h", "6h", "24h", "7d"):
         times, queries, size = measure(client, f"/nodes/{node.pk}/?range={key}", args.renders)

@@ -9,10 +9,15 @@ it has trained past its second checkpoint; then node n2 dies (its slurmd, step d
   (Slurm's ping of n2 fails and the sync stores the fault), Lockstep's decision (the fault is handled and the
   requeue is started), Slurm's drain and requeue (until Slurm runs the job again without n2, on the spare), and
   the job's own restart (Python, torch, gloo rendezvous, registration, checkpoint load, one step).
+- In-job (issue 49; the job with a standby in its allocation, under the protection runtime, on a cluster whose
+  policy turns it on; four nodes, n4 in the spare partition): the runtime notices the broken collective, Lockstep
+  gets its report, decides rank_replacement and drains n2, the standby takes rank 1 restored from its peer's
+  memory while the survivor keeps its process, and Lockstep starts a new standby on n4
+  (tests/support/slurm_scenario.py ``in_job_with_lockstep``).
 - Without Lockstep (Slurm alone, the same job and partition, ``--requeue``, JobRequeue=1): when Slurm marks the
   node down (SlurmdTimeout), whether it requeues the job or loses it, and when the job trains again.
 
-Run: .venv/bin/python bench/slurm_recovery.py [--runs 3] [--slurmd-timeout 10] [--cred-expire 120]
+Run: .venv/bin/python bench/slurm_recovery.py [--runs 5] [--slurmd-timeout 10] [--cred-expire 120]
 Needs slurm-wlm, munge, root and torch; a PostgreSQL at BENCH_ADMIN_DATABASE_URL (scratch database
 lockstep_bench_slurm) and Redis at BENCH_REDIS_URL.
 """
@@ -88,6 +93,44 @@ def one_run(index: int, slurmd_timeout: int, cred_expire: int) -> tuple[dict, di
     return lockstep, alone
 
 
+def in_job_run(index: int, slurmd_timeout: int, cred_expire: int) -> dict:
+    """The in-job mode: a cluster whose policy turns the protection runtime on, the job with one standby."""
+    from fleet.choices import ClusterKind, DriverName
+    from fleet.models import BlueprintVersion, Cluster, Fleet
+    from jobs.launchers import launcher_credential_create
+    from jobs.local_slurm.cluster import SlurmCluster
+    from jobs.services.slurm_jobs import slurm_sync
+    from tenancy.models import Tenant
+    from tests.support.factories import make_blueprint
+    from tests.support.processes import uvicorn_server
+    from tests.support.slurm_scenario import in_job_with_lockstep
+
+    folder = Path(tempfile.mkdtemp(prefix="lockstep-bench-in-job-"))
+    tenant = Tenant.objects.create(name=f"Bench in-job {index}", slug=f"bench-in-job-{index}")
+    _, version = make_blueprint()
+    BlueprintVersion.objects.filter(pk=version.pk).update(policy={"protection": {"runtime": True}})
+    sizes = {"nodes": 4, "spare_nodes": 1, "holders": True}
+    with (
+        SlurmCluster(
+            folder / "slurm", slurmd_timeout=slurmd_timeout, cred_expire=cred_expire, **sizes
+        ) as slurm,
+        uvicorn_server(folder) as server,
+    ):
+        cluster = Cluster.objects.create(
+            fleet=Fleet.objects.create(name=f"bench-in-job-{index}"),
+            name=f"bench-in-job-{index}",
+            driver=DriverName.SLURM,
+            kind=ClusterKind.SLURM,
+            blueprint_version=version,
+            connection=slurm.connection(accounts={"acme": tenant.slug}, gpu_model="H100"),
+        )
+        slurm_sync(cluster=cluster)
+        _, token = launcher_credential_create(actor=None, cluster=cluster, name="bench")
+        run = in_job_with_lockstep(slurm, cluster, folder / "run", launcher_token=token, url=server.url)
+        slurm.run("scancel", "--user", "root", check=False)
+    return run
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):6.1f} ({min(values):.1f}–{max(values):.1f})"
 
@@ -101,8 +144,21 @@ def main() -> None:
     )
     args = parser.parse_args()
     setup_django()
-    with_runs, alone_runs = [], []
+    os.environ.setdefault(
+        "LOCKSTEP_PYTHON", sys.executable
+    )  # the standbys Lockstep starts run the job's script
+    with_runs, alone_runs, in_job_runs = [], [], []
     for index in range(args.runs):
+        in_job = in_job_run(index, args.slurmd_timeout, args.cred_expire)
+        in_job_runs.append(in_job)
+        replaced = in_job["rank_replaced"]
+        survivor = next(r["pid"] for r in in_job["before"] if r["rank"] == 0)
+        restarted = "no" if replaced["survivor_pids"] == {"0": survivor} else "yes"
+        print(
+            f"run {index + 1}: in-job: node killed → training again {in_job['seconds']['total']:.1f} s; "
+            f"iterations lost {replaced['lost_iterations']}; survivors restarted: {restarted}",
+            flush=True,
+        )
         lockstep, alone = one_run(index, args.slurmd_timeout, args.cred_expire)
         with_runs.append(lockstep)
         alone_runs.append(alone)
@@ -116,7 +172,12 @@ def main() -> None:
     print(
         f"\nSlurmdTimeout={args.slurmd_timeout} s, cred_expire={args.cred_expire} s, {args.runs} runs, seconds after the node died, median (min–max)"
     )
-    print("with Lockstep")
+    print("in-job (rank replaced by a standby, with Lockstep)")
+    for key in ("notice", "detect", "decide", "replace", "total"):
+        print(f"  {key:<14} {spread([run['seconds'][key] for run in in_job_runs])}")
+    lost = [run["rank_replaced"]["lost_iterations"] for run in in_job_runs]
+    print(f"  iterations lost: {', '.join(map(str, lost))}")
+    print("requeue (with Lockstep, unprotected)")
     for key in ("detect", "decide", "slurm_requeue", "job_restart", "total"):
         print(f"  {key:<14} {spread([run['seconds'][key] for run in with_runs])}")
     print("Slurm alone")

@@ -162,7 +162,7 @@ ENVIRONMENT: dict[str, tuple[type, object, str]] = {
     "TELEMETRY_RAW_RETENTION_HOURS": (
         float,
         24.0,
-        "How long raw GPU samples are kept, hours (and the oldest reading a batch may carry).",
+        "How long raw GPU and NIC samples are kept, hours (and the oldest reading a batch may carry).",
     ),
     "TELEMETRY_HISTORY_DAYS": (
         float,
